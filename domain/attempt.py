@@ -1,0 +1,282 @@
+"""The ProvisioningAttempt aggregate: one try at giving a brand its workspace.
+
+Its stream is the audit trail of the attempt and the record of ownership: a
+candidate with provenance `created` is ours to release if the attempt does
+not end promoted, and `CandidateReleased` records that the release happened.
+Repeated identical polls are summarised in `HopScheduled`, so the stream is
+bounded by the hop budget.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from uuid import UUID, uuid4
+
+from eventsourcing.domain import Aggregate, event
+
+from domain.errors import CommandRefused
+from domain.policies import AttemptState, FailureReason, Provenance
+
+# Stored error texts are summaries for people; they are cut to this length.
+MAX_MESSAGE_CHARS = 300
+
+
+def safe_message(text: str) -> str:
+    """One line, bounded length: what may be stored in an event or a log line."""
+    line = " ".join(str(text).split())
+    return line[:MAX_MESSAGE_CHARS]
+
+
+class ProvisioningAttempt(Aggregate):
+    class Started(Aggregate.Created):
+        brand_id: str
+        title: str
+        parent_workspace_id: str
+        existing_workspace_id: str | None
+        max_hop: int
+
+    class CreateRequested(Aggregate.Event):
+        hop: int
+        known_ids: list[str]
+
+    class CandidateAccepted(Aggregate.Event):
+        workspace_id: str
+        provenance: str
+        hop: int
+
+    class CandidateDropped(Aggregate.Event):
+        workspace_id: str
+        status: str
+        hop: int
+
+    class HopScheduled(Aggregate.Event):
+        hop: int
+        not_before: datetime
+        last_status: str
+
+    class Promoted(Aggregate.Event):
+        workspace_id: str
+        hop: int
+
+    class Failed(Aggregate.Event):
+        reason: str
+        message: str
+        hop: int
+
+    class Cancelled(Aggregate.Event):
+        why: str
+
+    class Superseded(Aggregate.Event):
+        by_attempt_id: UUID
+
+    class CandidateReleased(Aggregate.Event):
+        workspace_id: str
+        projects_deleted: int
+
+    def __init__(
+        self,
+        brand_id: str,
+        title: str,
+        parent_workspace_id: str,
+        existing_workspace_id: str | None,
+        max_hop: int,
+    ) -> None:
+        self.brand_id = brand_id
+        self.title = title
+        self.parent_workspace_id = parent_workspace_id
+        self.max_hop = max_hop
+        self.state = AttemptState.PENDING
+        self.expected_hop = 0
+        self.not_before: datetime | None = None
+        self.last_status = ""
+        self.candidate_id: str | None = existing_workspace_id
+        self.provenance: Provenance | None = (
+            Provenance.EXISTING if existing_workspace_id else None
+        )
+        self.create_requested_hop: int | None = None
+        self.create_known_ids: tuple[str, ...] = ()
+        self.failure_reason: FailureReason | None = None
+        self.released_ids: tuple[str, ...] = ()
+
+    @classmethod
+    def create_id(cls, **_: object) -> UUID:
+        return uuid4()
+
+    @classmethod
+    def start(
+        cls,
+        brand_id: str,
+        title: str,
+        parent_workspace_id: str,
+        existing_workspace_id: str | None,
+        max_hop: int,
+    ) -> ProvisioningAttempt:
+        return cls._create(
+            cls.Started,
+            brand_id=brand_id,
+            title=title,
+            parent_workspace_id=parent_workspace_id,
+            existing_workspace_id=existing_workspace_id,
+            max_hop=max_hop,
+        )
+
+    # Queries.
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.state.is_terminal
+
+    @property
+    def create_unresolved(self) -> bool:
+        """A create was requested and no candidate came of it yet."""
+        return self.create_requested_hop is not None
+
+    @property
+    def release_owed(self) -> bool:
+        """Ended other than promoted, with a candidate we created and have not released.
+
+        A candidate whose status went terminal is not released: it never came
+        to exist in a usable form and has nothing to empty.
+        """
+        return (
+            self.is_terminal
+            and self.state is not AttemptState.PROMOTED
+            and self.provenance is Provenance.CREATED
+            and self.candidate_id is not None
+            and self.candidate_id not in self.released_ids
+            and self.failure_reason is not FailureReason.TERMINAL_STATUS
+        )
+
+    def is_stale(self, now: datetime, stale_after_s: float) -> bool:
+        return not self.is_terminal and (now - self.modified_on).total_seconds() > stale_after_s
+
+    # Commands.
+
+    def _require_pending(self, what: str) -> None:
+        if self.is_terminal:
+            raise CommandRefused(f"attempt {self.id} is {self.state.value}; cannot {what}")
+
+    def request_create(self, hop: int, known_ids: list[str]) -> None:
+        self._require_pending("request a create")
+        if self.candidate_id is not None:
+            raise CommandRefused(f"attempt {self.id} already has candidate {self.candidate_id}")
+        self._create_requested(hop, sorted(known_ids))
+
+    def accept_candidate(self, workspace_id: str, provenance: Provenance, hop: int) -> None:
+        self._require_pending("accept a candidate")
+        if not workspace_id:
+            raise CommandRefused("a candidate needs a workspace id")
+        if workspace_id == self.parent_workspace_id:
+            raise CommandRefused("the parent workspace is never a candidate")
+        if self.candidate_id is not None:
+            raise CommandRefused(f"attempt {self.id} already has candidate {self.candidate_id}")
+        self._candidate_accepted(workspace_id, provenance.value, hop)
+
+    def record_created(self, workspace_id: str, hop: int) -> None:
+        """Record a workspace our create made, even if the attempt ended meanwhile.
+
+        Ownership must be on record whatever happened concurrently, so that the
+        owed release follows; an ended attempt then owes it at once.
+        """
+        if self.state is AttemptState.PROMOTED:
+            raise CommandRefused(f"attempt {self.id} is promoted; its candidate is final")
+        if not workspace_id or workspace_id == self.parent_workspace_id:
+            raise CommandRefused("a created candidate needs its own workspace id")
+        if self.candidate_id is not None:
+            raise CommandRefused(f"attempt {self.id} already has candidate {self.candidate_id}")
+        self._candidate_accepted(workspace_id, Provenance.CREATED.value, hop)
+
+    def drop_candidate(self, status: str, hop: int) -> None:
+        self._require_pending("drop its candidate")
+        if self.candidate_id is None:
+            raise CommandRefused(f"attempt {self.id} has no candidate to drop")
+        self._candidate_dropped(self.candidate_id, safe_message(status), hop)
+
+    def schedule_hop(self, hop: int, not_before: datetime, last_status: str) -> None:
+        self._require_pending("schedule a hop")
+        if hop != self.expected_hop + 1 or hop > self.max_hop:
+            raise CommandRefused(f"attempt {self.id} cannot schedule hop {hop}")
+        self._hop_scheduled(hop, not_before, safe_message(last_status))
+
+    def promote(self, hop: int) -> None:
+        self._require_pending("be promoted")
+        if self.candidate_id is None:
+            raise CommandRefused(f"attempt {self.id} has no candidate to promote")
+        self._promoted(self.candidate_id, hop)
+
+    def fail(self, reason: FailureReason, message: str, hop: int) -> None:
+        self._require_pending("fail")
+        self._failed(reason.value, safe_message(message), hop)
+
+    def cancel(self, why: str) -> None:
+        self._require_pending("be cancelled")
+        self._cancelled(safe_message(why))
+
+    def supersede(self, by_attempt_id: UUID) -> None:
+        self._require_pending("be superseded")
+        self._superseded(by_attempt_id)
+
+    def record_release(self, workspace_id: str, projects_deleted: int) -> None:
+        """Record that a workspace we created is emptied and will not be used.
+
+        Allowed for the owed candidate and for a workspace created by a hop that
+        lost its race to record it (it never became the candidate).
+        """
+        if workspace_id in self.released_ids:
+            return
+        if workspace_id == self.candidate_id and not self.release_owed:
+            raise CommandRefused(f"attempt {self.id} owes no release of {workspace_id}")
+        if workspace_id == self.parent_workspace_id:
+            raise CommandRefused("the parent workspace is never released")
+        self._candidate_released(workspace_id, projects_deleted)
+
+    # Events: mutation only.
+
+    @event(CreateRequested)
+    def _create_requested(self, hop: int, known_ids: list[str]) -> None:
+        self.create_requested_hop = hop
+        self.create_known_ids = tuple(known_ids)
+
+    @event(CandidateAccepted)
+    def _candidate_accepted(self, workspace_id: str, provenance: str, hop: int) -> None:
+        self.candidate_id = workspace_id
+        self.provenance = Provenance(provenance)
+        self.create_requested_hop = None
+
+    @event(CandidateDropped)
+    def _candidate_dropped(self, workspace_id: str, status: str, hop: int) -> None:
+        self.candidate_id = None
+        self.provenance = None
+        self.last_status = status
+
+    @event(HopScheduled)
+    def _hop_scheduled(self, hop: int, not_before: datetime, last_status: str) -> None:
+        self.expected_hop = hop
+        self.not_before = not_before
+        self.last_status = last_status
+
+    @event(Promoted)
+    def _promoted(self, workspace_id: str, hop: int) -> None:
+        self.state = AttemptState.PROMOTED
+
+    @event(Failed)
+    def _failed(self, reason: str, message: str, hop: int) -> None:
+        self.state = AttemptState.FAILED
+        self.failure_reason = FailureReason(reason)
+        self.last_status = message
+
+    @event(Cancelled)
+    def _cancelled(self, why: str) -> None:
+        self.state = AttemptState.CANCELLED
+
+    @event(Superseded)
+    def _superseded(self, by_attempt_id: UUID) -> None:
+        self.state = AttemptState.SUPERSEDED
+
+    @event(CandidateReleased)
+    def _candidate_released(self, workspace_id: str, projects_deleted: int) -> None:
+        self.released_ids = (*self.released_ids, workspace_id)
+        if workspace_id != self.candidate_id:
+            # A workspace created by a create that never became the candidate:
+            # releasing it resolves that create.
+            self.create_requested_hop = None

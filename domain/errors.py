@@ -1,0 +1,38 @@
+"""Errors the use cases raise for bad requests and refused commands.
+
+Each carries a message meant for a person: what is wrong and what to do.
+"""
+
+from __future__ import annotations
+
+
+class ProvisionerError(Exception):
+    """Base of the errors a caller of the service is expected to handle."""
+
+
+class InvalidRequest(ProvisionerError):
+    """The request is malformed (empty id, empty title, ...); nothing was recorded."""
+
+
+class UnknownBrand(ProvisionerError):
+    """No brand with that id was ever registered."""
+
+
+class UnknownAttempt(ProvisionerError):
+    """No attempt with that id exists."""
+
+
+class AttemptInProgress(ProvisionerError):
+    """The brand already has a pending attempt that is not stale yet."""
+
+
+class BrandDeactivated(ProvisionerError):
+    """The command needs an active brand."""
+
+
+class AlreadyClaimed(ProvisionerError):
+    """The workspace is claimed by another brand."""
+
+
+class CommandRefused(ProvisionerError):
+    """A command that the aggregate's current state does not allow."""

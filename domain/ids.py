@@ -1,0 +1,17 @@
+"""Deterministic aggregate ids: registering twice is idempotent by construction."""
+
+from __future__ import annotations
+
+from uuid import UUID, uuid5
+
+# A fixed namespace for this project's name-based ids. Never change it: every
+# stored Brand and WorkspaceClaim id is derived from it.
+NAMESPACE = UUID("6f1c7d2e-3b7a-5f43-9a0e-2c41d8e7b915")
+
+
+def brand_aggregate_id(brand_id: str) -> UUID:
+    return uuid5(NAMESPACE, f"brand:{brand_id}")
+
+
+def claim_aggregate_id(workspace_id: str) -> UUID:
+    return uuid5(NAMESPACE, f"workspace-claim:{workspace_id}")

@@ -1,0 +1,128 @@
+"""Pure policies: status classification, backoff, adoption and recovery rules.
+
+No I/O here: the service feeds these functions what the gateway said and acts
+on what they decide.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from enum import Enum
+
+from domain.ports import FamilyMember
+
+READY_STATUSES = frozenset({"created", "active", "ready"})
+TERMINAL_STATUSES = frozenset(
+    {"creation_failed", "creation failed", "failed", "error", "invalid subscription"}
+)
+
+
+class StatusClass(Enum):
+    READY = "ready"
+    TERMINAL = "terminal"
+    SETTLING = "settling"
+
+
+def normalise_status(raw: str | None) -> str:
+    """Lower-case, trimmed, inner runs of whitespace collapsed to one space."""
+    return " ".join((raw or "").split()).lower()
+
+
+def classify_status(raw: str | None) -> StatusClass:
+    """Map a gateway status onto ready / terminal / settling (unknown = settling)."""
+    status = normalise_status(raw)
+    if status in READY_STATUSES:
+        return StatusClass.READY
+    if status in TERMINAL_STATUSES:
+        return StatusClass.TERMINAL
+    return StatusClass.SETTLING
+
+
+@dataclass(frozen=True, slots=True)
+class Backoff:
+    """Delay before hop n+1 is base * 2**n; at most `max_requeues` hops after the first."""
+
+    base_s: float = 5.0
+    max_requeues: int = 5
+
+    def __post_init__(self) -> None:
+        if self.base_s < 0:
+            raise ValueError("backoff base must be >= 0 seconds")
+        if not 0 <= self.max_requeues <= 30:
+            raise ValueError("max requeues must be between 0 and 30")
+
+    def delay_after(self, hop: int) -> float:
+        return self.base_s * (2**hop)
+
+    def can_requeue(self, hop: int) -> bool:
+        return hop < self.max_requeues
+
+    def total_s(self) -> float:
+        return sum(self.delay_after(h) for h in range(self.max_requeues))
+
+
+def same_title(family: Iterable[FamilyMember], title: str, parent_id: str) -> list[FamilyMember]:
+    """Children of the parent carrying exactly this title; the parent itself never."""
+    return [m for m in family if m.title == title and m.id != parent_id and m.id]
+
+
+def adoption_shortlist(
+    family: Iterable[FamilyMember], title: str, parent_id: str
+) -> list[FamilyMember]:
+    """Same-title children whose status is ready: zombies and failures never qualify.
+
+    The service then drops those claimed by another brand or holding projects.
+    """
+    return [
+        m
+        for m in same_title(family, title, parent_id)
+        if classify_status(m.status) is StatusClass.READY
+    ]
+
+
+def new_since(
+    family: Iterable[FamilyMember], title: str, parent_id: str, known_ids: Sequence[str]
+) -> list[FamilyMember]:
+    """Same-title children that were not in the family when the create was requested.
+
+    After an ambiguous create these are what the create may have made; their
+    status does not matter (a fresh child is still `not ready`), and whatever
+    was already there before (zombies included) cannot be confused with it.
+    """
+    known = set(known_ids)
+    return [
+        m
+        for m in same_title(family, title, parent_id)
+        if m.id not in known and classify_status(m.status) is not StatusClass.TERMINAL
+    ]
+
+
+class Provenance(str, Enum):
+    CREATED = "created"
+    ADOPTED = "adopted"
+    EXISTING = "existing"
+
+
+class AttemptState(str, Enum):
+    PENDING = "pending"
+    PROMOTED = "promoted"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    SUPERSEDED = "superseded"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self is not AttemptState.PENDING
+
+
+class FailureReason(str, Enum):
+    """Reason codes of `ProvisioningAttempt.Failed`."""
+
+    TERMINAL_STATUS = "terminal_status"
+    EXHAUSTED = "exhausted"
+    AMBIGUOUS = "ambiguous"
+    REJECTED = "rejected"
+    UNAUTHORIZED = "unauthorized"
+    GATEWAY_BUG = "gateway_bug"
+    STALE = "stale"

@@ -1,0 +1,96 @@
+"""Ports: what the domain needs from the outside world, as Protocols.
+
+The gateway port speaks in plain values and a small exception tree. Adapters
+(`infrastructure.gateway.HttpGateway`, the in-memory fakes of the tests) map
+their transport's failures onto it; the hop logic never sees HTTP.
+
+Exception tree::
+
+    GatewayError                 anything the gateway did that was not an answer
+    ├── AmbiguousCreate          a create that may or may not have happened
+    │                            (timeout, dropped connection, 5xx on the POST)
+    ├── TransientGatewayError    timeout, 429 or 5xx on a read or delete, after retries
+    ├── WorkspaceGone            404 for a workspace (list projects, status)
+    ├── RequestRejected          409/422 (quota, conflict) or another 4xx: terminal
+    ├── Unauthorized             401/403: credentials; terminal for the attempt, alert
+    └── MalformedAnswer          an answer that does not parse as the contract says
+
+Messages never carry the bearer token or request headers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Protocol
+
+
+class GatewayError(Exception):
+    """Base of every failure the gateway adapter raises."""
+
+
+class AmbiguousCreate(GatewayError):
+    """The create call may or may not have created the child."""
+
+
+class TransientGatewayError(GatewayError):
+    """A read or delete failed in a way that may succeed later."""
+
+
+class WorkspaceGone(GatewayError):
+    """The workspace does not exist (404)."""
+
+
+class RequestRejected(GatewayError):
+    """The gateway refused the request for good (409, 422, other 4xx)."""
+
+
+class Unauthorized(GatewayError):
+    """The credentials were refused (401, 403)."""
+
+
+class MalformedAnswer(GatewayError):
+    """The answer did not have the shape the contract promises."""
+
+
+@dataclass(frozen=True, slots=True)
+class FamilyMember:
+    """One entry of a parent's family listing (the parent itself included)."""
+
+    id: str
+    title: str
+    status: str
+
+
+class Gateway(Protocol):
+    """The calls the provisioner makes upstream (see GATEWAY.md)."""
+
+    def create_child(self, parent_id: str, title: str) -> str:
+        """Create a child workspace; return the id the gateway answered with.
+
+        The id is returned as given (possibly empty or equal to the parent's);
+        judging it is the domain's job. Never retried by the adapter.
+        """
+        ...
+
+    def status(self, workspace_id: str) -> str:
+        """Return the raw status string of a workspace."""
+        ...
+
+    def family(self, parent_id: str) -> list[FamilyMember]:
+        """Return the parent's family: the parent itself and its children."""
+        ...
+
+    def list_projects(self, workspace_id: str) -> list[str]:
+        """Return the ids of the workspace's projects (type=ai)."""
+        ...
+
+    def delete_project(self, workspace_id: str, project_id: str) -> None:
+        """Delete one project; a project already gone (404) counts as deleted."""
+        ...
+
+
+class Clock(Protocol):
+    """Wall-clock time, timezone-aware UTC. Swapped for a manual clock in tests."""
+
+    def now(self) -> datetime: ...

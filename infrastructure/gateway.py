@@ -1,0 +1,337 @@
+"""HTTP adapter for the workspace gateway (see /work/shared/GATEWAY.md).
+
+`HttpGateway` implements `domain.ports.Gateway` over one `httpx.Client` with
+explicit timeouts, a bearer token and a bounded connection pool. It maps every
+transport failure and HTTP answer onto the port's exception tree:
+
+=========================================  ======================  =========================
+what happened                              create_child (POST)     status / family /
+                                           never retried           list_projects / delete
+=========================================  ======================  =========================
+2xx                                        the ``id`` as str       the parsed answer
+                                           ("" if missing/null)
+2xx whose body is not the contract's       MalformedAnswer         MalformedAnswer
+shape (not JSON, wrong type)
+never sent: ConnectError, ConnectTimeout,  TransientGatewayError   retried, then
+PoolTimeout, UnsupportedProtocol,                                  TransientGatewayError
+ProxyError
+sent, then timeout / dropped connection /  AmbiguousCreate         retried, then
+RemoteProtocolError (any TransportError)                           TransientGatewayError
+answer unreadable (DecodingError, ...)     AmbiguousCreate         MalformedAnswer
+429                                        TransientGatewayError   retried, then
+                                           (nothing created)       TransientGatewayError
+5xx                                        AmbiguousCreate         retried, then
+                                                                   TransientGatewayError
+401 / 403                                  Unauthorized            Unauthorized
+404                                        RequestRejected         WorkspaceGone (status,
+                                                                   family, list_projects);
+                                                                   success (delete_project)
+409 / 422 / other 4xx                      RequestRejected         RequestRejected
+1xx / 3xx (redirects are not followed)     MalformedAnswer         MalformedAnswer
+=========================================  ======================  =========================
+
+Retries (reads and deletes only): up to ``retries`` extra attempts, sleeping
+``retry_backoff_s * 2**n`` before retry ``n`` (0-based), or a numeric
+``Retry-After`` if longer, capped at 1 s. A 4xx is never retried.
+
+Rejection messages carry the gateway's error text, whitespace-collapsed and
+truncated to 200 characters. No message, repr or log line carries the token or
+request headers: the domain errors are raised outside the ``except`` blocks
+(no ``__cause__``/``__context__`` pointing at an httpx exception, which holds
+the request), and every text taken from the wire is scrubbed of the token.
+
+Path segments (ids) are percent-encoded; an id made only of dots is encoded
+too (``%2E``) so it cannot become a ``..`` segment, and an empty id is refused
+up front with `RequestRejected`.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, Literal, Self
+from urllib.parse import quote
+
+import httpx
+
+from domain.ports import (
+    AmbiguousCreate,
+    FamilyMember,
+    MalformedAnswer,
+    RequestRejected,
+    TransientGatewayError,
+    Unauthorized,
+    WorkspaceGone,
+)
+
+__all__ = ["HttpGateway"]
+
+log = logging.getLogger(__name__)
+
+_SUMMARY_MAX = 200
+_RETRY_AFTER_CAP_S = 1.0
+
+# Raised before the request left the client: nothing can have happened upstream.
+_NOT_SENT: tuple[type[httpx.HTTPError], ...] = (
+    httpx.ConnectError,
+    httpx.ConnectTimeout,
+    httpx.PoolTimeout,
+    httpx.UnsupportedProtocol,
+    httpx.ProxyError,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class _Failure:
+    """A request that produced no usable response, described without headers."""
+
+    kind: Literal["not_sent", "transport", "unreadable"]
+    summary: str
+
+
+class HttpGateway:
+    """`domain.ports.Gateway` over HTTP. Thread-safe; close it (or use `with`)."""
+
+    def __init__(
+        self,
+        base_url: str,
+        token: str,
+        *,
+        connect_timeout: float = 3.0,
+        read_timeout: float = 10.0,
+        retries: int = 2,
+        retry_backoff_s: float = 0.1,
+        transport: httpx.BaseTransport | None = None,
+        max_connections: int = 64,
+    ) -> None:
+        if not token:
+            raise ValueError("the gateway token must not be empty")
+        if retries < 0:
+            raise ValueError("retries must be >= 0")
+        self._base_url = base_url
+        self._token = token
+        self._retries = retries
+        self._backoff_s = retry_backoff_s
+        self._sleep: Callable[[float], None] = time.sleep  # swapped in tests
+        self._client = httpx.Client(
+            base_url=base_url,
+            headers={"Authorization": f"Bearer {token}", "Accept": "application/json"},
+            timeout=httpx.Timeout(read_timeout, connect=connect_timeout),
+            limits=httpx.Limits(
+                max_connections=max_connections, max_keepalive_connections=max_connections
+            ),
+            transport=transport,
+            follow_redirects=False,
+        )
+
+    def __repr__(self) -> str:
+        return f"HttpGateway(base_url={self._base_url!r}, retries={self._retries})"
+
+    def close(self) -> None:
+        self._client.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    # -- the port ---------------------------------------------------------------
+
+    def create_child(self, parent_id: str, title: str) -> str:
+        op = "create_child"
+        path = f"/v2/workspaces/{_seg(parent_id)}/child"
+        outcome = self._attempt("POST", path, json={"title": title, "resources": {}})
+        if isinstance(outcome, _Failure):
+            if outcome.kind == "not_sent":
+                raise TransientGatewayError(f"{op}: not sent ({outcome.summary})")
+            raise AmbiguousCreate(f"{op}: outcome unknown ({outcome.summary})")
+        code = outcome.status_code
+        if 200 <= code < 300:
+            body = self._json(outcome, op)
+            if not isinstance(body, dict):
+                raise MalformedAnswer(f"{op}: expected a JSON object")
+            return _text(body.get("id"), op, "id")
+        if code in (401, 403):
+            raise Unauthorized(f"{op}: credentials refused (HTTP {code})")
+        if code == 429:
+            raise TransientGatewayError(f"{op}: throttled (HTTP 429), nothing created")
+        if code >= 500:
+            raise AmbiguousCreate(f"{op}: outcome unknown (HTTP {code})")
+        if 400 <= code < 500:
+            raise RequestRejected(f"{op}: HTTP {code}: {self._error_text(outcome)}")
+        raise MalformedAnswer(f"{op}: unexpected HTTP {code}")
+
+    def status(self, workspace_id: str) -> str:
+        op = "status"
+        body = self._read_json(op, f"/v1/workspaces/{_seg(workspace_id)}/status")
+        if not isinstance(body, dict):
+            raise MalformedAnswer(f"{op}: expected a JSON object")
+        return _text(body.get("status"), op, "status")
+
+    def family(self, parent_id: str) -> list[FamilyMember]:
+        op = "family"
+        body = self._read_json(op, f"/v1/workspaces/{_seg(parent_id)}/family")
+        if not isinstance(body, list):
+            raise MalformedAnswer(f"{op}: expected a bare JSON array")
+        members: list[FamilyMember] = []
+        for entry in body:
+            if not isinstance(entry, dict):
+                raise MalformedAnswer(f"{op}: expected an array of objects")
+            member_id = _text(entry.get("id"), op, "id")
+            if not member_id:
+                continue
+            members.append(
+                FamilyMember(
+                    id=member_id,
+                    title=_text(entry.get("title"), op, "title"),
+                    status=_text(entry.get("status"), op, "status"),
+                )
+            )
+        return members
+
+    def list_projects(self, workspace_id: str) -> list[str]:
+        op = "list_projects"
+        path = f"/v1/workspaces/{_seg(workspace_id)}/projects"
+        body = self._read_json(op, path, params={"type": "ai"})
+        items = body.get("items") if isinstance(body, dict) else None
+        if not isinstance(items, list):
+            raise MalformedAnswer(f"{op}: expected an object with an 'items' array")
+        ids: list[str] = []
+        for item in items:
+            project_id = _text(item.get("id"), op, "id") if isinstance(item, dict) else ""
+            if not project_id:
+                # Never under-report projects: release and adoption rely on the count.
+                raise MalformedAnswer(f"{op}: an item without an id")
+            ids.append(project_id)
+        return ids
+
+    def delete_project(self, workspace_id: str, project_id: str) -> None:
+        path = f"/v1/workspaces/{_seg(workspace_id)}/projects/{_seg(project_id)}"
+        self._with_retries("delete_project", "DELETE", path)  # 2xx or 404: both fine
+
+    # -- plumbing ---------------------------------------------------------------
+
+    def _read_json(self, op: str, path: str, params: dict[str, str] | None = None) -> Any:
+        response = self._with_retries(op, "GET", path, params)
+        if response.status_code == 404:
+            raise WorkspaceGone(f"{op}: workspace not found (HTTP 404)")
+        return self._json(response, op)
+
+    def _with_retries(
+        self, op: str, method: str, path: str, params: dict[str, str] | None = None
+    ) -> httpx.Response:
+        """Send a read or delete; return a 2xx or 404 response, or raise."""
+        attempts = self._retries + 1
+        last = ""
+        for n in range(attempts):
+            outcome = self._attempt(method, path, params=params)
+            delay = self._backoff_s * 2**n
+            if isinstance(outcome, _Failure):
+                if outcome.kind == "unreadable":
+                    raise MalformedAnswer(f"{op}: {outcome.summary}")
+                last = outcome.summary
+            else:
+                code = outcome.status_code
+                if 200 <= code < 300 or code == 404:
+                    return outcome
+                if code in (401, 403):
+                    raise Unauthorized(f"{op}: credentials refused (HTTP {code})")
+                if code != 429 and code < 500:
+                    if 400 <= code < 500:
+                        raise RequestRejected(f"{op}: HTTP {code}: {self._error_text(outcome)}")
+                    raise MalformedAnswer(f"{op}: unexpected HTTP {code}")
+                last = f"HTTP {code}"
+                delay = max(delay, _retry_after(outcome))
+            if n + 1 < attempts:
+                log.info("gateway %s: attempt %d/%d failed (%s)", op, n + 1, attempts, last)
+                self._sleep(delay)
+        raise TransientGatewayError(f"{op}: {last} after {attempts} attempt(s)")
+
+    def _attempt(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: dict[str, str] | None = None,
+        json: dict[str, Any] | None = None,
+    ) -> httpx.Response | _Failure:
+        """One request. A failure comes back as a value so that the domain error
+        is raised outside this ``except`` and never chains the httpx exception
+        (which holds the request and its headers)."""
+        try:
+            return self._client.request(method, path, params=params, json=json)
+        except _NOT_SENT as exc:
+            return _Failure("not_sent", self._describe(exc))
+        except httpx.TransportError as exc:  # includes every other timeout
+            return _Failure("transport", self._describe(exc))
+        except httpx.HTTPError as exc:  # e.g. DecodingError: an answer we cannot read
+            return _Failure("unreadable", self._describe(exc))
+
+    def _describe(self, exc: httpx.HTTPError) -> str:
+        detail = self._scrub(" ".join(str(exc).split()))[:_SUMMARY_MAX]
+        return f"{type(exc).__name__}: {detail}" if detail else type(exc).__name__
+
+    def _json(self, response: httpx.Response, op: str) -> Any:
+        try:
+            return response.json()
+        except ValueError:  # JSONDecodeError and UnicodeDecodeError
+            pass
+        raise MalformedAnswer(f"{op}: the answer is not JSON (HTTP {response.status_code})")
+
+    def _error_text(self, response: httpx.Response) -> str:
+        """The gateway's own words about a rejection, safe to log and store."""
+        text = response.text
+        try:
+            body = response.json()
+        except ValueError:
+            body = None
+        if isinstance(body, dict):
+            for key in ("error", "message", "detail"):
+                if isinstance(body.get(key), str):
+                    text = body[key]
+                    break
+        summary = self._scrub(" ".join(text.split()))
+        return summary[:_SUMMARY_MAX] or "(no detail)"
+
+    def _scrub(self, text: str) -> str:
+        return text.replace(self._token, "[redacted]")
+
+
+def _seg(value: str) -> str:
+    """Percent-encode one path segment; ids are opaque strings."""
+    if not value:
+        raise RequestRejected("refused to call the gateway with an empty id")
+    encoded = quote(value, safe="")
+    return encoded.replace(".", "%2E") if set(value) == {"."} else encoded
+
+
+def _text(value: object, op: str, field: str) -> str:
+    """A string field of an answer: missing/null -> "", numbers as text."""
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    raise MalformedAnswer(f"{op}: field {field!r} is not a string")
+
+
+def _retry_after(response: httpx.Response) -> float:
+    """A numeric Retry-After in seconds, capped; 0 when absent or a date."""
+    try:
+        seconds = float(response.headers.get("Retry-After", ""))
+    except ValueError:
+        return 0.0
+    if not math.isfinite(seconds) or seconds <= 0:
+        return 0.0
+    return min(seconds, _RETRY_AFTER_CAP_S)

@@ -1,0 +1,707 @@
+"""The provisioning service: the use cases, over the event store and the gateway.
+
+Request path (fast, no gateway calls):
+    request_provisioning(brand_id, title, parent) -> attempt id
+    deactivate(brand_id)
+
+Off the request path (what the worker runs, one short step at a time):
+    run_hop(attempt_id, hop) -> HopOutcome
+    release(attempt_id)        the owed release of an attempt that ended unpromoted
+    decommission(brand_id)     empty, unbind and unclaim a deactivated brand's workspace
+
+Every state change is ONE `Application.save` of all the aggregates it touches.
+A writer that loses a race gets `IntegrityError`, reloads and decides again
+(at most `max_rounds` times per call). Gateway calls never happen while a
+database transaction is open. A database failure propagates unchanged: the
+attempt is untouched and the caller retries the whole step later.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from uuid import UUID
+
+from eventsourcing.application import AggregateNotFoundError
+from eventsourcing.domain import Aggregate
+from eventsourcing.persistence import IntegrityError
+
+from domain.attempt import ProvisioningAttempt
+from domain.brand import Brand
+from domain.claim import WorkspaceClaim
+from domain.errors import (
+    AlreadyClaimed,
+    AttemptInProgress,
+    InvalidRequest,
+    ProvisionerError,
+    UnknownAttempt,
+    UnknownBrand,
+)
+from domain.ids import brand_aggregate_id, claim_aggregate_id
+from domain.outcomes import HopOutcome, Outcome, StandDown
+from domain.policies import (
+    AttemptState,
+    Backoff,
+    FailureReason,
+    FamilyMember,
+    Provenance,
+    StatusClass,
+    adoption_shortlist,
+    classify_status,
+    new_since,
+    same_title,
+)
+from domain.ports import (
+    AmbiguousCreate,
+    Clock,
+    Gateway,
+    GatewayError,
+    MalformedAnswer,
+    RequestRejected,
+    TransientGatewayError,
+    Unauthorized,
+    WorkspaceGone,
+)
+from infrastructure.eventstore import ProvisionerApplication
+
+log = logging.getLogger("provisioner.engine")
+
+MAX_ID_CHARS = 200
+STAND_DOWN_BY_STATE = {
+    AttemptState.PROMOTED: StandDown.REDELIVERY_OF_PROMOTED,
+    AttemptState.CANCELLED: StandDown.CANCELLED,
+    AttemptState.SUPERSEDED: StandDown.SUPERSEDED,
+    AttemptState.FAILED: StandDown.FAILED,
+}
+
+
+class SystemClock:
+    def now(self) -> datetime:
+        return datetime.now(UTC)
+
+
+@dataclass(frozen=True, slots=True)
+class EngineSettings:
+    backoff: Backoff = field(default_factory=Backoff)
+    stale_after_s: float = 600.0
+    max_rounds: int = 6
+
+
+@dataclass(frozen=True, slots=True)
+class Deactivation:
+    brand_id: str
+    already_deactivated: bool
+    cancelled_attempt_id: UUID | None
+    workspace_id: str | None
+
+
+class ContentionError(RuntimeError):
+    """Too many concurrent writers on one aggregate; retry the step later."""
+
+
+def _require_text(name: str, value: object) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise InvalidRequest(f"{name} must be a non-empty string")
+    if value != value.strip() or any(ord(c) < 32 for c in value):
+        raise InvalidRequest(f"{name} must not have surrounding spaces or control characters")
+    if len(value) > MAX_ID_CHARS:
+        raise InvalidRequest(f"{name} must be at most {MAX_ID_CHARS} characters")
+    return value
+
+
+class ProvisioningService:
+    def __init__(
+        self,
+        app: ProvisionerApplication,
+        gateway: Gateway,
+        clock: Clock | None = None,
+        settings: EngineSettings | None = None,
+    ) -> None:
+        self.app = app
+        self.gateway = gateway
+        self.clock: Clock = clock or SystemClock()
+        self.settings = settings or EngineSettings()
+
+    # Reads.
+
+    def brand(self, brand_id: str) -> Brand:
+        try:
+            brand = self.app.repository.get(brand_aggregate_id(brand_id))
+        except AggregateNotFoundError:
+            raise UnknownBrand(f"no brand {brand_id!r} is registered") from None
+        assert isinstance(brand, Brand)
+        return brand
+
+    def attempt(self, attempt_id: UUID) -> ProvisioningAttempt:
+        try:
+            attempt = self.app.repository.get(attempt_id)
+        except AggregateNotFoundError:
+            raise UnknownAttempt(f"no attempt {attempt_id} exists") from None
+        if not isinstance(attempt, ProvisioningAttempt):
+            raise UnknownAttempt(f"{attempt_id} is not a provisioning attempt")
+        return attempt
+
+    def claim(self, workspace_id: str) -> WorkspaceClaim | None:
+        try:
+            claim = self.app.repository.get(claim_aggregate_id(workspace_id))
+        except AggregateNotFoundError:
+            return None
+        assert isinstance(claim, WorkspaceClaim)
+        return claim
+
+    # Request path.
+
+    def request_provisioning(self, brand_id: str, title: str, parent_workspace_id: str) -> UUID:
+        """Begin an attempt for the brand; registers or reactivates the brand as needed."""
+        _require_text("brand_id", brand_id)
+        _require_text("title", title)
+        _require_text("parent_workspace_id", parent_workspace_id)
+        for _ in range(self.settings.max_rounds):
+            try:
+                return self._begin_attempt(brand_id, title, parent_workspace_id)
+            except IntegrityError:
+                log.info("request raced another writer; deciding again brand=%s", brand_id)
+        raise ContentionError(f"brand {brand_id} is being changed concurrently; retry")
+
+    def _begin_attempt(self, brand_id: str, title: str, parent_workspace_id: str) -> UUID:
+        try:
+            brand = self.brand(brand_id)
+        except UnknownBrand:
+            brand = Brand.register(brand_id, title, parent_workspace_id)
+        if not brand.is_active:
+            brand.reactivate()
+        touched: list[Aggregate] = [brand]
+        old = self.attempt(brand.current_attempt_id) if brand.current_attempt_id else None
+        if old is not None and not old.is_terminal:
+            if not old.is_stale(self.clock.now(), self.settings.stale_after_s):
+                retry_at = old.modified_on + timedelta(seconds=self.settings.stale_after_s)
+                raise AttemptInProgress(
+                    f"brand {brand_id} already has attempt {old.id} pending (hop "
+                    f"{old.expected_hop}); wait for it, or retry after "
+                    f"{retry_at.isoformat(timespec='seconds')} when it counts as stale"
+                )
+            touched.append(old)
+        same_parent = parent_workspace_id == brand.parent_workspace_id
+        new = ProvisioningAttempt.start(
+            brand_id=brand_id,
+            title=title,
+            parent_workspace_id=parent_workspace_id,
+            existing_workspace_id=brand.workspace_id if same_parent else None,
+            max_hop=self.settings.backoff.max_requeues,
+        )
+        if old is not None and not old.is_terminal:
+            old.supersede(new.id)
+        brand.begin_attempt(new.id, title, parent_workspace_id)
+        self.app.save(*touched, new)
+        log.info(
+            "attempt started brand=%s attempt=%s superseded=%s",
+            brand_id,
+            new.id,
+            old.id if old is not None and old.state is AttemptState.SUPERSEDED else None,
+        )
+        return new.id
+
+    def deactivate(self, brand_id: str) -> Deactivation:
+        """Record the deactivation and cancel a pending attempt, in one save."""
+        _require_text("brand_id", brand_id)
+        for _ in range(self.settings.max_rounds):
+            brand = self.brand(brand_id)
+            if not brand.is_active:
+                return Deactivation(brand_id, True, None, brand.workspace_id)
+            brand.deactivate()
+            touched: list[Aggregate] = [brand]
+            cancelled: UUID | None = None
+            if brand.current_attempt_id is not None:
+                current = self.attempt(brand.current_attempt_id)
+                if not current.is_terminal:
+                    current.cancel("brand deactivated")
+                    touched.append(current)
+                    cancelled = current.id
+            try:
+                self.app.save(*touched)
+            except IntegrityError:
+                continue
+            log.info("brand deactivated brand=%s cancelled=%s", brand_id, cancelled)
+            return Deactivation(brand_id, False, cancelled, brand.workspace_id)
+        raise ContentionError(f"brand {brand_id} is being changed concurrently; retry")
+
+    # Off the request path.
+
+    def run_hop(self, attempt_id: UUID, hop: int) -> HopOutcome:
+        outcome = _Hop(self, attempt_id, hop).run()
+        log.info(
+            "hop done brand=%s attempt=%s hop=%d outcome=%s%s workspace=%s detail=%s",
+            outcome.brand_id,
+            outcome.attempt_id,
+            outcome.hop,
+            outcome.outcome.value,
+            f"({outcome.stand_down.value})" if outcome.stand_down else "",
+            outcome.workspace_id,
+            outcome.detail,
+        )
+        return outcome
+
+    def release(self, attempt_id: UUID) -> tuple[str, ...]:
+        """Perform what an attempt that ended unpromoted still owes; safe to repeat."""
+        for _ in range(self.settings.max_rounds):
+            attempt = self.attempt(attempt_id)
+            if not attempt.is_terminal:
+                return ()
+            try:
+                return self._settle(attempt)
+            except IntegrityError:
+                continue
+        raise ContentionError(f"attempt {attempt_id} is being changed concurrently; retry")
+
+    def decommission(self, brand_id: str) -> int | None:
+        """Empty a deactivated brand's workspace, then unbind it and release its claim.
+
+        Returns the number of projects deleted, or None when there was nothing
+        to do (brand active again, or no workspace bound). Safe to repeat.
+        """
+        for _ in range(self.settings.max_rounds):
+            brand = self.brand(brand_id)
+            if brand.is_active or brand.workspace_id is None:
+                return None
+            workspace_id = brand.workspace_id
+            deleted = self.empty_workspace(workspace_id)
+            brand.unbind("decommissioned", deleted)
+            touched: list[Aggregate] = [brand]
+            claim = self.claim(workspace_id)
+            if claim is not None and claim.brand_id == brand_id:
+                claim.release("decommissioned")
+                touched.append(claim)
+            try:
+                self.app.save(*touched)
+            except IntegrityError:
+                continue
+            log.info(
+                "workspace decommissioned brand=%s workspace=%s projects_deleted=%d",
+                brand_id,
+                workspace_id,
+                deleted,
+            )
+            return deleted
+        raise ContentionError(f"brand {brand_id} is being changed concurrently; retry")
+
+    # Shared steps.
+
+    def empty_workspace(self, workspace_id: str) -> int:
+        """Delete every project of the workspace (404 = already gone); never the workspace."""
+        try:
+            project_ids = self.gateway.list_projects(workspace_id)
+        except WorkspaceGone:
+            return 0
+        for project_id in project_ids:
+            self.gateway.delete_project(workspace_id, project_id)
+        return len(project_ids)
+
+    def claimed_by_other(self, workspace_id: str, brand_id: str) -> bool:
+        claim = self.claim(workspace_id)
+        return claim is not None and claim.held_by_other_than(brand_id)
+
+    def claim_for(self, workspace_id: str, brand_id: str, attempt_id: UUID) -> WorkspaceClaim:
+        """The claim, opened if new, with the brand's claim pending on it."""
+        claim = self.claim(workspace_id) or WorkspaceClaim.open(workspace_id)
+        claim.claim(brand_id, attempt_id)
+        return claim
+
+    def adopted_claim_to_release(self, attempt: ProvisioningAttempt) -> WorkspaceClaim | None:
+        """An adopted candidate's claim goes back when the attempt ends unpromoted."""
+        if attempt.provenance is not Provenance.ADOPTED or attempt.candidate_id is None:
+            return None
+        claim = self.claim(attempt.candidate_id)
+        if claim is None or claim.attempt_id != attempt.id:
+            return None
+        claim.release(f"attempt {attempt.state.value}")
+        return claim
+
+    def _settle(self, attempt: ProvisioningAttempt) -> tuple[str, ...]:
+        """For a terminal attempt: owed release, orphan of an unresolved create, claim."""
+        touched: list[Aggregate] = []
+        released: list[str] = []
+        if attempt.release_owed and attempt.candidate_id is not None:
+            workspace_id = attempt.candidate_id
+            attempt.record_release(workspace_id, self.empty_workspace(workspace_id))
+            released.append(workspace_id)
+        elif attempt.create_unresolved and attempt.state is not AttemptState.PROMOTED:
+            orphan = self._find_orphan(attempt)
+            if orphan is not None:
+                attempt.record_release(orphan, self.empty_workspace(orphan))
+                released.append(orphan)
+        if attempt.state is not AttemptState.PROMOTED:
+            claim = self.adopted_claim_to_release(attempt)
+            if claim is not None:
+                touched.append(claim)
+        if released or touched:
+            self.app.save(attempt, *touched)
+            log.info(
+                "attempt settled brand=%s attempt=%s state=%s released=%s",
+                attempt.brand_id,
+                attempt.id,
+                attempt.state.value,
+                ",".join(released) or "-",
+            )
+        return tuple(released)
+
+    def _find_orphan(self, attempt: ProvisioningAttempt) -> str | None:
+        """The workspace an unresolved create made, if the family shows exactly one."""
+        family = self.gateway.family(attempt.parent_workspace_id)
+        new = [
+            m.id
+            for m in new_since(
+                family, attempt.title, attempt.parent_workspace_id, attempt.create_known_ids
+            )
+            if not self.claimed_by_other(m.id, attempt.brand_id)
+        ]
+        return new[0] if len(new) == 1 else None
+
+
+class _Hop:
+    """One run of one hop of one attempt (DESIGN §5), with its per-run memory."""
+
+    def __init__(self, service: ProvisioningService, attempt_id: UUID, hop: int) -> None:
+        self.svc = service
+        self.attempt_id = attempt_id
+        self.hop = hop
+        # A workspace this run created and has not yet seen recorded: it must
+        # end up either the attempt's candidate or released, never forgotten.
+        self.created: str | None = None
+        self._family: list[FamilyMember] | None = None
+
+    def run(self) -> HopOutcome:
+        for _ in range(self.svc.settings.max_rounds):
+            attempt = self.svc.attempt(self.attempt_id)
+            try:
+                return self._step(attempt)
+            except IntegrityError:
+                log.info(
+                    "hop raced another writer; deciding again attempt=%s hop=%d",
+                    self.attempt_id,
+                    self.hop,
+                )
+                self._family = None
+        raise ContentionError(f"attempt {self.attempt_id} is contended; retry the hop later")
+
+    def _step(self, attempt: ProvisioningAttempt) -> HopOutcome:
+        released: tuple[str, ...] = ()
+        placed_late = self.created is not None
+        if placed_late:
+            released = self._place_created(attempt)
+        gate = self._gate(attempt, released)
+        if gate is not None and placed_late and gate.outcome is Outcome.DUPLICATE:
+            # Our create is on record; a concurrent delivery already moved the attempt on.
+            return self._stood_down(attempt, StandDown.CONCURRENT_DELIVERY, "next hop polls")
+        if gate is not None:
+            return gate
+        if attempt.candidate_id is None:
+            outcome = self._acquire(attempt)
+            if outcome is not None:
+                return outcome
+        return self._poll(attempt)
+
+    # Gate: terminal, duplicate and out-of-order deliveries.
+
+    def _gate(self, attempt: ProvisioningAttempt, released: tuple[str, ...]) -> HopOutcome | None:
+        if attempt.is_terminal:
+            try:
+                released = (*released, *self.svc._settle(attempt))
+            except GatewayError as exc:
+                log.warning("release deferred attempt=%s: %s", attempt.id, exc)
+            return self._stood_down(
+                attempt,
+                STAND_DOWN_BY_STATE[attempt.state],
+                f"attempt is {attempt.state.value}",
+                released,
+            )
+        if self.hop < attempt.expected_hop:
+            return self._outcome(
+                attempt,
+                Outcome.DUPLICATE,
+                f"hop {self.hop} already done; attempt expects hop {attempt.expected_hop}",
+                stand_down=StandDown.STALE_HOP,
+            )
+        if self.hop > attempt.expected_hop:
+            return self._stood_down(
+                attempt, StandDown.FUTURE_HOP, f"attempt expects hop {attempt.expected_hop}"
+            )
+        return None
+
+    # Create or adopt.
+
+    def _family_of(self, attempt: ProvisioningAttempt) -> list[FamilyMember]:
+        if self._family is None:
+            self._family = self.svc.gateway.family(attempt.parent_workspace_id)
+        return self._family
+
+    def _acquire(self, attempt: ProvisioningAttempt) -> HopOutcome | None:
+        """Give the attempt a candidate; None when it has one, else the hop's outcome."""
+        try:
+            if attempt.create_unresolved:
+                outcome = self._recover_create(attempt)
+                if outcome is not None or attempt.candidate_id is not None:
+                    return outcome
+            return self._adopt_or_create(attempt)
+        except TransientGatewayError as exc:
+            return self._settling(attempt, f"gateway unavailable: {exc}")
+        except Unauthorized as exc:
+            return self._fail(attempt, FailureReason.UNAUTHORIZED, f"gateway refused: {exc}")
+
+    def _recover_create(self, attempt: ProvisioningAttempt) -> HopOutcome | None:
+        """A create was requested and not recorded: find what it made, by the family."""
+        family = self._family_of(attempt)
+        new = [
+            m
+            for m in new_since(
+                family, attempt.title, attempt.parent_workspace_id, attempt.create_known_ids
+            )
+            if not self.svc.claimed_by_other(m.id, attempt.brand_id)
+        ]
+        if len(new) == 1:
+            self._accept(attempt, new[0].id, Provenance.CREATED)
+            return None
+        if len(new) > 1:
+            return self._fail(
+                attempt,
+                FailureReason.AMBIGUOUS,
+                f"{len(new)} new workspaces titled {attempt.title!r} after an unconfirmed create",
+            )
+        if attempt.create_requested_hop == self.hop:
+            # This hop already asked for a create; never ask twice in one hop.
+            return self._settling(attempt, "create unconfirmed; not in the family yet")
+        return None  # the earlier hop's create did not happen: adopt or create afresh
+
+    def _adopt_or_create(self, attempt: ProvisioningAttempt) -> HopOutcome | None:
+        family = self._family_of(attempt)
+        eligible = [
+            m
+            for m in adoption_shortlist(family, attempt.title, attempt.parent_workspace_id)
+            if not self.svc.claimed_by_other(m.id, attempt.brand_id) and self._is_empty(m.id)
+        ]
+        if len(eligible) == 1:
+            self._accept(attempt, eligible[0].id, Provenance.ADOPTED)
+            return None
+        if len(eligible) > 1:
+            return self._fail(
+                attempt,
+                FailureReason.AMBIGUOUS,
+                f"{len(eligible)} adoptable workspaces titled {attempt.title!r}: "
+                + ", ".join(sorted(m.id for m in eligible)),
+            )
+        return self._create(attempt, family)
+
+    def _is_empty(self, workspace_id: str) -> bool:
+        try:
+            return not self.svc.gateway.list_projects(workspace_id)
+        except WorkspaceGone:
+            return False
+
+    def _create(self, attempt: ProvisioningAttempt, family: list[FamilyMember]) -> HopOutcome | None:
+        known = [m.id for m in same_title(family, attempt.title, attempt.parent_workspace_id)]
+        attempt.request_create(self.hop, known)
+        try:
+            self.svc.app.save(attempt)
+        except IntegrityError:
+            again = self.svc.attempt(attempt.id)
+            if again.create_requested_hop == self.hop and again.candidate_id is None:
+                return self._stood_down(
+                    again, StandDown.CONCURRENT_DELIVERY, "another delivery is creating"
+                )
+            raise
+        parent = attempt.parent_workspace_id
+        try:
+            workspace_id = self.svc.gateway.create_child(parent, attempt.title)
+        except AmbiguousCreate:
+            log.warning("create unconfirmed attempt=%s hop=%d", attempt.id, self.hop)
+            self._family = None
+            return self._recover_create(attempt)
+        except RequestRejected as exc:
+            return self._fail(attempt, FailureReason.REJECTED, f"create rejected: {exc}")
+        except MalformedAnswer as exc:
+            return self._fail(attempt, FailureReason.GATEWAY_BUG, f"create answer: {exc}")
+        if not workspace_id or workspace_id == parent:
+            what = "the parent's id" if workspace_id else "no id"
+            return self._fail(attempt, FailureReason.GATEWAY_BUG, f"create answered {what}")
+        self.created = workspace_id
+        self._place_created(attempt)
+        return None
+
+    def _accept(self, attempt: ProvisioningAttempt, workspace_id: str, prov: Provenance) -> None:
+        try:
+            claim = self.svc.claim_for(workspace_id, attempt.brand_id, attempt.id)
+        except AlreadyClaimed as exc:
+            raise IntegrityError(str(exc)) from None  # decide again from fresh state
+        attempt.accept_candidate(workspace_id, prov, self.hop)
+        self.svc.app.save(attempt, claim)
+
+    def _place_created(self, attempt: ProvisioningAttempt) -> tuple[str, ...]:
+        """Record what this run created as the candidate, or release it if it lost."""
+        workspace_id = self.created
+        assert workspace_id is not None
+        if attempt.candidate_id == workspace_id:
+            self.created = None
+            return ()
+        if attempt.candidate_id is None and attempt.state is not AttemptState.PROMOTED:
+            claim = self.svc.claim_for(workspace_id, attempt.brand_id, attempt.id)
+            attempt.record_created(workspace_id, self.hop)
+            self.svc.app.save(attempt, claim)
+            self.created = None
+            return ()
+        # The attempt moved on to another candidate: nothing may leak.
+        deleted = self.svc.empty_workspace(workspace_id)
+        attempt.record_release(workspace_id, deleted)
+        self.svc.app.save(attempt)
+        self.created = None
+        log.warning(
+            "released a workspace that lost its race attempt=%s workspace=%s",
+            attempt.id,
+            workspace_id,
+        )
+        return (workspace_id,)
+
+    # Poll.
+
+    def _poll(self, attempt: ProvisioningAttempt) -> HopOutcome:
+        workspace_id = attempt.candidate_id
+        assert workspace_id is not None
+        try:
+            raw = self.svc.gateway.status(workspace_id)
+            status_class = classify_status(raw)
+        except (TransientGatewayError, MalformedAnswer) as exc:
+            raw, status_class = f"unknown ({exc})", StatusClass.SETTLING
+        except WorkspaceGone:
+            raw, status_class = "gone (404)", StatusClass.TERMINAL
+        except Unauthorized as exc:
+            return self._fail(attempt, FailureReason.UNAUTHORIZED, f"gateway refused: {exc}")
+        if status_class is StatusClass.READY:
+            return self._promote(attempt)
+        if status_class is StatusClass.SETTLING:
+            return self._settling(attempt, raw)
+        if attempt.provenance is Provenance.EXISTING:
+            return self._drop_existing(attempt, raw)
+        return self._fail(
+            attempt,
+            FailureReason.TERMINAL_STATUS,
+            f"workspace {workspace_id} reported status {raw!r}",
+        )
+
+    def _promote(self, attempt: ProvisioningAttempt) -> HopOutcome:
+        workspace_id = attempt.candidate_id
+        assert workspace_id is not None
+        brand = self.svc.brand(attempt.brand_id)
+        brand.bind(workspace_id, attempt.id)
+        attempt.promote(self.hop)
+        self.svc.app.save(attempt, brand)
+        return self._outcome(attempt, Outcome.PROMOTED, "ready", workspace_id=workspace_id)
+
+    def _drop_existing(self, attempt: ProvisioningAttempt, raw: str) -> HopOutcome:
+        """The bound workspace went terminal: unbind it; the next hop creates or adopts."""
+        brand = self.svc.brand(attempt.brand_id)
+        touched: list[Aggregate] = [brand]
+        brand.unbind(f"status {raw!r}")
+        claim = self.svc.claim(attempt.candidate_id or "")
+        if claim is not None and claim.brand_id == attempt.brand_id:
+            claim.release("bound workspace went terminal")
+            touched.append(claim)
+        attempt.drop_candidate(raw, self.hop)
+        return self._settling(attempt, f"bound workspace reported {raw!r}", touched)
+
+    # Endings.
+
+    def _settling(
+        self, attempt: ProvisioningAttempt, status: str, touched: list[Aggregate] | None = None
+    ) -> HopOutcome:
+        touched = touched or []
+        backoff = self.svc.settings.backoff
+        if self.hop < attempt.max_hop and backoff.can_requeue(self.hop):
+            delay = backoff.delay_after(self.hop)
+            not_before = self.svc.clock.now() + timedelta(seconds=delay)
+            attempt.schedule_hop(self.hop + 1, not_before, status)
+            self.svc.app.save(attempt, *touched)
+            return self._outcome(
+                attempt, Outcome.SCHEDULED, status, next_hop=self.hop + 1, delay_s=delay
+            )
+        return self._fail(
+            attempt,
+            FailureReason.EXHAUSTED,
+            f"not confirmed after {self.hop + 1} hops; last: {status}",
+            touched,
+        )
+
+    def _fail(
+        self,
+        attempt: ProvisioningAttempt,
+        reason: FailureReason,
+        message: str,
+        touched: list[Aggregate] | None = None,
+    ) -> HopOutcome:
+        """Fail the attempt; empty a created candidate first so one save records both."""
+        touched = list(touched or [])
+        owes = (
+            attempt.provenance is Provenance.CREATED
+            and attempt.candidate_id is not None
+            and reason is not FailureReason.TERMINAL_STATUS
+        )
+        deleted: int | None = None
+        if owes and attempt.candidate_id is not None:
+            try:
+                deleted = self.svc.empty_workspace(attempt.candidate_id)
+            except GatewayError as exc:
+                log.warning("release deferred attempt=%s: %s", attempt.id, exc)
+        attempt.fail(reason, message, self.hop)
+        released: tuple[str, ...] = ()
+        if deleted is not None and attempt.candidate_id is not None:
+            attempt.record_release(attempt.candidate_id, deleted)
+            released = (attempt.candidate_id,)
+        claim = self.svc.adopted_claim_to_release(attempt)
+        if claim is not None:
+            touched.append(claim)
+        self.svc.app.save(attempt, *touched)
+        return self._outcome(attempt, Outcome.FAILED, f"{reason.value}: {message}", released=released)
+
+    def _stood_down(
+        self,
+        attempt: ProvisioningAttempt,
+        why: StandDown,
+        detail: str,
+        released: tuple[str, ...] = (),
+    ) -> HopOutcome:
+        return self._outcome(
+            attempt, Outcome.STOOD_DOWN, detail, stand_down=why, released=released
+        )
+
+    def _outcome(
+        self,
+        attempt: ProvisioningAttempt,
+        outcome: Outcome,
+        detail: str,
+        *,
+        workspace_id: str | None = None,
+        next_hop: int | None = None,
+        delay_s: float | None = None,
+        stand_down: StandDown | None = None,
+        released: tuple[str, ...] = (),
+    ) -> HopOutcome:
+        return HopOutcome(
+            outcome=outcome,
+            attempt_id=attempt.id,
+            brand_id=attempt.brand_id,
+            hop=self.hop,
+            detail=detail,
+            workspace_id=workspace_id or attempt.candidate_id,
+            next_hop=next_hop,
+            delay_s=delay_s,
+            stand_down=stand_down,
+            released=released,
+        )
+
+
+__all__ = [
+    "ContentionError",
+    "Deactivation",
+    "EngineSettings",
+    "ProvisionerError",
+    "ProvisioningService",
+    "SystemClock",
+]

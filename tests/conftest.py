@@ -1,0 +1,124 @@
+"""Shared fixtures: real PostgreSQL databases, the fake gateway over HTTP, the service.
+
+A test that needs PostgreSQL or RabbitMQ skips on a laptop without them, and
+FAILS when PROVISIONER_REQUIRE_SERVICES=1 (set by .ci/run) or CI is set.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from domain.policies import Backoff
+from infrastructure.eventstore import ProvisionerApplication, init_database, open_event_store
+from infrastructure.fake_gateway import FakeConfig, FakeGateway
+from infrastructure.gateway import HttpGateway
+from infrastructure.service import EngineSettings, ProvisioningService
+
+PG_ADMIN = os.environ.get("PROVISIONER_TEST_PG", "postgresql://root@127.0.0.1:5432/postgres")
+TOKEN = "test-token-s3cr3t"
+PARENT = "org-parent"
+
+
+def services_required() -> bool:
+    return bool(os.environ.get("PROVISIONER_REQUIRE_SERVICES") or os.environ.get("CI"))
+
+
+def unavailable(what: str, exc: BaseException) -> None:
+    message = f"{what} is not reachable: {exc}"
+    if services_required():
+        pytest.fail(message, pytrace=False)
+    pytest.skip(message)
+
+
+class ManualClock:
+    """Real time plus an offset the test moves forward."""
+
+    def __init__(self) -> None:
+        self.offset = timedelta()
+
+    def now(self) -> datetime:
+        return datetime.now(UTC) + self.offset
+
+    def advance(self, seconds: float) -> None:
+        self.offset += timedelta(seconds=seconds)
+
+
+@pytest.fixture(scope="session")
+def pg_database() -> Iterator[str]:
+    """A fresh PostgreSQL database for this test session, dropped afterwards."""
+    name = f"provisioner_test_{uuid.uuid4().hex[:10]}"
+    try:
+        with psycopg.connect(PG_ADMIN, autocommit=True, connect_timeout=3) as conn:
+            conn.execute(f'CREATE DATABASE "{name}"')
+    except psycopg.OperationalError as exc:
+        unavailable("PostgreSQL", exc)
+    base = PG_ADMIN.rsplit("/", 1)[0]
+    url = f"{base}/{name}"
+    init_database(url)
+    yield url
+    with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'events.sqlite'}"
+    url: str = request.getfixturevalue("pg_database")
+    return url
+
+
+@pytest.fixture
+def app(database_url: str) -> Iterator[ProvisionerApplication]:
+    application = open_event_store(database_url, pool_size=8)
+    yield application
+    application.close()
+
+
+@pytest.fixture
+def fake() -> Iterator[FakeGateway]:
+    # A fresh seed per test: workspace ids (and so claim ids) never repeat across
+    # tests that share one PostgreSQL database.
+    with FakeGateway(FakeConfig(seed=uuid.uuid4().int % 2**31), parents=(PARENT,)) as gateway:
+        yield gateway
+
+
+@pytest.fixture
+def http_gateway(fake: FakeGateway) -> Iterator[HttpGateway]:
+    with HttpGateway(
+        fake.url, TOKEN, connect_timeout=1.0, read_timeout=0.5, retries=1, retry_backoff_s=0.0
+    ) as gateway:
+        yield gateway
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    return ManualClock()
+
+
+@pytest.fixture
+def settings() -> EngineSettings:
+    return EngineSettings(backoff=Backoff(base_s=5.0, max_requeues=5), stale_after_s=600.0)
+
+
+@pytest.fixture
+def service(
+    app: ProvisionerApplication,
+    http_gateway: HttpGateway,
+    clock: ManualClock,
+    settings: EngineSettings,
+) -> ProvisioningService:
+    return ProvisioningService(app, http_gateway, clock=clock, settings=settings)
+
+
+@pytest.fixture
+def brand_id() -> str:
+    """A brand id no other test uses (tests share the session's database)."""
+    return f"brand-{uuid.uuid4().hex[:12]}"

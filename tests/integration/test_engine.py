@@ -1,0 +1,634 @@
+"""The hop protocol (DESIGN §3-5) end to end: the service, the HTTP adapter, the fake
+gateway over real HTTP, and the event store on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+from typing import Any
+from uuid import UUID
+
+import pytest
+
+from domain.errors import AttemptInProgress, InvalidRequest
+from domain.outcomes import Outcome, StandDown
+from domain.policies import AttemptState, FailureReason, Provenance
+from domain.ports import TransientGatewayError
+from infrastructure.eventstore import ProvisionerApplication
+from infrastructure.fake_gateway import FakeGateway
+from infrastructure.service import ProvisioningService
+from tests.conftest import PARENT, TOKEN, ManualClock
+from tests.support import Intercepting, drive
+
+TITLE = "Acme Shoes"
+
+
+def event_names(app: ProvisionerApplication, aggregate_id: UUID) -> list[str]:
+    return [type(e).__name__ for e in app.events.get(aggregate_id)]
+
+
+def upstream(fake: FakeGateway, title: str) -> list[dict[str, Any]]:
+    return [w for w in fake.state()["workspaces"] if w["title"] == title]
+
+
+def creates(fake: FakeGateway, title: str) -> int:
+    return int(fake.state()["creates"].get(title, 0))
+
+
+def parent_untouched(fake: FakeGateway) -> bool:
+    parent = next(w for w in fake.state()["workspaces"] if w["id"] == PARENT)
+    return bool(parent["projects"]) and parent["status"] == "active"
+
+
+# The happy path and settling.
+
+
+def test_first_hop_creates_records_candidate_and_promotes_when_ready(
+    service: ProvisioningService, fake: FakeGateway, brand_id: str
+) -> None:
+    attempt_id = service.request_provisioning(brand_id, TITLE, PARENT)
+
+    outcome = service.run_hop(attempt_id, 0)
+
+    assert outcome.outcome is Outcome.PROMOTED
+    attempt = service.attempt(attempt_id)
+    assert attempt.provenance is Provenance.CREATED
+    assert attempt.state is AttemptState.PROMOTED
+    [workspace] = upstream(fake, TITLE)
+    assert attempt.candidate_id == workspace["id"] == outcome.workspace_id
+    assert service.brand(brand_id).workspace_id == workspace["id"]
+    assert event_names(service.app, attempt_id) == [
+        "Started",
+        "CreateRequested",
+        "CandidateAccepted",
+        "Promoted",
+    ]
+    assert service.claim(workspace["id"]).brand_id == brand_id  # type: ignore[union-attr]
+    assert parent_untouched(fake)
+
+
+def test_settling_schedules_the_next_hop_with_the_backoff_delay(
+    service: ProvisioningService, fake: FakeGateway, clock: ManualClock, brand_id: str
+) -> None:
+    fake.configure(settle_polls=3)
+    attempt_id = service.request_provisioning(brand_id, TITLE, PARENT)
+
+    outcomes = drive(service, attempt_id, clock.advance)
+
+    assert [o.outcome for o in outcomes] == [Outcome.SCHEDULED] * 3 + [Outcome.PROMOTED]
+    assert [o.delay_s for o in outcomes[:3]] == [5.0, 10.0, 20.0]
+    scheduled = [e for e in service.app.events.get(attempt_id) if type(e).__name__ == "HopScheduled"]
+    assert [e.hop for e in scheduled] == [1, 2, 3]  # type: ignore[attr-defined]
+    first = scheduled[0]
+    assert first.last_status == "not ready"  # type: ignore[attr-defined]
+    assert 4.0 <= (first.not_before - first.timestamp).total_seconds() <= 6.0  # type: ignore[attr-defined]
+
+
+def test_resumed_hop_polls_the_recorded_candidate_without_creating(
+    service: ProvisioningService, fake: FakeGateway, brand_id: str
+) -> None:
+    fake.configure(settle_polls=1)
+    attempt_id = service.request_provisioning(brand_id, TITLE, PARENT)
+    first = service.run_hop(attempt_id, 0)
+    assert first.outcome is Outcome.SCHEDULED
+
+    second = service.run_hop(attempt_id, 1)
+
+    assert second.outcome is Outcome.PROMOTED
+    assert second.workspace_id == first.workspace_id
+    assert creates(fake, TITLE) == 1
+    assert fake.state()["calls"]["create"] == 1
+
+
+def test_budget_exhausted_fails_and_records_the_release_of_a_created_candidate(
+    service: ProvisioningService, fake: FakeGateway, clock: ManualClock, brand_id: str
+) -> None:
+    fake.configure(zombie_rate=1.0)
+    attempt_id = service.request_provisioning(brand_id, TITLE, PARENT)
+    first = service.run_hop(attempt_id, 0)
+    assert first.workspace_id is not None
+    fake.add_project(first.workspace_id)  # something to empty
+    clock.advance(5)
+
+    outcomes = drive_from(service, attempt_id, 1, clock)
+
+    last = outcomes[-1]
+    assert last.outcome is Outcome.FAILED
+    assert last.released == (first.workspace_id,)
+    attempt = service.attempt(attempt_id)
+    assert attempt.failure_reason is FailureReason.EXHAUSTED
+    assert not attempt.release_owed
+    released = [e for e in service.app.events.get(attempt_id) if type(e).__name__ == "CandidateReleased"]
+    assert [(e.workspace_id, e.projects_deleted) for e in released] == [(first.workspace_id, 1)]  # type: ignore[attr-defined]
+    [workspace] = upstream(fake, TITLE)
+    assert workspace["projects"] == []
+    assert service.brand(brand_id).workspace_id is None
+
+
+def drive_from(
+    service: ProvisioningService, attempt_id: UUID, hop: int, clock: ManualClock
+) -> list[Any]:
+    outcomes = []
+    while True:
+        outcome = service.run_hop(attempt_id, hop)
+        outcomes.append(outcome)
+        if outcome.outcome is not Outcome.SCHEDULED:
+            return outcomes
+        clock.advance(outcome.delay_s or 0)
+        hop = outcome.next_hop
+
+
+def test_terminal_status_fails_terminal_without_release(
+    service: ProvisioningService, fake: FakeGateway, brand_id: str
+) -> None:
+    fake.configure(terminal_rate=1.0)
+    attempt_id = service.request_provisioning(brand_id, TITLE, PARENT)
+
+    outcome = service.run_hop(attempt_id, 0)
+
+    assert outcome.outcome is Outcome.FAILED
+    attempt = service.attempt(attempt_id)
+    assert attempt.failure_reason is FailureReason.TERMINAL_STATUS
+    assert not attempt.release_owed
+    assert "CandidateReleased" not in event_names(service.app, attempt_id)
+    assert fake.state()["calls"].get("list_projects", 0) == 0
+    assert service.release(attempt_id) == ()
+
+
+# Ambiguous creates.
+
+
+def test_create_that_times_out_after_creating_adopts_the_sole_family_match(
+    service: ProvisioningService, fake: FakeGateway, brand_id: str
+) -> None:
+    fake.configure(create_timeout_after_create_rate=1.0)
+    attempt_id = service.request_provisioning(brand_id, TITLE, PARENT)
+
+    outcome = service.run_hop(attempt_id, 0)
+
+    [workspace] = upstream(fake, TITLE)
+    assert creates(fake, TITLE) == 1
+    assert outcome.outcome is Outcome.PROMOTED
+    attempt = service.attempt(attempt_id)
+    assert attempt.candidate_id == workspace["id"]
+    # We made it (CreateRequested is on record), so we own it: provenance created.
+    assert attempt.provenance is Provenance.CREATED
+
+
+def test_create_that_times_out_without_creating_is_retried_on_later_hops_then_fails(
+    service: ProvisioningService, fake: FakeGateway, clock: ManualClock, brand_id: str
+) -> None:
+    fake.configure(create_timeout_without_create_rate=1.0)
+    attempt_id = service.request_provisioning(brand_id, TITLE, PARENT)
+
+    outcomes = drive(service, attempt_id, clock.advance)
+
+    assert outcomes[-1].outcome is Outcome.FAILED
+    assert service.attempt(attempt_id).failure_reason is FailureReason.EXHAUSTED
+    assert upstream(fake, TITLE) == []
+    # hop 0 creates; each later hop first re-lists (nothing), then creates once more,
+    # except the hop right after a create, which only re-lists.
+    requested = [e.hop for e in service.app.events.get(attempt_id) if type(e).__name__ == "CreateRequested"]  # type: ignore[attr-defined]
+    assert requested == [0, 1, 2, 3, 4, 5]
+    assert creates(fake, TITLE) == 6
+
+
+def test_create_retried_on_a_later_hop_succeeds_once_the_gateway_recovers(
+    service: ProvisioningService, fake: FakeGateway, clock: ManualClock, brand_id: str
+) -> None:
+    fake.configure(create_timeout_without_create_rate=1.0)
+    attempt_id = service.request_provisioning(brand_id, TITLE, PARENT)
+    assert service.run_hop(attempt_id, 0).outcome is Outcome.SCHEDULED
+    fake.configure(create_timeout_without_create_rate=0.0)
+
+    outcome = service.run_hop(attempt_id, 1)
+
+    assert outcome.outcome is Outcome.PROMOTED
+    assert creates(fake, TITLE) == 2
+    assert len(upstream(fake, TITLE)) == 1
+
+
+# Adoption rules.
+
+
+def test_zombies_are_ignored_and_do_not_make_adoption_ambiguous(
+    service: ProvisioningService, fake: FakeGateway, brand_id: str
+) -> None:
+    fake.seed_workspace(TITLE, PARENT, status="not ready")
+    ready = fake.seed_workspace(TITLE, PARENT, status="Created")
+
+    outcome = service.run_hop(service.request_provisioning(brand_id, TITLE, PARENT), 0)
+
+    assert outcome.outcome is Outcome.PROMOTED
+    assert outcome.workspace_id == ready["id"]
+    assert creates(fake, TITLE) == 0
+
+
+def test_a_lone_zombie_is_not_adopted_a_fresh_workspace_is_created(
+    service: ProvisioningService, fake: FakeGateway, brand_id: str
+) -> None:
+    zombie = fake.seed_workspace(TITLE, PARENT, status="not ready")
+
+    outcome = service.run_hop(service.request_provisioning(brand_id, TITLE, PARENT), 0)
+
+    assert outcome.outcome is Outcome.PROMOTED
+    assert outcome.workspace_id != zombie["id"]
+    assert creates(fake, TITLE) == 1
+
+
+def test_same_title_workspace_claimed_by_another_brand_is_ignored(
+    service: ProvisioningService, fake: FakeGateway, brand_id: str
+) -> None:
+    other = service.run_hop(service.request_provisioning(brand_id + "-other", TITLE, PARENT), 0)
+    assert other.outcome is Outcome.PROMOTED
+    lone = fake.seed_workspace(TITLE, PARENT, status="created")
+
+    outcome = service.run_hop(service.request_provisioning(brand_id, TITLE, PARENT), 0)
+
+    assert outcome.workspace_id == lone["id"]
+    assert service.attempt(outcome.attempt_id).provenance is Provenance.ADOPTED
+    assert creates(fake, TITLE) == 1  # only the other brand's
+
+
+def test_two_adoptable_matches_fail_the_attempt_as_ambiguous(
+    service: ProvisioningService, fake: FakeGateway, brand_id: str
+) -> None:
+    fake.seed_workspace(TITLE, PARENT, status="created")
+    fake.seed_workspace(TITLE, PARENT, status="active")
+
+    outcome = service.run_hop(service.request_provisioning(brand_id, TITLE, PARENT), 0)
+
+    assert outcome.outcome is Outcome.FAILED
+    assert service.attempt(outcome.attempt_id).failure_reason is FailureReason.AMBIGUOUS
+    assert creates(fake, TITLE) == 0
+
+
+def test_a_sole_match_with_projects_is_refused(
+    service: ProvisioningService, fake: FakeGateway, brand_id: str
+) -> None:
+    busy = fake.seed_workspace(TITLE, PARENT, status="created", projects=1)
+
+    outcome = service.run_hop(service.request_provisioning(brand_id, TITLE, PARENT), 0)
+
+    assert outcome.workspace_id != busy["id"]
+    assert creates(fake, TITLE) == 1
+    assert len(next(w for w in upstream(fake, TITLE) if w["id"] == busy["id"])["projects"]) == 1
+
+
+def test_the_parent_is_never_adopted_even_with_the_same_title(
+    service: ProvisioningService, fake: FakeGateway, brand_id: str
+) -> None:
+    parent_title = next(w["title"] for w in fake.state()["workspaces"] if w["id"] == PARENT)
+
+    outcome = service.run_hop(service.request_provisioning(brand_id, parent_title, PARENT), 0)
+
+    assert outcome.outcome is Outcome.PROMOTED
+    assert outcome.workspace_id != PARENT
+    assert creates(fake, parent_title) == 1
+    assert parent_untouched(fake)
+
+
+@pytest.mark.parametrize("answer", ["parent", "empty"])
+def test_a_create_answering_the_parents_id_or_no_id_fails_and_never_binds_the_parent(
+    service: ProvisioningService, fake: FakeGateway, brand_id: str, answer: str
+) -> None:
+    intercept = Intercepting(service.gateway)
+    intercept.create_answer = lambda parent, title: parent if answer == "parent" else ""
+    service.gateway = intercept
+
+    outcome = service.run_hop(service.request_provisioning(brand_id, TITLE, PARENT), 0)
+
+    assert outcome.outcome is Outcome.FAILED
+    assert service.attempt(outcome.attempt_id).failure_reason is FailureReason.GATEWAY_BUG
+    assert service.brand(brand_id).workspace_id is None
+    assert service.claim(PARENT) is None
+    assert parent_untouched(fake)
+
+
+# Duplicate deliveries.
+
+
+def test_a_sequential_duplicate_delivery_changes_nothing(
+    service: ProvisioningService, fake: FakeGateway, brand_id: str
+) -> None:
+    fake.configure(settle_polls=1)
+    attempt_id = service.request_provisioning(brand_id, TITLE, PARENT)
+    service.run_hop(attempt_id, 0)
+    version = service.attempt(attempt_id).version
+
+    again = service.run_hop(attempt_id, 0)
+
+    assert again.outcome is Outcome.DUPLICATE
+    assert again.stand_down is StandDown.STALE_HOP
+    assert service.attempt(attempt_id).version == version
+    assert creates(fake, TITLE) == 1
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("database_url", ["postgres"], indirect=True)
+def test_concurrent_duplicate_deliveries_create_once_and_leave_no_orphan(
+    service: ProvisioningService, fake: FakeGateway, brand_id: str
+) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    fake.configure(latency_ms=30, settle_polls=1)
+    titles = [f"{TITLE} {n}" for n in range(6)]
+    attempts = [
+        service.request_provisioning(f"{brand_id}-{n}", title, PARENT)
+        for n, title in enumerate(titles)
+    ]
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        for attempt_id in attempts:
+            list(pool.map(lambda _: service.run_hop(attempt_id, 0), range(2)))
+
+    for attempt_id, title in zip(attempts, titles, strict=True):
+        assert creates(fake, title) == 1
+        attempt = service.attempt(attempt_id)
+        [workspace] = upstream(fake, title)
+        assert attempt.candidate_id == workspace["id"]
+        accepted = event_names(service.app, attempt_id).count("CandidateAccepted")
+        assert accepted == 1
+
+
+# Supersession, cancellation, redelivery.
+
+
+def test_superseded_mid_flight_stands_down_and_releases_a_created_candidate(
+    service: ProvisioningService, fake: FakeGateway, clock: ManualClock, brand_id: str
+) -> None:
+    fake.configure(settle_polls=5)
+    old = service.request_provisioning(brand_id, TITLE, PARENT)
+    first = service.run_hop(old, 0)
+    assert first.workspace_id is not None
+    fake.add_project(first.workspace_id)
+    clock.advance(601)
+    new = service.request_provisioning(brand_id, TITLE, PARENT)
+
+    outcome = service.run_hop(old, 1)
+
+    assert outcome.stand_down is StandDown.SUPERSEDED
+    assert outcome.released == (first.workspace_id,)
+    assert service.attempt(old).state is AttemptState.SUPERSEDED
+    assert next(w for w in upstream(fake, TITLE) if w["id"] == first.workspace_id)["projects"] == []
+    assert service.brand(brand_id).current_attempt_id == new
+    # a second delivery never repeats it
+    assert service.run_hop(old, 1).released == ()
+    assert fake.state()["calls"]["delete_project"] == 1
+
+
+def test_superseded_mid_flight_never_releases_an_adopted_candidate(
+    service: ProvisioningService, fake: FakeGateway, clock: ManualClock, brand_id: str
+) -> None:
+    adoptable = fake.seed_workspace(TITLE, PARENT, status="created")
+    intercept = Intercepting(service.gateway)
+
+    def unavailable() -> str:
+        raise TransientGatewayError("503")
+
+    intercept.status_answer[adoptable["id"]] = unavailable
+    service.gateway = intercept
+    old = service.request_provisioning(brand_id, TITLE, PARENT)
+    assert service.run_hop(old, 0).outcome is Outcome.SCHEDULED
+    fake.add_project(adoptable["id"])  # now someone else's data may live there
+    clock.advance(601)
+    service.request_provisioning(brand_id, TITLE, PARENT)
+
+    outcome = service.run_hop(old, 1)
+
+    assert outcome.stand_down is StandDown.SUPERSEDED
+    assert outcome.released == ()
+    assert len(next(w for w in upstream(fake, TITLE) if w["id"] == adoptable["id"])["projects"]) == 1
+    assert fake.state()["calls"].get("delete_project", 0) == 0
+    assert service.claim(adoptable["id"]).brand_id is None  # type: ignore[union-attr]
+
+
+def test_deactivated_mid_flight_cancels_and_releases_a_created_candidate(
+    service: ProvisioningService, fake: FakeGateway, brand_id: str
+) -> None:
+    fake.configure(settle_polls=5)
+    attempt_id = service.request_provisioning(brand_id, TITLE, PARENT)
+    first = service.run_hop(attempt_id, 0)
+
+    result = service.deactivate(brand_id)
+
+    assert result.cancelled_attempt_id == attempt_id
+    assert service.attempt(attempt_id).state is AttemptState.CANCELLED
+    assert service.attempt(attempt_id).release_owed
+    outcome = service.run_hop(attempt_id, 1)
+    assert outcome.stand_down is StandDown.CANCELLED
+    assert outcome.released == (first.workspace_id,)
+    assert not service.attempt(attempt_id).release_owed
+
+
+def test_release_use_case_performs_an_owed_release_once(
+    service: ProvisioningService, fake: FakeGateway, brand_id: str
+) -> None:
+    fake.configure(settle_polls=5)
+    attempt_id = service.request_provisioning(brand_id, TITLE, PARENT)
+    first = service.run_hop(attempt_id, 0)
+    service.deactivate(brand_id)
+
+    assert service.release(attempt_id) == (first.workspace_id,)
+    assert service.release(attempt_id) == ()
+    assert event_names(service.app, attempt_id).count("CandidateReleased") == 1
+
+
+def test_a_redelivered_hop_of_a_promoted_attempt_changes_nothing_and_releases_nothing(
+    service: ProvisioningService, fake: FakeGateway, brand_id: str
+) -> None:
+    attempt_id = service.request_provisioning(brand_id, TITLE, PARENT)
+    done = service.run_hop(attempt_id, 0)
+    version = service.attempt(attempt_id).version
+
+    again = service.run_hop(attempt_id, 0)
+
+    assert again.stand_down is StandDown.REDELIVERY_OF_PROMOTED
+    assert again.released == ()
+    assert service.attempt(attempt_id).version == version
+    assert service.brand(brand_id).workspace_id == done.workspace_id
+    assert fake.state()["calls"].get("delete_project", 0) == 0
+
+
+# The existing pointer.
+
+
+def test_an_existing_ready_pointer_is_promoted_without_a_create(
+    service: ProvisioningService, fake: FakeGateway, brand_id: str
+) -> None:
+    bound = service.run_hop(service.request_provisioning(brand_id, TITLE, PARENT), 0)
+
+    attempt_id = service.request_provisioning(brand_id, TITLE, PARENT)
+    outcome = service.run_hop(attempt_id, 0)
+
+    assert outcome.outcome is Outcome.PROMOTED
+    assert outcome.workspace_id == bound.workspace_id
+    assert service.attempt(attempt_id).provenance is Provenance.EXISTING
+    assert creates(fake, TITLE) == 1
+    assert event_names(service.app, attempt_id) == ["Started", "Promoted"]
+
+
+def test_an_existing_pointer_gone_terminal_is_unbound_and_the_next_hop_creates_fresh(
+    service: ProvisioningService, fake: FakeGateway, clock: ManualClock, brand_id: str
+) -> None:
+    bound = service.run_hop(service.request_provisioning(brand_id, TITLE, PARENT), 0)
+    assert bound.workspace_id is not None
+    intercept = Intercepting(service.gateway)
+    intercept.status_answer[bound.workspace_id] = lambda: "Creation Failed"
+    service.gateway = intercept
+    attempt_id = service.request_provisioning(brand_id, TITLE, PARENT)
+
+    first = service.run_hop(attempt_id, 0)
+
+    assert first.outcome is Outcome.SCHEDULED
+    assert service.brand(brand_id).workspace_id is None
+    assert service.claim(bound.workspace_id).brand_id is None  # type: ignore[union-attr]
+    clock.advance(first.delay_s or 0)
+    second = service.run_hop(attempt_id, 1)
+    assert second.outcome is Outcome.PROMOTED
+    assert second.workspace_id not in (None, bound.workspace_id)
+    assert service.attempt(attempt_id).provenance is Provenance.CREATED
+    assert creates(fake, TITLE) == 2
+
+
+# Gateway failures on status.
+
+
+def test_429_and_5xx_on_status_count_as_settling(
+    service: ProvisioningService, fake: FakeGateway, clock: ManualClock, brand_id: str
+) -> None:
+    fake.configure(settle_polls=1)
+    attempt_id = service.request_provisioning(brand_id, TITLE, PARENT)
+    assert service.run_hop(attempt_id, 0).outcome is Outcome.SCHEDULED
+
+    fake.configure(throttle_rate=1.0)
+    throttled = service.run_hop(attempt_id, 1)
+    fake.configure(throttle_rate=0.0, server_error_rate=1.0)
+    erroring = service.run_hop(attempt_id, 2)
+    fake.configure(server_error_rate=0.0)
+    recovered = service.run_hop(attempt_id, 3)
+
+    assert [throttled.outcome, erroring.outcome, recovered.outcome] == [
+        Outcome.SCHEDULED,
+        Outcome.SCHEDULED,
+        Outcome.PROMOTED,
+    ]
+    assert "429" in throttled.detail
+    assert "503" in erroring.detail or "5" in erroring.detail
+
+
+def test_401_fails_the_attempt_with_a_safe_message(
+    service: ProvisioningService, fake: FakeGateway, brand_id: str
+) -> None:
+    fake.configure(unauthorized_rate=1.0)
+    attempt_id = service.request_provisioning(brand_id, TITLE, PARENT)
+
+    outcome = service.run_hop(attempt_id, 0)
+
+    assert outcome.outcome is Outcome.FAILED
+    attempt = service.attempt(attempt_id)
+    assert attempt.failure_reason is FailureReason.UNAUTHORIZED
+    for event in service.app.events.get(attempt_id):
+        assert TOKEN not in repr(event)
+    assert TOKEN not in outcome.detail
+
+
+# The request path.
+
+
+def test_a_request_while_an_attempt_is_pending_is_refused_clearly(
+    service: ProvisioningService, fake: FakeGateway, brand_id: str
+) -> None:
+    first = service.request_provisioning(brand_id, TITLE, PARENT)
+
+    with pytest.raises(AttemptInProgress, match=str(first)):
+        service.request_provisioning(brand_id, TITLE, PARENT)
+    assert service.brand(brand_id).current_attempt_id == first
+
+
+def test_a_stale_pending_attempt_is_superseded_in_the_same_save(
+    service: ProvisioningService, fake: FakeGateway, clock: ManualClock, brand_id: str
+) -> None:
+    first = service.request_provisioning(brand_id, TITLE, PARENT)
+    clock.advance(601)
+    saves = service.app.saves
+
+    second = service.request_provisioning(brand_id, TITLE, PARENT)
+
+    assert service.app.saves == saves + 1
+    assert service.attempt(first).state is AttemptState.SUPERSEDED
+    superseded = service.app.events.get(first, desc=True, limit=1)
+    assert [e.by_attempt_id for e in superseded] == [second]  # type: ignore[attr-defined]
+    assert service.brand(brand_id).current_attempt_id == second
+
+
+@pytest.mark.parametrize(
+    ("brand", "title", "parent"),
+    [("", TITLE, PARENT), ("b", " ", PARENT), ("b", TITLE, ""), (" b", TITLE, PARENT)],
+)
+def test_bad_requests_get_a_clear_error_and_record_nothing(
+    service: ProvisioningService, brand: str, title: str, parent: str
+) -> None:
+    head = service.app.recorder.max_notification_id()
+    with pytest.raises(InvalidRequest):
+        service.request_provisioning(brand, title, parent)
+    assert service.app.recorder.max_notification_id() == head
+
+
+# Deactivation and reactivation.
+
+
+def test_deactivate_empties_unbinds_and_releases_the_claim(
+    service: ProvisioningService, fake: FakeGateway, brand_id: str
+) -> None:
+    bound = service.run_hop(service.request_provisioning(brand_id, TITLE, PARENT), 0)
+    assert bound.workspace_id is not None
+    fake.add_project(bound.workspace_id)
+    fake.add_project(bound.workspace_id)
+
+    service.deactivate(brand_id)
+    deleted = service.decommission(brand_id)
+
+    assert deleted == 2
+    brand = service.brand(brand_id)
+    assert brand.workspace_id is None
+    assert brand.lifecycle == "deactivated"
+    assert service.claim(bound.workspace_id).brand_id is None  # type: ignore[union-attr]
+    [shell] = upstream(fake, TITLE)
+    assert shell["projects"] == []  # emptied, never deleted
+    assert service.decommission(brand_id) is None  # repeatable
+    assert service.deactivate(brand_id).already_deactivated
+
+
+def test_reactivation_adopts_the_emptied_shell(
+    service: ProvisioningService, fake: FakeGateway, brand_id: str
+) -> None:
+    bound = service.run_hop(service.request_provisioning(brand_id, TITLE, PARENT), 0)
+    service.deactivate(brand_id)
+    service.decommission(brand_id)
+
+    attempt_id = service.request_provisioning(brand_id, TITLE, PARENT)
+    outcome = service.run_hop(attempt_id, 0)
+
+    assert outcome.outcome is Outcome.PROMOTED
+    assert outcome.workspace_id == bound.workspace_id
+    assert service.attempt(attempt_id).provenance is Provenance.ADOPTED
+    assert service.brand(brand_id).lifecycle == "active"
+    assert creates(fake, TITLE) == 1
+
+
+# Transaction budget.
+
+
+def test_a_created_attempt_ready_at_first_poll_costs_four_transactions(
+    service: ProvisioningService, fake: FakeGateway, brand_id: str
+) -> None:
+    before = service.app.saves
+    service.run_hop(service.request_provisioning(brand_id, TITLE, PARENT), 0)
+    assert service.app.saves - before == 4
+
+
+def test_an_adopted_attempt_ready_at_first_poll_costs_three_transactions(
+    service: ProvisioningService, fake: FakeGateway, brand_id: str
+) -> None:
+    fake.seed_workspace(TITLE, PARENT, status="created")
+    before = service.app.saves
+    service.run_hop(service.request_provisioning(brand_id, TITLE, PARENT), 0)
+    assert service.app.saves - before == 3

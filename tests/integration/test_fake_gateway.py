@@ -1,0 +1,435 @@
+"""The fake gateway over real HTTP: the contract calls, the knobs, the admin endpoints."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import ssl
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from infrastructure.fake_gateway import KNOB_NAMES, FakeConfig, FakeGateway
+
+PARENT = "org-parent"
+AUTH = {"Authorization": "Bearer test-token"}
+ROOT = Path(__file__).resolve().parents[2]
+# The fake speaks plain HTTP; an empty TLS context spares httpx loading the CA
+# bundle (about 100 ms per client here, which would dominate this module's time).
+PLAIN_HTTP = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+
+
+def http_client(base_url: str, **options: Any) -> httpx.Client:
+    return httpx.Client(base_url=base_url, verify=PLAIN_HTTP, **options)
+
+
+@pytest.fixture
+def fake() -> Iterator[FakeGateway]:
+    with FakeGateway() as gateway:
+        yield gateway
+
+
+@pytest.fixture
+def client(fake: FakeGateway) -> Iterator[httpx.Client]:
+    with http_client(fake.url, headers=AUTH, timeout=2.0) as http:
+        yield http
+
+
+def create(client: httpx.Client, title: str, parent: str = PARENT) -> httpx.Response:
+    return client.post(f"/v2/workspaces/{parent}/child", json={"title": title})
+
+
+def status(client: httpx.Client, workspace_id: str) -> str:
+    response = client.get(f"/v1/workspaces/{workspace_id}/status")
+    assert response.status_code == 200
+    answer: str = response.json()["status"]
+    return answer
+
+
+def workspaces_titled(fake: FakeGateway, title: str) -> list[dict[str, Any]]:
+    return [ws for ws in fake.state()["workspaces"] if ws["title"] == title]
+
+
+# ---------------------------------------------------------------- contract calls
+
+
+def test_create_answers_not_ready_then_created_after_settle_polls(
+    fake: FakeGateway, client: httpx.Client
+) -> None:
+    fake.configure(settle_polls=2)
+    response = create(client, "Brand A")
+    assert response.status_code == 200
+    body = response.json()
+    assert body["status"] == "not ready"
+    assert re.fullmatch(r"ws-[0-9a-f]{12}", body["id"])
+    polls = [status(client, body["id"]) for _ in range(4)]
+    assert polls == ["not ready", "not ready", "created", "created"]
+
+
+def test_settle_polls_zero_means_ready_at_first_poll(client: httpx.Client) -> None:
+    workspace_id = create(client, "Brand A").json()["id"]
+    assert status(client, workspace_id) == "created"
+
+
+def test_settle_seconds_must_pass_as_well(fake: FakeGateway, client: httpx.Client) -> None:
+    fake.configure(settle_s=0.2)
+    workspace_id = create(client, "Brand A").json()["id"]
+    assert status(client, workspace_id) == "not ready"
+    time.sleep(0.25)
+    assert status(client, workspace_id) == "created"
+
+
+def test_family_is_a_bare_array_with_the_parent_first(
+    fake: FakeGateway, client: httpx.Client
+) -> None:
+    fake.configure(settle_polls=5)
+    first = create(client, "Brand A").json()["id"]
+    second = create(client, "Brand B").json()["id"]
+    response = client.get(f"/v1/workspaces/{PARENT}/family")
+    assert response.status_code == 200
+    family = response.json()
+    assert isinstance(family, list)
+    assert family[0] == {"id": PARENT, "title": f"Organisation {PARENT}", "status": "active"}
+    assert [(m["id"], m["title"], m["status"]) for m in family[1:]] == [
+        (first, "Brand A", "not ready"),
+        (second, "Brand B", "not ready"),
+    ]
+    assert fake.state()["calls"]["status"] == 0  # listing is not a poll
+
+
+def test_unknown_parent_is_404_on_create_and_family(client: httpx.Client) -> None:
+    assert create(client, "Brand A", parent="nope").status_code == 404
+    response = client.get("/v1/workspaces/nope/family")
+    assert response.status_code == 404
+    assert "error" in response.json()
+
+
+def test_create_without_title_is_422(client: httpx.Client) -> None:
+    assert client.post(f"/v2/workspaces/{PARENT}/child", json={}).status_code == 422
+    assert client.post(f"/v2/workspaces/{PARENT}/child", json={"title": " "}).status_code == 422
+
+
+def test_create_records_optional_resources(fake: FakeGateway, client: httpx.Client) -> None:
+    resources = {"ai": {"projects": 2, "prompts": 50}}
+    response = client.post(
+        f"/v2/workspaces/{PARENT}/child", json={"title": "Brand A", "resources": resources}
+    )
+    assert response.status_code == 200
+    assert workspaces_titled(fake, "Brand A")[0]["resources"] == resources
+
+
+def test_list_projects_requires_type_ai(fake: FakeGateway, client: httpx.Client) -> None:
+    workspace = fake.seed_workspace("Brand A", PARENT, projects=2)
+    path = f"/v1/workspaces/{workspace['id']}/projects"
+    assert client.get(path).status_code == 400
+    assert client.get(path, params={"type": "seo"}).status_code == 400
+    response = client.get(path, params={"type": "ai"})
+    assert response.status_code == 200
+    assert response.json() == {"items": [{"id": p} for p in workspace["projects"]]}
+    assert client.get("/v1/workspaces/nope/projects", params={"type": "ai"}).status_code == 404
+
+
+def test_delete_project_204_then_404(fake: FakeGateway, client: httpx.Client) -> None:
+    workspace = fake.seed_workspace("Brand A", PARENT, projects=1)
+    project = workspace["projects"][0]
+    path = f"/v1/workspaces/{workspace['id']}/projects/{project}"
+    first = client.delete(path)
+    assert first.status_code == 204
+    assert first.content == b""
+    assert client.delete(path).status_code == 404
+    assert client.delete(f"/v1/workspaces/nope/projects/{project}").status_code == 404
+    assert workspaces_titled(fake, "Brand A")[0]["projects"] == []
+
+
+def test_unknown_route_and_wrong_method(client: httpx.Client) -> None:
+    response = client.get("/v3/whatever")
+    assert response.status_code == 404
+    assert "error" in response.json()
+    assert client.get(f"/v2/workspaces/{PARENT}/child").status_code == 405
+
+
+def test_keep_alive_connection_is_reused(fake: FakeGateway, client: httpx.Client) -> None:
+    for _ in range(5):
+        status(client, PARENT)
+    client.get("/nope")  # an error answer keeps the connection too
+    status(client, PARENT)
+    pool = client._transport._pool  # type: ignore[attr-defined]
+    assert len(pool.connections) == 1
+
+
+# ---------------------------------------------------------------- faults
+
+
+def test_missing_bearer_token_is_401(fake: FakeGateway) -> None:
+    with http_client(fake.url) as anonymous:
+        assert anonymous.get(f"/v1/workspaces/{PARENT}/status").status_code == 401
+        assert anonymous.get("/_fake/state").status_code == 200  # admin needs no auth
+    for refused in ("Bearer", "Basic dXNlcjpwdw=="):
+        with http_client(fake.url, headers={"Authorization": refused}) as other:
+            assert other.get(f"/v1/workspaces/{PARENT}/status").status_code == 401
+
+
+def test_unauthorized_rate_hits_every_call(fake: FakeGateway, client: httpx.Client) -> None:
+    fake.configure(unauthorized_rate=1.0)
+    assert create(client, "Brand A").status_code == 401
+    assert client.get(f"/v1/workspaces/{PARENT}/status").status_code == 401
+    assert client.delete(f"/v1/workspaces/{PARENT}/projects/x").status_code == 401
+    assert workspaces_titled(fake, "Brand A") == []
+    assert fake.state()["creates"] == {"Brand A": 1}  # received, refused
+
+
+def test_throttle_rate_gives_429_on_gets_only(fake: FakeGateway, client: httpx.Client) -> None:
+    fake.configure(throttle_rate=1.0)
+    assert client.get(f"/v1/workspaces/{PARENT}/status").status_code == 429
+    assert client.get(f"/v1/workspaces/{PARENT}/family").status_code == 429
+    assert create(client, "Brand A").status_code == 200
+
+
+def test_server_error_rate_gives_503_on_gets_only(fake: FakeGateway, client: httpx.Client) -> None:
+    fake.configure(server_error_rate=1.0)
+    assert client.get(f"/v1/workspaces/{PARENT}/status").status_code == 503
+    workspace = fake.seed_workspace("Brand A", PARENT, projects=1)
+    path = f"/v1/workspaces/{workspace['id']}/projects/{workspace['projects'][0]}"
+    assert client.delete(path).status_code == 204
+
+
+def test_fault_rates_are_drawn_from_the_seeded_rng() -> None:
+    def run(seed: int) -> list[int]:
+        config = FakeConfig(seed=seed, throttle_rate=0.5)
+        with FakeGateway(config) as other, http_client(other.url, headers=AUTH) as http:
+            return [http.get(f"/v1/workspaces/{PARENT}/status").status_code for _ in range(20)]
+
+    first = run(7)
+    assert first == run(7)
+    assert set(first) == {200, 429}
+
+
+def test_latency_applies_to_gateway_calls_not_admin(
+    fake: FakeGateway, client: httpx.Client
+) -> None:
+    fake.configure(latency_ms=80)
+    began = time.perf_counter()
+    status(client, PARENT)
+    assert time.perf_counter() - began >= 0.08
+    began = time.perf_counter()
+    client.get("/_fake/state")
+    assert time.perf_counter() - began < 0.08
+
+
+def test_timeout_after_create_drops_the_connection_but_creates(
+    fake: FakeGateway, client: httpx.Client
+) -> None:
+    fake.configure(create_timeout_after_create_rate=1.0)
+    with pytest.raises(httpx.RemoteProtocolError):
+        create(client, "Brand A")
+    assert len(workspaces_titled(fake, "Brand A")) == 1
+    assert fake.state()["creates"] == {"Brand A": 1}
+
+
+def test_timeout_without_create_drops_the_connection_and_creates_nothing(
+    fake: FakeGateway, client: httpx.Client
+) -> None:
+    fake.configure(create_timeout_without_create_rate=1.0)
+    with pytest.raises(httpx.RemoteProtocolError):
+        create(client, "Brand A")
+    with pytest.raises(httpx.RemoteProtocolError):
+        create(client, "Brand A")
+    assert workspaces_titled(fake, "Brand A") == []
+    assert fake.state()["creates"] == {"Brand A": 2}
+
+
+def test_hang_s_holds_the_answer_past_the_read_timeout(fake: FakeGateway) -> None:
+    fake.configure(create_timeout_after_create_rate=1.0, hang_s=0.5)
+    with http_client(fake.url, headers=AUTH, timeout=0.1) as impatient:
+        with pytest.raises(httpx.ReadTimeout):
+            create(impatient, "Brand A")
+        fake.configure(create_timeout_after_create_rate=0.0, create_timeout_without_create_rate=1)
+        with pytest.raises(httpx.ReadTimeout):
+            create(impatient, "Brand B")
+    assert len(workspaces_titled(fake, "Brand A")) == 1
+    assert workspaces_titled(fake, "Brand B") == []
+    assert fake.state()["creates"] == {"Brand A": 1, "Brand B": 1}
+
+
+def test_held_answer_after_create_arrives_for_a_patient_client(fake: FakeGateway) -> None:
+    fake.configure(create_timeout_after_create_rate=1.0, hang_s=0.1)
+    with http_client(fake.url, headers=AUTH, timeout=2.0) as patient:
+        response = create(patient, "Brand A")
+    assert response.status_code == 200
+    assert response.json()["id"] == workspaces_titled(fake, "Brand A")[0]["id"]
+
+
+def test_zombie_stays_not_ready_forever(fake: FakeGateway, client: httpx.Client) -> None:
+    fake.configure(zombie_rate=1.0)
+    response = create(client, "Brand A")
+    assert response.json()["status"] == "not ready"
+    assert {status(client, response.json()["id"]) for _ in range(5)} == {"not ready"}
+    assert workspaces_titled(fake, "Brand A")[0]["projects"] == []
+
+
+def test_terminal_child_ends_creation_failed(fake: FakeGateway, client: httpx.Client) -> None:
+    fake.configure(terminal_rate=1.0, settle_polls=1)
+    workspace_id = create(client, "Brand A").json()["id"]
+    assert status(client, workspace_id) == "not ready"
+    assert status(client, workspace_id) == "creation_failed"
+
+
+@pytest.mark.parametrize(
+    ("case", "expected"),
+    [("lower", "not ready"), ("upper", "NOT READY"), ("title", "Not Ready")],
+)
+def test_status_case(fake: FakeGateway, client: httpx.Client, case: str, expected: str) -> None:
+    fake.configure(status_case=case, settle_polls=2)
+    answer = create(client, "Brand A").json()
+    assert answer["status"] == expected
+    assert status(client, answer["id"]) == expected
+    family = client.get(f"/v1/workspaces/{PARENT}/family").json()
+    assert family[0]["status"] == {"lower": "active", "upper": "ACTIVE", "title": "Active"}[case]
+    assert workspaces_titled(fake, "Brand A")[0]["status"] == "not ready"  # admin: as stored
+
+
+def test_same_title_others_are_seeded_once_per_title(
+    fake: FakeGateway, client: httpx.Client
+) -> None:
+    fake.configure(same_title_others=2, settle_polls=3)
+    mine = create(client, "Brand A").json()["id"]
+    create(client, "Brand A")
+    titled = workspaces_titled(fake, "Brand A")
+    others = [ws for ws in titled if ws["status"] == "created"]
+    assert len(titled) == 4
+    assert len(others) == 2
+    assert all(len(ws["projects"]) == 1 for ws in others)
+    assert mine not in {ws["id"] for ws in others}
+    assert fake.state()["creates"] == {"Brand A": 2}
+
+
+# ---------------------------------------------------------------- admin
+
+
+def test_config_endpoint_sets_knobs_and_rejects_bad_ones(client: httpx.Client) -> None:
+    response = client.post("/_fake/config", json={"settle_polls": 3, "latency_ms": 1})
+    assert response.status_code == 200
+    config = response.json()
+    assert set(config) == set(KNOB_NAMES)
+    assert config["settle_polls"] == 3
+    assert config["latency_ms"] == 1.0
+    unknown = client.post("/_fake/config", json={"settle_polls": 1, "no_such_knob": 1})
+    assert unknown.status_code == 400
+    assert "no_such_knob" in unknown.json()["error"]
+    for bad in ({"zombie_rate": 1.5}, {"settle_polls": "3"}, {"status_case": "shout"}):
+        assert client.post("/_fake/config", json=bad).status_code == 400
+    assert client.get("/_fake/config").json()["settle_polls"] == 3  # nothing set on error
+
+
+def test_fake_config_update_validates_names_and_types() -> None:
+    config = FakeConfig()
+    with pytest.raises(ValueError, match="bogus"):
+        config.update({"bogus": 1})
+    with pytest.raises(ValueError, match="settle_polls"):
+        config.update({"settle_polls": 1.5})
+    with pytest.raises(ValueError, match="hang_s"):
+        config.update({"hang_s": True})
+    with pytest.raises(ValueError, match="throttle_rate"):
+        FakeConfig(throttle_rate=-0.1)
+    config.update({"settle_s": 1, "seed": 3})
+    assert config.settle_s == 1.0
+    assert isinstance(config.settle_s, float)
+
+
+def test_reset_keeps_the_parents_and_their_projects(
+    fake: FakeGateway, client: httpx.Client
+) -> None:
+    before = fake.state()["workspaces"]
+    assert len(before) == 1
+    assert len(before[0]["projects"]) == 1
+    create(client, "Brand A")
+    client.post("/_fake/workspaces", json={"title": "Other org", "parent": None})
+    fake.configure(settle_polls=4)
+    assert client.post("/_fake/reset").status_code == 200
+    after = fake.state()
+    assert after["workspaces"] == before
+    assert after["creates"] == {}
+    assert set(after["calls"].values()) == {0}
+    assert client.get("/_fake/config").json()["settle_polls"] == 4  # config is kept
+
+
+def test_state_document(fake: FakeGateway, client: httpx.Client) -> None:
+    workspace_id = create(client, "Brand A").json()["id"]
+    status(client, workspace_id)
+    client.get(f"/v1/workspaces/{PARENT}/family")
+    state = client.get("/_fake/state").json()
+    assert state == fake.state()
+    assert state["calls"] == {
+        "create": 1,
+        "status": 1,
+        "family": 1,
+        "list_projects": 0,
+        "delete_project": 0,
+    }
+    child = next(ws for ws in state["workspaces"] if ws["id"] == workspace_id)
+    assert child["parent"] == PARENT
+    assert child["status"] == "created"
+    assert child["created_at"].endswith("+00:00")
+
+
+def test_admin_seeds_workspaces_and_projects(fake: FakeGateway, client: httpx.Client) -> None:
+    seeded = client.post(
+        "/_fake/workspaces",
+        json={"title": "Brand A", "parent": PARENT, "status": "locked", "projects": 1},
+    )
+    assert seeded.status_code == 200
+    workspace = seeded.json()
+    assert status(client, workspace["id"]) == "locked"
+    added = client.post(f"/_fake/workspaces/{workspace['id']}/projects")
+    assert added.status_code == 200
+    listed = client.get(f"/v1/workspaces/{workspace['id']}/projects", params={"type": "ai"})
+    assert [item["id"] for item in listed.json()["items"]] == [
+        workspace["projects"][0],
+        added.json()["id"],
+    ]
+    top = client.post("/_fake/workspaces", json={"title": "Org 2", "parent": None}).json()
+    assert create(client, "Brand A", parent=top["id"]).status_code == 200
+    assert client.post("/_fake/workspaces/nope/projects").status_code == 404
+    missing = {"title": "X", "parent": "nope"}
+    assert client.post("/_fake/workspaces", json=missing).status_code == 404
+    with pytest.raises(KeyError):
+        fake.add_project("nope")
+
+
+def test_ids_are_reproducible_for_a_seed() -> None:
+    def ids(seed: int) -> list[str]:
+        config = FakeConfig(seed=seed)
+        with (
+            FakeGateway(config, parents=("p1", "p2")) as other,
+            http_client(other.url, headers=AUTH) as http,
+        ):
+            return [create(http, f"T{i}", parent="p2").json()["id"] for i in range(3)]
+
+    assert ids(1) == ids(1)
+    assert ids(1) != ids(2)
+
+
+def test_command_line_serves_until_sigterm() -> None:
+    command = [sys.executable, "-m", "infrastructure.fake_gateway", "--port", "0"]
+    command += ["--parent", "p1", "--parent", "p2", "--settle-polls", "2", "--status-case", "upper"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    with subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True) as proc:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        match = re.fullmatch(r"fake gateway listening on (http://127\.0\.0\.1:\d+)\n", line)
+        assert match, line
+        with http_client(match.group(1), timeout=2.0) as http:
+            config = http.get("/_fake/config").json()
+            ids = [ws["id"] for ws in http.get("/_fake/state").json()["workspaces"]]
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=5) == 0
+    assert config["settle_polls"] == 2
+    assert config["status_case"] == "upper"
+    assert ids == ["p1", "p2"]

@@ -1,0 +1,75 @@
+"""Helpers shared by the engine tests."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from uuid import UUID
+
+from domain.outcomes import HopOutcome, Outcome
+from domain.ports import FamilyMember, Gateway
+from infrastructure.service import ProvisioningService
+
+
+def drive(
+    service: ProvisioningService,
+    attempt_id: UUID,
+    advance: Callable[[float], None] | None = None,
+    max_hops: int = 20,
+) -> list[HopOutcome]:
+    """Run hops as the worker would, following each scheduled next hop."""
+    outcomes: list[HopOutcome] = []
+    hop = 0
+    for _ in range(max_hops):
+        outcome = service.run_hop(attempt_id, hop)
+        outcomes.append(outcome)
+        if outcome.outcome is not Outcome.SCHEDULED:
+            return outcomes
+        assert outcome.next_hop is not None
+        if advance is not None and outcome.delay_s is not None:
+            advance(outcome.delay_s)
+        hop = outcome.next_hop
+    raise AssertionError(f"attempt {attempt_id} did not end in {max_hops} hops")
+
+
+class Intercepting:
+    """A gateway that passes every call to a real one, with chosen calls replaced.
+
+    Used only where the fake gateway has no knob for a behaviour (a create that
+    answers the parent's id, a status that flips for one workspace).
+    """
+
+    def __init__(self, inner: Gateway) -> None:
+        self.inner = inner
+        self.create_answer: Callable[[str, str], str] | None = None
+        self.status_answer: dict[str, Callable[[], str]] = {}
+
+    def create_child(self, parent_id: str, title: str) -> str:
+        if self.create_answer is not None:
+            return self.create_answer(parent_id, title)
+        return self.inner.create_child(parent_id, title)
+
+    def status(self, workspace_id: str) -> str:
+        override = self.status_answer.get(workspace_id)
+        return override() if override else self.inner.status(workspace_id)
+
+    def family(self, parent_id: str) -> list[FamilyMember]:
+        # The listing agrees with the overridden statuses, as the real gateway's would.
+        members = self.inner.family(parent_id)
+        return [
+            FamilyMember(m.id, m.title, self._listed_status(m)) for m in members
+        ]
+
+    def _listed_status(self, member: FamilyMember) -> str:
+        override = self.status_answer.get(member.id)
+        if override is None:
+            return member.status
+        try:
+            return override()
+        except Exception:  # noqa: BLE001 - a failing status leaves the listing as it was
+            return member.status
+
+    def list_projects(self, workspace_id: str) -> list[str]:
+        return self.inner.list_projects(workspace_id)
+
+    def delete_project(self, workspace_id: str, project_id: str) -> None:
+        self.inner.delete_project(workspace_id, project_id)

@@ -1,0 +1,550 @@
+"""HttpGateway against httpx.MockTransport: the GATEWAY.md contract and failure table."""
+
+from __future__ import annotations
+
+import json
+import logging
+import traceback
+from collections.abc import Callable, Iterator
+
+import httpx
+import pytest
+
+from domain.ports import (
+    AmbiguousCreate,
+    FamilyMember,
+    Gateway,
+    GatewayError,
+    MalformedAnswer,
+    RequestRejected,
+    TransientGatewayError,
+    Unauthorized,
+    WorkspaceGone,
+)
+from infrastructure.gateway import HttpGateway
+
+TOKEN = "tok-SECRET-5f3a9c"  # a fake token whose leaks we hunt for
+BASE = "http://gateway.test/api"
+PARENT = "parent-1"
+
+Handler = Callable[[httpx.Request], httpx.Response]
+Answer = httpx.Response | Exception | Handler
+
+
+class Recorder:
+    """A MockTransport handler that plays scripted answers and records requests."""
+
+    def __init__(self, *answers: Answer) -> None:
+        self.answers = list(answers)
+        self.requests: list[httpx.Request] = []
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        self.requests.append(request)
+        answer = self.answers.pop(0) if len(self.answers) > 1 else self.answers[0]
+        if isinstance(answer, Exception):
+            raise answer
+        if callable(answer):
+            return answer(request)
+        return answer
+
+    @property
+    def count(self) -> int:
+        return len(self.requests)
+
+
+Make = Callable[..., tuple[HttpGateway, Recorder]]
+
+
+@pytest.fixture
+def make() -> Iterator[Make]:
+    made: list[HttpGateway] = []
+
+    def build(*answers: Answer, retries: int = 2) -> tuple[HttpGateway, Recorder]:
+        recorder = Recorder(*answers)
+        gateway = HttpGateway(
+            BASE,
+            TOKEN,
+            retries=retries,
+            retry_backoff_s=0,
+            transport=httpx.MockTransport(recorder),
+        )
+        gateway._sleep = lambda _s: None  # a Retry-After must not slow the tests
+        made.append(gateway)
+        return gateway, recorder
+
+    yield build
+    for gateway in made:
+        gateway.close()
+
+
+def ok(body: object, status: int = 200) -> httpx.Response:
+    return httpx.Response(status, json=body)
+
+
+def status_only(code: int, text: str = "") -> httpx.Response:
+    return httpx.Response(code, text=text)
+
+
+def is_a_gateway(gateway: Gateway) -> None:
+    """Static check (mypy) that HttpGateway satisfies the port."""
+
+
+# -- the happy paths, requests as the contract says -----------------------------------
+
+
+def test_satisfies_the_port(make: Make) -> None:
+    gateway, _ = make(ok({}))
+    is_a_gateway(gateway)
+
+
+def test_create_child_posts_title_and_returns_id(make: Make) -> None:
+    gateway, rec = make(ok({"id": "ws-9", "status": "not ready"}))
+    assert gateway.create_child(PARENT, "Brand A") == "ws-9"
+    (request,) = rec.requests
+    assert request.method == "POST"
+    assert request.url.raw_path == b"/api/v2/workspaces/parent-1/child"
+    assert json.loads(request.content) == {"title": "Brand A", "resources": {}}
+    assert request.headers["content-type"] == "application/json"
+
+
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [({"id": 42}, "42"), ({"status": "not ready"}, ""), ({"id": None}, ""), ({"id": ""}, "")],
+)
+def test_create_child_returns_the_id_as_given_for_the_domain_to_judge(
+    make: Make, body: object, expected: str
+) -> None:
+    gateway, _ = make(ok(body))
+    assert gateway.create_child(PARENT, "T") == expected
+
+
+def test_create_child_returns_the_parent_id_unjudged(make: Make) -> None:
+    gateway, _ = make(ok({"id": PARENT}))
+    assert gateway.create_child(PARENT, "T") == PARENT
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        httpx.Response(200, text="<html>oops</html>"),
+        ok(["ws-1"]),
+        ok("ws-1"),
+        ok({"id": {"nested": 1}}),
+        ok({"id": True}),
+    ],
+)
+def test_create_child_malformed_answer(make: Make, answer: httpx.Response) -> None:
+    gateway, _ = make(answer)
+    with pytest.raises(MalformedAnswer):
+        gateway.create_child(PARENT, "T")
+
+
+def test_bearer_token_and_timeouts_are_sent(make: Make) -> None:
+    gateway, rec = make(ok({"status": "created"}))
+    gateway.status("ws-1")
+    (request,) = rec.requests
+    assert request.headers["authorization"] == f"Bearer {TOKEN}"
+    assert request.headers["accept"] == "application/json"
+    assert request.extensions["timeout"] == {
+        "connect": 3.0,
+        "read": 10.0,
+        "write": 10.0,
+        "pool": 10.0,
+    }
+
+
+def test_explicit_timeouts_are_used() -> None:
+    rec = Recorder(ok({"status": "x"}))
+    with HttpGateway(
+        BASE,
+        TOKEN,
+        connect_timeout=0.5,
+        read_timeout=2.0,
+        transport=httpx.MockTransport(rec),
+    ) as gateway:
+        gateway.status("ws-1")
+    assert rec.requests[0].extensions["timeout"]["connect"] == 0.5
+    assert rec.requests[0].extensions["timeout"]["read"] == 2.0
+
+
+def test_status_returns_the_raw_string(make: Make) -> None:
+    gateway, rec = make(ok({"status": "  Not Ready "}))
+    assert gateway.status("ws-1") == "  Not Ready "
+    assert rec.requests[0].method == "GET"
+    assert rec.requests[0].url.raw_path == b"/api/v1/workspaces/ws-1/status"
+
+
+def test_status_missing_is_empty(make: Make) -> None:
+    gateway, _ = make(ok({}))
+    assert gateway.status("ws-1") == ""
+
+
+@pytest.mark.parametrize("answer", [ok(["created"]), httpx.Response(200, text="created")])
+def test_status_malformed(make: Make, answer: httpx.Response) -> None:
+    gateway, _ = make(answer)
+    with pytest.raises(MalformedAnswer):
+        gateway.status("ws-1")
+
+
+def test_family_parses_a_bare_array_including_the_parent(make: Make) -> None:
+    gateway, rec = make(
+        ok(
+            [
+                {"id": PARENT, "title": "Parent", "status": "active"},
+                {"id": "ws-2", "title": "Brand A", "status": "not ready"},
+                {"title": "no id, skipped", "status": "created"},
+                {"id": None, "title": "null id, skipped"},
+                {"id": 7},
+            ]
+        )
+    )
+    assert gateway.family(PARENT) == [
+        FamilyMember(id=PARENT, title="Parent", status="active"),
+        FamilyMember(id="ws-2", title="Brand A", status="not ready"),
+        FamilyMember(id="7", title="", status=""),
+    ]
+    assert rec.requests[0].url.raw_path == b"/api/v1/workspaces/parent-1/family"
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [ok({"items": []}), ok({"family": []}), ok(["not an object"]), status_only(200, "[")],
+)
+def test_family_that_is_not_a_bare_array_of_objects_is_malformed(
+    make: Make, answer: httpx.Response
+) -> None:
+    gateway, _ = make(answer)
+    with pytest.raises(MalformedAnswer):
+        gateway.family(PARENT)
+
+
+def test_list_projects_requires_type_ai(make: Make) -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.params.get("type") != "ai":
+            return ok({"error": "type is required"}, 400)
+        return ok({"items": [{"id": "p1"}, {"id": 2}]})
+
+    gateway, rec = make(handler)
+    assert gateway.list_projects("ws-1") == ["p1", "2"]
+    assert rec.requests[0].url.path == "/api/v1/workspaces/ws-1/projects"
+    assert dict(rec.requests[0].url.params) == {"type": "ai"}
+
+
+def test_list_projects_empty(make: Make) -> None:
+    gateway, _ = make(ok({"items": []}))
+    assert gateway.list_projects("ws-1") == []
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        ok({}),
+        ok({"items": None}),
+        ok([{"id": "p1"}]),
+        ok({"items": [{"name": "no id"}]}),
+        ok({"items": ["p1"]}),
+    ],
+)
+def test_list_projects_never_under_reports(make: Make, answer: httpx.Response) -> None:
+    gateway, _ = make(answer)
+    with pytest.raises(MalformedAnswer):
+        gateway.list_projects("ws-1")
+
+
+@pytest.mark.parametrize("code", [200, 202, 204, 404])
+def test_delete_project_2xx_or_404_is_success(make: Make, code: int) -> None:
+    gateway, rec = make(status_only(code))
+    gateway.delete_project("ws-1", "p1")  # no exception: success
+    assert rec.count == 1
+    assert rec.requests[0].method == "DELETE"
+    assert rec.requests[0].url.raw_path == b"/api/v1/workspaces/ws-1/projects/p1"
+
+
+def test_path_segments_are_url_encoded(make: Make) -> None:
+    gateway, rec = make(ok({"status": "created"}), status_only(204))
+    gateway.status("a/b c?#é")
+    gateway.delete_project("..", ".")
+    assert rec.requests[0].url.raw_path == b"/api/v1/workspaces/a%2Fb%20c%3F%23%C3%A9/status"
+    assert rec.requests[1].url.raw_path == b"/api/v1/workspaces/%2E%2E/projects/%2E"
+
+
+def test_empty_id_is_refused_without_a_call(make: Make) -> None:
+    gateway, rec = make(ok({}))
+    with pytest.raises(RequestRejected):
+        gateway.status("")
+    with pytest.raises(RequestRejected):
+        gateway.create_child("", "T")
+    assert rec.count == 0
+
+
+# -- create: never retried; the failure table -----------------------------------------
+
+
+def _timeout(request: httpx.Request) -> httpx.Response:
+    raise httpx.ReadTimeout("timed out", request=request)
+
+
+def _drop(request: httpx.Request) -> httpx.Response:
+    raise httpx.RemoteProtocolError("Server disconnected without sending a response.")
+
+
+def _read_error(request: httpx.Request) -> httpx.Response:
+    raise httpx.ReadError("connection reset by peer", request=request)
+
+
+def _write_timeout(request: httpx.Request) -> httpx.Response:
+    raise httpx.WriteTimeout("write timed out", request=request)
+
+
+def _refused(request: httpx.Request) -> httpx.Response:
+    raise httpx.ConnectError("[Errno 111] Connection refused", request=request)
+
+
+def _connect_timeout(request: httpx.Request) -> httpx.Response:
+    raise httpx.ConnectTimeout("connect timed out", request=request)
+
+
+def _pool_timeout(request: httpx.Request) -> httpx.Response:
+    raise httpx.PoolTimeout("no connection available", request=request)
+
+
+def _bad_gzip(request: httpx.Request) -> httpx.Response:
+    return httpx.Response(200, headers={"Content-Encoding": "gzip"}, content=b"not gzip")
+
+
+@pytest.mark.parametrize(
+    ("answer", "error"),
+    [
+        (_timeout, AmbiguousCreate),
+        (_write_timeout, AmbiguousCreate),
+        (_drop, AmbiguousCreate),
+        (_read_error, AmbiguousCreate),
+        (_bad_gzip, AmbiguousCreate),
+        (status_only(500), AmbiguousCreate),
+        (status_only(502), AmbiguousCreate),
+        (status_only(503), AmbiguousCreate),
+        (_refused, TransientGatewayError),
+        (_connect_timeout, TransientGatewayError),
+        (_pool_timeout, TransientGatewayError),
+        (status_only(429), TransientGatewayError),
+        (status_only(401), Unauthorized),
+        (status_only(403), Unauthorized),
+        (ok({"error": "conflict"}, 409), RequestRejected),
+        (ok({"error": "insufficient available units"}, 422), RequestRejected),
+        (status_only(400, "bad"), RequestRejected),
+        (status_only(404, "no parent"), RequestRejected),
+        (status_only(302), MalformedAnswer),
+    ],
+)
+def test_create_failure_mapping_and_never_retried(
+    make: Make, answer: httpx.Response | Handler, error: type[GatewayError]
+) -> None:
+    gateway, rec = make(answer, ok({"id": "ws-late"}), retries=5)
+    with pytest.raises(error):
+        gateway.create_child(PARENT, "T")
+    assert rec.count == 1
+
+
+def test_rejection_carries_the_gateways_text_truncated(make: Make) -> None:
+    gateway, _ = make(ok({"error": "insufficient available units"}, 422))
+    with pytest.raises(RequestRejected, match="422: insufficient available units"):
+        gateway.create_child(PARENT, "T")
+
+    long_text = "x" * 500 + " tail"
+    gateway, _ = make(status_only(409, long_text))
+    with pytest.raises(RequestRejected) as info:
+        gateway.create_child(PARENT, "T")
+    assert "x" * 200 in str(info.value)
+    assert "x" * 201 not in str(info.value)
+    assert "tail" not in str(info.value)
+
+
+# -- GETs and DELETEs: retried, then transient ----------------------------------------
+
+
+def _create(gateway: HttpGateway) -> object:
+    return gateway.create_child(PARENT, "T")
+
+
+READS: dict[str, Callable[[HttpGateway], object]] = {
+    "status": lambda g: g.status("ws-1"),
+    "family": lambda g: g.family(PARENT),
+    "list_projects": lambda g: g.list_projects("ws-1"),
+    "delete_project": lambda g: g.delete_project("ws-1", "p1"),
+}
+GOOD = {
+    "status": ok({"status": "created"}),
+    "family": ok([{"id": PARENT, "title": "P", "status": "active"}]),
+    "list_projects": ok({"items": [{"id": "p1"}]}),
+    "delete_project": status_only(204),
+}
+TRANSIENT = [
+    status_only(429),
+    status_only(500),
+    status_only(503),
+    _timeout,
+    _drop,
+    _read_error,
+    _refused,
+    _connect_timeout,
+]
+
+
+@pytest.mark.parametrize("op", READS)
+@pytest.mark.parametrize("failure", TRANSIENT)
+def test_reads_are_retried_then_succeed(make: Make, op: str, failure: object) -> None:
+    gateway, rec = make(failure, failure, GOOD[op], retries=2)
+    READS[op](gateway)
+    assert rec.count == 3
+
+
+@pytest.mark.parametrize("op", READS)
+@pytest.mark.parametrize("failure", TRANSIENT)
+def test_reads_exhausted_are_transient(make: Make, op: str, failure: object) -> None:
+    gateway, rec = make(failure, retries=2)
+    with pytest.raises(TransientGatewayError):
+        READS[op](gateway)
+    assert rec.count == 3
+
+
+def test_retries_zero_means_one_attempt(make: Make) -> None:
+    gateway, rec = make(status_only(503), retries=0)
+    with pytest.raises(TransientGatewayError):
+        gateway.status("ws-1")
+    assert rec.count == 1
+
+
+@pytest.mark.parametrize("op", ["status", "family", "list_projects"])
+def test_404_on_a_read_is_workspace_gone_not_retried(make: Make, op: str) -> None:
+    gateway, rec = make(status_only(404))
+    with pytest.raises(WorkspaceGone):
+        READS[op](gateway)
+    assert rec.count == 1
+
+
+@pytest.mark.parametrize("op", READS)
+@pytest.mark.parametrize(
+    ("answer", "error"),
+    [
+        (status_only(401), Unauthorized),
+        (status_only(403), Unauthorized),
+        (status_only(400, "bad"), RequestRejected),
+        (status_only(409, "conflict"), RequestRejected),
+        (status_only(301), MalformedAnswer),
+        (_bad_gzip, MalformedAnswer),
+    ],
+)
+def test_terminal_answers_on_reads_are_not_retried(
+    make: Make, op: str, answer: object, error: type[GatewayError]
+) -> None:
+    gateway, rec = make(answer, GOOD[op])
+    with pytest.raises(error):
+        READS[op](gateway)
+    assert rec.count == 1
+
+
+def test_backoff_doubles_and_honours_a_small_retry_after() -> None:
+    rec = Recorder(
+        status_only(503),
+        httpx.Response(429, headers={"Retry-After": "0.5"}),
+        httpx.Response(429, headers={"Retry-After": "30"}),
+        httpx.Response(503, headers={"Retry-After": "Wed, 21 Oct 2015 07:28:00 GMT"}),
+        status_only(503),
+    )
+    sleeps: list[float] = []
+    with HttpGateway(
+        BASE, TOKEN, retries=4, retry_backoff_s=0.1, transport=httpx.MockTransport(rec)
+    ) as gateway:
+        gateway._sleep = sleeps.append
+        with pytest.raises(TransientGatewayError, match="after 5 attempt"):
+            gateway.status("ws-1")
+    # 0.1*2**0; max(0.2, 0.5); max(0.4, min(30, 1)); 0.8 (a date is ignored); none after the last
+    assert sleeps == pytest.approx([0.1, 0.5, 1.0, 0.8])
+    assert rec.count == 5
+
+
+# -- secrets --------------------------------------------------------------------------
+
+
+def _echo_token(request: httpx.Request) -> httpx.Response:
+    return ok({"error": f"bad header {request.headers['authorization']}"}, 400)
+
+
+def _token_in_transport_message(request: httpx.Request) -> httpx.Response:
+    raise httpx.ReadError(
+        f"reset while sending {request.headers['authorization']}", request=request
+    )
+
+
+def _token_in_connect_message(request: httpx.Request) -> httpx.Response:
+    raise httpx.ConnectError(f"refused {request.headers['authorization']}", request=request)
+
+
+LEAKY_CASES = [
+    ("create_child", _timeout, AmbiguousCreate),
+    ("create_child", _drop, AmbiguousCreate),
+    ("create_child", _token_in_transport_message, AmbiguousCreate),
+    ("create_child", _token_in_connect_message, TransientGatewayError),
+    ("create_child", _bad_gzip, AmbiguousCreate),
+    ("create_child", status_only(503), AmbiguousCreate),
+    ("create_child", status_only(429), TransientGatewayError),
+    ("create_child", status_only(401, TOKEN), Unauthorized),
+    ("create_child", _echo_token, RequestRejected),
+    ("create_child", status_only(422, f"quota for Bearer {TOKEN}"), RequestRejected),
+    ("create_child", httpx.Response(200, text=TOKEN), MalformedAnswer),
+    ("status", _timeout, TransientGatewayError),
+    ("status", _token_in_transport_message, TransientGatewayError),
+    ("status", _token_in_connect_message, TransientGatewayError),
+    ("status", status_only(403, TOKEN), Unauthorized),
+    ("status", status_only(404, TOKEN), WorkspaceGone),
+    ("status", _echo_token, RequestRejected),
+    ("status", _bad_gzip, MalformedAnswer),
+    ("family", ok({"token": TOKEN}), MalformedAnswer),
+    ("list_projects", status_only(404), WorkspaceGone),
+    ("delete_project", status_only(500, TOKEN), TransientGatewayError),
+]
+
+
+@pytest.mark.parametrize(("op", "answer", "error"), LEAKY_CASES)
+def test_the_token_never_leaks(
+    make: Make, caplog: pytest.LogCaptureFixture, op: str, answer: object, error: type[GatewayError]
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    gateway, _ = make(answer)
+    call = READS.get(op, _create)
+    with pytest.raises(error) as info:
+        call(gateway)
+    exc = info.value
+    # No chained httpx exception (it holds the request, hence the headers).
+    assert exc.__cause__ is None
+    assert exc.__context__ is None
+    texts = [
+        str(exc),
+        repr(exc),
+        str(exc.__cause__),
+        "".join(traceback.format_exception(exc)),
+        repr(gateway),
+        *(record.getMessage() for record in caplog.records),
+    ]
+    for text in texts:
+        assert TOKEN not in text
+
+
+def test_repr_has_no_token(make: Make) -> None:
+    gateway, _ = make(ok({}))
+    assert TOKEN not in repr(gateway)
+    assert TOKEN not in str(gateway)
+    assert "gateway.test" in repr(gateway)
+
+
+def test_empty_token_refused() -> None:
+    with pytest.raises(ValueError, match="token"):
+        HttpGateway(BASE, "")
+
+
+def test_context_manager_closes_the_client() -> None:
+    rec = Recorder(ok({"status": "created"}))
+    with HttpGateway(BASE, TOKEN, transport=httpx.MockTransport(rec)) as gateway:
+        assert gateway.status("ws-1") == "created"
+    with pytest.raises(RuntimeError):
+        gateway.status("ws-1")

@@ -1,0 +1,74 @@
+from __future__ import annotations
+
+import pytest
+
+from domain.policies import (
+    Backoff,
+    StatusClass,
+    adoption_shortlist,
+    classify_status,
+    new_since,
+)
+from domain.ports import FamilyMember
+
+PARENT = "p"
+
+
+@pytest.mark.parametrize("raw", ["created", "Active", " READY ", "ready\n"])
+def test_ready_statuses_whatever_their_case_and_spacing(raw: str) -> None:
+    assert classify_status(raw) is StatusClass.READY
+
+
+@pytest.mark.parametrize(
+    "raw", ["creation_failed", "Creation Failed", "creation  failed", "FAILED", "error",
+            "Invalid Subscription"]
+)
+def test_terminal_statuses(raw: str) -> None:
+    assert classify_status(raw) is StatusClass.TERMINAL
+
+
+@pytest.mark.parametrize("raw", ["not ready", "locked", "", None, "mystery"])
+def test_anything_else_is_still_settling(raw: str | None) -> None:
+    assert classify_status(raw) is StatusClass.SETTLING
+
+
+def test_default_backoff_is_5_10_20_40_80_seconds_155_in_all() -> None:
+    backoff = Backoff()
+    assert [backoff.delay_after(h) for h in range(5)] == [5, 10, 20, 40, 80]
+    assert backoff.total_s() == 155
+    assert backoff.can_requeue(4)
+    assert not backoff.can_requeue(5)
+
+
+def test_backoff_is_configurable_and_validated() -> None:
+    assert Backoff(base_s=0.5, max_requeues=2).total_s() == 1.5
+    with pytest.raises(ValueError, match="base"):
+        Backoff(base_s=-1)
+    with pytest.raises(ValueError, match="requeues"):
+        Backoff(max_requeues=-1)
+
+
+def family(*members: tuple[str, str, str]) -> list[FamilyMember]:
+    return [FamilyMember(*m) for m in members]
+
+
+def test_adoption_shortlist_keeps_exact_title_ready_children_only() -> None:
+    members = family(
+        (PARENT, "Acme", "active"),  # the parent itself, same title
+        ("w1", "Acme", "created"),
+        ("w2", "acme", "created"),  # not the exact title
+        ("w3", "Acme", "not ready"),  # zombie or settling
+        ("w4", "Acme", "creation_failed"),
+        ("w5", "Acme ", "created"),
+    )
+    assert [m.id for m in adoption_shortlist(members, "Acme", PARENT)] == ["w1"]
+
+
+def test_new_since_ignores_what_was_known_and_terminal_children() -> None:
+    members = family(
+        (PARENT, "Acme", "active"),
+        ("zombie", "Acme", "not ready"),
+        ("fresh", "Acme", "not ready"),
+        ("dead", "Acme", "failed"),
+    )
+    assert [m.id for m in new_since(members, "Acme", PARENT, ["zombie"])] == ["fresh"]
