@@ -126,12 +126,15 @@ def run(threads: int, calls: int, client: str) -> None:
             thread.start()
         barrier.wait()
         cpu_before, began = cpu_seconds(proc.pid), time.perf_counter()
+        client_cpu = time.process_time()
         for thread in pool:
             thread.join()
         elapsed, cpu_after = time.perf_counter() - began, cpu_seconds(proc.pid)
+        client_cpu = time.process_time() - client_cpu
         latencies = sorted(x for r in results for x in r)
         print(f"{threads} threads x {calls} status GETs, keep-alive {client} clients")
         report(latencies, elapsed, cpu_before, cpu_after)
+        print(f"client CPU per call: {1000 * client_cpu / len(latencies):.3f} ms (all threads)")
     finally:
         proc.terminate()
         code = proc.wait(timeout=10)

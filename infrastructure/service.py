@@ -369,6 +369,8 @@ class _Hop:
         # end up either the attempt's candidate or released, never forgotten.
         self.created: str | None = None
         self._family: list[FamilyMember] | None = None
+        self._claim_read_needed = False
+        self.released: list[str] = []
 
     def run(self) -> HopOutcome:
         for _ in range(self.svc.settings.max_rounds):
@@ -385,11 +387,12 @@ class _Hop:
         raise ContentionError(f"attempt {self.attempt_id} is contended; retry the hop later")
 
     def _step(self, attempt: ProvisioningAttempt) -> HopOutcome:
-        released: tuple[str, ...] = ()
         placed_late = self.created is not None
         if placed_late:
-            released = self._place_created(attempt)
-        gate = self._gate(attempt, released)
+            failed = self._place_created(attempt)
+            if failed is not None:
+                return failed
+        gate = self._gate(attempt)
         if gate is not None and placed_late and gate.outcome is Outcome.DUPLICATE:
             # Our create is on record; a concurrent delivery already moved the attempt on.
             return self._stood_down(attempt, StandDown.CONCURRENT_DELIVERY, "next hop polls")
@@ -403,17 +406,14 @@ class _Hop:
 
     # Gate: terminal, duplicate and out-of-order deliveries.
 
-    def _gate(self, attempt: ProvisioningAttempt, released: tuple[str, ...]) -> HopOutcome | None:
+    def _gate(self, attempt: ProvisioningAttempt) -> HopOutcome | None:
         if attempt.is_terminal:
             try:
-                released = (*released, *self.svc._settle(attempt))
+                self.released.extend(self.svc._settle(attempt))
             except GatewayError as exc:
                 log.warning("release deferred attempt=%s: %s", attempt.id, exc)
             return self._stood_down(
-                attempt,
-                STAND_DOWN_BY_STATE[attempt.state],
-                f"attempt is {attempt.state.value}",
-                released,
+                attempt, STAND_DOWN_BY_STATE[attempt.state], f"attempt is {attempt.state.value}"
             )
         if self.hop < attempt.expected_hop:
             return self._outcome(
@@ -524,8 +524,7 @@ class _Hop:
             what = "the parent's id" if workspace_id else "no id"
             return self._fail(attempt, FailureReason.GATEWAY_BUG, f"create answered {what}")
         self.created = workspace_id
-        self._place_created(attempt)
-        return None
+        return self._place_created(attempt)
 
     def _accept(self, attempt: ProvisioningAttempt, workspace_id: str, prov: Provenance) -> None:
         try:
@@ -535,30 +534,52 @@ class _Hop:
         attempt.accept_candidate(workspace_id, prov, self.hop)
         self.svc.app.save(attempt, claim)
 
-    def _place_created(self, attempt: ProvisioningAttempt) -> tuple[str, ...]:
-        """Record what this run created as the candidate, or release it if it lost."""
+    def _place_created(self, attempt: ProvisioningAttempt) -> HopOutcome | None:
+        """Record what this run created as the candidate, or release it if it lost.
+
+        Returns an outcome only when the attempt failed on the spot.
+        """
         workspace_id = self.created
         assert workspace_id is not None
         if attempt.candidate_id == workspace_id:
             self.created = None
-            return ()
+            return None
         if attempt.candidate_id is None and attempt.state is not AttemptState.PROMOTED:
-            claim = self.svc.claim_for(workspace_id, attempt.brand_id, attempt.id)
+            try:
+                claim = self._fresh_claim(workspace_id, attempt)
+            except AlreadyClaimed as exc:
+                # A "new" id that another brand already holds: a gateway bug. It is
+                # not ours to release; never bind it.
+                self.created = None
+                log.error("create answered a claimed workspace attempt=%s: %s", attempt.id, exc)
+                return self._fail(attempt, FailureReason.GATEWAY_BUG, f"create answered {exc}")
             attempt.record_created(workspace_id, self.hop)
             self.svc.app.save(attempt, claim)
             self.created = None
-            return ()
+            return None
         # The attempt moved on to another candidate: nothing may leak.
         deleted = self.svc.empty_workspace(workspace_id)
         attempt.record_release(workspace_id, deleted)
         self.svc.app.save(attempt)
         self.created = None
+        self.released.append(workspace_id)
         log.warning(
             "released a workspace that lost its race attempt=%s workspace=%s",
             attempt.id,
             workspace_id,
         )
-        return (workspace_id,)
+        return None
+
+    def _fresh_claim(self, workspace_id: str, attempt: ProvisioningAttempt) -> WorkspaceClaim:
+        """The claim of a workspace we just created: on the first try it cannot exist
+        yet, so it is opened without a read; if it does exist, the save conflicts and
+        the next round reads it."""
+        if self._claim_read_needed:
+            return self.svc.claim_for(workspace_id, attempt.brand_id, attempt.id)
+        self._claim_read_needed = True
+        claim = WorkspaceClaim.open(workspace_id)
+        claim.claim(attempt.brand_id, attempt.id)
+        return claim
 
     # Poll.
 
@@ -650,26 +671,17 @@ class _Hop:
             except GatewayError as exc:
                 log.warning("release deferred attempt=%s: %s", attempt.id, exc)
         attempt.fail(reason, message, self.hop)
-        released: tuple[str, ...] = ()
         if deleted is not None and attempt.candidate_id is not None:
             attempt.record_release(attempt.candidate_id, deleted)
-            released = (attempt.candidate_id,)
+            self.released.append(attempt.candidate_id)
         claim = self.svc.adopted_claim_to_release(attempt)
         if claim is not None:
             touched.append(claim)
         self.svc.app.save(attempt, *touched)
-        return self._outcome(attempt, Outcome.FAILED, f"{reason.value}: {message}", released=released)
+        return self._outcome(attempt, Outcome.FAILED, f"{reason.value}: {message}")
 
-    def _stood_down(
-        self,
-        attempt: ProvisioningAttempt,
-        why: StandDown,
-        detail: str,
-        released: tuple[str, ...] = (),
-    ) -> HopOutcome:
-        return self._outcome(
-            attempt, Outcome.STOOD_DOWN, detail, stand_down=why, released=released
-        )
+    def _stood_down(self, attempt: ProvisioningAttempt, why: StandDown, detail: str) -> HopOutcome:
+        return self._outcome(attempt, Outcome.STOOD_DOWN, detail, stand_down=why)
 
     def _outcome(
         self,
@@ -681,7 +693,6 @@ class _Hop:
         next_hop: int | None = None,
         delay_s: float | None = None,
         stand_down: StandDown | None = None,
-        released: tuple[str, ...] = (),
     ) -> HopOutcome:
         return HopOutcome(
             outcome=outcome,
@@ -693,7 +704,7 @@ class _Hop:
             next_hop=next_hop,
             delay_s=delay_s,
             stand_down=stand_down,
-            released=released,
+            released=tuple(self.released),
         )
 
 
