@@ -2,7 +2,8 @@
 
 URLs:
     postgresql://user[:password]@host[:port]/dbname   production
-    sqlite:///path/to/file.sqlite                     embedded default (WAL mode)
+    sqlite:///relative/file.sqlite                    embedded default (WAL mode)
+    sqlite:////absolute/file.sqlite
     memory://                                         in-process, for unit tests
 
 Tables are created by one explicit step, `init_database(url)` (the CLI's
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
@@ -83,10 +85,11 @@ def persistence_env(url: str, *, pool_size: int = 5, create_table: bool = False)
             "CREATE_TABLE": "y" if create_table else "n",
         }
     if scheme == "sqlite":
-        path = parts.path if parts.netloc == "" else f"{parts.netloc}{parts.path}"
+        # As in SQLAlchemy: sqlite:///relative/path, sqlite:////absolute/path, sqlite://.
+        path = parts.path[1:] if parts.path.startswith("/") else parts.path
         return {
             "PERSISTENCE_MODULE": "eventsourcing.sqlite",
-            "SQLITE_DBNAME": unquote(path) if path not in ("", "/") else ":memory:",
+            "SQLITE_DBNAME": unquote(path) if path else ":memory:",
             "CREATE_TABLE": "y" if create_table else "n",
         }
     if scheme == "memory":
@@ -146,7 +149,10 @@ def postgres_conninfo(url: str) -> str:
 def open_event_store(url: str, *, pool_size: int = 5) -> ProvisionerApplication:
     """Open the event store; in-memory and SQLite stores create their tables themselves."""
     if _is_ephemeral(url) or not _is_postgres(url):
-        return ProvisionerApplication(persistence_env(url, create_table=True))
+        env = persistence_env(url, create_table=True)
+        if env.get("SQLITE_DBNAME", ":memory:") != ":memory:":
+            Path(env["SQLITE_DBNAME"]).parent.mkdir(parents=True, exist_ok=True)
+        return ProvisionerApplication(env)
     if not _tables_exist(url):
         raise DatabaseNotInitialised(
             f"the event tables are missing in {redact(url)}: run `provisioner db init` first"

@@ -20,6 +20,10 @@ Admin calls (JSON in and out, no auth, no faults, not counted)::
     POST /_fake/config                    set knobs (a subset), answer the whole config
     POST /_fake/workspaces                seed {"title","parent","status","projects": n}
     POST /_fake/workspaces/{id}/projects  add a project, answer {"id": P}
+    POST /_fake/scripts                   {"title": "fate"}: fix what creates of that
+                                          title do (zombie, creation_failed,
+                                          timeout_after_create, timeout_without_create,
+                                          slow:N polls; "" clears); for demos and tests
 
 Behaviour worth knowing:
 
@@ -184,6 +188,7 @@ class _Workspace:
     fate: Literal["created", "creation_failed", "zombie"] = "created"
     settled: bool = False
     not_ready_polls: int = 0
+    settle_polls: int | None = None  # a scripted title's own settle time
     resources: JsonObject = field(default_factory=dict)
 
 
@@ -243,6 +248,11 @@ def _recase(status: str, mode: str) -> str:
 Handler = Callable[[_Request, tuple[str, ...]], _Reply]
 
 
+_SCRIPT = re.compile(
+    r"|zombie|creation_failed|timeout_after_create|timeout_without_create|slow:\d{1,6}"
+)
+
+
 class _FakeState:
     """Everything the fake knows, guarded by one lock."""
 
@@ -255,6 +265,7 @@ class _FakeState:
         self.workspaces: dict[str, _Workspace] = {}
         self.creates: dict[str, int] = {}
         self.calls: dict[str, int] = dict.fromkeys(OPERATIONS, 0)
+        self.scripts: dict[str, str] = {}
         self.parent_ids = tuple(parents)
         for parent in self.parent_ids:
             self._add_parent(parent)
@@ -307,7 +318,8 @@ class _FakeState:
     def _settles_now(self, ws: _Workspace) -> bool:
         cfg = self.config
         aged = time.monotonic() - ws.born >= cfg.settle_s
-        return ws.fate != "zombie" and aged and ws.not_ready_polls >= cfg.settle_polls
+        polls = cfg.settle_polls if ws.settle_polls is None else ws.settle_polls
+        return ws.fate != "zombie" and aged and ws.not_ready_polls >= polls
 
     def _peek(self, ws: _Workspace) -> str:
         """The status a poll would answer now, without counting as a poll."""
@@ -350,6 +362,7 @@ class _FakeState:
                 wid: ws for wid, ws in self.workspaces.items() if wid in self.parent_ids
             }
             self.creates.clear()
+            self.scripts.clear()
             self.calls = dict.fromkeys(OPERATIONS, 0)
 
     def configure(self, knobs: typing.Mapping[str, object]) -> JsonObject:
@@ -358,6 +371,20 @@ class _FakeState:
             if "seed" in knobs:
                 self.rng.seed(self.config.seed)
             return self.config.to_dict()
+
+    def script(self, title: str, fate: str) -> dict[str, str]:
+        """Fix what creates of this title do, instead of drawing it at random."""
+        if not _SCRIPT.fullmatch(fate):
+            raise ValueError(
+                f"fate must be one of zombie, creation_failed, timeout_after_create, "
+                f"timeout_without_create, slow:N or '' (to clear), got {fate!r}"
+            )
+        with self.lock:
+            if fate:
+                self.scripts[title] = fate
+            else:
+                self.scripts.pop(title, None)
+            return dict(self.scripts)
 
     def seed_workspace(
         self, title: str, parent: str | None, status: str, projects: int
@@ -411,11 +438,16 @@ class _FakeState:
             resources = _resources_of(body)
             self._seed_same_title_others(parent.id, title)
             cfg = self.config
-            after = self._chance(cfg.create_timeout_after_create_rate)
-            without = not after and self._chance(cfg.create_timeout_without_create_rate)
+            script = self.scripts.get(title, "")
+            if script:
+                after = script == "timeout_after_create"
+                without = script == "timeout_without_create"
+            else:
+                after = self._chance(cfg.create_timeout_after_create_rate)
+                without = not after and self._chance(cfg.create_timeout_without_create_rate)
             answer: object = None
             if not without:
-                ws = self._create_child(parent.id, title, resources)
+                ws = self._create_child(parent.id, title, resources, script)
                 answer = {"id": ws.id, "status": _recase(NOT_READY, cfg.status_case)}
             if after or without:
                 return _Reply(200, answer, timeout=True, hold_s=cfg.hang_s, answer_after_hold=after)
@@ -430,10 +462,17 @@ class _FakeState:
         for _ in range(count):
             self._seed(title, parent, "created", 1)
 
-    def _create_child(self, parent: str, title: str, resources: JsonObject) -> _Workspace:
+    def _create_child(
+        self, parent: str, title: str, resources: JsonObject, script: str = ""
+    ) -> _Workspace:
         ws = _Workspace(self._new_id("ws"), title, parent, _now_iso(), time.monotonic())
         ws.resources = resources
-        if self._chance(self.config.zombie_rate):
+        if script:
+            if script in ("zombie", "creation_failed"):
+                ws.fate = "zombie" if script == "zombie" else "creation_failed"
+            elif script.startswith("slow:"):
+                ws.settle_polls = int(script.split(":", 1)[1])
+        elif self._chance(self.config.zombie_rate):
             ws.fate = "zombie"
         elif self._chance(self.config.terminal_rate):
             ws.fate = "creation_failed"
@@ -512,6 +551,7 @@ class _Admin:
             ("POST", re.compile(r"/_fake/config"), self.configure),
             ("GET", re.compile(r"/_fake/config"), self.get_config),
             ("POST", re.compile(r"/_fake/workspaces"), self.seed_workspace),
+            ("POST", re.compile(r"/_fake/scripts"), self.script),
             ("POST", re.compile(rf"/_fake/workspaces/{_WS}/projects"), self.add_project),
         )
 
@@ -551,6 +591,20 @@ class _Admin:
 
     def add_project(self, _request: _Request, params: tuple[str, ...]) -> _Reply:
         return _Reply(200, {"id": self.state.add_project(params[0])})
+
+    def script(self, request: _Request, _params: tuple[str, ...]) -> _Reply:
+        body = request.json()
+        if not isinstance(body, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in body.items()
+        ):
+            return _error(400, 'body must be {"title": "fate", ...}')
+        try:
+            scripts: dict[str, str] = {}
+            for title, fate in body.items():
+                scripts = self.state.script(title, fate)
+        except ValueError as exc:
+            return _error(400, str(exc))
+        return _Reply(200, scripts)
 
 
 def _route(
@@ -887,6 +941,11 @@ class FakeGateway:
             return self._state.add_project(workspace_id)
         except _NotFoundError as exc:
             raise KeyError(str(exc)) from None
+
+    def script(self, title: str, fate: str) -> dict[str, str]:
+        """Fix the fate of creates titled ``title``: zombie, creation_failed,
+        timeout_after_create, timeout_without_create, slow:N ('' clears it)."""
+        return self._state.script(title, fate)
 
 
 # --------------------------------------------------------------------------- CLI

@@ -433,3 +433,21 @@ def test_command_line_serves_until_sigterm() -> None:
     assert config["settle_polls"] == 2
     assert config["status_case"] == "upper"
     assert ids == ["p1", "p2"]
+
+
+def test_scripted_titles_get_their_fate_instead_of_a_random_draw() -> None:
+    with FakeGateway(parents=("p",)) as fake:
+        fake.script("Z", "zombie")
+        fake.script("S", "slow:2")
+        with pytest.raises(ValueError, match="fate"):
+            fake.script("X", "explode")
+        headers = {"Authorization": "Bearer t"}
+        with httpx.Client(base_url=fake.url, headers=headers) as client:
+            zombie = client.post("/v2/workspaces/p/child", json={"title": "Z"}).json()["id"]
+            slow = client.post("/v2/workspaces/p/child", json={"title": "S"}).json()["id"]
+            polls = [client.get(f"/v1/workspaces/{slow}/status").json()["status"] for _ in range(3)]
+            for _ in range(5):
+                assert client.get(f"/v1/workspaces/{zombie}/status").json()["status"] == "not ready"
+            answer = client.post("/_fake/scripts", json={"S": ""})
+        assert polls == ["not ready", "not ready", "created"]
+        assert answer.json() == {"Z": "zombie"}

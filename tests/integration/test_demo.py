@@ -1,0 +1,40 @@
+"""`provisioner demo` runs on the embedded default and tells the story it promises."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from domain.policies import AttemptState, FailureReason, Provenance
+from infrastructure.eventstore import open_event_store
+from infrastructure.gateway import HttpGateway
+from infrastructure.service import ProvisioningService
+from worker.cli import main
+
+
+def test_the_demo_provisions_every_brand_to_its_scripted_end(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'demo.sqlite'}"
+
+    result = CliRunner().invoke(main, ["demo", "--database-url", url])
+
+    assert result.exit_code == 0, result.output
+    assert "17 promoted" in result.output
+    app = open_event_store(url)
+    service = ProvisioningService(app, HttpGateway("http://127.0.0.1:9", "unused"))
+
+    def attempt_of(n: int):  # type: ignore[no-untyped-def]
+        brand = service.brand(f"demo-{n:02d}")
+        assert brand.current_attempt_id is not None
+        return service.attempt(brand.current_attempt_id)
+
+    zombie, terminal, cancelled = attempt_of(7), attempt_of(9), attempt_of(13)
+    assert zombie.failure_reason is FailureReason.EXHAUSTED
+    assert zombie.released_ids == (zombie.candidate_id,)
+    assert terminal.failure_reason is FailureReason.TERMINAL_STATUS
+    assert terminal.released_ids == ()
+    assert cancelled.state is AttemptState.CANCELLED
+    assert cancelled.released_ids == (cancelled.candidate_id,)
+    assert attempt_of(15).provenance is Provenance.ADOPTED
+    assert attempt_of(5).state is AttemptState.PROMOTED
+    app.close()
