@@ -93,6 +93,16 @@ def _postgres_cpu_s() -> float:
     return total
 
 
+def _box_busy_s() -> float:
+    """CPU seconds the whole machine spent busy (all cores), from /proc/stat."""
+    try:
+        values = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    except OSError:
+        return 0.0
+    idle = values[3] + (values[4] if len(values) > 4 else 0)  # idle + iowait
+    return (sum(values[:8]) - idle) / CLK_TCK
+
+
 def _self_cpu_s() -> float:
     usage = resource.getrusage(resource.RUSAGE_SELF)  # all threads of this process
     return usage.ru_utime + usage.ru_stime
@@ -109,8 +119,11 @@ def _worker(
     commands: mp.Queue[tuple[Any, ...]],
     results: mp.Queue[tuple[Any, ...]],
     go: Event,
+    switch_interval: float | None,
 ) -> None:
     """One worker process: its own event store, gateway and engine; obeys commands."""
+    if switch_interval is not None:
+        sys.setswitchinterval(switch_interval)
     app = open_event_store(url, pool_size=concurrency + 2)
     gateway = HttpGateway(gateway_url, "bench-token", max_connections=concurrency * 2)
     service = ProvisioningService(app, gateway)
@@ -121,9 +134,21 @@ def _worker(
             if command[0] == "stop":
                 return
             if command[0] == "engine":
-                results.put(("done", index, _engine_phase(service, command[1], concurrency, go, results, index)))
+                results.put(
+                    (
+                        "done",
+                        index,
+                        _engine_phase(service, command[1], concurrency, go, results, index),
+                    )
+                )
             elif command[0] == "bare":
-                results.put(("done", index, _bare_phase(service, command[1], command[2], go, results, index)))
+                results.put(
+                    (
+                        "done",
+                        index,
+                        _bare_phase(service, command[1], command[2], go, results, index),
+                    )
+                )
     finally:
         gateway.close()
         app.close()
@@ -193,6 +218,7 @@ class Phase:
     reports: list[dict[str, Any]]
     fake_cpu_s: float
     postgres_cpu_s: float
+    box_busy_s: float
 
     def total(self, key: str) -> float:
         return float(sum(r[key] for r in self.reports))
@@ -215,13 +241,17 @@ class Pool:
         for index, order in orders.items():
             self.commands[index].put(order)
         self._collect("armed", len(orders))
-        fake0, pg0 = _proc_cpu_s(self.fake.pid), _postgres_cpu_s()
+        fake0, pg0, box0 = _proc_cpu_s(self.fake.pid), _postgres_cpu_s(), _box_busy_s()
         started = time.perf_counter()
         self.go.set()
         reports = self._collect("done", len(orders))
         seconds = time.perf_counter() - started
         return Phase(
-            seconds, reports, _proc_cpu_s(self.fake.pid) - fake0, _postgres_cpu_s() - pg0
+            seconds,
+            reports,
+            _proc_cpu_s(self.fake.pid) - fake0,
+            _postgres_cpu_s() - pg0,
+            _box_busy_s() - box0,
         )
 
     def _collect(self, kind: str, count: int) -> list[dict[str, Any]]:
@@ -283,7 +313,7 @@ def engine_phase(pool: Pool, attempts: int, per_parent: int, processes: int) -> 
 
 def bare_phase(pool: Pool, saves: int, processes: int, writers: int) -> Phase:
     per_process = max(1, saves // processes)
-    return pool.run({p: ("bare", per_process, writers) for p in range(processes)})
+    return pool.run(dict.fromkeys(range(processes), ("bare", per_process, writers)))
 
 
 def main() -> int:
@@ -292,11 +322,17 @@ def main() -> int:
     parser.add_argument("--processes", type=int, default=2, help="worker processes (one a core)")
     parser.add_argument("--concurrency", type=int, default=8, help="hop threads per process")
     parser.add_argument(
-        "--brands-per-parent", type=int, default=100,
+        "--brands-per-parent",
+        type=int,
+        default=100,
         help="children per family listing (>= attempts: one parent for all)",
     )
     parser.add_argument("--bare-saves", type=int, default=4000)
     parser.add_argument("--warmup", type=int, default=200, help="attempts run before measuring")
+    parser.add_argument(
+        "--switch-interval", type=float, default=None,
+        help="sys.setswitchinterval() in the worker processes (default: Python's 0.005 s)",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args()
     if min(args.attempts, args.processes, args.concurrency, args.brands_per_parent) < 1:
@@ -316,7 +352,10 @@ def main() -> int:
             process = ctx.Process(
                 target=_worker,
                 name=f"engine-{index}",
-                args=(index, url, gateway_url, args.concurrency, commands, pool.results, pool.go),
+                args=(
+                    index, url, gateway_url, args.concurrency, commands, pool.results,
+                    pool.go, args.switch_interval,
+                ),
                 daemon=True,
             )
             process.start()
@@ -380,11 +419,19 @@ def main() -> int:
             "postgres": round(1000 * many.postgres_cpu_s / many.total("saves"), 3),
         },
         "box_cpu_utilisation": {
+            "engine_run": round(eng.box_busy_s / (eng.seconds * cpus), 2),
+            "bare_same_layout": round(many.box_busy_s / (many.seconds * cpus), 2),
+            "bare_one_writer": round(one.box_busy_s / (one.seconds * cpus), 2),
+        },
+        # Busy CPU of the machine not accounted to this run's processes (other load).
+        "other_cpu_share": {
             "engine_run": round(
-                (engine_cpu + eng.fake_cpu_s + eng.postgres_cpu_s) / (eng.seconds * cpus), 2
+                (eng.box_busy_s - engine_cpu - eng.fake_cpu_s - eng.postgres_cpu_s)
+                / (eng.seconds * cpus), 2,
             ),
             "bare_same_layout": round(
-                (many.total("cpu_s") + many.postgres_cpu_s) / (many.seconds * cpus), 2
+                (many.box_busy_s - many.total("cpu_s") - many.postgres_cpu_s - many.fake_cpu_s)
+                / (many.seconds * cpus), 2,
             ),
         },
     }
@@ -411,13 +458,14 @@ def main() -> int:
     )
     bare_cpu = result["cpu_ms_per_bare_save"]
     print(
-        f"CPU ms per bare save:       client {bare_cpu['client']}, "
-        f"postgres {bare_cpu['postgres']}"
+        f"CPU ms per bare save:       client {bare_cpu['client']}, postgres {bare_cpu['postgres']}"
     )
     util = result["box_cpu_utilisation"]
+    other = result["other_cpu_share"]
     print(
-        f"box CPU utilisation ({cpus} cores): engine run {util['engine_run']}, "
-        f"bare same layout {util['bare_same_layout']}"
+        f"box CPU busy ({cpus} cores):    engine run {util['engine_run']} "
+        f"(other load {other['engine_run']}), bare same layout {util['bare_same_layout']} "
+        f"(other load {other['bare_same_layout']}), bare one writer {util['bare_one_writer']}"
     )
     print(
         f"targets: transactions/attempt <= {TARGET_TX_PER_ATTEMPT:g} "

@@ -90,9 +90,7 @@ class ProvisioningAttempt(Aggregate):
         self.not_before: datetime | None = None
         self.last_status = ""
         self.candidate_id: str | None = existing_workspace_id
-        self.provenance: Provenance | None = (
-            Provenance.EXISTING if existing_workspace_id else None
-        )
+        self.provenance: Provenance | None = Provenance.EXISTING if existing_workspace_id else None
         self.create_requested_hop: int | None = None
         self.create_known_ids: tuple[str, ...] = ()
         self.failure_reason: FailureReason | None = None

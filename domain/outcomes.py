@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import Enum
+from enum import StrEnum
 from uuid import UUID
 
 
-class Outcome(str, Enum):
+class Outcome(StrEnum):
     PROMOTED = "promoted"
     SCHEDULED = "scheduled"
     FAILED = "failed"
@@ -15,7 +15,7 @@ class Outcome(str, Enum):
     DUPLICATE = "duplicate"
 
 
-class StandDown(str, Enum):
+class StandDown(StrEnum):
     """Why a hop did nothing to an attempt."""
 
     REDELIVERY_OF_PROMOTED = "redelivery_of_promoted"

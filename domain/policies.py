@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from enum import Enum
+from enum import Enum, StrEnum
 
 from domain.ports import FamilyMember
 
@@ -53,7 +53,7 @@ class Backoff:
             raise ValueError("max requeues must be between 0 and 30")
 
     def delay_after(self, hop: int) -> float:
-        return self.base_s * (2**hop)
+        return self.base_s * 2.0**hop
 
     def can_requeue(self, hop: int) -> bool:
         return hop < self.max_requeues
@@ -98,13 +98,13 @@ def new_since(
     ]
 
 
-class Provenance(str, Enum):
+class Provenance(StrEnum):
     CREATED = "created"
     ADOPTED = "adopted"
     EXISTING = "existing"
 
 
-class AttemptState(str, Enum):
+class AttemptState(StrEnum):
     PENDING = "pending"
     PROMOTED = "promoted"
     FAILED = "failed"
@@ -116,7 +116,7 @@ class AttemptState(str, Enum):
         return self is not AttemptState.PENDING
 
 
-class FailureReason(str, Enum):
+class FailureReason(StrEnum):
     """Reason codes of `ProvisioningAttempt.Failed`."""
 
     TERMINAL_STATUS = "terminal_status"

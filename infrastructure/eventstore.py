@@ -116,9 +116,9 @@ def _is_postgres(url: str) -> bool:
 def _is_ephemeral(url: str) -> bool:
     """In-memory stores live only in their own Application object."""
     env = persistence_env(url)
-    return env["PERSISTENCE_MODULE"] == "eventsourcing.popo" or env.get(
-        "SQLITE_DBNAME"
-    ) == ":memory:"
+    return (
+        env["PERSISTENCE_MODULE"] == "eventsourcing.popo" or env.get("SQLITE_DBNAME") == ":memory:"
+    )
 
 
 def init_database(url: str) -> None:

@@ -44,7 +44,6 @@ from domain.policies import (
     AttemptState,
     Backoff,
     FailureReason,
-    FamilyMember,
     Provenance,
     StatusClass,
     adoption_shortlist,
@@ -55,6 +54,7 @@ from domain.policies import (
 from domain.ports import (
     AmbiguousCreate,
     Clock,
+    FamilyMember,
     Gateway,
     GatewayError,
     MalformedAnswer,
@@ -127,7 +127,7 @@ class ProvisioningService:
 
     def brand(self, brand_id: str) -> Brand:
         try:
-            brand = self.app.repository.get(brand_aggregate_id(brand_id))
+            brand: object = self.app.repository.get(brand_aggregate_id(brand_id))
         except AggregateNotFoundError:
             raise UnknownBrand(f"no brand {brand_id!r} is registered") from None
         assert isinstance(brand, Brand)
@@ -135,16 +135,22 @@ class ProvisioningService:
 
     def attempt(self, attempt_id: UUID) -> ProvisioningAttempt:
         try:
-            attempt = self.app.repository.get(attempt_id)
+            attempt: object = self.app.repository.get(attempt_id)
         except AggregateNotFoundError:
             raise UnknownAttempt(f"no attempt {attempt_id} exists") from None
         if not isinstance(attempt, ProvisioningAttempt):
             raise UnknownAttempt(f"{attempt_id} is not a provisioning attempt")
         return attempt
 
+    def attempt_history(self, attempt_id: UUID) -> list[Aggregate.Event]:
+        """The attempt's events, oldest first: its audit trail."""
+        return [
+            event for event in self.app.events.get(attempt_id) if isinstance(event, Aggregate.Event)
+        ]
+
     def claim(self, workspace_id: str) -> WorkspaceClaim | None:
         try:
-            claim = self.app.repository.get(claim_aggregate_id(workspace_id))
+            claim: object = self.app.repository.get(claim_aggregate_id(workspace_id))
         except AggregateNotFoundError:
             return None
         assert isinstance(claim, WorkspaceClaim)
@@ -497,7 +503,9 @@ class _Hop:
         except WorkspaceGone:
             return False
 
-    def _create(self, attempt: ProvisioningAttempt, family: list[FamilyMember]) -> HopOutcome | None:
+    def _create(
+        self, attempt: ProvisioningAttempt, family: list[FamilyMember]
+    ) -> HopOutcome | None:
         known = [m.id for m in same_title(family, attempt.title, attempt.parent_workspace_id)]
         attempt.request_create(self.hop, known)
         try:
@@ -551,7 +559,9 @@ class _Hop:
                 # A "new" id that another brand already holds: a gateway bug. It is
                 # not ours to release; never bind it.
                 self.created = None
-                log.error("create answered a claimed workspace attempt=%s: %s", attempt.id, exc)
+                log.error(  # noqa: TRY400 - an expected condition; a traceback adds nothing
+                    "create answered a claimed workspace attempt=%s: %s", attempt.id, exc
+                )
                 return self._fail(attempt, FailureReason.GATEWAY_BUG, f"create answered {exc}")
             attempt.record_created(workspace_id, self.hop)
             self.svc.app.save(attempt, claim)

@@ -154,14 +154,14 @@ def _story(console: Console, service: ProvisioningService, brand_id: str) -> Non
     table = Table(title=f"History of {brand_id} (attempt {brand.current_attempt_id})")
     for column in ("time", "event", "details"):
         table.add_column(column)
-    for event in service.app.events.get(brand.current_attempt_id):
+    for event in service.attempt_history(brand.current_attempt_id):
         fields = {
             k: v
             for k, v in vars(event).items()
             if k not in ("originator_id", "originator_version", "timestamp", "originator_topic")
         }
         table.add_row(
-            event.timestamp.strftime("%H:%M:%S.%f")[:-3],
+            f"{event.timestamp:%H:%M:%S.%f}"[:-3],
             type(event).__name__,
             ", ".join(f"{k}={v}" for k, v in fields.items())[:90],
         )

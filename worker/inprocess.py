@@ -121,10 +121,10 @@ class InProcessEngine:
     def _finish(self, future: Future[HopOutcome], due: _Due, report: RunReport) -> None:
         try:
             outcome = future.result()
-        except Exception as exc:  # noqa: BLE001 - a failed hop is retried, like a redelivery
+        except Exception as exc:
             report.errors += 1
             if due.tries + 1 >= self.max_tries:
-                log.error("hop gave up attempt=%s hop=%d: %s", due.attempt_id, due.hop, exc)
+                log.exception("hop gave up attempt=%s hop=%d", due.attempt_id, due.hop)
                 return
             log.warning("hop raised, retrying attempt=%s hop=%d: %s", due.attempt_id, due.hop, exc)
             with self._lock:
@@ -143,6 +143,8 @@ class InProcessEngine:
         if self.on_outcome is not None:
             self.on_outcome(outcome)
         if outcome.outcome is Outcome.SCHEDULED and outcome.next_hop is not None:
-            self.submit(outcome.attempt_id, outcome.next_hop, (outcome.delay_s or 0) * self.time_scale)
+            self.submit(
+                outcome.attempt_id, outcome.next_hop, (outcome.delay_s or 0) * self.time_scale
+            )
         elif outcome.outcome is not Outcome.DUPLICATE:
             report.finals[outcome.attempt_id] = outcome

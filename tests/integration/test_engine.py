@@ -75,7 +75,9 @@ def test_settling_schedules_the_next_hop_with_the_backoff_delay(
 
     assert [o.outcome for o in outcomes] == [Outcome.SCHEDULED] * 3 + [Outcome.PROMOTED]
     assert [o.delay_s for o in outcomes[:3]] == [5.0, 10.0, 20.0]
-    scheduled = [e for e in service.app.events.get(attempt_id) if type(e).__name__ == "HopScheduled"]
+    scheduled = [
+        e for e in service.app.events.get(attempt_id) if type(e).__name__ == "HopScheduled"
+    ]
     assert [e.hop for e in scheduled] == [1, 2, 3]  # type: ignore[attr-defined]
     first = scheduled[0]
     assert first.last_status == "not ready"  # type: ignore[attr-defined]
@@ -116,7 +118,9 @@ def test_budget_exhausted_fails_and_records_the_release_of_a_created_candidate(
     attempt = service.attempt(attempt_id)
     assert attempt.failure_reason is FailureReason.EXHAUSTED
     assert not attempt.release_owed
-    released = [e for e in service.app.events.get(attempt_id) if type(e).__name__ == "CandidateReleased"]
+    released = [
+        e for e in service.app.events.get(attempt_id) if type(e).__name__ == "CandidateReleased"
+    ]
     assert [(e.workspace_id, e.projects_deleted) for e in released] == [(first.workspace_id, 1)]  # type: ignore[attr-defined]
     [workspace] = upstream(fake, TITLE)
     assert workspace["projects"] == []
@@ -186,7 +190,9 @@ def test_create_that_times_out_without_creating_is_retried_on_later_hops_then_fa
     assert upstream(fake, TITLE) == []
     # hop 0 creates; each later hop first re-lists (nothing), then creates once more,
     # except the hop right after a create, which only re-lists.
-    requested = [e.hop for e in service.app.events.get(attempt_id) if type(e).__name__ == "CreateRequested"]  # type: ignore[attr-defined]
+    requested = [
+        e.hop for e in service.app.events.get(attempt_id) if type(e).__name__ == "CreateRequested"
+    ]  # type: ignore[attr-defined]
     assert requested == [0, 1, 2, 3, 4, 5]
     assert creates(fake, TITLE) == 6
 
@@ -337,7 +343,7 @@ def test_concurrent_duplicate_deliveries_create_once_and_leave_no_orphan(
     ]
     with ThreadPoolExecutor(max_workers=2) as pool:
         for attempt_id in attempts:
-            list(pool.map(lambda _: service.run_hop(attempt_id, 0), range(2)))
+            list(pool.map(service.run_hop, [attempt_id, attempt_id], [0, 0]))
 
     for attempt_id, title in zip(attempts, titles, strict=True):
         assert creates(fake, title) == 1
@@ -395,7 +401,9 @@ def test_superseded_mid_flight_never_releases_an_adopted_candidate(
 
     assert outcome.stand_down is StandDown.SUPERSEDED
     assert outcome.released == ()
-    assert len(next(w for w in upstream(fake, TITLE) if w["id"] == adoptable["id"])["projects"]) == 1
+    assert (
+        len(next(w for w in upstream(fake, TITLE) if w["id"] == adoptable["id"])["projects"]) == 1
+    )
     assert fake.state()["calls"].get("delete_project", 0) == 0
     assert service.claim(adoptable["id"]).brand_id is None  # type: ignore[union-attr]
 

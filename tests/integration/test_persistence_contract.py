@@ -110,7 +110,10 @@ def test_history_is_readable_with_timestamps_and_time_travel(app: ProvisionerApp
 
     events = app.events.get(brand.id)
     assert [type(e).__name__ for e in events] == [
-        "Registered", "AttemptBegun", "WorkspaceBound", "WorkspaceUnbound"
+        "Registered",
+        "AttemptBegun",
+        "WorkspaceBound",
+        "WorkspaceUnbound",
     ]
     assert all(e.timestamp.tzinfo is not None for e in events)
     assert app.repository.get(brand.id, version=3).workspace_id == "w1"
@@ -160,7 +163,11 @@ def test_four_concurrent_db_inits_on_an_empty_database_all_succeed(pg_database: 
         app.close()
         cli = subprocess.run(
             [sys.executable, "-m", "worker.cli", "db", "init", "--database-url", url],
-            cwd=ROOT, capture_output=True, text=True, timeout=60, check=False,
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
         )
         assert cli.returncode == 0, cli.stderr
         assert "event store ready" in cli.stdout

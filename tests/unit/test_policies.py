@@ -20,8 +20,15 @@ def test_ready_statuses_whatever_their_case_and_spacing(raw: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "raw", ["creation_failed", "Creation Failed", "creation  failed", "FAILED", "error",
-            "Invalid Subscription"]
+    "raw",
+    [
+        "creation_failed",
+        "Creation Failed",
+        "creation  failed",
+        "FAILED",
+        "error",
+        "Invalid Subscription",
+    ],
 )
 def test_terminal_statuses(raw: str) -> None:
     assert classify_status(raw) is StatusClass.TERMINAL

@@ -14,8 +14,11 @@ def test_defaults_are_the_embedded_ones() -> None:
 
 def test_values_come_from_the_environment_mapping_given() -> None:
     settings = Settings.from_env(
-        {"PROVISIONER_BACKOFF_BASE_S": "0.5", "PROVISIONER_MAX_REQUEUES": "2",
-         "PROVISIONER_GATEWAY_TOKEN": "tok"}
+        {
+            "PROVISIONER_BACKOFF_BASE_S": "0.5",
+            "PROVISIONER_MAX_REQUEUES": "2",
+            "PROVISIONER_GATEWAY_TOKEN": "tok",
+        }
     )
     assert settings.engine().backoff.total_s() == 1.5
     assert "tok" not in repr(settings)
@@ -23,18 +26,24 @@ def test_values_come_from_the_environment_mapping_given() -> None:
 
 @pytest.mark.parametrize(
     ("key", "value"),
-    [("PROVISIONER_MAX_REQUEUES", "many"), ("PROVISIONER_BACKOFF_BASE_S", "-1"),
-     ("PROVISIONER_MAX_REQUEUES", "99")],
+    [
+        ("PROVISIONER_MAX_REQUEUES", "many"),
+        ("PROVISIONER_BACKOFF_BASE_S", "-1"),
+        ("PROVISIONER_MAX_REQUEUES", "99"),
+    ],
 )
 def test_a_bad_value_is_named_in_one_clear_error(key: str, value: str) -> None:
-    with pytest.raises(SettingsError, match="(?i)requeues|base|PROVISIONER"):
+    with pytest.raises(SettingsError, match=r"(?i)requeues|base|PROVISIONER"):
         Settings.from_env({key: value}).engine()
 
 
 def test_database_urls_map_onto_the_librarys_settings() -> None:
     pg = persistence_env("postgresql://alice:pw@db.example:6543/events")
     assert (pg["POSTGRES_HOST"], pg["POSTGRES_PORT"], pg["POSTGRES_DBNAME"]) == (
-        "db.example", "6543", "events")
+        "db.example",
+        "6543",
+        "events",
+    )
     assert pg["POSTGRES_ENABLE_DB_FUNCTIONS"] == "n"
     assert persistence_env("sqlite:///var/x.sqlite")["SQLITE_DBNAME"] == "var/x.sqlite"
     assert persistence_env("sqlite:////tmp/x.sqlite")["SQLITE_DBNAME"] == "/tmp/x.sqlite"
