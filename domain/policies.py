@@ -125,4 +125,3 @@ class FailureReason(StrEnum):
     REJECTED = "rejected"
     UNAUTHORIZED = "unauthorized"
     GATEWAY_BUG = "gateway_bug"
-    STALE = "stale"
