@@ -28,10 +28,12 @@ from urllib.parse import unquote, urlsplit
 
 import psycopg
 from eventsourcing.application import Application
-from eventsourcing.persistence import Recording
+from eventsourcing.persistence import InfrastructureFactory, Recording, TrackingRecorder
+from eventsourcing.utils import Environment
 
 APP_NAME = "provisioner"
 EVENTS_TABLE = f"{APP_NAME}_events"
+RELAY_NAME = "provisioner_relay"  # its table: provisioner_relay_tracking
 # Any fixed 64-bit number; all processes of the project agree on it.
 SCHEMA_LOCK_KEY = 7_351_204_118
 
@@ -109,7 +111,7 @@ def redact(url: str) -> str:
     return parts._replace(netloc=netloc).geturl()
 
 
-def _is_postgres(url: str) -> bool:
+def is_postgres(url: str) -> bool:
     return urlsplit(url).scheme.lower() in ("postgresql", "postgres")
 
 
@@ -121,15 +123,28 @@ def _is_ephemeral(url: str) -> bool:
     )
 
 
+def open_position_store(url: str, *, create_table: bool = False) -> TrackingRecorder:
+    """The relay's tracked position in the notification log (a tracking table)."""
+    env = persistence_env(url, pool_size=1, create_table=create_table)
+    env["SINGLE_ROW_TRACKING"] = "y"
+    factory = InfrastructureFactory.construct(Environment(name=RELAY_NAME, env=env))
+    return factory.tracking_recorder()
+
+
+def _create_tables(url: str) -> None:
+    ProvisionerApplication(persistence_env(url, pool_size=1, create_table=True)).close()
+    open_position_store(url, create_table=True)
+
+
 def init_database(url: str) -> None:
-    """Create the event tables if missing; idempotent and concurrency-safe."""
-    if not _is_postgres(url):
-        ProvisionerApplication(persistence_env(url, create_table=True)).close()
+    """Create the event and tracking tables if missing; idempotent and concurrency-safe."""
+    if not is_postgres(url):
+        _create_tables(url)
         return
     with psycopg.connect(postgres_conninfo(url), autocommit=True) as conn:
         conn.execute("SELECT pg_advisory_lock(%s)", (SCHEMA_LOCK_KEY,))
         try:
-            ProvisionerApplication(persistence_env(url, pool_size=1, create_table=True)).close()
+            _create_tables(url)
         finally:
             conn.execute("SELECT pg_advisory_unlock(%s)", (SCHEMA_LOCK_KEY,))
 
@@ -148,7 +163,7 @@ def postgres_conninfo(url: str) -> str:
 
 def open_event_store(url: str, *, pool_size: int = 5) -> ProvisionerApplication:
     """Open the event store; in-memory and SQLite stores create their tables themselves."""
-    if _is_ephemeral(url) or not _is_postgres(url):
+    if _is_ephemeral(url) or not is_postgres(url):
         env = persistence_env(url, create_table=True)
         if env.get("SQLITE_DBNAME", ":memory:") != ":memory:":
             Path(env["SQLITE_DBNAME"]).parent.mkdir(parents=True, exist_ok=True)

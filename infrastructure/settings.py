@@ -3,6 +3,8 @@
 | variable                       | default                          |
 |--------------------------------|----------------------------------|
 | PROVISIONER_DATABASE_URL       | sqlite:///var/provisioner.sqlite |
+| PROVISIONER_BROKER_URL         | memory:// (in-process)           |
+| PROVISIONER_QUEUE_TYPE         | classic (quorum on a cluster)    |
 | PROVISIONER_GATEWAY_URL        | (none: the embedded fake)        |
 | PROVISIONER_GATEWAY_TOKEN      | (none)                           |
 | PROVISIONER_GATEWAY_TIMEOUT_S  | 10                               |
@@ -42,9 +44,18 @@ def _number(env: Mapping[str, str], key: str, default: float, *, integer: bool =
     return value
 
 
+def _choice(env: Mapping[str, str], key: str, choices: tuple[str, ...]) -> str:
+    raw = (env.get(key) or choices[0]).strip().lower()
+    if raw not in choices:
+        raise SettingsError(f"{key} must be one of {', '.join(choices)}, got {raw!r}")
+    return raw
+
+
 @dataclass(frozen=True, slots=True)
 class Settings:
     database_url: str = DEFAULT_DATABASE_URL
+    broker_url: str = "memory://"
+    queue_type: str = "classic"
     gateway_url: str | None = None
     gateway_token: str | None = field(default=None, repr=False)
     gateway_timeout_s: float = 10.0
@@ -58,6 +69,8 @@ class Settings:
         env = os.environ if env is None else env
         return cls(
             database_url=env.get("PROVISIONER_DATABASE_URL") or DEFAULT_DATABASE_URL,
+            broker_url=env.get("PROVISIONER_BROKER_URL") or "memory://",
+            queue_type=_choice(env, "PROVISIONER_QUEUE_TYPE", ("classic", "quorum")),
             gateway_url=env.get("PROVISIONER_GATEWAY_URL") or None,
             gateway_token=env.get("PROVISIONER_GATEWAY_TOKEN") or None,
             gateway_timeout_s=_number(env, "PROVISIONER_GATEWAY_TIMEOUT_S", 10.0),

@@ -1,0 +1,236 @@
+"""The hop worker: consumes work and command messages and runs them on a thread pool.
+
+The consuming thread owns the broker connection: it drains events (which also
+services heartbeats), decodes and validates each message, hands valid ones to
+the pool, and acks each only after its handler has committed. Pool threads
+never touch the connection; they put finished work on a queue that the
+consuming thread empties between drains.
+
+- Invalid messages (bad JSON, unknown type or version, schema errors) and
+  permanent failures (unknown attempt or brand, a refused command) go to the
+  dead-letter queue with the reason in their headers, then are acked.
+- An infrastructure failure (database down, too much contention) is not the
+  brand's fault: the message is re-published after a delay with a retry count
+  and the attempt stays untouched; after the last retry it is dead-lettered.
+- `stop` (SIGTERM): stop consuming, finish the hops in flight, ack them, return.
+- A dropped broker connection: reconnect with backoff; unacked messages are
+  redelivered by the broker, and hops are idempotent.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import socket
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from kombu import Consumer
+
+from domain.errors import (
+    AttemptInProgress,
+    BrandDeactivated,
+    CommandRefused,
+    InvalidRequest,
+    UnknownAttempt,
+    UnknownBrand,
+)
+from infrastructure.broker import Broker, DelayScheduler, Topology, connect
+from infrastructure.messages import InvalidMessage, Message, decode
+from infrastructure.service import ProvisioningService
+
+log = logging.getLogger("provisioner.worker")
+
+RETRY_DELAYS_S = (1.0, 5.0, 15.0, 60.0, 120.0)
+
+
+class DeadLetter(Exception):
+    """A message that can never succeed; it goes to the dead-letter queue."""
+
+    def __init__(self, reason: str, errors: dict[str, Any] | None = None) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.errors = errors or {}
+
+
+@dataclass
+class WorkerStats:
+    handled: int = 0
+    dead_lettered: int = 0
+    retried: int = 0
+    reconnects: int = 0
+    by_type: dict[str, int] = field(default_factory=dict)
+
+
+def handle(service: ProvisioningService, message: Message) -> str:
+    """Run one message's use case; return a short description of what happened."""
+    f = message.fields
+    try:
+        if message.type == "hop":
+            outcome = service.run_hop(f["attempt_id"], f["hop"])
+            return f"{outcome.outcome.value} {outcome.detail}"
+        if message.type == "release":
+            return f"released {service.release(f['attempt_id'])}"
+        if message.type == "decommission":
+            return f"decommissioned ({service.decommission(f['brand_id'])} projects)"
+        if message.type == "provision":
+            try:
+                attempt_id = service.request_provisioning(
+                    f["brand_id"], f["title"], f["parent_workspace_id"]
+                )
+            except AttemptInProgress as exc:
+                return f"not started: {exc}"
+            return f"attempt {attempt_id} started"
+        if message.type == "deactivate":
+            result = service.deactivate(f["brand_id"])
+            return f"deactivated (cancelled {result.cancelled_attempt_id})"
+    except (UnknownAttempt, UnknownBrand, InvalidRequest, BrandDeactivated, CommandRefused) as exc:
+        raise DeadLetter(type(exc).__name__, {"error": str(exc)}) from None
+    raise DeadLetter("unhandled type", {"type": message.type})
+
+
+class HopWorker:
+    def __init__(
+        self,
+        service: ProvisioningService,
+        broker_url: str,
+        *,
+        topology: Topology | None = None,
+        concurrency: int = 8,
+        scheduler: DelayScheduler | None = None,
+        retry_delays_s: tuple[float, ...] = RETRY_DELAYS_S,
+    ) -> None:
+        self.service = service
+        self.url = broker_url
+        self.topology = topology or Topology()
+        self.concurrency = concurrency
+        self.scheduler = scheduler
+        self.retry_delays_s = retry_delays_s
+        self.stats = WorkerStats()
+        self.ready = threading.Event()
+        # (connection generation, message, decoded, future) of finished handlers
+        self._finished: queue.Queue[tuple[int, Any, Message, Future[str]]] = queue.Queue()
+        self._generation = 0
+        self._in_flight = 0
+        with connect(broker_url) as probe:
+            self._connection_errors = (
+                OSError,
+                *probe.connection_errors,
+                *probe.channel_errors,
+            )
+
+    def run(self, stop: threading.Event) -> None:
+        """Consume until `stop` is set; reconnect whenever the connection drops."""
+        pause = 0.5
+        with ThreadPoolExecutor(self.concurrency, thread_name_prefix="hop") as pool:
+            while not stop.is_set():
+                try:
+                    self._consume(pool, stop)
+                    pause = 0.5
+                except self._connection_errors as exc:
+                    self.stats.reconnects += 1
+                    log.warning("broker connection lost (%s); reconnecting in %.1fs", exc, pause)
+                    stop.wait(pause)
+                    pause = min(pause * 2, 10.0)
+
+    def _consume(self, pool: ThreadPoolExecutor, stop: threading.Event) -> None:
+        # Results of handlers started on an earlier connection are dropped: their
+        # delivery tags are void, and the broker redelivers those messages.
+        self._generation += 1
+        self._in_flight = 0
+        with connect(self.url) as conn:
+            conn.ensure_connection(max_retries=1)
+            channel = conn.channel()
+            self.topology.declare(channel)
+            publisher = Broker(self.url, self.topology, scheduler=self.scheduler)
+            try:
+                consumer = Consumer(
+                    channel,
+                    queues=[self.topology.hops, self.topology.commands],
+                    on_message=lambda m: self._received(m, pool, publisher),
+                    prefetch_count=self.concurrency,
+                    no_ack=False,
+                )
+                with consumer:
+                    self.ready.set()
+                    while not stop.is_set():
+                        self._settle_finished(publisher)
+                        try:
+                            conn.drain_events(timeout=0.1)
+                        except socket.timeout:
+                            pass
+                        conn.heartbeat_check()
+                    consumer.cancel()
+                    self._drain_in_flight(publisher)
+            finally:
+                publisher.close()
+
+    def _received(self, message: Any, pool: ThreadPoolExecutor, publisher: Broker) -> None:
+        try:
+            decoded = decode(message.body)
+        except InvalidMessage as exc:
+            self._dead(publisher, message, exc.reason, exc.errors)
+            return
+        self._in_flight += 1
+        generation = self._generation
+        future = pool.submit(handle, self.service, decoded)
+        future.add_done_callback(lambda f: self._finished.put((generation, message, decoded, f)))
+
+    def _settle_finished(self, publisher: Broker, timeout: float | None = None) -> None:
+        while True:
+            try:
+                if timeout is None:
+                    generation, message, decoded, future = self._finished.get_nowait()
+                else:
+                    generation, message, decoded, future = self._finished.get(timeout=timeout)
+            except queue.Empty:
+                return
+            if generation != self._generation:
+                continue
+            self._in_flight -= 1
+            self._settle(publisher, message, decoded, future)
+
+    def _settle(self, publisher: Broker, message: Any, decoded: Message, future: Future[str]) -> None:
+        try:
+            detail = future.result()
+        except DeadLetter as exc:
+            self._dead(publisher, message, exc.reason, exc.errors)
+            return
+        except Exception as exc:  # noqa: BLE001 - infrastructure failure: retry later
+            self._retry(publisher, message, decoded, exc)
+            return
+        message.ack()
+        self.stats.handled += 1
+        self.stats.by_type[decoded.type] = self.stats.by_type.get(decoded.type, 0) + 1
+        log.debug("handled %s %s: %s", decoded.type, decoded.fields, detail)
+
+    def _retry(self, publisher: Broker, message: Any, decoded: Message, exc: Exception) -> None:
+        tries = int((message.headers or {}).get("x-retries", 0))
+        if tries >= len(self.retry_delays_s):
+            self._dead(publisher, message, "retries exhausted", {"error": repr(exc)[:300]})
+            return
+        delay = self.retry_delays_s[tries]
+        log.warning(
+            "%s failed (%s: %s); retry %d in %.0fs",
+            decoded.type, type(exc).__name__, str(exc)[:200], tries + 1, delay,
+        )
+        publisher.publish(decoded, delay_s=delay, headers={"x-retries": tries + 1})
+        message.ack()
+        self.stats.retried += 1
+
+    def _dead(self, publisher: Broker, message: Any, reason: str, errors: dict[str, Any]) -> None:
+        source = (message.delivery_info or {}).get("routing_key", "?")
+        body = message.body if isinstance(message.body, bytes) else str(message.body).encode()
+        publisher.publish_dead(body, reason, errors, source)
+        message.ack()
+        self.stats.dead_lettered += 1
+        log.warning("dead-lettered a message from %s: %s %s", source, reason, errors)
+
+    def _drain_in_flight(self, publisher: Broker) -> None:
+        """On stop: let the hops in flight finish, and ack them."""
+        deadline = time.monotonic() + 60
+        while self._in_flight > 0 and time.monotonic() < deadline:
+            self._settle_finished(publisher, timeout=0.5)

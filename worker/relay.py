@@ -1,0 +1,144 @@
+"""The relay: follows the notification log and publishes what the events imply.
+
+Position and publishing: read a batch after the tracked position, publish every
+message it implies (publisher confirms), then record the batch's last
+notification id. A crash between publishing and recording re-publishes that
+batch on restart: harmless, since hops are idempotent and integration events
+carry a stable `event_id`. Only one relay should run per database (a second
+one would only duplicate messages, never lose them; its position write fails
+on the tracking table and it re-reads).
+
+On PostgreSQL it sleeps on LISTEN (the event store NOTIFYs on every save); on
+SQLite and in memory it polls.
+"""
+
+from __future__ import annotations
+
+import logging
+import select
+import threading
+from contextlib import suppress
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+from eventsourcing.persistence import IntegrityError, TrackingRecorder
+
+from infrastructure.broker import Broker
+from infrastructure.eventstore import (
+    EVENTS_TABLE,
+    ProvisionerApplication,
+    postgres_conninfo,
+)
+from infrastructure.outbox import TOPICS, OutboxMapper, load_position, save_position
+
+log = logging.getLogger("provisioner.relay")
+
+
+@dataclass
+class RelayStats:
+    events: int = 0
+    work_published: int = 0
+    events_published: int = 0
+    position: int = 0
+
+
+class Relay:
+    def __init__(
+        self,
+        app: ProvisionerApplication,
+        broker: Broker,
+        positions: TrackingRecorder,
+        *,
+        database_url: str,
+        batch_size: int = 500,
+        poll_s: float = 0.2,
+    ) -> None:
+        self.app = app
+        self.broker = broker
+        self.positions = positions
+        self.database_url = database_url
+        self.batch_size = batch_size
+        self.poll_s = poll_s
+        self.mapper = OutboxMapper(app)
+        self.stats = RelayStats(position=load_position(positions))
+
+    def pump(self) -> int:
+        """Publish one batch after the tracked position; return how many events it held."""
+        notes = self.app.recorder.select_notifications(
+            start=self.stats.position + 1, limit=self.batch_size, topics=TOPICS
+        )
+        if not notes:
+            return 0
+        for note in notes:
+            event = self.app.mapper.to_domain_event(note)
+            work, integration = self.mapper.map(event)
+            for item in work:
+                self.broker.publish(item.message, delay_s=item.delay_s)
+            for out in integration:
+                self.broker.publish_event(out.routing_key, out.payload)
+            self.stats.work_published += len(work)
+            self.stats.events_published += len(integration)
+        last = notes[-1].id
+        try:
+            save_position(self.positions, last)
+        except IntegrityError:
+            # Another relay recorded this position first: follow it from there.
+            log.warning("position %d already recorded elsewhere; re-reading", last)
+            self.stats.position = load_position(self.positions)
+            return len(notes)
+        self.stats.position = last
+        self.stats.events += len(notes)
+        return len(notes)
+
+    def run(self, stop: threading.Event) -> None:
+        """Pump until `stop` is set, sleeping on LISTEN/NOTIFY or polling when idle."""
+        with self._listener() as wait:
+            while not stop.is_set():
+                if self.pump() == 0:
+                    wait(stop)
+
+    def _listener(self) -> Any:
+        if self.database_url.startswith(("postgresql://", "postgres://")):
+            return _PostgresListener(self.database_url, self.poll_s)
+        return _Poller(self.poll_s)
+
+
+class _Poller:
+    def __init__(self, poll_s: float) -> None:
+        self.poll_s = poll_s
+
+    def __enter__(self) -> Any:
+        return lambda stop: stop.wait(self.poll_s)
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+class _PostgresListener:
+    """LISTEN on the event table's channel; wake on NOTIFY or after `timeout_s`."""
+
+    def __init__(self, url: str, timeout_s: float) -> None:
+        self.url = url
+        self.timeout_s = timeout_s
+        self.conn: psycopg.Connection[Any] | None = None
+
+    def __enter__(self) -> Any:
+        self.conn = psycopg.connect(postgres_conninfo(self.url), autocommit=True)
+        self.conn.execute(f"LISTEN {EVENTS_TABLE}")
+        return self._wait
+
+    def _wait(self, stop: threading.Event) -> None:
+        assert self.conn is not None
+        if stop.is_set():
+            return
+        readable, _, _ = select.select([self.conn.fileno()], [], [], self.timeout_s)
+        if readable:
+            # Drain every pending notification; one batch read covers them all.
+            for _ in self.conn.notifies(timeout=0, stop_after=1000):
+                pass
+
+    def __exit__(self, *exc: object) -> None:
+        if self.conn is not None:
+            with suppress(Exception):
+                self.conn.close()

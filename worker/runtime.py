@@ -1,0 +1,90 @@
+"""Composition root: build the service, the broker pieces, the worker and the relay
+from Settings. Nothing here is built at import time."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+
+from domain.ports import Gateway
+from infrastructure.broker import Broker, DelayScheduler, Topology, is_memory
+from infrastructure.eventstore import (
+    ProvisionerApplication,
+    is_postgres,
+    open_event_store,
+    open_position_store,
+)
+from infrastructure.fake_gateway import FakeConfig, FakeGateway
+from infrastructure.gateway import HttpGateway
+from infrastructure.service import ProvisioningService
+from infrastructure.settings import Settings
+from worker.consumer import HopWorker
+from worker.relay import Relay
+
+log = logging.getLogger("provisioner.runtime")
+
+
+@dataclass
+class Runtime:
+    settings: Settings
+    app: ProvisionerApplication
+    gateway: Gateway
+    service: ProvisioningService
+    topology: Topology
+    scheduler: DelayScheduler | None
+    fake: FakeGateway | None = None
+    threads: list[threading.Thread] = field(default_factory=list)
+
+    def worker(self, concurrency: int | None = None) -> HopWorker:
+        return HopWorker(
+            self.service,
+            self.settings.broker_url,
+            topology=self.topology,
+            concurrency=concurrency or self.settings.concurrency,
+            scheduler=self.scheduler,
+        )
+
+    def relay(self) -> Relay:
+        url = self.settings.database_url
+        positions = open_position_store(url, create_table=not is_postgres(url))
+        broker = Broker(self.settings.broker_url, self.topology, scheduler=self.scheduler)
+        return Relay(self.app, broker, positions, database_url=url)
+
+    def start(self, target: object, name: str, stop: threading.Event) -> threading.Thread:
+        thread = threading.Thread(target=target, args=(stop,), name=name, daemon=True)  # type: ignore[arg-type]
+        thread.start()
+        self.threads.append(thread)
+        return thread
+
+
+@contextmanager
+def build(settings: Settings, *, fake_config: FakeConfig | None = None) -> Iterator[Runtime]:
+    """Everything one process needs; closes it all on exit.
+
+    Without PROVISIONER_GATEWAY_URL the fake gateway runs in-process (the
+    embedded default); with memory:// the in-process delay scheduler runs too.
+    """
+    with ExitStack() as stack:
+        app = open_event_store(settings.database_url, pool_size=settings.concurrency + 2)
+        stack.callback(app.close)
+        fake = None
+        url, token = settings.gateway_url, settings.gateway_token
+        if url is None:
+            fake = stack.enter_context(FakeGateway(fake_config or FakeConfig()))
+            url, token = fake.url, "embedded-fake"
+            log.warning("no PROVISIONER_GATEWAY_URL: using the in-process fake gateway at %s", url)
+        if not token:
+            raise ValueError("PROVISIONER_GATEWAY_TOKEN is required with PROVISIONER_GATEWAY_URL")
+        gateway = stack.enter_context(
+            HttpGateway(url, token, read_timeout=settings.gateway_timeout_s)
+        )
+        topology = Topology(queue_type=settings.queue_type)
+        scheduler = None
+        if is_memory(settings.broker_url):
+            scheduler = DelayScheduler(settings.broker_url, topology)
+            stack.callback(scheduler.stop)
+        service = ProvisioningService(app, gateway, settings=settings.engine())
+        yield Runtime(settings, app, gateway, service, topology, scheduler, fake)
