@@ -38,6 +38,11 @@ class ProvisioningAttempt(Aggregate):
     class CreateRequested(Aggregate.Event):
         hop: int
         known_ids: list[str]
+        requested_at: datetime
+
+    class SurplusCreated(Aggregate.Event):
+        workspace_id: str
+        hop: int
 
     class CandidateAccepted(Aggregate.Event):
         workspace_id: str
@@ -73,6 +78,10 @@ class ProvisioningAttempt(Aggregate):
         workspace_id: str
         projects_deleted: int
 
+    class CandidateHandedOver(Aggregate.Event):
+        workspace_id: str
+        to_attempt_id: UUID
+
     def __init__(
         self,
         brand_id: str,
@@ -92,9 +101,13 @@ class ProvisioningAttempt(Aggregate):
         self.candidate_id: str | None = existing_workspace_id
         self.provenance: Provenance | None = Provenance.EXISTING if existing_workspace_id else None
         self.create_requested_hop: int | None = None
+        self.create_requested_at: datetime | None = None
+        # Same-title children present before this attempt's FIRST create: whatever
+        # appears beside them later may be ours, never what was there already.
         self.create_known_ids: tuple[str, ...] = ()
         self.failure_reason: FailureReason | None = None
-        self.released_ids: tuple[str, ...] = ()
+        self.created_ids: tuple[str, ...] = ()  # every workspace our creates made
+        self.released_ids: tuple[str, ...] = ()  # emptied, or handed to a later attempt
 
     @classmethod
     def create_id(cls, **_: object) -> UUID:
@@ -130,20 +143,29 @@ class ProvisioningAttempt(Aggregate):
         return self.create_requested_hop is not None
 
     @property
-    def release_owed(self) -> bool:
-        """Ended other than promoted, with a candidate we created and have not released.
+    def owed_releases(self) -> tuple[str, ...]:
+        """Workspaces our creates made that will not be used and are not released yet.
 
-        A candidate whose status went terminal is not released: it never came
-        to exist in a usable form and has nothing to empty.
+        The candidate is kept while the attempt is pending and once promoted; a
+        candidate whose status went terminal is not released (it never came to
+        exist in a usable form). A surplus workspace (created by a run that lost
+        its race) is owed at once.
         """
-        return (
-            self.is_terminal
-            and self.state is not AttemptState.PROMOTED
-            and self.provenance is Provenance.CREATED
-            and self.candidate_id is not None
-            and self.candidate_id not in self.released_ids
-            and self.failure_reason is not FailureReason.TERMINAL_STATUS
-        )
+        owed = []
+        for workspace_id in self.created_ids:
+            if workspace_id in self.released_ids:
+                continue
+            if workspace_id == self.candidate_id and (
+                self.state in (AttemptState.PENDING, AttemptState.PROMOTED)
+                or self.failure_reason is FailureReason.TERMINAL_STATUS
+            ):
+                continue
+            owed.append(workspace_id)
+        return tuple(owed)
+
+    @property
+    def release_owed(self) -> bool:
+        return bool(self.owed_releases)
 
     def is_stale(self, now: datetime, stale_after_s: float) -> bool:
         return not self.is_terminal and (now - self.modified_on).total_seconds() > stale_after_s
@@ -154,11 +176,12 @@ class ProvisioningAttempt(Aggregate):
         if self.is_terminal:
             raise CommandRefused(f"attempt {self.id} is {self.state.value}; cannot {what}")
 
-    def request_create(self, hop: int, known_ids: list[str]) -> None:
+    def request_create(self, hop: int, known_ids: list[str], now: datetime) -> None:
         self._require_pending("request a create")
         if self.candidate_id is not None:
             raise CommandRefused(f"attempt {self.id} already has candidate {self.candidate_id}")
-        self._create_requested(hop, sorted(known_ids))
+        baseline = self.create_known_ids if self.create_requested_at else tuple(known_ids)
+        self._create_requested(hop, sorted(baseline), now)
 
     def accept_candidate(self, workspace_id: str, provenance: Provenance, hop: int) -> None:
         self._require_pending("accept a candidate")
@@ -171,18 +194,20 @@ class ProvisioningAttempt(Aggregate):
         self._candidate_accepted(workspace_id, provenance.value, hop)
 
     def record_created(self, workspace_id: str, hop: int) -> None:
-        """Record a workspace our create made, even if the attempt ended meanwhile.
+        """Record a workspace our create made, whatever happened concurrently.
 
-        Ownership must be on record whatever happened concurrently, so that the
-        owed release follows; an ended attempt then owes it at once.
+        Ownership must be on record so that the owed release follows: it becomes
+        the candidate if the attempt can still take one, else a surplus that is
+        owed a release at once.
         """
-        if self.state is AttemptState.PROMOTED:
-            raise CommandRefused(f"attempt {self.id} is promoted; its candidate is final")
         if not workspace_id or workspace_id == self.parent_workspace_id:
-            raise CommandRefused("a created candidate needs its own workspace id")
-        if self.candidate_id is not None:
-            raise CommandRefused(f"attempt {self.id} already has candidate {self.candidate_id}")
-        self._candidate_accepted(workspace_id, Provenance.CREATED.value, hop)
+            raise CommandRefused("a created workspace needs its own id, never the parent's")
+        if workspace_id in self.created_ids:
+            return
+        if self.candidate_id is None and self.state is not AttemptState.PROMOTED:
+            self._candidate_accepted(workspace_id, Provenance.CREATED.value, hop)
+        else:
+            self._surplus_created(workspace_id, hop)
 
     def drop_candidate(self, status: str, hop: int) -> None:
         self._require_pending("drop its candidate")
@@ -215,30 +240,38 @@ class ProvisioningAttempt(Aggregate):
         self._superseded(by_attempt_id)
 
     def record_release(self, workspace_id: str, projects_deleted: int) -> None:
-        """Record that a workspace we created is emptied and will not be used.
-
-        Allowed for the owed candidate and for a workspace created by a hop that
-        lost its race to record it (it never became the candidate).
-        """
+        """Record that a workspace we created was emptied and will not be used."""
         if workspace_id in self.released_ids:
             return
-        if workspace_id == self.candidate_id and not self.release_owed:
+        if workspace_id not in self.owed_releases:
             raise CommandRefused(f"attempt {self.id} owes no release of {workspace_id}")
-        if workspace_id == self.parent_workspace_id:
-            raise CommandRefused("the parent workspace is never released")
         self._candidate_released(workspace_id, projects_deleted)
+
+    def record_hand_over(self, workspace_id: str, to_attempt_id: UUID) -> None:
+        """A later attempt of the same brand took the workspace on: nothing to empty."""
+        if workspace_id not in self.owed_releases:
+            raise CommandRefused(f"attempt {self.id} owes no release of {workspace_id}")
+        self._candidate_handed_over(workspace_id, to_attempt_id)
 
     # Events: mutation only.
 
     @event(CreateRequested)
-    def _create_requested(self, hop: int, known_ids: list[str]) -> None:
+    def _create_requested(self, hop: int, known_ids: list[str], requested_at: datetime) -> None:
         self.create_requested_hop = hop
+        self.create_requested_at = requested_at
         self.create_known_ids = tuple(known_ids)
+
+    @event(SurplusCreated)
+    def _surplus_created(self, workspace_id: str, hop: int) -> None:
+        self.created_ids = (*self.created_ids, workspace_id)
+        self.create_requested_hop = None
 
     @event(CandidateAccepted)
     def _candidate_accepted(self, workspace_id: str, provenance: str, hop: int) -> None:
         self.candidate_id = workspace_id
         self.provenance = Provenance(provenance)
+        if self.provenance is Provenance.CREATED:
+            self.created_ids = (*self.created_ids, workspace_id)
         self.create_requested_hop = None
 
     @event(CandidateDropped)
@@ -274,7 +307,8 @@ class ProvisioningAttempt(Aggregate):
     @event(CandidateReleased)
     def _candidate_released(self, workspace_id: str, projects_deleted: int) -> None:
         self.released_ids = (*self.released_ids, workspace_id)
-        if workspace_id != self.candidate_id:
-            # A workspace created by a create that never became the candidate:
-            # releasing it resolves that create.
-            self.create_requested_hop = None
+        self.create_requested_hop = None
+
+    @event(CandidateHandedOver)
+    def _candidate_handed_over(self, workspace_id: str, to_attempt_id: UUID) -> None:
+        self.released_ids = (*self.released_ids, workspace_id)

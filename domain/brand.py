@@ -34,6 +34,9 @@ class Brand(Aggregate):
         workspace_id: str
         attempt_id: UUID
 
+    class DecommissionStarted(Aggregate.Event):
+        workspace_id: str
+
     class WorkspaceUnbound(Aggregate.Event):
         workspace_id: str
         reason: str
@@ -52,6 +55,7 @@ class Brand(Aggregate):
         self.lifecycle = ACTIVE
         self.current_attempt_id: UUID | None = None
         self.workspace_id: str | None = None
+        self.decommissioning: str | None = None
 
     @classmethod
     def create_id(cls, brand_id: str) -> UUID:
@@ -75,6 +79,11 @@ class Brand(Aggregate):
     def begin_attempt(self, attempt_id: UUID, title: str, parent_workspace_id: str) -> None:
         if not self.is_active:
             raise BrandDeactivated(f"brand {self.brand_id} is deactivated; reactivate it first")
+        if self.decommissioning is not None:
+            raise CommandRefused(
+                f"brand {self.brand_id}'s workspace {self.decommissioning} is being emptied "
+                "after its deactivation; retry in a moment"
+            )
         if self.workspace_id is not None and parent_workspace_id != self.parent_workspace_id:
             raise CommandRefused(
                 f"brand {self.brand_id} is bound to a workspace under parent "
@@ -101,6 +110,12 @@ class Brand(Aggregate):
             raise CommandRefused(f"brand {self.brand_id} has no bound workspace")
         self._workspace_unbound(self.workspace_id, reason, projects_deleted)
 
+    def start_decommission(self) -> None:
+        if self.is_active or self.workspace_id is None:
+            raise CommandRefused(f"brand {self.brand_id} has nothing to decommission")
+        if self.decommissioning != self.workspace_id:
+            self._decommission_started(self.workspace_id)
+
     def deactivate(self) -> None:
         if not self.is_active:
             raise CommandRefused(f"brand {self.brand_id} is already deactivated")
@@ -123,9 +138,14 @@ class Brand(Aggregate):
     def _workspace_bound(self, workspace_id: str, attempt_id: UUID) -> None:
         self.workspace_id = workspace_id
 
+    @event(DecommissionStarted)
+    def _decommission_started(self, workspace_id: str) -> None:
+        self.decommissioning = workspace_id
+
     @event(WorkspaceUnbound)
     def _workspace_unbound(self, workspace_id: str, reason: str, projects_deleted: int) -> None:
         self.workspace_id = None
+        self.decommissioning = None
 
     @event(Deactivated)
     def _deactivated(self) -> None:

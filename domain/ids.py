@@ -15,3 +15,8 @@ def brand_aggregate_id(brand_id: str) -> UUID:
 
 def claim_aggregate_id(workspace_id: str) -> UUID:
     return uuid5(NAMESPACE, f"workspace-claim:{workspace_id}")
+
+
+def slot_aggregate_id(parent_workspace_id: str, title: str) -> UUID:
+    # A newline cannot occur in either part (requests refuse control characters).
+    return uuid5(NAMESPACE, f"title-slot:{parent_workspace_id}\n{title}")

@@ -154,9 +154,7 @@ class DelayScheduler:
     def _run(self) -> None:
         while True:
             with self._wake:
-                while not self._stopped and (
-                    not self._heap or self._heap[0][0] > time.monotonic()
-                ):
+                while not self._stopped and (not self._heap or self._heap[0][0] > time.monotonic()):
                     timeout = self._heap[0][0] - time.monotonic() if self._heap else None
                     self._wake.wait(timeout)
                 if self._stopped:
@@ -197,7 +195,9 @@ class Broker:
     def declare(self) -> None:
         _ = self.producer
 
-    def publish(self, message: Message, delay_s: float = 0.0, headers: dict[str, Any] | None = None) -> None:
+    def publish(
+        self, message: Message, delay_s: float = 0.0, headers: dict[str, Any] | None = None
+    ) -> None:
         """Publish a work or command message, after `delay_s` seconds if given."""
         key = COMMAND_KEY if message.type in COMMAND_TYPES else WORK_KEY
         delay_ms = int(round(delay_s * 1000))

@@ -35,6 +35,7 @@ from infrastructure import messages
 from infrastructure.eventstore import APP_NAME, ProvisionerApplication
 from infrastructure.messages import Message
 
+
 @dataclass(frozen=True, slots=True)
 class Work:
     message: Message
@@ -129,9 +130,11 @@ class OutboxMapper:
             payload["message"] = event.message
         if isinstance(event, ProvisioningAttempt.Superseded):
             payload["by_attempt_id"] = str(event.by_attempt_id)
-        work = [] if kind in ("workspace.ready", "workspace.released") else [
-            Work(messages.release(attempt_id))
-        ]
+        work = (
+            []
+            if kind in ("workspace.ready", "workspace.released")
+            else [Work(messages.release(attempt_id))]
+        )
         return work, [IntegrationEvent(kind, payload)]
 
     def _brand(self, event: DomainEventProtocol[Any]) -> tuple[list[Work], list[IntegrationEvent]]:

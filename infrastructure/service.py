@@ -30,15 +30,18 @@ from eventsourcing.persistence import IntegrityError
 from domain.attempt import ProvisioningAttempt
 from domain.brand import Brand
 from domain.claim import WorkspaceClaim
+from domain.slot import TitleSlot
 from domain.errors import (
     AlreadyClaimed,
     AttemptInProgress,
+    BrandDeactivated,
+    CommandRefused,
     InvalidRequest,
     ProvisionerError,
     UnknownAttempt,
     UnknownBrand,
 )
-from domain.ids import brand_aggregate_id, claim_aggregate_id
+from domain.ids import brand_aggregate_id, claim_aggregate_id, slot_aggregate_id
 from domain.outcomes import HopOutcome, Outcome, StandDown
 from domain.policies import (
     AttemptState,
@@ -85,6 +88,9 @@ class SystemClock:
 class EngineSettings:
     backoff: Backoff = field(default_factory=Backoff)
     stale_after_s: float = 600.0
+    # How long an unconfirmed create may still turn up in the family listing;
+    # until then no second create of that title is made under that parent.
+    create_grace_s: float = 60.0
     max_rounds: int = 6
 
 
@@ -147,6 +153,15 @@ class ProvisioningService:
         return [
             event for event in self.app.events.get(attempt_id) if isinstance(event, Aggregate.Event)
         ]
+
+    def slot(self, parent_workspace_id: str, title: str) -> TitleSlot:
+        """The title slot, opened (unsaved) if it does not exist yet."""
+        try:
+            slot: object = self.app.repository.get(slot_aggregate_id(parent_workspace_id, title))
+        except AggregateNotFoundError:
+            return TitleSlot.open(parent_workspace_id, title)
+        assert isinstance(slot, TitleSlot)
+        return slot
 
     def claim(self, workspace_id: str) -> WorkspaceClaim | None:
         try:
@@ -271,6 +286,13 @@ class ProvisioningService:
             if brand.is_active or brand.workspace_id is None:
                 return None
             workspace_id = brand.workspace_id
+            if brand.decommissioning != workspace_id:
+                # On record before any delete: a reactivation now waits for us.
+                brand.start_decommission()
+                try:
+                    self.app.save(brand)
+                except IntegrityError:
+                    continue
             deleted = self.empty_workspace(workspace_id)
             brand.unbind("decommissioned", deleted)
             touched: list[Aggregate] = [brand]
@@ -323,36 +345,72 @@ class ProvisioningService:
         claim.release(f"attempt {attempt.state.value}")
         return claim
 
+    def release_workspace(self, attempt: ProvisioningAttempt, workspace_id: str) -> bool:
+        """Empty one workspace the attempt owes a release of, and record it.
+
+        The claim is marked `Releasing` in its own version-checked save before
+        any delete, so nobody adopts the workspace while it is being emptied. If
+        a later attempt already holds the claim, the workspace was handed over:
+        that is recorded and nothing is deleted. Returns True if it was emptied.
+        """
+        claim = self.claim(workspace_id)
+        if (
+            claim is not None
+            and claim.releasing_by != attempt.id
+            and claim.attempt_id not in (None, attempt.id)
+        ):
+            assert claim.attempt_id is not None
+            attempt.record_hand_over(workspace_id, claim.attempt_id)
+            self.app.save(attempt)
+            return False
+        claim = claim or WorkspaceClaim.open(workspace_id)
+        if claim.releasing_by != attempt.id:
+            claim.begin_release(attempt.brand_id, attempt.id)
+            self.app.save(claim)
+        deleted = self.empty_workspace(workspace_id)
+        attempt.record_release(workspace_id, deleted)
+        claim.release("emptied")
+        self.app.save(attempt, claim)
+        log.info(
+            "released brand=%s attempt=%s workspace=%s projects_deleted=%d",
+            attempt.brand_id,
+            attempt.id,
+            workspace_id,
+            deleted,
+        )
+        return True
+
     def _settle(self, attempt: ProvisioningAttempt) -> tuple[str, ...]:
-        """For a terminal attempt: owed release, orphan of an unresolved create, claim."""
-        touched: list[Aggregate] = []
-        released: list[str] = []
-        if attempt.release_owed and attempt.candidate_id is not None:
-            workspace_id = attempt.candidate_id
-            attempt.record_release(workspace_id, self.empty_workspace(workspace_id))
-            released.append(workspace_id)
-        elif attempt.create_unresolved and attempt.state is not AttemptState.PROMOTED:
+        """What an ended attempt still owes: releases, an unresolved create, claims, slot."""
+        released = [ws for ws in attempt.owed_releases if self.release_workspace(attempt, ws)]
+        if attempt.create_unresolved and attempt.state is not AttemptState.PROMOTED:
             orphan = self._find_orphan(attempt)
             if orphan is not None:
-                attempt.record_release(orphan, self.empty_workspace(orphan))
-                released.append(orphan)
+                attempt.record_created(orphan, attempt.expected_hop)
+                self.app.save(attempt)
+                if self.release_workspace(attempt, orphan):
+                    released.append(orphan)
+        touched: list[Aggregate] = []
         if attempt.state is not AttemptState.PROMOTED:
             claim = self.adopted_claim_to_release(attempt)
             if claim is not None:
                 touched.append(claim)
-        if released or touched:
-            self.app.save(attempt, *touched)
-            log.info(
-                "attempt settled brand=%s attempt=%s state=%s released=%s",
-                attempt.brand_id,
-                attempt.id,
-                attempt.state.value,
-                ",".join(released) or "-",
-            )
+        slot = self.slot(attempt.parent_workspace_id, attempt.title)
+        if slot.holder == attempt.id and not attempt.create_unresolved:
+            slot.free(attempt.id)
+            touched.append(slot)
+        if touched:
+            self.app.save(*touched)
         return tuple(released)
 
     def _find_orphan(self, attempt: ProvisioningAttempt) -> str | None:
-        """The workspace an unresolved create made, if the family shows exactly one."""
+        """The workspace an unresolved create made, if the family shows exactly one.
+
+        Only while the attempt still holds the title slot: otherwise a new
+        same-title child may be another attempt's.
+        """
+        if self.slot(attempt.parent_workspace_id, attempt.title).holder != attempt.id:
+            return None
         family = self.gateway.family(attempt.parent_workspace_id)
         new = [
             m.id
@@ -372,11 +430,15 @@ class _Hop:
         self.attempt_id = attempt_id
         self.hop = hop
         # A workspace this run created and has not yet seen recorded: it must
-        # end up either the attempt's candidate or released, never forgotten.
+        # end up the attempt's candidate or a recorded surplus, never forgotten.
         self.created: str | None = None
         self._family: list[FamilyMember] | None = None
         self._claim_read_needed = False
         self.released: list[str] = []
+
+    @property
+    def now(self) -> datetime:
+        return self.svc.clock.now()
 
     def run(self) -> HopOutcome:
         for _ in range(self.svc.settings.max_rounds):
@@ -395,9 +457,8 @@ class _Hop:
     def _step(self, attempt: ProvisioningAttempt) -> HopOutcome:
         placed_late = self.created is not None
         if placed_late:
-            failed = self._place_created(attempt)
-            if failed is not None:
-                return failed
+            self._record_created(attempt)
+        self._release_owed(attempt)
         gate = self._gate(attempt)
         if gate is not None and placed_late and gate.outcome is Outcome.DUPLICATE:
             # Our create is on record; a concurrent delivery already moved the attempt on.
@@ -410,14 +471,22 @@ class _Hop:
                 return outcome
         return self._poll(attempt)
 
+    def _release_owed(self, attempt: ProvisioningAttempt) -> None:
+        """Empty what the attempt owes (a surplus, or an ended attempt's candidate)."""
+        try:
+            if attempt.is_terminal:
+                self.released.extend(self.svc._settle(attempt))
+            else:
+                for workspace_id in attempt.owed_releases:
+                    if self.svc.release_workspace(attempt, workspace_id):
+                        self.released.append(workspace_id)
+        except GatewayError as exc:
+            log.warning("release deferred attempt=%s: %s", attempt.id, exc)
+
     # Gate: terminal, duplicate and out-of-order deliveries.
 
     def _gate(self, attempt: ProvisioningAttempt) -> HopOutcome | None:
         if attempt.is_terminal:
-            try:
-                self.released.extend(self.svc._settle(attempt))
-            except GatewayError as exc:
-                log.warning("release deferred attempt=%s: %s", attempt.id, exc)
             return self._stood_down(
                 attempt, STAND_DOWN_BY_STATE[attempt.state], f"attempt is {attempt.state.value}"
             )
@@ -449,10 +518,12 @@ class _Hop:
                 if outcome is not None or attempt.candidate_id is not None:
                     return outcome
             return self._adopt_or_create(attempt)
-        except TransientGatewayError as exc:
-            return self._settling(attempt, f"gateway unavailable: {exc}")
         except Unauthorized as exc:
             return self._fail(attempt, FailureReason.UNAUTHORIZED, f"gateway refused: {exc}")
+        except WorkspaceGone as exc:
+            return self._fail(attempt, FailureReason.REJECTED, f"parent workspace not found: {exc}")
+        except GatewayError as exc:  # transient, malformed, refused read: try next hop
+            return self._settling(attempt, f"gateway unavailable: {exc}")
 
     def _recover_create(self, attempt: ProvisioningAttempt) -> HopOutcome | None:
         """A create was requested and not recorded: find what it made, by the family."""
@@ -473,12 +544,20 @@ class _Hop:
                 FailureReason.AMBIGUOUS,
                 f"{len(new)} new workspaces titled {attempt.title!r} after an unconfirmed create",
             )
-        if attempt.create_requested_hop == self.hop:
-            # This hop already asked for a create; never ask twice in one hop.
+        assert attempt.create_requested_at is not None
+        waited = (self.now - attempt.create_requested_at).total_seconds()
+        if attempt.create_requested_hop == self.hop or waited <= self.svc.settings.create_grace_s:
+            # It may still appear: never create a second time meanwhile.
             return self._settling(attempt, "create unconfirmed; not in the family yet")
-        return None  # the earlier hop's create did not happen: adopt or create afresh
+        return None  # long enough: that create did not happen; adopt or create afresh
 
     def _adopt_or_create(self, attempt: ProvisioningAttempt) -> HopOutcome | None:
+        # The slot is read before the family, so an adoption that raced a
+        # same-title create conflicts on the slot's version and decides again.
+        slot = self.svc.slot(attempt.parent_workspace_id, attempt.title)
+        grace = self.svc.settings.create_grace_s
+        if slot.busy_for(attempt.id, self.now, grace):
+            return self._settling(attempt, f"another create titled {attempt.title!r} in flight")
         family = self._family_of(attempt)
         eligible = [
             m
@@ -486,7 +565,8 @@ class _Hop:
             if not self.svc.claimed_by_other(m.id, attempt.brand_id) and self._is_empty(m.id)
         ]
         if len(eligible) == 1:
-            self._accept(attempt, eligible[0].id, Provenance.ADOPTED)
+            slot.note_adoption(attempt.id, eligible[0].id)
+            self._accept(attempt, eligible[0].id, Provenance.ADOPTED, slot)
             return None
         if len(eligible) > 1:
             return self._fail(
@@ -495,7 +575,7 @@ class _Hop:
                 f"{len(eligible)} adoptable workspaces titled {attempt.title!r}: "
                 + ", ".join(sorted(m.id for m in eligible)),
             )
-        return self._create(attempt, family)
+        return self._create(attempt, family, slot)
 
     def _is_empty(self, workspace_id: str) -> bool:
         try:
@@ -504,12 +584,13 @@ class _Hop:
             return False
 
     def _create(
-        self, attempt: ProvisioningAttempt, family: list[FamilyMember]
+        self, attempt: ProvisioningAttempt, family: list[FamilyMember], slot: TitleSlot
     ) -> HopOutcome | None:
         known = [m.id for m in same_title(family, attempt.title, attempt.parent_workspace_id)]
-        attempt.request_create(self.hop, known)
+        attempt.request_create(self.hop, known, self.now)
+        slot.reserve(attempt.id, self.now, self.svc.settings.create_grace_s)
         try:
-            self.svc.app.save(attempt)
+            self.svc.app.save(attempt, slot)
         except IntegrityError:
             again = self.svc.attempt(attempt.id)
             if again.create_requested_hop == self.hop and again.candidate_id is None:
@@ -532,29 +613,42 @@ class _Hop:
             what = "the parent's id" if workspace_id else "no id"
             return self._fail(attempt, FailureReason.GATEWAY_BUG, f"create answered {what}")
         self.created = workspace_id
-        return self._place_created(attempt)
+        return self._record_created(attempt)
 
-    def _accept(self, attempt: ProvisioningAttempt, workspace_id: str, prov: Provenance) -> None:
+    def _accept(
+        self,
+        attempt: ProvisioningAttempt,
+        workspace_id: str,
+        prov: Provenance,
+        slot: TitleSlot | None = None,
+    ) -> None:
         try:
             claim = self.svc.claim_for(workspace_id, attempt.brand_id, attempt.id)
         except AlreadyClaimed as exc:
             raise IntegrityError(str(exc)) from None  # decide again from fresh state
         attempt.accept_candidate(workspace_id, prov, self.hop)
-        self.svc.app.save(attempt, claim)
+        slot = slot or self.svc.slot(attempt.parent_workspace_id, attempt.title)
+        slot.free(attempt.id)
+        self.svc.app.save(attempt, claim, slot)
 
-    def _place_created(self, attempt: ProvisioningAttempt) -> HopOutcome | None:
-        """Record what this run created as the candidate, or release it if it lost.
+    def _record_created(self, attempt: ProvisioningAttempt) -> HopOutcome | None:
+        """Put what this run created on record: as the candidate, else as a surplus.
 
-        Returns an outcome only when the attempt failed on the spot.
+        A surplus (the attempt moved on meanwhile) is owed a release, which the
+        next step performs. Returns an outcome only when the attempt failed here.
         """
         workspace_id = self.created
         assert workspace_id is not None
-        if attempt.candidate_id == workspace_id:
+        if workspace_id in attempt.created_ids:
             self.created = None
             return None
-        if attempt.candidate_id is None and attempt.state is not AttemptState.PROMOTED:
+        takes_candidate = attempt.candidate_id is None and attempt.state is not (
+            AttemptState.PROMOTED
+        )
+        touched: list[Aggregate] = []
+        if takes_candidate:
             try:
-                claim = self._fresh_claim(workspace_id, attempt)
+                touched.append(self._fresh_claim(workspace_id, attempt))
             except AlreadyClaimed as exc:
                 # A "new" id that another brand already holds: a gateway bug. It is
                 # not ours to release; never bind it.
@@ -563,21 +657,17 @@ class _Hop:
                     "create answered a claimed workspace attempt=%s: %s", attempt.id, exc
                 )
                 return self._fail(attempt, FailureReason.GATEWAY_BUG, f"create answered {exc}")
-            attempt.record_created(workspace_id, self.hop)
-            self.svc.app.save(attempt, claim)
-            self.created = None
-            return None
-        # The attempt moved on to another candidate: nothing may leak.
-        deleted = self.svc.empty_workspace(workspace_id)
-        attempt.record_release(workspace_id, deleted)
-        self.svc.app.save(attempt)
+        slot = self.svc.slot(attempt.parent_workspace_id, attempt.title)
+        slot.free(attempt.id)
+        attempt.record_created(workspace_id, self.hop)
+        self.svc.app.save(attempt, slot, *touched)
         self.created = None
-        self.released.append(workspace_id)
-        log.warning(
-            "released a workspace that lost its race attempt=%s workspace=%s",
-            attempt.id,
-            workspace_id,
-        )
+        if not takes_candidate:
+            log.warning(
+                "a create lost its race; releasing it attempt=%s workspace=%s",
+                attempt.id,
+                workspace_id,
+            )
         return None
 
     def _fresh_claim(self, workspace_id: str, attempt: ProvisioningAttempt) -> WorkspaceClaim:
@@ -599,12 +689,12 @@ class _Hop:
         try:
             raw = self.svc.gateway.status(workspace_id)
             status_class = classify_status(raw)
-        except (TransientGatewayError, MalformedAnswer) as exc:
-            raw, status_class = f"unknown ({exc})", StatusClass.SETTLING
         except WorkspaceGone:
             raw, status_class = "gone (404)", StatusClass.TERMINAL
         except Unauthorized as exc:
             return self._fail(attempt, FailureReason.UNAUTHORIZED, f"gateway refused: {exc}")
+        except GatewayError as exc:  # transient or malformed: still settling
+            raw, status_class = f"unknown ({exc})", StatusClass.SETTLING
         if status_class is StatusClass.READY:
             return self._promote(attempt)
         if status_class is StatusClass.SETTLING:
@@ -621,7 +711,12 @@ class _Hop:
         workspace_id = attempt.candidate_id
         assert workspace_id is not None
         brand = self.svc.brand(attempt.brand_id)
-        brand.bind(workspace_id, attempt.id)
+        try:
+            brand.bind(workspace_id, attempt.id)
+        except (BrandDeactivated, CommandRefused) as exc:
+            # The brand moved on (deactivated, newer attempt) in a save that also
+            # ended this attempt: re-read and stand down through the gate.
+            raise IntegrityError(str(exc)) from None
         attempt.promote(self.hop)
         self.svc.app.save(attempt, brand)
         return self._outcome(attempt, Outcome.PROMOTED, "ready", workspace_id=workspace_id)
@@ -647,7 +742,7 @@ class _Hop:
         backoff = self.svc.settings.backoff
         if self.hop < attempt.max_hop and backoff.can_requeue(self.hop):
             delay = backoff.delay_after(self.hop)
-            not_before = self.svc.clock.now() + timedelta(seconds=delay)
+            not_before = self.now + timedelta(seconds=delay)
             attempt.schedule_hop(self.hop + 1, not_before, status)
             self.svc.app.save(attempt, *touched)
             return self._outcome(
@@ -667,27 +762,28 @@ class _Hop:
         message: str,
         touched: list[Aggregate] | None = None,
     ) -> HopOutcome:
-        """Fail the attempt; empty a created candidate first so one save records both."""
+        """Fail the attempt, then perform the release it owes.
+
+        `Failed` is saved first (version-checked, with the candidate's claim
+        marked `Releasing`): a concurrent delivery that promoted meanwhile makes
+        this save conflict, so a promoted workspace is never emptied.
+        """
         touched = list(touched or [])
-        owes = (
-            attempt.provenance is Provenance.CREATED
-            and attempt.candidate_id is not None
-            and reason is not FailureReason.TERMINAL_STATUS
-        )
-        deleted: int | None = None
-        if owes and attempt.candidate_id is not None:
-            try:
-                deleted = self.svc.empty_workspace(attempt.candidate_id)
-            except GatewayError as exc:
-                log.warning("release deferred attempt=%s: %s", attempt.id, exc)
         attempt.fail(reason, message, self.hop)
-        if deleted is not None and attempt.candidate_id is not None:
-            attempt.record_release(attempt.candidate_id, deleted)
-            self.released.append(attempt.candidate_id)
+        for workspace_id in attempt.owed_releases:
+            claim = self.svc.claim(workspace_id)
+            if claim is not None and claim.attempt_id == attempt.id:
+                claim.begin_release(attempt.brand_id, attempt.id)
+                touched.append(claim)
         claim = self.svc.adopted_claim_to_release(attempt)
         if claim is not None:
             touched.append(claim)
+        slot = self.svc.slot(attempt.parent_workspace_id, attempt.title)
+        if slot.holder == attempt.id and not attempt.create_unresolved:
+            slot.free(attempt.id)
+            touched.append(slot)
         self.svc.app.save(attempt, *touched)
+        self._release_owed(attempt)
         return self._outcome(attempt, Outcome.FAILED, f"{reason.value}: {message}")
 
     def _stood_down(self, attempt: ProvisioningAttempt, why: StandDown, detail: str) -> HopOutcome:

@@ -119,6 +119,12 @@ def service(
 
 
 @pytest.fixture
+def title() -> str:
+    """A workspace title no other test uses (title slots live in the shared database)."""
+    return f"Acme Shoes {uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture
 def brand_id() -> str:
     """A brand id no other test uses (tests share the session's database)."""
     return f"brand-{uuid.uuid4().hex[:12]}"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from typing import Any
 
 import click
 
@@ -47,6 +48,159 @@ def db_init(database_url: str | None) -> None:
             f"could not initialise {redact(url)}: {type(exc).__name__}: {exc}"
         ) from None
     click.echo(f"event store ready: {redact(url)}")
+
+
+@main.group()
+def broker() -> None:
+    """The RabbitMQ topology."""
+
+
+@broker.command("init")
+@click.option("--broker-url", envvar="PROVISIONER_BROKER_URL", help="Overrides the setting.")
+@click.option("--queue-type", type=click.Choice(["classic", "quorum"]), default=None)
+def broker_init(broker_url: str | None, queue_type: str | None) -> None:
+    """Declare exchanges and queues (idempotent)."""
+    from infrastructure.broker import Broker, Topology
+
+    settings = _settings()
+    url = broker_url or settings.broker_url
+    topology = Topology(queue_type=queue_type or settings.queue_type)
+    try:
+        publisher = Broker(url, topology, scheduler=None)
+        publisher.declare()
+        publisher.close()
+    except Exception as exc:  # noqa: BLE001 - one clear line instead of a traceback
+        raise click.ClickException(f"could not declare the topology: {exc}") from None
+    click.echo(f"broker topology declared ({topology.queue_type} queues)")
+
+
+def _service_only() -> Any:
+    """A service for the request path: no gateway call is made there."""
+    from infrastructure.eventstore import open_event_store
+    from infrastructure.gateway import HttpGateway
+    from infrastructure.service import ProvisioningService
+
+    settings = _settings()
+    try:
+        app = open_event_store(settings.database_url)
+    except (ValueError, DatabaseNotInitialised) as exc:
+        raise click.ClickException(str(exc)) from None
+    gateway = HttpGateway(settings.gateway_url or "http://127.0.0.1:9", "request-path")
+    return ProvisioningService(app, gateway, settings=settings.engine())
+
+
+@main.command()
+@click.argument("brand_id")
+@click.option("--title", required=True, help="The brand's display name (the workspace title).")
+@click.option("--parent", required=True, help="The organisation's parent workspace id.")
+@click.option("--wait", is_flag=True, help="Wait for the attempt to end; exit 0 only if promoted.")
+@click.option("--timeout", default=300.0, show_default=True, help="Seconds to wait with --wait.")
+def provision(brand_id: str, title: str, parent: str, wait: bool, timeout: float) -> None:
+    """Request a workspace for BRAND_ID; a worker and a relay carry it out."""
+    from domain.errors import ProvisionerError
+
+    service = _service_only()
+    try:
+        attempt_id = service.request_provisioning(brand_id, title, parent)
+    except ProvisionerError as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(f"attempt {attempt_id} started for brand {brand_id}")
+    if wait:
+        sys.exit(_wait_for(service, attempt_id, timeout))
+
+
+def _wait_for(service: Any, attempt_id: Any, timeout: float) -> int:
+    import time
+
+    from domain.policies import AttemptState
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        attempt = service.attempt(attempt_id)
+        if attempt.is_terminal:
+            click.echo(
+                f"attempt {attempt_id}: {attempt.state.value} {attempt.last_status}".rstrip()
+            )
+            return 0 if attempt.state is AttemptState.PROMOTED else 1
+        time.sleep(0.25)
+    click.echo(
+        f"attempt {attempt_id} still pending after {timeout:.0f}s: is a worker and a relay "
+        "running (`provisioner run`)?",
+        err=True,
+    )
+    return 2
+
+
+@main.command()
+@click.argument("brand_id")
+def deactivate(brand_id: str) -> None:
+    """Deactivate BRAND_ID: cancel its attempt; a worker then empties its workspace."""
+    from domain.errors import ProvisionerError
+
+    service = _service_only()
+    try:
+        result = service.deactivate(brand_id)
+    except ProvisionerError as exc:
+        raise click.ClickException(str(exc)) from None
+    if result.already_deactivated:
+        click.echo(f"brand {brand_id} was already deactivated")
+    else:
+        click.echo(
+            f"brand {brand_id} deactivated; cancelled attempt: {result.cancelled_attempt_id}"
+        )
+
+
+def _serve(parts: tuple[str, ...], concurrency: int | None) -> None:
+    """Run the chosen parts until SIGTERM or SIGINT, then stop them cleanly."""
+    import signal
+    import threading
+
+    from infrastructure.broker import is_memory
+    from worker.runtime import build
+
+    settings = _settings()
+    if is_memory(settings.broker_url) and parts != ("worker", "relay"):
+        raise click.ClickException(
+            "memory:// is an in-process broker: use `provisioner run`, or set "
+            "PROVISIONER_BROKER_URL=amqp://... to run the worker and relay apart"
+        )
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    try:
+        with build(settings) as runtime:
+            if "worker" in parts:
+                runtime.start(runtime.worker(concurrency).run, "worker", stop)
+            if "relay" in parts:
+                runtime.start(runtime.relay().run, "relay", stop)
+            click.echo(f"{' + '.join(parts)} running; Ctrl-C or SIGTERM stops")
+            while not stop.wait(0.5):
+                if not all(t.is_alive() for t in runtime.threads):
+                    raise click.ClickException("a component stopped unexpectedly; see the log")
+            for thread in runtime.threads:
+                thread.join(90)
+    except (ValueError, DatabaseNotInitialised) as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+@main.command()
+@click.option("--concurrency", type=int, default=None, help="Hops in flight (default 8).")
+def worker(concurrency: int | None) -> None:
+    """Consume hop and command messages from RabbitMQ."""
+    _serve(("worker",), concurrency)
+
+
+@main.command()
+def relay() -> None:
+    """Publish the messages the event log implies (the outbox relay)."""
+    _serve(("relay",), None)
+
+
+@main.command()
+@click.option("--concurrency", type=int, default=None, help="Hops in flight (default 8).")
+def run(concurrency: int | None) -> None:
+    """Worker and relay in one process: the small-deployment mode."""
+    _serve(("worker", "relay"), concurrency)
 
 
 @main.command(

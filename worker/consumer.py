@@ -193,7 +193,9 @@ class HopWorker:
             self._in_flight -= 1
             self._settle(publisher, message, decoded, future)
 
-    def _settle(self, publisher: Broker, message: Any, decoded: Message, future: Future[str]) -> None:
+    def _settle(
+        self, publisher: Broker, message: Any, decoded: Message, future: Future[str]
+    ) -> None:
         try:
             detail = future.result()
         except DeadLetter as exc:
@@ -215,7 +217,11 @@ class HopWorker:
         delay = self.retry_delays_s[tries]
         log.warning(
             "%s failed (%s: %s); retry %d in %.0fs",
-            decoded.type, type(exc).__name__, str(exc)[:200], tries + 1, delay,
+            decoded.type,
+            type(exc).__name__,
+            str(exc)[:200],
+            tries + 1,
+            delay,
         )
         publisher.publish(decoded, delay_s=delay, headers={"x-retries": tries + 1})
         message.ack()

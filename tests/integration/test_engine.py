@@ -18,8 +18,6 @@ from infrastructure.service import ProvisioningService
 from tests.conftest import PARENT, TOKEN, ManualClock
 from tests.support import Intercepting, drive
 
-TITLE = "Acme Shoes"
-
 
 def event_names(app: ProvisionerApplication, aggregate_id: UUID) -> list[str]:
     return [type(e).__name__ for e in app.events.get(aggregate_id)]
@@ -42,9 +40,9 @@ def parent_untouched(fake: FakeGateway) -> bool:
 
 
 def test_first_hop_creates_records_candidate_and_promotes_when_ready(
-    service: ProvisioningService, fake: FakeGateway, brand_id: str
+    service: ProvisioningService, fake: FakeGateway, brand_id: str, title: str
 ) -> None:
-    attempt_id = service.request_provisioning(brand_id, TITLE, PARENT)
+    attempt_id = service.request_provisioning(brand_id, title, PARENT)
 
     outcome = service.run_hop(attempt_id, 0)
 
@@ -52,7 +50,7 @@ def test_first_hop_creates_records_candidate_and_promotes_when_ready(
     attempt = service.attempt(attempt_id)
     assert attempt.provenance is Provenance.CREATED
     assert attempt.state is AttemptState.PROMOTED
-    [workspace] = upstream(fake, TITLE)
+    [workspace] = upstream(fake, title)
     assert attempt.candidate_id == workspace["id"] == outcome.workspace_id
     assert service.brand(brand_id).workspace_id == workspace["id"]
     assert event_names(service.app, attempt_id) == [
@@ -66,10 +64,10 @@ def test_first_hop_creates_records_candidate_and_promotes_when_ready(
 
 
 def test_settling_schedules_the_next_hop_with_the_backoff_delay(
-    service: ProvisioningService, fake: FakeGateway, clock: ManualClock, brand_id: str
+    service: ProvisioningService, fake: FakeGateway, clock: ManualClock, brand_id: str, title: str
 ) -> None:
     fake.configure(settle_polls=3)
-    attempt_id = service.request_provisioning(brand_id, TITLE, PARENT)
+    attempt_id = service.request_provisioning(brand_id, title, PARENT)
 
     outcomes = drive(service, attempt_id, clock.advance)
 
@@ -85,10 +83,10 @@ def test_settling_schedules_the_next_hop_with_the_backoff_delay(
 
 
 def test_resumed_hop_polls_the_recorded_candidate_without_creating(
-    service: ProvisioningService, fake: FakeGateway, brand_id: str
+    service: ProvisioningService, fake: FakeGateway, brand_id: str, title: str
 ) -> None:
     fake.configure(settle_polls=1)
-    attempt_id = service.request_provisioning(brand_id, TITLE, PARENT)
+    attempt_id = service.request_provisioning(brand_id, title, PARENT)
     first = service.run_hop(attempt_id, 0)
     assert first.outcome is Outcome.SCHEDULED
 
@@ -96,15 +94,15 @@ def test_resumed_hop_polls_the_recorded_candidate_without_creating(
 
     assert second.outcome is Outcome.PROMOTED
     assert second.workspace_id == first.workspace_id
-    assert creates(fake, TITLE) == 1
+    assert creates(fake, title) == 1
     assert fake.state()["calls"]["create"] == 1
 
 
 def test_budget_exhausted_fails_and_records_the_release_of_a_created_candidate(
-    service: ProvisioningService, fake: FakeGateway, clock: ManualClock, brand_id: str
+    service: ProvisioningService, fake: FakeGateway, clock: ManualClock, brand_id: str, title: str
 ) -> None:
     fake.configure(zombie_rate=1.0)
-    attempt_id = service.request_provisioning(brand_id, TITLE, PARENT)
+    attempt_id = service.request_provisioning(brand_id, title, PARENT)
     first = service.run_hop(attempt_id, 0)
     assert first.workspace_id is not None
     fake.add_project(first.workspace_id)  # something to empty
@@ -122,7 +120,7 @@ def test_budget_exhausted_fails_and_records_the_release_of_a_created_candidate(
         e for e in service.app.events.get(attempt_id) if type(e).__name__ == "CandidateReleased"
     ]
     assert [(e.workspace_id, e.projects_deleted) for e in released] == [(first.workspace_id, 1)]  # type: ignore[attr-defined]
-    [workspace] = upstream(fake, TITLE)
+    [workspace] = upstream(fake, title)
     assert workspace["projects"] == []
     assert service.brand(brand_id).workspace_id is None
 
@@ -141,10 +139,10 @@ def drive_from(
 
 
 def test_terminal_status_fails_terminal_without_release(
-    service: ProvisioningService, fake: FakeGateway, brand_id: str
+    service: ProvisioningService, fake: FakeGateway, brand_id: str, title: str
 ) -> None:
     fake.configure(terminal_rate=1.0)
-    attempt_id = service.request_provisioning(brand_id, TITLE, PARENT)
+    attempt_id = service.request_provisioning(brand_id, title, PARENT)
 
     outcome = service.run_hop(attempt_id, 0)
 
@@ -161,15 +159,15 @@ def test_terminal_status_fails_terminal_without_release(
 
 
 def test_create_that_times_out_after_creating_adopts_the_sole_family_match(
-    service: ProvisioningService, fake: FakeGateway, brand_id: str
+    service: ProvisioningService, fake: FakeGateway, brand_id: str, title: str
 ) -> None:
     fake.configure(create_timeout_after_create_rate=1.0)
-    attempt_id = service.request_provisioning(brand_id, TITLE, PARENT)
+    attempt_id = service.request_provisioning(brand_id, title, PARENT)
 
     outcome = service.run_hop(attempt_id, 0)
 
-    [workspace] = upstream(fake, TITLE)
-    assert creates(fake, TITLE) == 1
+    [workspace] = upstream(fake, title)
+    assert creates(fake, title) == 1
     assert outcome.outcome is Outcome.PROMOTED
     attempt = service.attempt(attempt_id)
     assert attempt.candidate_id == workspace["id"]
@@ -178,105 +176,111 @@ def test_create_that_times_out_after_creating_adopts_the_sole_family_match(
 
 
 def test_create_that_times_out_without_creating_is_retried_on_later_hops_then_fails(
-    service: ProvisioningService, fake: FakeGateway, clock: ManualClock, brand_id: str
+    service: ProvisioningService, fake: FakeGateway, clock: ManualClock, brand_id: str, title: str
 ) -> None:
     fake.configure(create_timeout_without_create_rate=1.0)
-    attempt_id = service.request_provisioning(brand_id, TITLE, PARENT)
+    attempt_id = service.request_provisioning(brand_id, title, PARENT)
 
     outcomes = drive(service, attempt_id, clock.advance)
 
     assert outcomes[-1].outcome is Outcome.FAILED
     assert service.attempt(attempt_id).failure_reason is FailureReason.EXHAUSTED
-    assert upstream(fake, TITLE) == []
-    # hop 0 creates; each later hop first re-lists (nothing), then creates once more,
-    # except the hop right after a create, which only re-lists.
+    assert upstream(fake, title) == []
+    # hop 0 creates; later hops re-list the family and create again only once the
+    # earlier create is older than the grace period (60 s): with backoff 5, 10, 20,
+    # 40, 80 s that is hop 4 (75 s after hop 0's create) and hop 5 (80 s after hop 4's).
     requested = [
         e.hop for e in service.app.events.get(attempt_id) if type(e).__name__ == "CreateRequested"
     ]  # type: ignore[attr-defined]
-    assert requested == [0, 1, 2, 3, 4, 5]
-    assert creates(fake, TITLE) == 6
+    assert requested == [0, 4, 5]
+    assert creates(fake, title) == 3
 
 
 def test_create_retried_on_a_later_hop_succeeds_once_the_gateway_recovers(
-    service: ProvisioningService, fake: FakeGateway, clock: ManualClock, brand_id: str
+    service: ProvisioningService, fake: FakeGateway, clock: ManualClock, brand_id: str, title: str
 ) -> None:
     fake.configure(create_timeout_without_create_rate=1.0)
-    attempt_id = service.request_provisioning(brand_id, TITLE, PARENT)
+    attempt_id = service.request_provisioning(brand_id, title, PARENT)
     assert service.run_hop(attempt_id, 0).outcome is Outcome.SCHEDULED
     fake.configure(create_timeout_without_create_rate=0.0)
+    clock.advance(5)
+    waiting = service.run_hop(attempt_id, 1)  # within the grace period: no second create
+    clock.advance(61)
 
-    outcome = service.run_hop(attempt_id, 1)
+    outcome = service.run_hop(attempt_id, 2)
 
+    assert waiting.outcome is Outcome.SCHEDULED
+    assert "unconfirmed" in waiting.detail
     assert outcome.outcome is Outcome.PROMOTED
-    assert creates(fake, TITLE) == 2
-    assert len(upstream(fake, TITLE)) == 1
+    assert creates(fake, title) == 2
+    assert len(upstream(fake, title)) == 1
 
 
 # Adoption rules.
 
 
 def test_zombies_are_ignored_and_do_not_make_adoption_ambiguous(
-    service: ProvisioningService, fake: FakeGateway, brand_id: str
+    service: ProvisioningService, fake: FakeGateway, brand_id: str, title: str
 ) -> None:
-    fake.seed_workspace(TITLE, PARENT, status="not ready")
-    ready = fake.seed_workspace(TITLE, PARENT, status="Created")
+    fake.seed_workspace(title, PARENT, status="not ready")
+    ready = fake.seed_workspace(title, PARENT, status="Created")
 
-    outcome = service.run_hop(service.request_provisioning(brand_id, TITLE, PARENT), 0)
+    outcome = service.run_hop(service.request_provisioning(brand_id, title, PARENT), 0)
 
     assert outcome.outcome is Outcome.PROMOTED
     assert outcome.workspace_id == ready["id"]
-    assert creates(fake, TITLE) == 0
+    assert creates(fake, title) == 0
 
 
 def test_a_lone_zombie_is_not_adopted_a_fresh_workspace_is_created(
-    service: ProvisioningService, fake: FakeGateway, brand_id: str
+    service: ProvisioningService, fake: FakeGateway, brand_id: str, title: str
 ) -> None:
-    zombie = fake.seed_workspace(TITLE, PARENT, status="not ready")
+    zombie = fake.seed_workspace(title, PARENT, status="not ready")
 
-    outcome = service.run_hop(service.request_provisioning(brand_id, TITLE, PARENT), 0)
+    outcome = service.run_hop(service.request_provisioning(brand_id, title, PARENT), 0)
 
     assert outcome.outcome is Outcome.PROMOTED
     assert outcome.workspace_id != zombie["id"]
-    assert creates(fake, TITLE) == 1
+    assert creates(fake, title) == 1
 
 
 def test_same_title_workspace_claimed_by_another_brand_is_ignored(
-    service: ProvisioningService, fake: FakeGateway, brand_id: str
+    service: ProvisioningService, fake: FakeGateway, brand_id: str, title: str
 ) -> None:
-    other = service.run_hop(service.request_provisioning(brand_id + "-other", TITLE, PARENT), 0)
+    other = service.run_hop(service.request_provisioning(brand_id + "-other", title, PARENT), 0)
     assert other.outcome is Outcome.PROMOTED
-    lone = fake.seed_workspace(TITLE, PARENT, status="created")
+    lone = fake.seed_workspace(title, PARENT, status="created")
 
-    outcome = service.run_hop(service.request_provisioning(brand_id, TITLE, PARENT), 0)
+    outcome = service.run_hop(service.request_provisioning(brand_id, title, PARENT), 0)
 
     assert outcome.workspace_id == lone["id"]
     assert service.attempt(outcome.attempt_id).provenance is Provenance.ADOPTED
-    assert creates(fake, TITLE) == 1  # only the other brand's
+    assert creates(fake, title) == 1  # only the other brand's
 
 
 def test_two_adoptable_matches_fail_the_attempt_as_ambiguous(
-    service: ProvisioningService, fake: FakeGateway, brand_id: str
+    service: ProvisioningService, fake: FakeGateway, brand_id: str, title: str
 ) -> None:
-    fake.seed_workspace(TITLE, PARENT, status="created")
-    fake.seed_workspace(TITLE, PARENT, status="active")
+    fake.seed_workspace(title, PARENT, status="created")
+    fake.seed_workspace(title, PARENT, status="active")
 
-    outcome = service.run_hop(service.request_provisioning(brand_id, TITLE, PARENT), 0)
+    outcome = service.run_hop(service.request_provisioning(brand_id, title, PARENT), 0)
 
     assert outcome.outcome is Outcome.FAILED
     assert service.attempt(outcome.attempt_id).failure_reason is FailureReason.AMBIGUOUS
-    assert creates(fake, TITLE) == 0
+    assert creates(fake, title) == 0
 
 
 def test_a_sole_match_with_projects_is_refused(
-    service: ProvisioningService, fake: FakeGateway, brand_id: str
+    service: ProvisioningService, fake: FakeGateway, brand_id: str, title: str
 ) -> None:
-    busy = fake.seed_workspace(TITLE, PARENT, status="created", projects=1)
+    busy = fake.seed_workspace(title, PARENT, status="created", projects=1)
 
-    outcome = service.run_hop(service.request_provisioning(brand_id, TITLE, PARENT), 0)
+    outcome = service.run_hop(service.request_provisioning(brand_id, title, PARENT), 0)
 
     assert outcome.workspace_id != busy["id"]
-    assert creates(fake, TITLE) == 1
-    assert len(next(w for w in upstream(fake, TITLE) if w["id"] == busy["id"])["projects"]) == 1
+    assert creates(fake, title) == 1
+    assert len(next(w for w in upstream(fake, title) if w["id"] == busy["id"])["projects"]) == 1
 
 
 def test_the_parent_is_never_adopted_even_with_the_same_title(
@@ -294,13 +298,13 @@ def test_the_parent_is_never_adopted_even_with_the_same_title(
 
 @pytest.mark.parametrize("answer", ["parent", "empty"])
 def test_a_create_answering_the_parents_id_or_no_id_fails_and_never_binds_the_parent(
-    service: ProvisioningService, fake: FakeGateway, brand_id: str, answer: str
+    service: ProvisioningService, fake: FakeGateway, brand_id: str, answer: str, title: str
 ) -> None:
     intercept = Intercepting(service.gateway)
     intercept.create_answer = lambda parent, title: parent if answer == "parent" else ""
     service.gateway = intercept
 
-    outcome = service.run_hop(service.request_provisioning(brand_id, TITLE, PARENT), 0)
+    outcome = service.run_hop(service.request_provisioning(brand_id, title, PARENT), 0)
 
     assert outcome.outcome is Outcome.FAILED
     assert service.attempt(outcome.attempt_id).failure_reason is FailureReason.GATEWAY_BUG
@@ -313,10 +317,10 @@ def test_a_create_answering_the_parents_id_or_no_id_fails_and_never_binds_the_pa
 
 
 def test_a_sequential_duplicate_delivery_changes_nothing(
-    service: ProvisioningService, fake: FakeGateway, brand_id: str
+    service: ProvisioningService, fake: FakeGateway, brand_id: str, title: str
 ) -> None:
     fake.configure(settle_polls=1)
-    attempt_id = service.request_provisioning(brand_id, TITLE, PARENT)
+    attempt_id = service.request_provisioning(brand_id, title, PARENT)
     service.run_hop(attempt_id, 0)
     version = service.attempt(attempt_id).version
 
@@ -325,18 +329,18 @@ def test_a_sequential_duplicate_delivery_changes_nothing(
     assert again.outcome is Outcome.DUPLICATE
     assert again.stand_down is StandDown.STALE_HOP
     assert service.attempt(attempt_id).version == version
-    assert creates(fake, TITLE) == 1
+    assert creates(fake, title) == 1
 
 
 @pytest.mark.postgres
 @pytest.mark.parametrize("database_url", ["postgres"], indirect=True)
 def test_concurrent_duplicate_deliveries_create_once_and_leave_no_orphan(
-    service: ProvisioningService, fake: FakeGateway, brand_id: str
+    service: ProvisioningService, fake: FakeGateway, brand_id: str, title: str
 ) -> None:
     from concurrent.futures import ThreadPoolExecutor
 
     fake.configure(latency_ms=30, settle_polls=1)
-    titles = [f"{TITLE} {n}" for n in range(6)]
+    titles = [f"{title} {n}" for n in range(6)]
     attempts = [
         service.request_provisioning(f"{brand_id}-{n}", title, PARENT)
         for n, title in enumerate(titles)
@@ -358,22 +362,22 @@ def test_concurrent_duplicate_deliveries_create_once_and_leave_no_orphan(
 
 
 def test_superseded_mid_flight_stands_down_and_releases_a_created_candidate(
-    service: ProvisioningService, fake: FakeGateway, clock: ManualClock, brand_id: str
+    service: ProvisioningService, fake: FakeGateway, clock: ManualClock, brand_id: str, title: str
 ) -> None:
     fake.configure(settle_polls=5)
-    old = service.request_provisioning(brand_id, TITLE, PARENT)
+    old = service.request_provisioning(brand_id, title, PARENT)
     first = service.run_hop(old, 0)
     assert first.workspace_id is not None
     fake.add_project(first.workspace_id)
     clock.advance(601)
-    new = service.request_provisioning(brand_id, TITLE, PARENT)
+    new = service.request_provisioning(brand_id, title, PARENT)
 
     outcome = service.run_hop(old, 1)
 
     assert outcome.stand_down is StandDown.SUPERSEDED
     assert outcome.released == (first.workspace_id,)
     assert service.attempt(old).state is AttemptState.SUPERSEDED
-    assert next(w for w in upstream(fake, TITLE) if w["id"] == first.workspace_id)["projects"] == []
+    assert next(w for w in upstream(fake, title) if w["id"] == first.workspace_id)["projects"] == []
     assert service.brand(brand_id).current_attempt_id == new
     # a second delivery never repeats it
     assert service.run_hop(old, 1).released == ()
@@ -381,9 +385,9 @@ def test_superseded_mid_flight_stands_down_and_releases_a_created_candidate(
 
 
 def test_superseded_mid_flight_never_releases_an_adopted_candidate(
-    service: ProvisioningService, fake: FakeGateway, clock: ManualClock, brand_id: str
+    service: ProvisioningService, fake: FakeGateway, clock: ManualClock, brand_id: str, title: str
 ) -> None:
-    adoptable = fake.seed_workspace(TITLE, PARENT, status="created")
+    adoptable = fake.seed_workspace(title, PARENT, status="created")
     intercept = Intercepting(service.gateway)
 
     def unavailable() -> str:
@@ -391,28 +395,28 @@ def test_superseded_mid_flight_never_releases_an_adopted_candidate(
 
     intercept.status_answer[adoptable["id"]] = unavailable
     service.gateway = intercept
-    old = service.request_provisioning(brand_id, TITLE, PARENT)
+    old = service.request_provisioning(brand_id, title, PARENT)
     assert service.run_hop(old, 0).outcome is Outcome.SCHEDULED
     fake.add_project(adoptable["id"])  # now someone else's data may live there
     clock.advance(601)
-    service.request_provisioning(brand_id, TITLE, PARENT)
+    service.request_provisioning(brand_id, title, PARENT)
 
     outcome = service.run_hop(old, 1)
 
     assert outcome.stand_down is StandDown.SUPERSEDED
     assert outcome.released == ()
     assert (
-        len(next(w for w in upstream(fake, TITLE) if w["id"] == adoptable["id"])["projects"]) == 1
+        len(next(w for w in upstream(fake, title) if w["id"] == adoptable["id"])["projects"]) == 1
     )
     assert fake.state()["calls"].get("delete_project", 0) == 0
     assert service.claim(adoptable["id"]).brand_id is None  # type: ignore[union-attr]
 
 
 def test_deactivated_mid_flight_cancels_and_releases_a_created_candidate(
-    service: ProvisioningService, fake: FakeGateway, brand_id: str
+    service: ProvisioningService, fake: FakeGateway, brand_id: str, title: str
 ) -> None:
     fake.configure(settle_polls=5)
-    attempt_id = service.request_provisioning(brand_id, TITLE, PARENT)
+    attempt_id = service.request_provisioning(brand_id, title, PARENT)
     first = service.run_hop(attempt_id, 0)
 
     result = service.deactivate(brand_id)
@@ -427,10 +431,10 @@ def test_deactivated_mid_flight_cancels_and_releases_a_created_candidate(
 
 
 def test_release_use_case_performs_an_owed_release_once(
-    service: ProvisioningService, fake: FakeGateway, brand_id: str
+    service: ProvisioningService, fake: FakeGateway, brand_id: str, title: str
 ) -> None:
     fake.configure(settle_polls=5)
-    attempt_id = service.request_provisioning(brand_id, TITLE, PARENT)
+    attempt_id = service.request_provisioning(brand_id, title, PARENT)
     first = service.run_hop(attempt_id, 0)
     service.deactivate(brand_id)
 
@@ -440,9 +444,9 @@ def test_release_use_case_performs_an_owed_release_once(
 
 
 def test_a_redelivered_hop_of_a_promoted_attempt_changes_nothing_and_releases_nothing(
-    service: ProvisioningService, fake: FakeGateway, brand_id: str
+    service: ProvisioningService, fake: FakeGateway, brand_id: str, title: str
 ) -> None:
-    attempt_id = service.request_provisioning(brand_id, TITLE, PARENT)
+    attempt_id = service.request_provisioning(brand_id, title, PARENT)
     done = service.run_hop(attempt_id, 0)
     version = service.attempt(attempt_id).version
 
@@ -459,29 +463,29 @@ def test_a_redelivered_hop_of_a_promoted_attempt_changes_nothing_and_releases_no
 
 
 def test_an_existing_ready_pointer_is_promoted_without_a_create(
-    service: ProvisioningService, fake: FakeGateway, brand_id: str
+    service: ProvisioningService, fake: FakeGateway, brand_id: str, title: str
 ) -> None:
-    bound = service.run_hop(service.request_provisioning(brand_id, TITLE, PARENT), 0)
+    bound = service.run_hop(service.request_provisioning(brand_id, title, PARENT), 0)
 
-    attempt_id = service.request_provisioning(brand_id, TITLE, PARENT)
+    attempt_id = service.request_provisioning(brand_id, title, PARENT)
     outcome = service.run_hop(attempt_id, 0)
 
     assert outcome.outcome is Outcome.PROMOTED
     assert outcome.workspace_id == bound.workspace_id
     assert service.attempt(attempt_id).provenance is Provenance.EXISTING
-    assert creates(fake, TITLE) == 1
+    assert creates(fake, title) == 1
     assert event_names(service.app, attempt_id) == ["Started", "Promoted"]
 
 
 def test_an_existing_pointer_gone_terminal_is_unbound_and_the_next_hop_creates_fresh(
-    service: ProvisioningService, fake: FakeGateway, clock: ManualClock, brand_id: str
+    service: ProvisioningService, fake: FakeGateway, clock: ManualClock, brand_id: str, title: str
 ) -> None:
-    bound = service.run_hop(service.request_provisioning(brand_id, TITLE, PARENT), 0)
+    bound = service.run_hop(service.request_provisioning(brand_id, title, PARENT), 0)
     assert bound.workspace_id is not None
     intercept = Intercepting(service.gateway)
     intercept.status_answer[bound.workspace_id] = lambda: "Creation Failed"
     service.gateway = intercept
-    attempt_id = service.request_provisioning(brand_id, TITLE, PARENT)
+    attempt_id = service.request_provisioning(brand_id, title, PARENT)
 
     first = service.run_hop(attempt_id, 0)
 
@@ -493,17 +497,17 @@ def test_an_existing_pointer_gone_terminal_is_unbound_and_the_next_hop_creates_f
     assert second.outcome is Outcome.PROMOTED
     assert second.workspace_id not in (None, bound.workspace_id)
     assert service.attempt(attempt_id).provenance is Provenance.CREATED
-    assert creates(fake, TITLE) == 2
+    assert creates(fake, title) == 2
 
 
 # Gateway failures on status.
 
 
 def test_429_and_5xx_on_status_count_as_settling(
-    service: ProvisioningService, fake: FakeGateway, clock: ManualClock, brand_id: str
+    service: ProvisioningService, fake: FakeGateway, clock: ManualClock, brand_id: str, title: str
 ) -> None:
     fake.configure(settle_polls=1)
-    attempt_id = service.request_provisioning(brand_id, TITLE, PARENT)
+    attempt_id = service.request_provisioning(brand_id, title, PARENT)
     assert service.run_hop(attempt_id, 0).outcome is Outcome.SCHEDULED
 
     fake.configure(throttle_rate=1.0)
@@ -523,10 +527,10 @@ def test_429_and_5xx_on_status_count_as_settling(
 
 
 def test_401_fails_the_attempt_with_a_safe_message(
-    service: ProvisioningService, fake: FakeGateway, brand_id: str
+    service: ProvisioningService, fake: FakeGateway, brand_id: str, title: str
 ) -> None:
     fake.configure(unauthorized_rate=1.0)
-    attempt_id = service.request_provisioning(brand_id, TITLE, PARENT)
+    attempt_id = service.request_provisioning(brand_id, title, PARENT)
 
     outcome = service.run_hop(attempt_id, 0)
 
@@ -542,23 +546,23 @@ def test_401_fails_the_attempt_with_a_safe_message(
 
 
 def test_a_request_while_an_attempt_is_pending_is_refused_clearly(
-    service: ProvisioningService, fake: FakeGateway, brand_id: str
+    service: ProvisioningService, fake: FakeGateway, brand_id: str, title: str
 ) -> None:
-    first = service.request_provisioning(brand_id, TITLE, PARENT)
+    first = service.request_provisioning(brand_id, title, PARENT)
 
     with pytest.raises(AttemptInProgress, match=str(first)):
-        service.request_provisioning(brand_id, TITLE, PARENT)
+        service.request_provisioning(brand_id, title, PARENT)
     assert service.brand(brand_id).current_attempt_id == first
 
 
 def test_a_stale_pending_attempt_is_superseded_in_the_same_save(
-    service: ProvisioningService, fake: FakeGateway, clock: ManualClock, brand_id: str
+    service: ProvisioningService, fake: FakeGateway, clock: ManualClock, brand_id: str, title: str
 ) -> None:
-    first = service.request_provisioning(brand_id, TITLE, PARENT)
+    first = service.request_provisioning(brand_id, title, PARENT)
     clock.advance(601)
     saves = service.app.saves
 
-    second = service.request_provisioning(brand_id, TITLE, PARENT)
+    second = service.request_provisioning(brand_id, title, PARENT)
 
     assert service.app.saves == saves + 1
     assert service.attempt(first).state is AttemptState.SUPERSEDED
@@ -569,7 +573,7 @@ def test_a_stale_pending_attempt_is_superseded_in_the_same_save(
 
 @pytest.mark.parametrize(
     ("brand", "title", "parent"),
-    [("", TITLE, PARENT), ("b", " ", PARENT), ("b", TITLE, ""), (" b", TITLE, PARENT)],
+    [("", "Acme", PARENT), ("b", " ", PARENT), ("b", "Acme", ""), (" b", "Acme", PARENT)],
 )
 def test_bad_requests_get_a_clear_error_and_record_nothing(
     service: ProvisioningService, brand: str, title: str, parent: str
@@ -584,9 +588,9 @@ def test_bad_requests_get_a_clear_error_and_record_nothing(
 
 
 def test_deactivate_empties_unbinds_and_releases_the_claim(
-    service: ProvisioningService, fake: FakeGateway, brand_id: str
+    service: ProvisioningService, fake: FakeGateway, brand_id: str, title: str
 ) -> None:
-    bound = service.run_hop(service.request_provisioning(brand_id, TITLE, PARENT), 0)
+    bound = service.run_hop(service.request_provisioning(brand_id, title, PARENT), 0)
     assert bound.workspace_id is not None
     fake.add_project(bound.workspace_id)
     fake.add_project(bound.workspace_id)
@@ -599,44 +603,44 @@ def test_deactivate_empties_unbinds_and_releases_the_claim(
     assert brand.workspace_id is None
     assert brand.lifecycle == "deactivated"
     assert service.claim(bound.workspace_id).brand_id is None  # type: ignore[union-attr]
-    [shell] = upstream(fake, TITLE)
+    [shell] = upstream(fake, title)
     assert shell["projects"] == []  # emptied, never deleted
     assert service.decommission(brand_id) is None  # repeatable
     assert service.deactivate(brand_id).already_deactivated
 
 
 def test_reactivation_adopts_the_emptied_shell(
-    service: ProvisioningService, fake: FakeGateway, brand_id: str
+    service: ProvisioningService, fake: FakeGateway, brand_id: str, title: str
 ) -> None:
-    bound = service.run_hop(service.request_provisioning(brand_id, TITLE, PARENT), 0)
+    bound = service.run_hop(service.request_provisioning(brand_id, title, PARENT), 0)
     service.deactivate(brand_id)
     service.decommission(brand_id)
 
-    attempt_id = service.request_provisioning(brand_id, TITLE, PARENT)
+    attempt_id = service.request_provisioning(brand_id, title, PARENT)
     outcome = service.run_hop(attempt_id, 0)
 
     assert outcome.outcome is Outcome.PROMOTED
     assert outcome.workspace_id == bound.workspace_id
     assert service.attempt(attempt_id).provenance is Provenance.ADOPTED
     assert service.brand(brand_id).lifecycle == "active"
-    assert creates(fake, TITLE) == 1
+    assert creates(fake, title) == 1
 
 
 # Transaction budget.
 
 
 def test_a_created_attempt_ready_at_first_poll_costs_four_transactions(
-    service: ProvisioningService, fake: FakeGateway, brand_id: str
+    service: ProvisioningService, fake: FakeGateway, brand_id: str, title: str
 ) -> None:
     before = service.app.saves
-    service.run_hop(service.request_provisioning(brand_id, TITLE, PARENT), 0)
+    service.run_hop(service.request_provisioning(brand_id, title, PARENT), 0)
     assert service.app.saves - before == 4
 
 
 def test_an_adopted_attempt_ready_at_first_poll_costs_three_transactions(
-    service: ProvisioningService, fake: FakeGateway, brand_id: str
+    service: ProvisioningService, fake: FakeGateway, brand_id: str, title: str
 ) -> None:
-    fake.seed_workspace(TITLE, PARENT, status="created")
+    fake.seed_workspace(title, PARENT, status="created")
     before = service.app.saves
-    service.run_hop(service.request_provisioning(brand_id, TITLE, PARENT), 0)
+    service.run_hop(service.request_provisioning(brand_id, title, PARENT), 0)
     assert service.app.saves - before == 3

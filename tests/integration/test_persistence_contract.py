@@ -41,7 +41,7 @@ def test_every_event_round_trips_and_replays_to_the_same_state(app: ProvisionerA
     brand = new_brand()
     attempt = ProvisioningAttempt.start(brand.brand_id, "Acme", "parent", None, max_hop=5)
     brand.begin_attempt(attempt.id, "Acme", "parent")
-    attempt.request_create(0, ["zombie-1"])
+    attempt.request_create(0, ["zombie-1"], datetime(2030, 1, 1, tzinfo=UTC))
     attempt.accept_candidate("w1", Provenance.CREATED, 0)
     attempt.schedule_hop(1, datetime(2030, 1, 1, tzinfo=UTC), "not ready")
     attempt.fail(FailureReason.EXHAUSTED, "gave up", 1)

@@ -29,7 +29,7 @@ def test_brand_ids_are_deterministic_so_registering_twice_conflicts() -> None:
 
 def test_a_created_candidate_that_ends_unpromoted_owes_a_release_once() -> None:
     a = attempt()
-    a.request_create(0, [])
+    a.request_create(0, [], a.created_on)
     a.accept_candidate("w1", Provenance.CREATED, 0)
     assert not a.release_owed
     a.fail(FailureReason.EXHAUSTED, "no luck", 5)
@@ -70,7 +70,7 @@ def test_promoted_and_terminal_status_candidates_owe_nothing() -> None:
 
 def test_an_ended_attempt_refuses_new_decisions_but_records_what_it_created() -> None:
     a = attempt()
-    a.request_create(0, [])
+    a.request_create(0, [], a.created_on)
     a.supersede(uuid4())
     with pytest.raises(CommandRefused):
         a.accept_candidate("w1", Provenance.ADOPTED, 0)

@@ -32,10 +32,17 @@ def test_every_message_round_trips_through_json() -> None:
         (b'{"type": "explode", "version": 1}', "unknown type"),
         (b'{"type": "hop", "version": 9, "attempt_id": "x", "hop": 1}', "unknown version"),
         (b'{"type": "hop", "version": 1, "attempt_id": "nope", "hop": -1}', "schema errors"),
-        (b'{"type": "hop", "version": 1, "attempt_id": "' + str(uuid4()).encode() + b'", "hop": "1"}',
-         "schema errors"),
+        (
+            b'{"type": "hop", "version": 1, "attempt_id": "'
+            + str(uuid4()).encode()
+            + b'", "hop": "1"}',
+            "schema errors",
+        ),
         (b'{"type": "provision", "version": 1, "brand_id": "b", "title": ""}', "schema errors"),
-        (b'{"type": "hop", "version": true, "attempt_id": "x", "hop": 1}', "missing type or version"),
+        (
+            b'{"type": "hop", "version": true, "attempt_id": "x", "hop": 1}',
+            "missing type or version",
+        ),
     ],
 )
 def test_bad_bodies_are_refused_with_a_reason_and_details(body: bytes, reason: str) -> None:
