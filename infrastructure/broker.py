@@ -34,7 +34,9 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from kombu import Connection, Exchange, Producer, Queue
+from kombu.connection import Connection
+from kombu.entity import Exchange, Queue
+from kombu.messaging import Producer
 
 from infrastructure.messages import COMMAND_TYPES, Message
 
@@ -186,7 +188,7 @@ class Broker:
             self._producer = Producer(channel, on_return=self._on_return)
         return self._producer
 
-    def _on_return(self, exception: Any, exchange: str, routing_key: str, message: Any) -> None:
+    def _on_return(self, _exc: Any, exchange: str, routing_key: str, _message: Any) -> None:
         self._returned.append((exchange, routing_key))
 
     def close(self) -> None:
@@ -200,7 +202,7 @@ class Broker:
     ) -> None:
         """Publish a work or command message, after `delay_s` seconds if given."""
         key = COMMAND_KEY if message.type in COMMAND_TYPES else WORK_KEY
-        delay_ms = int(round(delay_s * 1000))
+        delay_ms = round(delay_s * 1000)
         if delay_ms <= 0:
             self._send(message.encode(), exchange=EXCHANGE, routing_key=key, headers=headers)
         elif self.scheduler is not None:

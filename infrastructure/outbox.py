@@ -98,7 +98,7 @@ class OutboxMapper:
     def _brand_of(self, attempt_id: UUID) -> str:
         brand_id = self._brands.get(attempt_id)
         if brand_id is None:
-            attempt = self.app.repository.get(attempt_id)
+            attempt: Any = self.app.repository.get(attempt_id)
             brand_id = str(attempt.brand_id)
             self._remember(attempt_id, brand_id)
         return brand_id
@@ -120,7 +120,7 @@ class OutboxMapper:
             ProvisioningAttempt.Superseded: "provisioning.superseded",
             ProvisioningAttempt.CandidateReleased: "workspace.released",
         }
-        kind = kinds.get(type(event))  # type: ignore[call-overload]
+        kind = kinds.get(type(event))  # type: ignore[arg-type]
         if kind is None:
             return [], []
         payload = self._payload(event, kind, self._brand_of(attempt_id), attempt_id)
@@ -139,7 +139,7 @@ class OutboxMapper:
 
     def _brand(self, event: DomainEventProtocol[Any]) -> tuple[list[Work], list[IntegrationEvent]]:
         if isinstance(event, Brand.Deactivated):
-            brand = self.app.repository.get(event.originator_id)
+            brand: Any = self.app.repository.get(event.originator_id)
             return [Work(messages.decommission(brand.brand_id))], []
         if isinstance(event, Brand.WorkspaceUnbound):
             brand = self.app.repository.get(event.originator_id)

@@ -30,7 +30,6 @@ from eventsourcing.persistence import IntegrityError
 from domain.attempt import ProvisioningAttempt
 from domain.brand import Brand
 from domain.claim import WorkspaceClaim
-from domain.slot import TitleSlot
 from domain.errors import (
     AlreadyClaimed,
     AttemptInProgress,
@@ -62,10 +61,10 @@ from domain.ports import (
     GatewayError,
     MalformedAnswer,
     RequestRejected,
-    TransientGatewayError,
     Unauthorized,
     WorkspaceGone,
 )
+from domain.slot import TitleSlot
 from infrastructure.eventstore import ProvisionerApplication
 
 log = logging.getLogger("provisioner.engine")

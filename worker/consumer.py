@@ -19,16 +19,16 @@ consuming thread empties between drains.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import queue
-import socket
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from kombu import Consumer
+from kombu.messaging import Consumer
 
 from domain.errors import (
     AttemptInProgress,
@@ -158,10 +158,8 @@ class HopWorker:
                     self.ready.set()
                     while not stop.is_set():
                         self._settle_finished(publisher)
-                        try:
+                        with contextlib.suppress(TimeoutError):
                             conn.drain_events(timeout=0.1)
-                        except socket.timeout:
-                            pass
                         conn.heartbeat_check()
                     consumer.cancel()
                     self._drain_in_flight(publisher)

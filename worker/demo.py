@@ -1,7 +1,8 @@
-"""`provisioner demo`: the engine on the embedded default, with faults, in under a minute.
+"""`provisioner demo`: the service on the embedded default, with faults, in under a minute.
 
-SQLite file, the fake gateway in-process over real HTTP, hops driven by the
-in-process engine with the backoff schedule compressed 50 times. Some brands
+SQLite file, the in-process broker (memory://, with the in-process delay
+scheduler), the worker and the relay on threads, the fake gateway in-process
+over real HTTP, and the backoff schedule compressed 50 times. Some brands
 settle slowly, one create times out after creating, one create leaves a zombie
 stub, one fails terminally, one brand adopts a workspace that already exists,
 and one brand is deactivated mid-flight.
@@ -9,6 +10,7 @@ and one brand is deactivated mid-flight.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -19,15 +21,12 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from domain.attempt import ProvisioningAttempt
-from domain.outcomes import HopOutcome, Outcome
-from infrastructure.eventstore import open_event_store, persistence_env
-from infrastructure.fake_gateway import FakeConfig, FakeGateway
-from infrastructure.gateway import HttpGateway
+from infrastructure.eventstore import persistence_env
+from infrastructure.fake_gateway import FakeConfig
 from infrastructure.service import ProvisioningService
 from infrastructure.settings import Settings
-from worker.inprocess import InProcessEngine
+from worker.runtime import build
 
-PARENT = "org-demo"
 TIME_SCALE = 0.02  # 155 s of backoff pass in about 3 s
 # brand number -> the fake's scripted fate for its title
 FATES = {
@@ -59,35 +58,51 @@ def _fresh_sqlite(url: str) -> None:
 def run_demo(*, brands: int, seed: int, database_url: str) -> int:
     console = Console()
     _fresh_sqlite(database_url)
-    settings = Settings.from_env({"PROVISIONER_DATABASE_URL": database_url})
-    app = open_event_store(database_url)
-    with FakeGateway(FakeConfig(seed=seed), parents=(PARENT,)) as fake:
+    settings = Settings.from_env(
+        {
+            "PROVISIONER_DATABASE_URL": database_url,
+            "PROVISIONER_BROKER_URL": "memory://",
+            "PROVISIONER_BACKOFF_BASE_S": str(5.0 * TIME_SCALE),
+        }
+    )
+    with build(settings, fake_config=FakeConfig(seed=seed)) as runtime:
+        fake = runtime.fake
+        assert fake is not None
+        fake_parent = fake.parents[0]
         for n, fate in FATES.items():
             fake.script(_title(n), fate)
-        fake.seed_workspace(_title(ADOPTS), PARENT, status="created")
-        gateway = HttpGateway(fake.url, "demo-token", read_timeout=2.0, retry_backoff_s=0.01)
-        service = ProvisioningService(app, gateway, settings=settings.engine())
+        fake.seed_workspace(_title(ADOPTS), fake_parent, status="created")
+        stop = threading.Event()
+        runtime.start(runtime.worker().run, "worker", stop)
+        runtime.start(runtime.relay().run, "relay", stop)
         started = time.monotonic()
-        outcomes = _provision(console, service, brands)
+        attempts = _provision(console, runtime.service, brands, fake_parent)
         elapsed = time.monotonic() - started
+        stop.set()
+        for thread in runtime.threads:
+            thread.join(10)
         state = fake.state()
-        gateway.close()
-    _summary(console, service, brands, outcomes)
-    for n in STORIES:
-        _story(console, service, f"demo-{n:02d}")
+        _summary(console, runtime.service, brands, attempts)
+        for n in STORIES:
+            _story(console, runtime.service, f"demo-{n:02d}")
     creates = sum(state["creates"].values())
     console.print(
-        f"\n{brands} brands in {elapsed:.1f} s; {creates} creates upstream for "
-        f"{len(state['creates'])} titles; event store: {database_url}"
+        f"\n{brands} brands in {elapsed:.1f} s through the in-process broker; {creates} creates "
+        f"upstream for {len(state['creates'])} titles; events in {database_url}"
     )
-    app.close()
     return 0
 
 
 def _provision(
-    console: Console, service: ProvisioningService, brands: int
-) -> dict[UUID, list[HopOutcome]]:
-    by_attempt: dict[UUID, list[HopOutcome]] = {}
+    console: Console, service: ProvisioningService, brands: int, parent: str
+) -> dict[UUID, int]:
+    """Request every brand, deactivate one mid-flight, and wait for all to end."""
+    attempts = {
+        service.request_provisioning(f"demo-{n:02d}", _title(n), parent): n
+        for n in range(1, brands + 1)
+    }
+    deactivate = next(a for a, n in attempts.items() if n == DEACTIVATED)
+    hops: dict[UUID, int] = {}
     with Progress(
         TextColumn("provisioning"),
         BarColumn(),
@@ -96,26 +111,26 @@ def _provision(
         console=console,
     ) as progress:
         task = progress.add_task("brands", total=brands)
-
-        def seen(outcome: HopOutcome) -> None:
-            by_attempt.setdefault(outcome.attempt_id, []).append(outcome)
-            if outcome.brand_id == f"demo-{DEACTIVATED:02d}" and outcome.hop == 0:
-                service.deactivate(outcome.brand_id)
-            if outcome.outcome not in (Outcome.SCHEDULED, Outcome.DUPLICATE):
-                progress.advance(task)
-
-        engine = InProcessEngine(service, concurrency=8, time_scale=TIME_SCALE, on_outcome=seen)
-        for n in range(1, brands + 1):
-            engine.submit(service.request_provisioning(f"demo-{n:02d}", _title(n), PARENT))
-        engine.run(timeout_s=120)
-    return by_attempt
+        deadline = time.monotonic() + 60
+        pending = set(attempts)
+        while pending and time.monotonic() < deadline:
+            for attempt_id in list(pending):
+                attempt = service.attempt(attempt_id)
+                hops[attempt_id] = attempt.expected_hop + 1
+                if attempt_id == deactivate and attempt.candidate_id and not attempt.is_terminal:
+                    service.deactivate(attempt.brand_id)
+                elif attempt.is_terminal and not attempt.release_owed:
+                    pending.discard(attempt_id)
+                    progress.advance(task)
+            time.sleep(0.05)
+    return hops
 
 
 def _summary(
     console: Console,
     service: ProvisioningService,
     brands: int,
-    outcomes: dict[UUID, list[HopOutcome]],
+    hops: dict[UUID, int],
 ) -> None:
     table = Table(title="Brands")
     for column in ("brand", "status", "workspace", "hops", "outcome"):
@@ -124,14 +139,13 @@ def _summary(
     for n in range(1, brands + 1):
         brand = service.brand(f"demo-{n:02d}")
         attempt = service.attempt(brand.current_attempt_id) if brand.current_attempt_id else None
-        hops = outcomes.get(attempt.id, []) if attempt else []
         state = attempt.state.value if attempt else "none"
         tally[state] += 1
         table.add_row(
             brand.brand_id,
             state if brand.is_active else f"{state} (deactivated)",
             brand.workspace_id or "-",
-            str(len(hops)),
+            str(hops.get(attempt.id, 0)) if attempt else "0",
             _describe(attempt) if attempt else "",
         )
     console.print(table)
@@ -158,7 +172,8 @@ def _story(console: Console, service: ProvisioningService, brand_id: str) -> Non
         fields = {
             k: v
             for k, v in vars(event).items()
-            if k not in ("originator_id", "originator_version", "timestamp", "originator_topic")
+            if k
+            not in ("originator_id", "originator_version", "timestamp", "requested_at", "max_hop")
         }
         table.add_row(
             f"{event.timestamp:%H:%M:%S.%f}"[:-3],
