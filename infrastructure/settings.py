@@ -12,6 +12,7 @@
 | PROVISIONER_MAX_REQUEUES       | 5                                |
 | PROVISIONER_STALE_AFTER_S      | 600                              |
 | PROVISIONER_CONCURRENCY        | 8                                |
+| PROVISIONER_METRICS_PORT       | 0 (Prometheus /metrics off)      |
 """
 
 from __future__ import annotations
@@ -63,6 +64,7 @@ class Settings:
     max_requeues: int = 5
     stale_after_s: float = 600.0
     concurrency: int = 8
+    metrics_port: int = 0
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -78,6 +80,7 @@ class Settings:
             max_requeues=int(_number(env, "PROVISIONER_MAX_REQUEUES", 5, integer=True)),
             stale_after_s=_number(env, "PROVISIONER_STALE_AFTER_S", 600.0),
             concurrency=max(1, int(_number(env, "PROVISIONER_CONCURRENCY", 8, integer=True))),
+            metrics_port=int(_number(env, "PROVISIONER_METRICS_PORT", 0, integer=True)),
         )
 
     def engine(self) -> EngineSettings:

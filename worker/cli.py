@@ -164,6 +164,9 @@ def _serve(parts: tuple[str, ...], concurrency: int | None) -> None:
             "memory:// is an in-process broker: use `provisioner run`, or set "
             "PROVISIONER_BROKER_URL=amqp://... to run the worker and relay apart"
         )
+    from worker.metrics import serve
+
+    serve(settings.metrics_port)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())

@@ -41,6 +41,7 @@ from domain.errors import (
 from infrastructure.broker import Broker, DelayScheduler, Topology, connect
 from infrastructure.messages import InvalidMessage, Message, decode
 from infrastructure.service import ProvisioningService
+from worker import metrics
 
 log = logging.getLogger("provisioner.worker")
 
@@ -67,6 +68,11 @@ class WorkerStats:
 
 def handle(service: ProvisioningService, message: Message) -> str:
     """Run one message's use case; return a short description of what happened."""
+    with metrics.HOP_SECONDS.labels(message.type).time():
+        return _handle(service, message)
+
+
+def _handle(service: ProvisioningService, message: Message) -> str:
     f = message.fields
     try:
         if message.type == "hop":
@@ -203,6 +209,7 @@ class HopWorker:
             self._retry(publisher, message, decoded, exc)
             return
         message.ack()
+        metrics.HANDLED.labels(decoded.type).inc()
         self.stats.handled += 1
         self.stats.by_type[decoded.type] = self.stats.by_type.get(decoded.type, 0) + 1
         log.debug("handled %s %s: %s", decoded.type, decoded.fields, detail)
@@ -223,6 +230,7 @@ class HopWorker:
         )
         publisher.publish(decoded, delay_s=delay, headers={"x-retries": tries + 1})
         message.ack()
+        metrics.RETRIED.inc()
         self.stats.retried += 1
 
     def _dead(self, publisher: Broker, message: Any, reason: str, errors: dict[str, Any]) -> None:
@@ -230,6 +238,7 @@ class HopWorker:
         body = message.body if isinstance(message.body, bytes) else str(message.body).encode()
         publisher.publish_dead(body, reason, errors, source)
         message.ack()
+        metrics.DEAD_LETTERED.labels(reason).inc()
         self.stats.dead_lettered += 1
         log.warning("dead-lettered a message from %s: %s %s", source, reason, errors)
 

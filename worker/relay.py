@@ -31,6 +31,7 @@ from infrastructure.eventstore import (
     postgres_conninfo,
 )
 from infrastructure.outbox import TOPICS, OutboxMapper, load_position, save_position
+from worker import metrics
 
 log = logging.getLogger("provisioner.relay")
 
@@ -79,6 +80,10 @@ class Relay:
                 self.broker.publish_event(out.routing_key, out.payload)
             self.stats.work_published += len(work)
             self.stats.events_published += len(integration)
+            for item in work:
+                metrics.RELAYED.labels(item.message.type).inc()
+            for out in integration:
+                metrics.RELAYED.labels(out.routing_key).inc()
         last = notes[-1].id
         try:
             save_position(self.positions, last)
