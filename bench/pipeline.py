@@ -1,0 +1,317 @@
+"""Pipeline benchmark: N brands through RabbitMQ + PostgreSQL + the fake gateway over HTTP.
+
+    .venv/bin/python bench/pipeline.py [--brands 1000] [--concurrency 32] [--workers 2]
+                                       [--latency-ms 0] [--json]
+
+Runs the real processes: the fake gateway, `provisioner relay` and
+`provisioner worker` (x --workers, each at --concurrency), all as
+subprocesses. The benchmark process requests every brand (the request path,
+from 8 threads) and listens for `workspace.ready` on the integration-event
+exchange. Printed: end-to-end provisions/s (first request to last ready),
+hop latency p50/p99 (from the workers' Prometheus histograms), the largest
+worker RSS, and in the same run the raw kombu publish-with-confirms rate and
+the bare event-store save rate. With --latency-ms 100 it also reports the
+time for the whole batch (`seconds_for_1000_at_100ms` when --brands is 1000).
+
+Without PROVISIONER_DATABASE_URL it creates a fresh database on the local
+server and drops it afterwards; PROVISIONER_BROKER_URL defaults to the local
+RabbitMQ.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import psycopg
+from eventsourcing.application import Application
+from eventsourcing.domain import Aggregate
+from kombu.connection import Connection
+from kombu.entity import Exchange, Queue
+
+from infrastructure.broker import EVENTS_EXCHANGE, Broker, Topology
+from infrastructure.eventstore import init_database, open_event_store, persistence_env
+from infrastructure.gateway import HttpGateway
+from infrastructure.service import ProvisioningService
+
+LOCAL_PG = "postgresql://root@127.0.0.1:5432"
+LOCAL_AMQP = "amqp://guest:guest@127.0.0.1:5672//"
+
+
+class Trivial(Aggregate):
+    """The smallest aggregate: one Created event per save."""
+
+
+def fresh_database() -> tuple[str, str]:
+    name = f"provisioner_bench_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(f"{LOCAL_PG}/postgres", autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    return f"{LOCAL_PG}/{name}", name
+
+
+def drop_database(name: str) -> None:
+    with psycopg.connect(f"{LOCAL_PG}/postgres", autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def purge(broker_url: str) -> None:
+    topology = Topology()
+    with Connection(broker_url) as conn:
+        channel = conn.channel()
+        topology.declare(channel)
+        for queue in (topology.hops, topology.commands, topology.dead):
+            queue.bind(channel).purge()
+
+
+def spawn(args: list[str], env: dict[str, str]) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, *args], cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True
+    )
+
+
+def start_fake(latency_ms: float, parents: list[str]) -> tuple[subprocess.Popen[str], str]:
+    args = ["-m", "infrastructure.fake_gateway", "--port", "0", "--latency-ms", str(latency_ms)]
+    args += ["--seed", str(uuid.uuid4().int % 2**31)]
+    for parent in parents:
+        args += ["--parent", parent]
+    proc = spawn(args, dict(os.environ))
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    return proc, line.strip().rsplit(" ", 1)[-1]
+
+
+def rss_mb(pid: int) -> float:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
+def quantile_from_histogram(text: str, label: str, q: float) -> float:
+    """Approximate a quantile (ms) from Prometheus histogram buckets (linear in a bucket)."""
+    buckets: list[tuple[float, float]] = []
+    for line in text.splitlines():
+        if line.startswith("provisioner_handle_seconds_bucket") and f'type="{label}"' in line:
+            le = line.split('le="')[1].split('"')[0]
+            buckets.append((float("inf") if le == "+Inf" else float(le), float(line.split()[-1])))
+    buckets.sort()
+    total = buckets[-1][1] if buckets else 0
+    if not total:
+        return 0.0
+    target, prev_le, prev_count = q * total, 0.0, 0.0
+    for le, count in buckets:
+        if count >= target:
+            if le == float("inf"):
+                return prev_le * 1000
+            share = (target - prev_count) / max(count - prev_count, 1e-9)
+            return (prev_le + (le - prev_le) * share) * 1000
+        prev_le, prev_count = le, count
+    return prev_le * 1000
+
+
+def merged_metrics(ports: list[int]) -> str:
+    """Sum the workers' histograms line by line (same buckets everywhere)."""
+    sums: dict[str, float] = {}
+    for port in ports:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+            for line in r.read().decode().splitlines():
+                if line.startswith("provisioner_handle_seconds_bucket"):
+                    key, value = line.rsplit(" ", 1)
+                    sums[key] = sums.get(key, 0.0) + float(value)
+    return "\n".join(f"{k} {v}" for k, v in sums.items())
+
+
+def raw_publish_rate(broker_url: str, count: int = 2000) -> float:
+    queue_name = f"bench.raw.{uuid.uuid4().hex[:6]}"
+    with Connection(broker_url, transport_options={"confirm_publish": True}) as conn:
+        channel = conn.channel()
+        queue = Queue(queue_name, Exchange(""), routing_key=queue_name, auto_delete=False)
+        queue.bind(channel).declare()
+        producer = conn.Producer(channel)
+        started = time.perf_counter()
+        for n in range(count):
+            producer.publish(
+                b'{"n": %d}' % n, routing_key=queue_name, delivery_mode=2, mandatory=True
+            )
+        rate = count / (time.perf_counter() - started)
+        queue.bind(channel).delete()
+    return rate
+
+
+def bare_save_rate(url: str, count: int = 1000) -> float:
+    class Bare(Application[Any]):
+        name = "bench_bare"
+
+    app = Bare(persistence_env(url, create_table=True))
+    started = time.perf_counter()
+    for _ in range(count):
+        app.save(Trivial())
+    rate = count / (time.perf_counter() - started)
+    app.close()
+    return rate
+
+
+class ReadyListener(threading.Thread):
+    """Collects workspace.ready / provisioning.failed events for our brands."""
+
+    def __init__(self, broker_url: str, brands: set[str]) -> None:
+        super().__init__(daemon=True)
+        self.broker_url = broker_url
+        self.brands = brands
+        self.done: dict[str, tuple[str, float]] = {}
+        self.ready = threading.Event()
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        with Connection(self.broker_url) as conn:
+            queue = Queue(
+                f"bench.events.{uuid.uuid4().hex[:6]}",
+                Exchange(EVENTS_EXCHANGE, type="topic", durable=True),
+                routing_key="#",
+                exclusive=True,
+            )
+
+            def on_message(body: Any, message: Any) -> None:
+                event = json.loads(body) if isinstance(body, (bytes, str)) else body
+                brand = event.get("brand_id")
+                kind = event.get("type")
+                if brand in self.brands and kind in ("workspace.ready", "provisioning.failed"):
+                    self.done.setdefault(brand, (kind, time.perf_counter()))
+                message.ack()
+
+            with conn.Consumer(queue, callbacks=[on_message], accept=["json"]):
+                self.ready.set()
+                while not self.stop.is_set():
+                    try:
+                        conn.drain_events(timeout=0.2)
+                    except TimeoutError:
+                        pass
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    created_db = None
+    url = os.environ.get("PROVISIONER_DATABASE_URL")
+    if not url:
+        url, created_db = fresh_database()
+    broker_url = os.environ.get("PROVISIONER_BROKER_URL", LOCAL_AMQP)
+    init_database(url)
+    purge(broker_url)
+    publisher = Broker(broker_url, Topology(), scheduler=None)
+    publisher.declare()
+    publisher.close()
+    parents = [f"org-{n}" for n in range(max(1, args.brands // args.brands_per_parent))]
+    fake, gateway_url = start_fake(args.latency_ms, parents)
+    env = dict(os.environ)
+    env.update(
+        {
+            "PROVISIONER_DATABASE_URL": url,
+            "PROVISIONER_BROKER_URL": broker_url,
+            "PROVISIONER_GATEWAY_URL": gateway_url,
+            "PROVISIONER_GATEWAY_TOKEN": "bench-token",
+            "PROVISIONER_CONCURRENCY": str(args.concurrency),
+            "PYTHONPATH": str(ROOT),
+        }
+    )
+    ports = [9300 + n for n in range(args.workers)]
+    procs = [spawn(["-m", "worker.cli", "relay"], env)]
+    for port in ports:
+        procs.append(
+            spawn(["-m", "worker.cli", "worker"], env | {"PROVISIONER_METRICS_PORT": str(port)})
+        )
+    workers = procs[1:]
+    run_id = uuid.uuid4().hex[:6]
+    brands = [(f"pipe-{run_id}-{n}", f"Pipe {run_id} {n}", parents[n % len(parents)])
+              for n in range(args.brands)]
+    listener = ReadyListener(broker_url, {b for b, _, _ in brands})
+    listener.start()
+    listener.ready.wait(10)
+    app = open_event_store(url, pool_size=10)
+    service = ProvisioningService(app, HttpGateway(gateway_url, "bench-token"))
+    peak_rss = 0.0
+    try:
+        time.sleep(1.5)  # let the workers connect
+        started = time.perf_counter()
+        requested: dict[str, float] = {}
+
+        def request(brand: tuple[str, str, str]) -> None:
+            requested[brand[0]] = time.perf_counter()
+            service.request_provisioning(*brand)
+
+        with ThreadPoolExecutor(8) as pool:
+            list(pool.map(request, brands))
+        deadline = time.perf_counter() + args.timeout
+        while len(listener.done) < len(brands) and time.perf_counter() < deadline:
+            peak_rss = max([peak_rss, *(rss_mb(p.pid) for p in workers)])
+            time.sleep(0.1)
+        finished = max((t for _, t in listener.done.values()), default=time.perf_counter())
+        elapsed = finished - started
+        text = merged_metrics(ports)
+        peak_rss = max([peak_rss, *(rss_mb(p.pid) for p in workers)])
+    finally:
+        listener.stop.set()
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            proc.wait(60)
+        fake.terminate()
+        fake.wait(5)
+        app.close()
+    ready = sum(1 for kind, _ in listener.done.values() if kind == "workspace.ready")
+    result = {
+        "brands": args.brands,
+        "ready": ready,
+        "workers": args.workers,
+        "concurrency": args.concurrency,
+        "latency_ms": args.latency_ms,
+        "seconds": round(elapsed, 2),
+        "provisions_per_s": round(ready / elapsed, 1),
+        "hop_p50_ms": round(quantile_from_histogram(text, "hop", 0.50), 1),
+        "hop_p99_ms": round(quantile_from_histogram(text, "hop", 0.99), 1),
+        "worker_rss_mb": round(peak_rss, 1),
+        "raw_publish_per_s": round(raw_publish_rate(broker_url), 1),
+        "bare_saves_per_s": round(bare_save_rate(url), 1),
+    }
+    if args.latency_ms == 100 and args.brands == 1000:
+        result["seconds_for_1000_at_100ms"] = result["seconds"]
+    if created_db:
+        drop_database(created_db)
+    return result
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--brands", type=int, default=1000)
+    parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument("--workers", type=int, default=2, help="worker processes")
+    parser.add_argument("--latency-ms", type=float, default=0.0)
+    parser.add_argument("--brands-per-parent", type=int, default=100)
+    parser.add_argument("--timeout", type=float, default=300.0)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    result = run(args)
+    if args.json:
+        print(json.dumps(result))
+    else:
+        for key, value in result.items():
+            print(f"{key:>28}: {value}")
+    return 0 if result["ready"] == args.brands else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
