@@ -434,10 +434,27 @@ class _Hop:
         self._family: list[FamilyMember] | None = None
         self._claim_read_needed = False
         self.released: list[str] = []
+        # Aggregates changed alongside a just-accepted candidate (its claim, the
+        # title slot): saved with the attempt's next save, which records the
+        # candidate and the first poll's outcome in one transaction.
+        self.pending: list[Aggregate] = []
 
     @property
     def now(self) -> datetime:
         return self.svc.clock.now()
+
+    def _save(self, attempt: ProvisioningAttempt, *others: Aggregate) -> None:
+        self.svc.app.save(attempt, *self.pending, *others)
+        self.pending = []
+        if self.created in attempt.created_ids:
+            self.created = None  # on record at last
+
+    def _slot(self, attempt: ProvisioningAttempt) -> TitleSlot:
+        """The title slot: the copy already changed in this run, else a fresh read."""
+        for aggregate in self.pending:
+            if isinstance(aggregate, TitleSlot):
+                return aggregate
+        return self.svc.slot(attempt.parent_workspace_id, attempt.title)
 
     def run(self) -> HopOutcome:
         for _ in range(self.svc.settings.max_rounds):
@@ -451,12 +468,14 @@ class _Hop:
                     self.hop,
                 )
                 self._family = None
+                self.pending = []
         raise ContentionError(f"attempt {self.attempt_id} is contended; retry the hop later")
 
     def _step(self, attempt: ProvisioningAttempt) -> HopOutcome:
         placed_late = self.created is not None
         if placed_late:
             self._record_created(attempt)
+            self._save(attempt)
         self._release_owed(attempt)
         gate = self._gate(attempt)
         if gate is not None and placed_late and gate.outcome is Outcome.DUPLICATE:
@@ -626,20 +645,21 @@ class _Hop:
         except AlreadyClaimed as exc:
             raise IntegrityError(str(exc)) from None  # decide again from fresh state
         attempt.accept_candidate(workspace_id, prov, self.hop)
-        slot = slot or self.svc.slot(attempt.parent_workspace_id, attempt.title)
+        slot = slot or self._slot(attempt)
         slot.free(attempt.id)
-        self.svc.app.save(attempt, claim, slot)
+        self.pending += [claim, slot]
 
     def _record_created(self, attempt: ProvisioningAttempt) -> HopOutcome | None:
         """Put what this run created on record: as the candidate, else as a surplus.
 
-        A surplus (the attempt moved on meanwhile) is owed a release, which the
-        next step performs. Returns an outcome only when the attempt failed here.
+        The events are saved with the attempt's next save (right after the first
+        poll on the fresh path). A surplus (the attempt moved on meanwhile) is owed
+        a release, which the next step performs. Returns an outcome only when the
+        attempt failed here.
         """
         workspace_id = self.created
         assert workspace_id is not None
         if workspace_id in attempt.created_ids:
-            self.created = None
             return None
         takes_candidate = attempt.candidate_id is None and attempt.state is not (
             AttemptState.PROMOTED
@@ -656,11 +676,10 @@ class _Hop:
                     "create answered a claimed workspace attempt=%s: %s", attempt.id, exc
                 )
                 return self._fail(attempt, FailureReason.GATEWAY_BUG, f"create answered {exc}")
-        slot = self.svc.slot(attempt.parent_workspace_id, attempt.title)
+        slot = self._slot(attempt)
         slot.free(attempt.id)
         attempt.record_created(workspace_id, self.hop)
-        self.svc.app.save(attempt, slot, *touched)
-        self.created = None
+        self.pending += [slot, *touched]
         if not takes_candidate:
             log.warning(
                 "a create lost its race; releasing it attempt=%s workspace=%s",
@@ -717,7 +736,7 @@ class _Hop:
             # ended this attempt: re-read and stand down through the gate.
             raise IntegrityError(str(exc)) from None
         attempt.promote(self.hop)
-        self.svc.app.save(attempt, brand)
+        self._save(attempt, brand)
         return self._outcome(attempt, Outcome.PROMOTED, "ready", workspace_id=workspace_id)
 
     def _drop_existing(self, attempt: ProvisioningAttempt, raw: str) -> HopOutcome:
@@ -743,7 +762,7 @@ class _Hop:
             delay = backoff.delay_after(self.hop)
             not_before = self.now + timedelta(seconds=delay)
             attempt.schedule_hop(self.hop + 1, not_before, status)
-            self.svc.app.save(attempt, *touched)
+            self._save(attempt, *touched)
             return self._outcome(
                 attempt, Outcome.SCHEDULED, status, next_hop=self.hop + 1, delay_s=delay
             )
@@ -777,11 +796,12 @@ class _Hop:
         claim = self.svc.adopted_claim_to_release(attempt)
         if claim is not None:
             touched.append(claim)
-        slot = self.svc.slot(attempt.parent_workspace_id, attempt.title)
+        slot = self._slot(attempt)
         if slot.holder == attempt.id and not attempt.create_unresolved:
             slot.free(attempt.id)
-            touched.append(slot)
-        self.svc.app.save(attempt, *touched)
+            if slot not in self.pending:
+                touched.append(slot)
+        self._save(attempt, *touched)
         self._release_owed(attempt)
         return self._outcome(attempt, Outcome.FAILED, f"{reason.value}: {message}")
 

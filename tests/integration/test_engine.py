@@ -629,18 +629,20 @@ def test_reactivation_adopts_the_emptied_shell(
 # Transaction budget.
 
 
-def test_a_created_attempt_ready_at_first_poll_costs_four_transactions(
+def test_a_created_attempt_ready_at_first_poll_costs_three_transactions(
     service: ProvisioningService, fake: FakeGateway, brand_id: str, title: str
 ) -> None:
     before = service.app.saves
     service.run_hop(service.request_provisioning(brand_id, title, PARENT), 0)
-    assert service.app.saves - before == 4
+    # request; CreateRequested (+ slot); CandidateAccepted + claim + Promoted + bound
+    assert service.app.saves - before == 3
 
 
-def test_an_adopted_attempt_ready_at_first_poll_costs_three_transactions(
+def test_an_adopted_attempt_ready_at_first_poll_costs_two_transactions(
     service: ProvisioningService, fake: FakeGateway, brand_id: str, title: str
 ) -> None:
     fake.seed_workspace(title, PARENT, status="created")
     before = service.app.saves
     service.run_hop(service.request_provisioning(brand_id, title, PARENT), 0)
-    assert service.app.saves - before == 3
+    # request; CandidateAccepted + claim + Promoted + bound
+    assert service.app.saves - before == 2
