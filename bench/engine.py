@@ -270,6 +270,8 @@ class Pool:
                 raise SystemExit(f"unexpected message from a worker: {message!r}")
             if kind == "done":
                 got.append(message[2])
+            elif kind == "ready":
+                got.append({"pid": message[2]})
             else:
                 got.append({})
         return got
@@ -339,7 +341,9 @@ def main() -> int:
     if min(args.attempts, args.processes, args.concurrency, args.brands_per_parent) < 1:
         parser.error("attempts, processes, concurrency and brands-per-parent must be >= 1")
 
-    say: Callable[[str], None] = (lambda _: None) if args.json else print
+    say: Callable[[str], None] = (
+        (lambda _: None) if args.json else (lambda text: print(text, flush=True))
+    )
     url = os.environ.get("PROVISIONER_DATABASE_URL", DEFAULT_URL)
     init_database(url)
     per_parent = min(args.brands_per_parent, args.attempts)
@@ -362,10 +366,11 @@ def main() -> int:
             process.start()
             pool.processes.append(process)
             pool.commands.append(commands)
-        pool._collect("ready", args.processes)
+        pids = [str(r["pid"]) for r in pool._collect("ready", args.processes)]
         say(
             f"layout: {args.processes} processes x {args.concurrency} threads; "
-            f"{args.attempts} attempts; {per_parent} brands per parent ({len(parents)} parents)"
+            f"{args.attempts} attempts; {per_parent} brands per parent ({len(parents)} parents); "
+            f"worker pids {' '.join(pids)}, fake pid {fake.pid}"
         )
 
         say("warm-up ...")
@@ -374,8 +379,11 @@ def main() -> int:
         bare_phase(pool, min(400, args.bare_saves), args.processes, args.concurrency)
         httpx.post(f"{gateway_url}/_fake/reset", timeout=10).raise_for_status()
 
+        say("bare saves, one writer ...")
         one = bare_phase(pool, args.bare_saves // 2, 1, 1)
+        say(f"bare saves, {args.processes} x {args.concurrency} writers ...")
         many = bare_phase(pool, args.bare_saves, args.processes, args.concurrency)
+        say(f"engine, {args.attempts} attempts ...")
         eng = engine_phase(pool, args.attempts, per_parent, args.processes)
         calls = httpx.get(f"{gateway_url}/_fake/state", timeout=10).json().get("calls", {})
     finally:
