@@ -449,6 +449,13 @@ class _Hop:
         if self.created in attempt.created_ids:
             self.created = None  # on record at last
 
+    def _claim(self, workspace_id: str) -> WorkspaceClaim | None:
+        """The workspace's claim: the copy already changed in this run, else a read."""
+        for aggregate in self.pending:
+            if isinstance(aggregate, WorkspaceClaim) and aggregate.workspace_id == workspace_id:
+                return aggregate
+        return self.svc.claim(workspace_id)
+
     def _slot(self, attempt: ProvisioningAttempt) -> TitleSlot:
         """The title slot: the copy already changed in this run, else a fresh read."""
         for aggregate in self.pending:
@@ -789,13 +796,16 @@ class _Hop:
         touched = list(touched or [])
         attempt.fail(reason, message, self.hop)
         for workspace_id in attempt.owed_releases:
-            claim = self.svc.claim(workspace_id)
+            claim = self._claim(workspace_id)
             if claim is not None and claim.attempt_id == attempt.id:
                 claim.begin_release(attempt.brand_id, attempt.id)
                 touched.append(claim)
-        claim = self.svc.adopted_claim_to_release(attempt)
-        if claim is not None:
-            touched.append(claim)
+        if attempt.provenance is Provenance.ADOPTED and attempt.candidate_id is not None:
+            claim = self._claim(attempt.candidate_id)
+            if claim is not None and claim.attempt_id == attempt.id:
+                claim.release(f"attempt {attempt.state.value}")
+                touched.append(claim)
+        touched = [t for t in touched if t not in self.pending]
         slot = self._slot(attempt)
         if slot.holder == attempt.id and not attempt.create_unresolved:
             slot.free(attempt.id)

@@ -195,3 +195,26 @@ def test_a_create_that_lost_its_race_is_recorded_even_when_emptying_it_fails(
     wrapper.inner.list_projects = original  # type: ignore[method-assign]
     assert service.release(attempt_id) == (adoptable["id"],)
     assert not service.attempt(attempt_id).release_owed
+
+
+def test_an_adopted_candidate_that_fails_at_its_first_poll_gives_its_claim_back(
+    service: ProvisioningService, fake: FakeGateway, brand_id: str, title: str
+) -> None:
+    adoptable = fake.seed_workspace(title, PARENT, status="created")
+    wrapper = intercept(service)
+
+    def refused() -> str:
+        from domain.ports import Unauthorized
+
+        raise Unauthorized("401")
+
+    wrapper.status_answer[adoptable["id"]] = refused
+    attempt_id = service.request_provisioning(brand_id, title, PARENT)
+
+    outcome = service.run_hop(attempt_id, 0)
+
+    assert outcome.outcome is Outcome.FAILED
+    assert service.attempt(attempt_id).provenance is Provenance.ADOPTED
+    claim = service.claim(adoptable["id"])
+    assert claim is not None
+    assert claim.brand_id is None  # free for the next attempt or brand
