@@ -21,6 +21,7 @@ RabbitMQ.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
@@ -198,10 +199,8 @@ class ReadyListener(threading.Thread):
             with conn.Consumer(queue, callbacks=[on_message], accept=["json"]):
                 self.ready.set()
                 while not self.stop.is_set():
-                    try:
+                    with contextlib.suppress(TimeoutError):
                         conn.drain_events(timeout=0.2)
-                    except TimeoutError:
-                        pass
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:

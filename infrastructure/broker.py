@@ -25,6 +25,7 @@ message when it is due, and dead letters are published directly.
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 import itertools
 import json
@@ -129,7 +130,7 @@ class DelayScheduler:
     """Holds delayed messages in memory and publishes each when due (memory:// only)."""
 
     def __init__(self, url: str, topology: Topology) -> None:
-        self._heap: list[tuple[float, int, Message]] = []
+        self._heap: list[tuple[float, int, Message, dict[str, Any] | None]] = []
         self._seq = itertools.count()
         self._wake = threading.Condition()
         self._stopped = False
@@ -137,9 +138,12 @@ class DelayScheduler:
         self._thread = threading.Thread(target=self._run, name="delay-scheduler", daemon=True)
         self._thread.start()
 
-    def schedule(self, message: Message, delay_s: float) -> None:
+    def schedule(
+        self, message: Message, delay_s: float, headers: dict[str, Any] | None = None
+    ) -> None:
         with self._wake:
-            heapq.heappush(self._heap, (time.monotonic() + delay_s, next(self._seq), message))
+            due = time.monotonic() + delay_s
+            heapq.heappush(self._heap, (due, next(self._seq), message, headers))
             self._wake.notify()
 
     def pending(self) -> int:
@@ -161,8 +165,8 @@ class DelayScheduler:
                     self._wake.wait(timeout)
                 if self._stopped:
                     return
-                _, _, message = heapq.heappop(self._heap)
-            self._broker.publish(message)
+                _, _, message, headers = heapq.heappop(self._heap)
+            self._broker.publish(message, headers=headers)
 
 
 class Broker:
@@ -206,13 +210,16 @@ class Broker:
         if delay_ms <= 0:
             self._send(message.encode(), exchange=EXCHANGE, routing_key=key, headers=headers)
         elif self.scheduler is not None:
-            self.scheduler.schedule(message, delay_s)
+            self.scheduler.schedule(message, delay_s, headers)
         else:
             queue = self.topology.wait(delay_ms)
-            if queue.name not in self._declared:
-                queue.bind(self.producer.channel).declare()
-                self._declared.add(queue.name)
-            self._send(message.encode(), exchange="", routing_key=queue.name, headers=headers)
+            self._send(
+                message.encode(),
+                exchange="",
+                routing_key=queue.name,
+                headers=headers,
+                declare=queue,
+            )
 
     def publish_dead(self, body: bytes, reason: str, errors: dict[str, Any], source: str) -> None:
         headers = {
@@ -234,11 +241,16 @@ class Broker:
         routing_key: str,
         headers: dict[str, Any] | None = None,
         mandatory: bool = True,
+        declare: Queue | None = None,
     ) -> None:
         for attempt in (1, 2):
             try:
                 self._returned.clear()
-                self.producer.publish(
+                producer = self.producer
+                if declare is not None and declare.name not in self._declared:
+                    declare.bind(producer.channel).declare()
+                    self._declared.add(declare.name)
+                producer.publish(
                     body,
                     exchange=exchange,
                     routing_key=routing_key,
@@ -254,7 +266,9 @@ class Broker:
                 log.warning("publish failed (%s); reconnecting", exc)
                 self._producer = None
                 self._declared.clear()
-                self.connection = self.connection.clone()
+                broken, self.connection = self.connection, self.connection.clone()
+                with contextlib.suppress(Exception):
+                    broken.release()
                 if attempt == 2:
                     raise
         if self._returned:

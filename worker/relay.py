@@ -97,11 +97,27 @@ class Relay:
         return len(notes)
 
     def run(self, stop: threading.Event) -> None:
-        """Pump until `stop` is set, sleeping on LISTEN/NOTIFY or polling when idle."""
-        with self._listener() as wait:
-            while not stop.is_set():
-                if self.pump() == 0:
-                    wait(stop)
+        """Pump until `stop` is set, sleeping on LISTEN/NOTIFY or polling when idle.
+
+        A failure (broker or database connection lost) never ends the relay: the
+        position is recorded only after a batch is published, so it waits, opens a
+        fresh listener and re-reads from the recorded position (re-publishing is
+        harmless).
+        """
+        pause = 0.5
+        while not stop.is_set():
+            try:
+                with self._listener() as wait:
+                    while not stop.is_set():
+                        if self.pump() == 0:
+                            wait(stop)
+                        pause = 0.5
+            except Exception as exc:  # noqa: BLE001 - supervise: log, back off, resume
+                log.warning(
+                    "relay interrupted (%s: %s); resuming in %.1fs", type(exc).__name__, exc, pause
+                )
+                stop.wait(pause)
+                pause = min(pause * 2, 10.0)
 
     def _listener(self) -> Any:
         if self.database_url.startswith(("postgresql://", "postgres://")):

@@ -1,0 +1,144 @@
+"""RabbitMQ fixtures for the messaging tests.
+
+`rabbit_url` checks that the broker answers (a test skips on a laptop without
+it and FAILS in CI, as with PostgreSQL), and empties the project's queues
+(provisioning.hops, .commands, .dead and every provisioning.wait.<ms>) before
+and after each test, so that no message of one test reaches another.
+
+Isolation from other users of the same broker: when `rabbitmqctl` works (root
+on the test machines) the session runs in a virtual host of its own, created
+here and deleted at the end, so that purging queues and closing connections
+never touch a benchmark or a second test run on the default vhost. Without
+`rabbitmqctl`, or with PROVISIONER_TEST_AMQP set, the tests use that URL (by
+default the default vhost) as is.
+
+Wait queues have no fixed names; they are listed with `rabbitmqctl` when it is
+available and otherwise remembered from earlier listings. They are purged
+first: a message expiring from one while the work queue is being purged would
+otherwise land in the next test.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import uuid
+from collections.abc import Iterator
+from urllib.parse import quote, unquote, urlsplit
+
+import pytest
+from kombu import Connection
+
+from infrastructure.broker import COMMANDS_QUEUE, DEAD_QUEUE, HOPS_QUEUE, WAIT_PREFIX, Topology
+from tests.conftest import unavailable
+
+BROKER = "amqp://guest:guest@127.0.0.1:5672"
+FIXED_QUEUES = (HOPS_QUEUE, COMMANDS_QUEUE, DEAD_QUEUE)
+
+# Wait queues seen in any listing of this session (they are never deleted).
+_known_wait_queues: set[str] = set()
+_listed: list[bool] = []  # non-empty once a listing was attempted this session
+
+
+def rabbitmqctl(*args: str, timeout: float = 30.0) -> str:
+    """Run rabbitmqctl as the test user; raises when it is missing or fails."""
+    exe = shutil.which("rabbitmqctl")
+    if exe is None:
+        raise FileNotFoundError("rabbitmqctl is not on PATH")
+    done = subprocess.run(
+        [exe, *args], capture_output=True, text=True, timeout=timeout, check=False
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"rabbitmqctl {' '.join(args)} failed: {done.stderr.strip()}")
+    return done.stdout
+
+
+def vhost_of(url: str) -> str:
+    """The virtual host an AMQP URL names ('/' for amqp://host:port//)."""
+    path = urlsplit(url).path
+    return unquote(path[1:]) if len(path) > 1 else "/"
+
+
+def list_queues(url: str) -> dict[str, tuple[int, int]] | None:
+    """{queue: (ready, unacked)} in the URL's vhost, or None when rabbitmqctl cannot run."""
+    try:
+        out = rabbitmqctl(
+            "list_queues", "-q", "-p", vhost_of(url), "name", "messages_ready",
+            "messages_unacknowledged",
+        )  # fmt: skip
+    except (OSError, RuntimeError, subprocess.TimeoutExpired):
+        return None
+    queues: dict[str, tuple[int, int]] = {}
+    for line in out.splitlines():
+        parts = line.split()
+        if len(parts) == 3 and parts[1].isdigit() and parts[2].isdigit():
+            queues[parts[0]] = (int(parts[1]), int(parts[2]))
+    return queues
+
+
+def close_all_connections(url: str, why: str = "test") -> None:
+    """Make the broker drop every connection of the URL's vhost (never --global)."""
+    rabbitmqctl("close_all_connections", "--vhost", vhost_of(url), why)
+
+
+def purge(url: str, *, list_wait_queues: bool) -> None:
+    """Empty the wait queues first, then the work, command and dead-letter queues."""
+    if list_wait_queues:
+        _listed.append(True)
+        listed = list_queues(url)
+        if listed is not None:
+            _known_wait_queues.update(q for q in listed if q.startswith(WAIT_PREFIX))
+    with Connection(url, connect_timeout=3) as conn:
+        conn.ensure_connection(max_retries=1)
+        channel = conn.channel()
+        Topology().declare(channel)
+        for name in sorted(_known_wait_queues):
+            try:
+                channel.queue_purge(name)
+            except conn.channel_errors:  # deleted meanwhile: forget it
+                _known_wait_queues.discard(name)
+                channel = conn.channel()
+        for name in FIXED_QUEUES:
+            channel.queue_purge(name)
+
+
+def _reachable(url: str) -> None:
+    with Connection(url, connect_timeout=3) as conn:
+        conn.ensure_connection(max_retries=1)
+
+
+@pytest.fixture(scope="session")
+def rabbit_session_url() -> Iterator[str]:
+    """The broker URL for this session: a fresh vhost when rabbitmqctl can make one."""
+    given = os.environ.get("PROVISIONER_TEST_AMQP")
+    if given:
+        yield given
+        return
+    try:
+        _reachable(f"{BROKER}//")
+    except Exception as exc:  # any failure to reach the broker
+        unavailable("RabbitMQ", exc)
+    vhost = f"provisioner_test_{uuid.uuid4().hex[:10]}"
+    try:
+        rabbitmqctl("add_vhost", vhost)
+        rabbitmqctl("set_permissions", "-p", vhost, "guest", ".*", ".*", ".*")
+    except (OSError, RuntimeError, subprocess.TimeoutExpired):
+        yield f"{BROKER}//"  # no rabbitmqctl here: share the default vhost
+        return
+    try:
+        yield f"{BROKER}/{quote(vhost, safe='')}"
+    finally:
+        rabbitmqctl("delete_vhost", vhost)
+
+
+@pytest.fixture
+def rabbit_url(rabbit_session_url: str) -> Iterator[str]:
+    """The broker's URL, with the project's queues empty before and after the test."""
+    try:
+        _reachable(rabbit_session_url)
+    except Exception as exc:  # any failure to reach the broker
+        unavailable("RabbitMQ", exc)
+    purge(rabbit_session_url, list_wait_queues=not _listed)
+    yield rabbit_session_url
+    purge(rabbit_session_url, list_wait_queues=True)

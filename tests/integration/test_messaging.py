@@ -1,0 +1,1002 @@
+"""Messaging (DESIGN §6) end to end: the hop worker, the outbox relay and the broker
+topology against a real RabbitMQ, the event store on PostgreSQL where it matters
+(SQLite where it does not), and the fake gateway over real HTTP. The last tests
+run the same flows on the in-process `memory://` broker.
+
+Every test empties the project's queues before and after (the `rabbit_url`
+fixture), uses brand ids of its own, and a relay that starts at the head of the
+notification log, so the session's shared database never leaks another test's
+events onto the broker.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+from uuid import NAMESPACE_URL, UUID, uuid4, uuid5
+
+import psycopg
+import pytest
+from eventsourcing.persistence import Tracking, TrackingRecorder
+from kombu import Connection, Consumer, Exchange, Queue
+
+from domain.errors import UnknownBrand
+from domain.outcomes import Outcome
+from domain.policies import AttemptState, Provenance
+from infrastructure import messages
+from infrastructure.broker import (
+    COMMAND_KEY,
+    COMMANDS_QUEUE,
+    DEAD_QUEUE,
+    EVENTS_EXCHANGE,
+    EXCHANGE,
+    HOPS_QUEUE,
+    WAIT_PREFIX,
+    WORK_KEY,
+    Broker,
+    DelayScheduler,
+    Topology,
+)
+from infrastructure.eventstore import is_postgres, open_position_store
+from infrastructure.fake_gateway import FakeGateway
+from infrastructure.messages import decode
+from infrastructure.outbox import load_position, save_position
+from infrastructure.settings import Settings
+from tests.conftest import PARENT, PG_ADMIN, unavailable
+from tests.integration.conftest import close_all_connections, list_queues
+from worker.consumer import HopWorker
+from worker.relay import Relay
+from worker.runtime import Runtime, build
+
+ROOT = Path(__file__).resolve().parents[2]
+BACKOFF_BASE_S = "0.05"
+T = TypeVar("T")
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def wait_for(
+    predicate: Callable[[], T], what: str, timeout: float = 8.0, interval: float = 0.02
+) -> T:
+    """Poll `predicate` until it answers something truthy; fail after `timeout` s."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(interval)
+
+
+def title_of(brand_id: str) -> str:
+    return f"Messaging {brand_id}"
+
+
+def environment(
+    database_url: str, broker_url: str, fake: FakeGateway, **extra: str
+) -> dict[str, str]:
+    """The PROVISIONER_* settings of a test (for Settings.from_env or a subprocess)."""
+    return {
+        "PROVISIONER_DATABASE_URL": database_url,
+        "PROVISIONER_BROKER_URL": broker_url,
+        "PROVISIONER_GATEWAY_URL": fake.url,
+        "PROVISIONER_GATEWAY_TOKEN": "x",
+        "PROVISIONER_GATEWAY_TIMEOUT_S": "5",
+        "PROVISIONER_BACKOFF_BASE_S": BACKOFF_BASE_S,
+        "PROVISIONER_CONCURRENCY": "4",
+        **extra,
+    }
+
+
+def sqlite_url(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path / 'events.sqlite'}"
+
+
+def queue_depth(url: str, name: str) -> tuple[int, int]:
+    """(ready messages, consumers) of a queue, from a passive declare."""
+    with Connection(url, connect_timeout=3) as conn:
+        _, ready, consumers = conn.channel().queue_declare(queue=name, passive=True)
+        return int(ready), int(consumers)
+
+
+def publish_raw(url: str, body: bytes, routing_key: str) -> None:
+    """Publish a body as is (no validation) to the work exchange, with confirms."""
+    with Connection(url, transport_options={"confirm_publish": True}) as conn:
+        conn.Producer().publish(
+            body,
+            exchange=EXCHANGE,
+            routing_key=routing_key,
+            content_type="application/json",
+            content_encoding="utf-8",
+            mandatory=True,
+            retry=False,
+        )
+
+
+def take(url: str, queue_name: str, count: int, timeout: float = 5.0) -> list[Any]:
+    """Remove `count` messages from a queue (basic.get), waiting up to `timeout` s."""
+    taken: list[Any] = []
+    with Connection(url, connect_timeout=3) as conn:
+        queue = Queue(queue_name, no_declare=True).bind(conn.channel())
+        deadline = time.monotonic() + timeout
+        while len(taken) < count and time.monotonic() < deadline:
+            message = queue.get(no_ack=True)
+            if message is None:
+                time.sleep(0.02)
+            else:
+                taken.append(message)
+    return taken
+
+
+def raw(body: bytes | str) -> bytes:
+    """py-amqp hands over a body with a content_encoding already decoded when it can."""
+    return body.encode() if isinstance(body, str) else body
+
+
+def event_names(runtime: Runtime, aggregate_id: UUID) -> list[str]:
+    return [type(e).__name__ for e in runtime.app.events.get(aggregate_id)]
+
+
+def creates(fake: FakeGateway, title: str) -> int:
+    return int(fake.state()["creates"].get(title, 0))
+
+
+def upstream(fake: FakeGateway, title: str) -> list[dict[str, Any]]:
+    return [w for w in fake.state()["workspaces"] if w["title"] == title]
+
+
+def state_of(runtime: Runtime, attempt_id: UUID) -> AttemptState:
+    return runtime.service.attempt(attempt_id).state
+
+
+def promoted(runtime: Runtime, attempt_id: UUID, timeout: float = 8.0) -> None:
+    wait_for(
+        lambda: state_of(runtime, attempt_id) is AttemptState.PROMOTED,
+        f"attempt {attempt_id} to be promoted",
+        timeout,
+    )
+
+
+def close_recorder(recorder: TrackingRecorder) -> None:
+    datastore = getattr(recorder, "datastore", None)
+    if datastore is not None and hasattr(datastore, "close"):
+        datastore.close()
+
+
+def relay_from_head(runtime: Runtime) -> int:
+    """Move the relay's stored position to the log's head, so that it publishes only
+    this test's events (PostgreSQL is shared by the session); return the head."""
+    url = runtime.settings.database_url
+    head = runtime.app.recorder.max_notification_id() or 0
+    positions = open_position_store(url, create_table=not is_postgres(url))
+    try:
+        if head > load_position(positions):
+            save_position(positions, head)
+        return load_position(positions)
+    finally:
+        close_recorder(positions)
+
+
+@dataclass
+class Running:
+    stop: threading.Event
+    worker: HopWorker | None = None
+    relay: Relay | None = None
+    threads: list[threading.Thread] = field(default_factory=list)
+    errors: list[BaseException] = field(default_factory=list)
+
+    def guarded(self, target: Callable[[threading.Event], None]) -> Callable[..., None]:
+        """`target`, recording the exception that ends it (for the assertion message)."""
+
+        def run(stop: threading.Event) -> None:
+            try:
+                target(stop)
+            except Exception as exc:
+                self.errors.append(exc)
+
+        return run
+
+
+@contextmanager
+def components(
+    runtime: Runtime, *, worker: bool = True, relay: bool = False, concurrency: int = 4
+) -> Iterator[Running]:
+    """Run a hop worker and/or a relay on threads, as `provisioner run` does; stop them
+    (and check that they stopped) on exit."""
+    running = Running(threading.Event())
+    try:
+        if worker:
+            running.worker = runtime.worker(concurrency)
+            running.threads.append(
+                runtime.start(running.guarded(running.worker.run), "worker", running.stop)
+            )
+            assert running.worker.ready.wait(10), "the worker never started consuming"
+        if relay:
+            relay_from_head(runtime)
+            running.relay = runtime.relay()
+            running.threads.append(
+                runtime.start(running.guarded(running.relay.run), "relay", running.stop)
+            )
+        yield running
+    finally:
+        running.stop.set()
+        for thread in running.threads:
+            thread.join(20)
+        if running.relay is not None:
+            running.relay.broker.close()
+            close_recorder(running.relay.positions)
+    assert not [t.name for t in running.threads if t.is_alive()], "a component did not stop"
+    assert not running.errors, f"a component died: {died(running)}"
+
+
+def alive(running: Running) -> bool:
+    return all(t.is_alive() for t in running.threads)
+
+
+def died(running: Running) -> str:
+    return "; ".join(f"{type(e).__name__}: {e}".strip() for e in running.errors)
+
+
+class _Crash(Exception):
+    """Stands for the relay process dying."""
+
+
+class CrashOnSave:
+    """Tracking recorder whose position write 'crashes' the relay (after it published)."""
+
+    def __init__(self, inner: TrackingRecorder) -> None:
+        self.inner = inner
+
+    def max_tracking_id(self, application_name: str) -> int | None:
+        return self.inner.max_tracking_id(application_name)
+
+    def insert_tracking(self, tracking: Tracking) -> None:
+        raise _Crash(f"killed before recording position {tracking.notification_id}")
+
+
+class FixedPosition:
+    """Tracking recorder that always answers `position` and records nothing."""
+
+    def __init__(self, position: int) -> None:
+        self.position = position
+
+    def max_tracking_id(self, application_name: str) -> int | None:
+        return self.position
+
+    def insert_tracking(self, tracking: Tracking) -> None:
+        return None
+
+
+def cli_env(database_url: str, broker_url: str, fake: FakeGateway) -> dict[str, str]:
+    """The environment of a CLI subprocess: this one without PROVISIONER_*, plus the test's."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith("PROVISIONER_")}
+    return {**base, "PYTHONPATH": str(ROOT), **environment(database_url, broker_url, fake)}
+
+
+def cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "worker.cli", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+@contextmanager
+def worker_process(env: dict[str, str], log: Path) -> Iterator[subprocess.Popen[str]]:
+    """`provisioner worker` in a subprocess; killed on exit if still running."""
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "worker.cli", "worker", "--concurrency", "2"],
+            cwd=ROOT,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        try:
+            yield proc
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
+
+
+def drop_connections(url: str) -> None:
+    """The broker closes every connection of the test's vhost (rabbitmqctl), or the
+    test cannot run (skips locally, fails in CI)."""
+    try:
+        close_all_connections(url, "test")
+    except (OSError, RuntimeError, subprocess.TimeoutExpired) as exc:
+        unavailable("rabbitmqctl", exc)
+
+
+@pytest.fixture
+def pg_env(pg_database: str, rabbit_url: str, fake: FakeGateway) -> dict[str, str]:
+    return environment(pg_database, rabbit_url, fake)
+
+
+# --------------------------------------------------------------------------- 1. poison
+
+
+POISON: list[tuple[str, bytes, str]] = [
+    (WORK_KEY, b"\x80not json", "invalid JSON"),
+    (WORK_KEY, b"[1, 2]", "not a JSON object"),
+    (WORK_KEY, b'{"hop": 1}', "missing type or version"),
+    (WORK_KEY, b'{"type": "explode", "version": 1}', "unknown type"),
+    (
+        WORK_KEY,
+        json.dumps({"type": "hop", "version": 9, "attempt_id": str(uuid4()), "hop": 0}).encode(),
+        "unknown version",
+    ),
+    (WORK_KEY, b'{"type": "hop", "version": 1, "attempt_id": "nope", "hop": -1}', "schema errors"),
+    (
+        WORK_KEY,
+        json.dumps({"type": "hop", "version": 1, "attempt_id": str(uuid4()), "hop": "1"}).encode(),
+        "schema errors",
+    ),
+    (WORK_KEY, messages.hop(uuid4(), 0).encode(), "UnknownAttempt"),
+    (COMMAND_KEY, b'{"type": "provision", "version": 1, "brand_id": "b"}', "schema errors"),
+    (COMMAND_KEY, messages.deactivate(f"never-{uuid4().hex}").encode(), "UnknownBrand"),
+]
+
+
+@pytest.mark.rabbitmq
+def test_poison_messages_are_dead_lettered_with_their_reason_and_the_worker_carries_on(
+    rabbit_url: str, fake: FakeGateway, tmp_path: Path, brand_id: str
+) -> None:
+    env = environment(sqlite_url(tmp_path), rabbit_url, fake)
+    with build(Settings.from_env(env)) as runtime, components(runtime) as running:
+        assert running.worker is not None
+        for routing_key, body, _ in POISON:
+            publish_raw(rabbit_url, body, routing_key)
+
+        wait_for(lambda: running.worker.stats.dead_lettered >= len(POISON), "dead letters")  # type: ignore[union-attr]
+        dead = take(rabbit_url, DEAD_QUEUE, len(POISON) + 1, timeout=1.0)
+
+        # ... and the worker still does real work.
+        attempt_id = runtime.service.request_provisioning(brand_id, title_of(brand_id), PARENT)
+        publisher = Broker(rabbit_url, runtime.topology, scheduler=None)
+        try:
+            publisher.publish(messages.hop(attempt_id, 0))
+        finally:
+            publisher.close()
+        promoted(runtime, attempt_id)
+        assert alive(running)
+        stats = running.worker.stats
+
+    by_body = {raw(m.body): m for m in dead}
+    assert len(dead) == len(by_body) == len(POISON)
+    for routing_key, body, reason in POISON:
+        letter = by_body[body]
+        assert letter.headers["x-dead-reason"] == reason, body
+        assert json.loads(letter.headers["x-dead-errors"]), body
+        assert letter.headers["x-dead-source"] == routing_key
+    assert stats.dead_lettered == len(POISON)
+    assert stats.by_type == {"hop": 1}
+    # Nothing left behind, nothing dropped without a dead letter.
+    assert queue_depth(rabbit_url, HOPS_QUEUE)[0] == 0
+    assert queue_depth(rabbit_url, COMMANDS_QUEUE)[0] == 0
+    assert queue_depth(rabbit_url, DEAD_QUEUE)[0] == 0
+
+
+# --------------------------------------------------------------------------- 2. duplicates
+
+
+@pytest.mark.rabbitmq
+@pytest.mark.postgres
+def test_a_hop_delivered_twice_has_one_effect(
+    pg_env: dict[str, str], rabbit_url: str, fake: FakeGateway, brand_id: str
+) -> None:
+    fake.configure(latency_ms=50)  # the two deliveries overlap on the pool
+    title = title_of(brand_id)
+    with build(Settings.from_env(pg_env)) as runtime:
+        attempt_id = runtime.service.request_provisioning(brand_id, title, PARENT)
+        publisher = Broker(rabbit_url, runtime.topology, scheduler=None)
+        try:
+            publisher.publish(messages.hop(attempt_id, 0))
+            publisher.publish(messages.hop(attempt_id, 0))
+        finally:
+            publisher.close()
+        with components(runtime) as running:
+            assert running.worker is not None
+            wait_for(lambda: running.worker.stats.handled == 2, "both deliveries handled")  # type: ignore[union-attr]
+            assert state_of(runtime, attempt_id) is AttemptState.PROMOTED
+            names = event_names(runtime, attempt_id)
+            brand = runtime.service.brand(brand_id)
+
+    assert creates(fake, title) == 1
+    [workspace] = upstream(fake, title)
+    assert names.count("CreateRequested") == names.count("Promoted") == 1
+    assert brand.workspace_id == workspace["id"]
+    assert running.worker.stats.dead_lettered == running.worker.stats.retried == 0
+    assert queue_depth(rabbit_url, HOPS_QUEUE) == (0, 0)
+
+
+# --------------------------------------------------------------------------- 3. delays
+
+
+def _receive_hops(url: str, count: int, timeout: float) -> list[tuple[float, Any]]:
+    """Consume `count` messages from the work queue; (monotonic arrival, body) each."""
+    arrived: list[tuple[float, Any]] = []
+    with Connection(url, connect_timeout=3) as conn:
+
+        def on_message(message: Any) -> None:
+            arrived.append((time.monotonic(), message.body))
+            message.ack()
+
+        with Consumer(conn.channel(), [Topology().hops], on_message=on_message):
+            deadline = time.monotonic() + timeout
+            while len(arrived) < count and time.monotonic() < deadline:
+                with suppress(TimeoutError):
+                    conn.drain_events(timeout=0.05)
+    return arrived
+
+
+@pytest.mark.rabbitmq
+def test_a_delayed_hop_arrives_no_earlier_than_its_delay(rabbit_url: str) -> None:
+    message = messages.hop(uuid4(), 3)
+    publisher = Broker(rabbit_url, scheduler=None)
+    try:
+        publisher.declare()
+        sent = time.monotonic()
+        publisher.publish(message, delay_s=0.5)
+        # It waits in the queue for its delay, not in the work queue.
+        assert queue_depth(rabbit_url, f"{WAIT_PREFIX}500")[0] == 1
+        arrived = _receive_hops(rabbit_url, 1, timeout=5.0)
+    finally:
+        publisher.close()
+
+    [(at, body)] = arrived
+    assert 0.5 <= at - sent < 3.0
+    assert decode(body) == message
+
+
+@pytest.mark.rabbitmq
+def test_a_long_delay_never_holds_up_a_shorter_one(rabbit_url: str) -> None:
+    long_wait, short_wait = messages.hop(uuid4(), 1), messages.hop(uuid4(), 2)
+    publisher = Broker(rabbit_url, scheduler=None)
+    try:
+        sent = time.monotonic()
+        publisher.publish(long_wait, delay_s=5.0)
+        publisher.publish(short_wait, delay_s=0.3)
+        arrived = _receive_hops(rabbit_url, 1, timeout=3.0)
+    finally:
+        publisher.close()
+
+    [(at, body)] = arrived
+    assert decode(body) == short_wait
+    assert 0.3 <= at - sent < 2.0
+
+
+# --------------------------------------------------------------------------- 4-5. processes
+
+
+@pytest.mark.rabbitmq
+@pytest.mark.postgres
+def test_sigterm_finishes_the_hop_in_flight_acks_it_and_exits_cleanly(
+    pg_database: str, rabbit_url: str, fake: FakeGateway, brand_id: str, tmp_path: Path
+) -> None:
+    env = cli_env(pg_database, rabbit_url, fake)
+    init = cli(env, "db", "init")
+    assert init.returncode == 0, init.stderr
+    fake.configure(latency_ms=500)  # a hop makes three calls: 1.5 s in flight
+    title = title_of(brand_id)
+    with build(Settings.from_env(environment(pg_database, rabbit_url, fake))) as runtime:
+        attempt_id = runtime.service.request_provisioning(brand_id, title, PARENT)
+        publisher = Broker(rabbit_url, runtime.topology, scheduler=None)
+        try:
+            publisher.publish(messages.hop(attempt_id, 0))
+        finally:
+            publisher.close()
+        log = tmp_path / "worker.log"
+        with worker_process(env, log) as proc:
+            wait_for(lambda: fake.state()["calls"]["family"] >= 1, "the hop to start", 20)
+            assert state_of(runtime, attempt_id) is AttemptState.PENDING
+            proc.send_signal(signal.SIGTERM)
+            code = proc.wait(30)
+        output = log.read_text()
+
+        assert code == 0, output
+        assert "Traceback" not in output, output
+        assert state_of(runtime, attempt_id) is AttemptState.PROMOTED
+        assert event_names(runtime, attempt_id)[-1] == "Promoted"
+    assert creates(fake, title) == 1
+    # Acked: the worker's connection is gone, so an unacked message would be ready again.
+    assert queue_depth(rabbit_url, HOPS_QUEUE) == (0, 0)
+    listed = list_queues(rabbit_url)
+    if listed is not None:
+        assert listed[HOPS_QUEUE] == (0, 0)
+
+
+@pytest.mark.rabbitmq
+@pytest.mark.postgres
+def test_a_worker_killed_mid_hop_is_redelivered_and_a_new_worker_completes_once(
+    pg_database: str, rabbit_url: str, fake: FakeGateway, brand_id: str, tmp_path: Path
+) -> None:
+    env = cli_env(pg_database, rabbit_url, fake)
+    fake.configure(latency_ms=400)
+    title = title_of(brand_id)
+    settings = Settings.from_env(environment(pg_database, rabbit_url, fake))
+    with build(settings) as runtime, components(runtime, worker=False, relay=True):
+        with worker_process(env, tmp_path / "worker.log") as proc:
+            attempt_id = runtime.service.request_provisioning(brand_id, title, PARENT)
+            # The create has reached the gateway; its answer is 400 ms away.
+            wait_for(lambda: creates(fake, title) == 1, "the create to be sent", 20)
+            proc.kill()
+            proc.wait(10)
+        # Killed after asking for the create, before recording its answer.
+        assert event_names(runtime, attempt_id)[-1] == "CreateRequested"
+        assert runtime.service.attempt(attempt_id).candidate_id is None
+        # The unacked hop is back on the queue for the next worker.
+        wait_for(lambda: queue_depth(rabbit_url, HOPS_QUEUE) == (1, 0), "the redelivery")
+
+        fake.configure(latency_ms=0)
+        with components(runtime) as second:
+            promoted(runtime, attempt_id)
+            attempt = runtime.service.attempt(attempt_id)
+            names = event_names(runtime, attempt_id)
+
+    assert creates(fake, title) == 1
+    [workspace] = upstream(fake, title)
+    assert attempt.candidate_id == workspace["id"]
+    assert attempt.provenance is Provenance.CREATED
+    assert names.count("CreateRequested") == 1
+    assert names.count("Promoted") == 1
+    assert second.worker is not None
+    assert second.worker.stats.dead_lettered == 0
+
+
+# --------------------------------------------------------------------------- 6. relay
+
+
+@pytest.mark.rabbitmq
+@pytest.mark.postgres
+def test_a_relay_that_dies_before_recording_its_position_republishes_harmlessly(
+    pg_env: dict[str, str], rabbit_url: str, fake: FakeGateway, brand_id: str
+) -> None:
+    title = title_of(brand_id)
+    with build(Settings.from_env(pg_env)) as runtime:
+        start = relay_from_head(runtime)
+        attempt_id = runtime.service.request_provisioning(brand_id, title, PARENT)
+        positions = open_position_store(pg_env["PROVISIONER_DATABASE_URL"])
+        publisher = Broker(rabbit_url, runtime.topology, scheduler=None)
+        try:
+            doomed = Relay(
+                runtime.app,
+                publisher,
+                CrashOnSave(positions),  # type: ignore[arg-type]
+                database_url=pg_env["PROVISIONER_DATABASE_URL"],
+            )
+            with pytest.raises(_Crash):
+                doomed.pump()
+            assert doomed.stats.work_published == 1
+            assert load_position(positions) == start  # published, not recorded
+
+            restarted = Relay(
+                runtime.app, publisher, positions, database_url=pg_env["PROVISIONER_DATABASE_URL"]
+            )
+            assert restarted.stats.position == start
+            assert restarted.pump() == 1
+            assert load_position(positions) > start
+            assert queue_depth(rabbit_url, HOPS_QUEUE)[0] == 2  # hop 0, twice
+
+            with components(runtime) as running:
+                assert running.worker is not None
+                wait_for(lambda: running.worker.stats.handled == 2, "both copies handled")  # type: ignore[union-attr]
+            assert restarted.pump() == 1  # Promoted: workspace.ready, no more work
+            assert restarted.stats.work_published == 1
+        finally:
+            publisher.close()
+            close_recorder(positions)
+        names = event_names(runtime, attempt_id)
+        assert state_of(runtime, attempt_id) is AttemptState.PROMOTED
+
+    assert names.count("Promoted") == 1
+    assert names.count("CreateRequested") == 1
+    assert creates(fake, title) == 1
+    assert queue_depth(rabbit_url, HOPS_QUEUE)[0] == 0
+
+
+# --------------------------------------------------------------------------- 7. dropped connections
+
+
+@pytest.mark.rabbitmq
+@pytest.mark.postgres
+def test_worker_and_relay_resume_after_the_broker_closes_every_connection(
+    pg_env: dict[str, str], rabbit_url: str, fake: FakeGateway, brand_id: str
+) -> None:
+    fake.configure(latency_ms=20, settle_polls=1)  # each attempt: hop 0, a delayed hop 1
+    brands = [f"{brand_id}-{n:02d}" for n in range(24)]
+    settings = Settings.from_env({**pg_env, "PROVISIONER_CONCURRENCY": "8"})
+    with build(settings) as runtime, components(runtime, relay=True, concurrency=8) as running:
+        assert running.worker is not None
+        attempts = [
+            runtime.service.request_provisioning(b, title_of(b), PARENT) for b in brands[:12]
+        ]
+        # Close while hops are in flight, once the relay has declared the wait queue it
+        # needs (a first delayed publish after the drop is a separate test, below).
+        wait_for(lambda: running.worker.stats.by_type.get("hop", 0) >= 14, "load")  # type: ignore[union-attr]
+        drop_connections(rabbit_url)
+        attempts += [
+            runtime.service.request_provisioning(b, title_of(b), PARENT) for b in brands[12:]
+        ]
+        for attempt_id in attempts:
+            promoted(runtime, attempt_id, timeout=15)
+        assert alive(running), f"the worker or the relay died: {died(running)}"
+        reconnects = running.worker.stats.reconnects
+
+    assert reconnects >= 1
+    for b in brands:
+        assert creates(fake, title_of(b)) == 1, b
+        assert len(upstream(fake, title_of(b))) == 1, b
+
+
+@pytest.mark.rabbitmq
+def test_a_publisher_survives_a_closed_connection_on_a_delayed_publish(rabbit_url: str) -> None:
+    """The relay's first publish after the broker dropped its connection may be a hop
+    with a delay this connection has not declared a wait queue for yet."""
+    publisher = Broker(rabbit_url, scheduler=None)
+    try:
+        publisher.publish(messages.hop(uuid4(), 0))
+        take(rabbit_url, HOPS_QUEUE, 1)
+        drop_connections(rabbit_url)
+        delayed = messages.hop(uuid4(), 1)
+        sent = time.monotonic()
+        publisher.publish(delayed, delay_s=0.35)
+        arrived = _receive_hops(rabbit_url, 1, timeout=3.0)
+    finally:
+        publisher.close()
+
+    [(at, body)] = arrived
+    assert decode(body) == delayed
+    assert at - sent >= 0.35
+
+
+@pytest.mark.rabbitmq
+@pytest.mark.postgres
+def test_the_relay_resumes_when_its_first_publish_after_a_dropped_connection_is_delayed(
+    pg_env: dict[str, str], rabbit_url: str, fake: FakeGateway, brand_id: str
+) -> None:
+    fake.configure(settle_polls=1)
+    with (
+        build(Settings.from_env(pg_env)) as runtime,
+        components(runtime, worker=False, relay=True) as relay,
+    ):
+        attempt_id = runtime.service.request_provisioning(brand_id, title_of(brand_id), PARENT)
+        wait_for(lambda: queue_depth(rabbit_url, HOPS_QUEUE)[0] == 1, "hop 0 to be published")
+        assert take(rabbit_url, HOPS_QUEUE, 1)
+        drop_connections(rabbit_url)
+        # Hop 0 runs (as a worker would): the relay's next message is hop 1, delayed.
+        assert runtime.service.run_hop(attempt_id, 0).outcome is Outcome.SCHEDULED
+        with components(runtime):
+            wait_for(
+                lambda: not alive(relay) or state_of(runtime, attempt_id).is_terminal,
+                "hop 1 to be published and run",
+            )
+            assert alive(relay), f"the relay died on its first publish: {died(relay)}"
+            promoted(runtime, attempt_id)
+
+
+@pytest.mark.rabbitmq
+@pytest.mark.postgres
+def test_the_relay_survives_losing_its_listen_connection(
+    pg_env: dict[str, str], pg_database: str, rabbit_url: str, fake: FakeGateway, brand_id: str
+) -> None:
+    dbname = pg_database.rsplit("/", 1)[1]
+
+    def listeners() -> list[int]:
+        with psycopg.connect(PG_ADMIN, autocommit=True) as admin:
+            rows = admin.execute(
+                "SELECT pid FROM pg_stat_activity WHERE datname = %s AND query LIKE 'LISTEN %%'",
+                (dbname,),
+            ).fetchall()
+        return [int(pid) for (pid,) in rows]
+
+    with (
+        build(Settings.from_env(pg_env)) as runtime,
+        components(runtime, relay=True) as running,
+    ):
+        [pid] = wait_for(listeners, "the relay to LISTEN")
+        with psycopg.connect(PG_ADMIN, autocommit=True) as admin:
+            admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        attempt_id = runtime.service.request_provisioning(brand_id, title_of(brand_id), PARENT)
+        wait_for(
+            lambda: not alive(running) or state_of(runtime, attempt_id).is_terminal,
+            "the attempt to end",
+        )
+        assert alive(running), f"the relay died with its LISTEN connection: {died(running)}"
+        assert state_of(runtime, attempt_id) is AttemptState.PROMOTED
+
+
+# --------------------------------------------------------------------------- 8. commands
+
+
+@pytest.mark.rabbitmq
+@pytest.mark.postgres
+def test_provision_and_deactivate_commands_provision_and_decommission_a_brand(
+    pg_env: dict[str, str], rabbit_url: str, fake: FakeGateway, brand_id: str
+) -> None:
+    title = title_of(brand_id)
+    with build(Settings.from_env(pg_env)) as runtime:
+        publisher = Broker(rabbit_url, runtime.topology, scheduler=None)
+        try:
+            publisher.publish(messages.provision(brand_id, title, PARENT))
+            assert queue_depth(rabbit_url, COMMANDS_QUEUE)[0] == 1  # routed as a command
+            assert queue_depth(rabbit_url, HOPS_QUEUE)[0] == 0
+
+            with components(runtime, relay=True) as running:
+                assert running.worker is not None
+
+                def bound() -> str | None:
+                    try:
+                        return runtime.service.brand(brand_id).workspace_id
+                    except UnknownBrand:
+                        return None
+
+                workspace_id = wait_for(bound, "the brand to be bound")
+                fake.add_project(workspace_id)
+                publisher.publish(messages.deactivate(brand_id))
+                wait_for(
+                    lambda: running.worker.stats.by_type.get("decommission"),  # type: ignore[union-attr]
+                    "the workspace to be decommissioned",
+                )
+                brand = runtime.service.brand(brand_id)
+                claim = runtime.service.claim(workspace_id)
+                by_type = dict(running.worker.stats.by_type)
+                dead = running.worker.stats.dead_lettered
+        finally:
+            publisher.close()
+
+    assert brand.lifecycle == "deactivated"
+    assert claim is not None
+    assert claim.brand_id is None
+    [workspace] = upstream(fake, title)
+    assert workspace["id"] == workspace_id
+    assert workspace["projects"] == []  # emptied, never deleted
+    assert by_type["provision"] == by_type["deactivate"] == by_type["decommission"] == 1
+    assert dead == 0
+    assert creates(fake, title) == 1
+
+
+# --------------------------------------------------------------------------- 9. integration events
+
+
+@pytest.mark.rabbitmq
+@pytest.mark.postgres
+def test_workspace_ready_is_published_on_the_events_exchange(
+    pg_env: dict[str, str], rabbit_url: str, fake: FakeGateway, brand_id: str
+) -> None:
+    title = title_of(brand_id)
+    with Connection(rabbit_url, connect_timeout=3) as listener:
+        events = Queue(
+            f"test.events.{uuid4().hex}",
+            Exchange(EVENTS_EXCHANGE, type="topic", durable=True),
+            routing_key="#",
+            exclusive=True,
+            auto_delete=True,
+        ).bind(listener.channel())
+        events.declare()
+
+        def ready_events() -> list[Any]:
+            got: list[Any] = []
+            while (message := events.get(no_ack=True)) is not None:
+                got.append(message)
+            return got
+
+        received: list[Any] = []
+        with build(Settings.from_env(pg_env)) as runtime:
+            with components(runtime, relay=True) as running:
+                assert running.relay is not None
+                start = running.relay.stats.position
+                attempt_id = runtime.service.request_provisioning(brand_id, title, PARENT)
+                promoted(runtime, attempt_id)
+                wait_for(lambda: received.extend(ready_events()) or received, "an event")
+            [promoted_event] = runtime.app.events.get(attempt_id, desc=True, limit=1)
+            workspace_id = runtime.service.brand(brand_id).workspace_id
+
+            # A relay re-reading the same stretch of the log re-publishes the same event_id.
+            publisher = Broker(rabbit_url, runtime.topology, scheduler=None)
+            try:
+                again = Relay(
+                    runtime.app,
+                    publisher,
+                    FixedPosition(start),  # type: ignore[arg-type]
+                    database_url=pg_env["PROVISIONER_DATABASE_URL"],
+                )
+                again.pump()
+            finally:
+                publisher.close()
+            repeated = wait_for(ready_events, "the re-published event")
+            take(rabbit_url, HOPS_QUEUE, 1, timeout=1.0)  # the re-published hop 0
+
+    [message] = received
+    payload = json.loads(message.body)
+    assert message.delivery_info["routing_key"] == "workspace.ready"
+    assert payload["type"] == "workspace.ready"
+    assert payload["brand_id"] == brand_id
+    assert payload["attempt_id"] == str(attempt_id)
+    assert workspace_id is not None
+    assert payload["workspace_id"] == workspace_id
+    expected_id = uuid5(NAMESPACE_URL, f"{attempt_id}/{promoted_event.originator_version}")
+    assert payload["event_id"] == str(expected_id)
+    assert payload["at"]
+    assert [json.loads(m.body)["event_id"] for m in repeated] == [payload["event_id"]]
+
+
+# --------------------------------------------------------------------------- retries
+
+
+class Unavailable:
+    """A service whose event store is down: every use case raises."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def run_hop(self, attempt_id: UUID, hop: int) -> None:
+        self.calls += 1
+        raise psycopg.OperationalError("connection refused")
+
+
+@contextmanager
+def consuming(worker: HopWorker) -> Iterator[HopWorker]:
+    stop = threading.Event()
+    thread = threading.Thread(target=worker.run, args=(stop,), name="worker", daemon=True)
+    thread.start()
+    try:
+        assert worker.ready.wait(10), "the worker never started consuming"
+        yield worker
+    finally:
+        stop.set()
+        thread.join(20)
+    assert not thread.is_alive()
+
+
+@pytest.mark.rabbitmq
+def test_an_infrastructure_failure_is_retried_with_a_count_then_dead_lettered(
+    rabbit_url: str,
+) -> None:
+    service = Unavailable()
+    worker = HopWorker(service, rabbit_url, retry_delays_s=(0.05, 0.1))  # type: ignore[arg-type]
+    message = messages.hop(uuid4(), 0)
+    with consuming(worker):
+        publisher = Broker(rabbit_url, scheduler=None)
+        try:
+            publisher.publish(message)
+        finally:
+            publisher.close()
+        wait_for(lambda: worker.stats.dead_lettered == 1, "the dead letter", timeout=5)
+    [letter] = take(rabbit_url, DEAD_QUEUE, 1)
+
+    assert service.calls == 3  # the first try and two retries
+    assert worker.stats.retried == 2
+    assert letter.headers["x-dead-reason"] == "retries exhausted"
+    assert "connection refused" in letter.headers["x-dead-errors"]
+    assert decode(letter.body) == message
+
+
+# --------------------------------------------------------------------------- 10. memory://
+
+
+@pytest.fixture
+def memory_broker() -> Iterator[str]:
+    """memory:// keeps its queues in process-wide state: empty them around the test."""
+
+    def purge() -> None:
+        with Connection("memory://") as conn:
+            channel = conn.channel()
+            Topology().declare(channel)
+            for name in (HOPS_QUEUE, COMMANDS_QUEUE, DEAD_QUEUE):
+                channel.queue_purge(name)
+
+    purge()
+    yield "memory://"
+    purge()
+
+
+def test_memory_broker_provisions_a_brand_through_worker_and_relay(
+    memory_broker: str, fake: FakeGateway, tmp_path: Path, brand_id: str
+) -> None:
+    title = title_of(brand_id)
+    env = environment(sqlite_url(tmp_path), memory_broker, fake)
+    with build(Settings.from_env(env)) as runtime, components(runtime, relay=True) as running:
+        attempt_id = runtime.service.request_provisioning(brand_id, title, PARENT)
+        promoted(runtime, attempt_id)
+        assert running.worker is not None
+        stats = running.worker.stats
+        names = event_names(runtime, attempt_id)
+
+    assert names.count("CreateRequested") == names.count("Promoted") == 1
+    assert creates(fake, title) == 1
+    assert stats.dead_lettered == 0
+
+
+def test_memory_broker_delayed_hops_complete(
+    memory_broker: str, fake: FakeGateway, tmp_path: Path, brand_id: str
+) -> None:
+    fake.configure(settle_polls=2)
+    title = title_of(brand_id)
+    env = environment(sqlite_url(tmp_path), memory_broker, fake)
+    with build(Settings.from_env(env)) as runtime, components(runtime, relay=True):
+        assert runtime.scheduler is not None
+        started = time.monotonic()
+        attempt_id = runtime.service.request_provisioning(brand_id, title, PARENT)
+        promoted(runtime, attempt_id)
+        elapsed = time.monotonic() - started
+        names = event_names(runtime, attempt_id)
+
+    assert names.count("HopScheduled") == 2
+    assert names[-1] == "Promoted"
+    assert creates(fake, title) == 1
+    assert elapsed >= 0.05 + 0.1  # both backoff delays were kept
+
+
+def test_memory_broker_commands_and_dead_letters(
+    memory_broker: str, fake: FakeGateway, tmp_path: Path, brand_id: str
+) -> None:
+    title = title_of(brand_id)
+    env = environment(sqlite_url(tmp_path), memory_broker, fake)
+    with build(Settings.from_env(env)) as runtime, components(runtime, relay=True) as running:
+        assert running.worker is not None
+        publisher = Broker(memory_broker, runtime.topology, scheduler=runtime.scheduler)
+        try:
+            publisher.publish(messages.provision(brand_id, title, PARENT))
+            publisher.publish(messages.hop(uuid4(), 0))  # unknown attempt
+            wait_for(
+                lambda: (
+                    runtime.service.brand(brand_id).workspace_id
+                    if running.worker.stats.by_type.get("provision")  # type: ignore[union-attr]
+                    else None
+                ),
+                "the brand to be bound",
+            )
+            wait_for(lambda: running.worker.stats.dead_lettered == 1, "the dead letter")  # type: ignore[union-attr]
+        finally:
+            publisher.close()
+        with Connection(memory_broker) as conn:
+            letter = Queue(DEAD_QUEUE, no_declare=True).bind(conn.channel()).get(no_ack=True)
+
+    assert letter is not None
+    assert letter.headers["x-dead-reason"] == "UnknownAttempt"
+    assert creates(fake, title) == 1
+
+
+def test_memory_broker_retries_an_infrastructure_failure_with_a_count_then_dead_letters(
+    memory_broker: str,
+) -> None:
+    service = Unavailable()
+    scheduler = DelayScheduler(memory_broker, Topology())
+    worker = HopWorker(service, memory_broker, scheduler=scheduler, retry_delays_s=(0.05, 0.1))  # type: ignore[arg-type]
+    try:
+        with consuming(worker):
+            publisher = Broker(memory_broker, scheduler=scheduler)
+            try:
+                publisher.publish(messages.hop(uuid4(), 0))
+            finally:
+                publisher.close()
+            wait_for(
+                lambda: worker.stats.dead_lettered == 1 or worker.stats.retried > 5,
+                "the dead letter (or a retry loop)",
+                timeout=5,
+            )
+    finally:
+        scheduler.stop()
+
+    assert worker.stats.retried == 2, "the retry count was lost: retried without end"
+    assert worker.stats.dead_lettered == 1
+    assert service.calls == 3
