@@ -1,28 +1,30 @@
-"""Engine benchmark: N attempts across worker processes against the fake gateway on PostgreSQL.
+"""Engine benchmark: N attempts in P worker processes against the fake gateway on PostgreSQL.
 
     .venv/bin/python bench/engine.py [--attempts 2000] [--processes 2] [--concurrency 8]
                                      [--brands-per-parent 100] [--json]
 
 The engine runs as the production worker scales: P worker processes (spawned),
 each with its own event store (pool size = concurrency + 2), its own
-`HttpGateway` and its own `InProcessEngine` at `--concurrency` threads, each
-handling N/P of the brands. All processes start together on one signal; the
-parent times from that signal to the last process's report.
+`HttpGateway` and its own `InProcessEngine` at `--concurrency` hop threads,
+each handling N/P of the brands (request, then every hop until promoted). All
+processes start on one signal; the parent times from that signal to the last
+process's report, and sums their saves (event-store transactions).
 
 The fake gateway runs in its own process (zero latency, a created workspace is
 ready at its first poll). Brands are spread over parents org-0..org-M so that a
-family listing holds K = `--brands-per-parent` children, like an organisation
-with K brands (`--brands-per-parent` >= N puts every brand under one parent).
-The fake is reset after the warm-up so the measured listings hold only the
-measured run's children.
+family listing holds at most K = `--brands-per-parent` children, like an
+organisation with K brands; `--brands-per-parent` >= N puts every brand under
+one parent, whose listing then grows to N. The fake is reset after the warm-up.
 
-The bare `Application.save` rate of a trivial aggregate is measured in the same
-run on the same table, by the same layout (P processes x concurrency threads)
-and by one writer; the ratio is engine saves/s over the BETTER of the two.
+The bare `Application.save` rate of a trivial aggregate (one event) is measured
+in the same run on the same table, before and after the engine, by one writer
+and by the same layout (P processes x concurrency threads); the ratio is
+engine saves/s over the BEST of these rates.
 
-Also printed: CPU milliseconds per attempt spent by the worker processes, the
-fake and the PostgreSQL server (Linux /proc), and the box's CPU utilisation,
-which say what bounds the figures on a small machine.
+CPU milliseconds per attempt of the worker processes, the fake and the
+PostgreSQL server (Linux /proc) are printed too, with the machine's CPU
+utilisation and the share used by processes outside the run (a run with more
+than 10% is flagged as not representative).
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from multiprocessing.process import BaseProcess
 from multiprocessing.synchronize import Event
 from pathlib import Path
 from typing import Any
@@ -48,20 +51,23 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-import httpx  # noqa: E402
-from eventsourcing.domain import Aggregate  # noqa: E402
+import httpx
+from eventsourcing.domain import Aggregate
 
-from domain.outcomes import Outcome  # noqa: E402
-from infrastructure.eventstore import init_database, open_event_store  # noqa: E402
-from infrastructure.gateway import HttpGateway  # noqa: E402
-from infrastructure.service import ProvisioningService  # noqa: E402
-from worker.inprocess import InProcessEngine  # noqa: E402
+from domain.outcomes import Outcome
+from infrastructure.eventstore import init_database, open_event_store
+from infrastructure.gateway import HttpGateway
+from infrastructure.service import ProvisioningService
+from worker.inprocess import InProcessEngine
 
 DEFAULT_URL = "postgresql://root@127.0.0.1:5432/test"
 TARGET_TX_PER_ATTEMPT = 4.0
 TARGET_RATIO = 0.8
-NOISY_SHARE = 0.1  # share of the machine's CPU used by others above which a run is noisy
+NOISY_SHARE = 0.1  # machine CPU share used by other processes above which a run is noisy
 CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+Brand = tuple[str, str, str]  # brand id, title, parent workspace id
+Message = tuple[Any, ...]
 
 
 class Trivial(Aggregate):
@@ -79,29 +85,31 @@ def _proc_cpu_s(pid: int | str) -> float:
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
-def _postgres_cpu_s() -> float:
-    """CPU seconds of every live process named postgres (server and backends)."""
-    total = 0.0
+def _postgres_cpu_s() -> dict[str, float]:
+    """CPU seconds of each live process named postgres (server, backends), by pid."""
+    found: dict[str, float] = {}
     for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            comm = (entry / "comm").read_text().strip()
-        except OSError:
-            continue
-        if comm == "postgres":
-            total += _proc_cpu_s(entry.name)
-    return total
+        if entry.name.isdigit():
+            try:
+                if (entry / "comm").read_text().strip() == "postgres":
+                    found[entry.name] = _proc_cpu_s(entry.name)
+            except OSError:
+                continue
+    return found
 
 
-def _box_busy_s() -> float:
-    """CPU seconds the whole machine spent busy (all cores), from /proc/stat."""
+def _postgres_cpu_since(before: dict[str, float]) -> float:
+    """CPU the postgres processes used since `before` (a backend gone meanwhile counts 0)."""
+    return sum(cpu - before.get(pid, 0.0) for pid, cpu in _postgres_cpu_s().items())
+
+
+def _machine_busy_s() -> float:
+    """CPU seconds the machine spent busy, all cores (/proc/stat, idle and iowait excluded)."""
     try:
-        values = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+        ticks = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
     except OSError:
         return 0.0
-    idle = values[3] + (values[4] if len(values) > 4 else 0)  # idle + iowait
-    return (sum(values[:8]) - idle) / CLK_TCK
+    return (sum(ticks) - ticks[3] - ticks[4]) / CLK_TCK
 
 
 def _self_cpu_s() -> float:
@@ -117,8 +125,8 @@ def _worker(
     url: str,
     gateway_url: str,
     concurrency: int,
-    commands: mp.Queue[tuple[Any, ...]],
-    results: mp.Queue[tuple[Any, ...]],
+    commands: mp.Queue[Message],
+    results: mp.Queue[Message],
     go: Event,
     switch_interval: float | None,
 ) -> None:
@@ -129,68 +137,53 @@ def _worker(
     gateway = HttpGateway(gateway_url, "bench-token", max_connections=concurrency * 2)
     service = ProvisioningService(app, gateway)
     results.put(("ready", index, os.getpid()))
+
+    def armed() -> None:
+        results.put(("armed", index))
+
     try:
         while True:
             command = commands.get()
-            if command[0] == "stop":
-                return
             if command[0] == "engine":
-                results.put(
-                    (
-                        "done",
-                        index,
-                        _engine_phase(service, command[1], concurrency, go, results, index),
-                    )
-                )
+                report = _run_engine(service, command[1], concurrency, go, armed)
             elif command[0] == "bare":
-                results.put(
-                    (
-                        "done",
-                        index,
-                        _bare_phase(service, command[1], command[2], go, results, index),
-                    )
-                )
+                report = _run_bare(service, command[1], command[2], go, armed)
+            else:
+                return
+            results.put(("done", index, report))
     finally:
         gateway.close()
         app.close()
 
 
-def _engine_phase(
+def _run_engine(
     service: ProvisioningService,
-    brands: Sequence[tuple[str, str, str]],
+    brands: Sequence[Brand],
     concurrency: int,
     go: Event,
-    results: mp.Queue[tuple[Any, ...]],
-    index: int,
+    armed: Callable[[], None],
 ) -> dict[str, Any]:
     engine = InProcessEngine(service, concurrency=concurrency)
 
-    def request(brand: tuple[str, str, str]) -> None:
+    def request(brand: Brand) -> None:
         engine.submit(service.request_provisioning(*brand))
 
     with ThreadPoolExecutor(concurrency) as pool:
-        results.put(("armed", index))
+        armed()
         go.wait()
-        saves_before, cpu_before = service.app.saves, _self_cpu_s()
+        saves, cpu = service.app.saves, _self_cpu_s()
         list(pool.map(request, brands))
-        report = engine.run()
+    report = engine.run()
     return {
-        "saves": service.app.saves - saves_before,
-        "cpu_s": _self_cpu_s() - cpu_before,
-        "attempts": len(brands),
+        "saves": service.app.saves - saves,
+        "cpu_s": _self_cpu_s() - cpu,
         "promoted": sum(1 for o in report.finals.values() if o.outcome is Outcome.PROMOTED),
-        "hops": report.hops,
         "errors": report.errors,
     }
 
 
-def _bare_phase(
-    service: ProvisioningService,
-    saves: int,
-    writers: int,
-    go: Event,
-    results: mp.Queue[tuple[Any, ...]],
-    index: int,
+def _run_bare(
+    service: ProvisioningService, saves: int, writers: int, go: Event, armed: Callable[[], None]
 ) -> dict[str, Any]:
     app = service.app
     per_writer = max(1, saves // writers)
@@ -202,12 +195,12 @@ def _bare_phase(
 
     with ThreadPoolExecutor(writers) as pool:
         futures = [pool.submit(write, n) for n in range(writers)]
-        results.put(("armed", index))
+        armed()
         go.wait()
-        saves_before, cpu_before = app.saves, _self_cpu_s()
+        before, cpu = app.saves, _self_cpu_s()
         for future in futures:
             future.result()
-    return {"saves": app.saves - saves_before, "cpu_s": _self_cpu_s() - cpu_before}
+    return {"saves": app.saves - before, "cpu_s": _self_cpu_s() - cpu}
 
 
 # --------------------------------------------------------------------------- the parent
@@ -219,61 +212,59 @@ class Phase:
     reports: list[dict[str, Any]]
     fake_cpu_s: float
     postgres_cpu_s: float
-    box_busy_s: float
+    machine_busy_s: float
 
     def total(self, key: str) -> float:
         return float(sum(r[key] for r in self.reports))
 
+    def other_share(self, cpus: int) -> float:
+        """Share of the machine's CPU used by processes outside this run."""
+        ours = self.total("cpu_s") + self.fake_cpu_s + self.postgres_cpu_s
+        return max(0.0, self.machine_busy_s - ours) / (self.seconds * cpus)
+
 
 @dataclass
-class Pool:
-    """The worker processes, the fake gateway process, and the start signal."""
+class Workers:
+    """The worker processes, their command queues, the shared results queue and start signal."""
 
     fake: subprocess.Popen[str]
-    processes: list[mp.process.BaseProcess] = field(default_factory=list)
-    commands: list[mp.Queue[tuple[Any, ...]]] = field(default_factory=list)
-    results: mp.Queue[tuple[Any, ...]] | None = None
-    go: Event | None = None
+    results: mp.Queue[Message]
+    go: Event
+    processes: list[BaseProcess] = field(default_factory=list)
+    commands: list[mp.Queue[Message]] = field(default_factory=list)
 
-    def run(self, orders: dict[int, tuple[Any, ...]]) -> Phase:
+    def run(self, orders: dict[int, Message]) -> Phase:
         """Give each listed worker its order, start them together, wait for all."""
-        assert self.results is not None and self.go is not None
         self.go.clear()
         for index, order in orders.items():
             self.commands[index].put(order)
-        self._collect("armed", len(orders))
-        fake0, pg0, box0 = _proc_cpu_s(self.fake.pid), _postgres_cpu_s(), _box_busy_s()
+        self.collect("armed", len(orders))
+        fake, pg, busy = _proc_cpu_s(self.fake.pid), _postgres_cpu_s(), _machine_busy_s()
         started = time.perf_counter()
         self.go.set()
-        reports = self._collect("done", len(orders))
+        reports = self.collect("done", len(orders))
         seconds = time.perf_counter() - started
         return Phase(
             seconds,
-            reports,
-            _proc_cpu_s(self.fake.pid) - fake0,
-            _postgres_cpu_s() - pg0,
-            _box_busy_s() - box0,
+            [r[2] for r in reports],
+            _proc_cpu_s(self.fake.pid) - fake,
+            _postgres_cpu_since(pg),
+            _machine_busy_s() - busy,
         )
 
-    def _collect(self, kind: str, count: int) -> list[dict[str, Any]]:
-        assert self.results is not None
-        got: list[dict[str, Any]] = []
+    def collect(self, kind: str, count: int) -> list[Message]:
+        got: list[Message] = []
         while len(got) < count:
             try:
                 message = self.results.get(timeout=5)
             except queue.Empty:
-                dead = [p.name for p in self.processes if not p.is_alive()]
+                dead = [p.name or "?" for p in self.processes if not p.is_alive()]
                 if dead:
                     raise SystemExit(f"worker process(es) died: {', '.join(dead)}") from None
                 continue
             if message[0] != kind:
                 raise SystemExit(f"unexpected message from a worker: {message!r}")
-            if kind == "done":
-                got.append(message[2])
-            elif kind == "ready":
-                got.append({"pid": message[2]})
-            else:
-                got.append({})
+            got.append(message)
         return got
 
 
@@ -292,19 +283,14 @@ def start_fake(parents: Sequence[str]) -> tuple[subprocess.Popen[str], str]:
     return proc, url
 
 
-def brands_for(
-    run: str, attempts: int, per_parent: int, processes: int
-) -> dict[int, tuple[Any, ...]]:
-    """Brand n goes under parent org-(n // K) and to process n % P (interleaved)."""
-    orders: dict[int, list[tuple[str, str, str]]] = {p: [] for p in range(processes)}
+def engine_phase(workers: Workers, attempts: int, per_parent: int) -> Phase:
+    """Brand n goes under parent org-(n // K), to worker n % P (interleaved)."""
+    run = uuid.uuid4().hex[:8]
+    shares: list[list[Brand]] = [[] for _ in workers.processes]
     for n in range(attempts):
         brand = (f"bench-{run}-{n}", f"Bench {run} {n}", f"org-{n // per_parent}")
-        orders[n % processes].append(brand)
-    return {p: ("engine", brands) for p, brands in orders.items()}
-
-
-def engine_phase(pool: Pool, attempts: int, per_parent: int, processes: int) -> Phase:
-    phase = pool.run(brands_for(uuid.uuid4().hex[:8], attempts, per_parent, processes))
+        shares[n % len(shares)].append(brand)
+    phase = workers.run({p: ("engine", share) for p, share in enumerate(shares)})
     promoted = int(phase.total("promoted"))
     if promoted != attempts:
         raise SystemExit(
@@ -314,9 +300,8 @@ def engine_phase(pool: Pool, attempts: int, per_parent: int, processes: int) -> 
     return phase
 
 
-def bare_phase(pool: Pool, saves: int, processes: int, writers: int) -> Phase:
-    per_process = max(1, saves // processes)
-    return pool.run(dict.fromkeys(range(processes), ("bare", per_process, writers)))
+def bare_phase(workers: Workers, saves: int, processes: int, writers: int) -> Phase:
+    return workers.run({p: ("bare", max(1, saves // processes), writers) for p in range(processes)})
 
 
 def main() -> int:
@@ -333,78 +318,92 @@ def main() -> int:
     parser.add_argument("--bare-saves", type=int, default=4000)
     parser.add_argument("--warmup", type=int, default=200, help="attempts run before measuring")
     parser.add_argument(
-        "--switch-interval", type=float, default=None,
-        help="sys.setswitchinterval() in the worker processes (default: Python's 0.005 s)",
+        "--switch-interval",
+        type=float,
+        default=None,
+        help="sys.setswitchinterval() in the workers (experiment; Python's default 0.005 s)",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args()
     if min(args.attempts, args.processes, args.concurrency, args.brands_per_parent) < 1:
         parser.error("attempts, processes, concurrency and brands-per-parent must be >= 1")
 
-    say: Callable[[str], None] = (
-        (lambda _: None) if args.json else (lambda text: print(text, flush=True))
-    )
+    def say(text: str) -> None:
+        if not args.json:
+            print(text, flush=True)
+
     url = os.environ.get("PROVISIONER_DATABASE_URL", DEFAULT_URL)
     init_database(url)
     per_parent = min(args.brands_per_parent, args.attempts)
     parents = [f"org-{m}" for m in range(math.ceil(args.attempts / per_parent))]
     fake, gateway_url = start_fake(parents)
     ctx = mp.get_context("spawn")
-    pool = Pool(fake, results=ctx.Queue(), go=ctx.Event())
+    workers = Workers(fake, ctx.Queue(), ctx.Event())
     try:
         for index in range(args.processes):
-            commands: mp.Queue[tuple[Any, ...]] = ctx.Queue()
+            commands: mp.Queue[Message] = ctx.Queue()
             process = ctx.Process(
                 target=_worker,
                 name=f"engine-{index}",
                 args=(
-                    index, url, gateway_url, args.concurrency, commands, pool.results,
-                    pool.go, args.switch_interval,
+                    index,
+                    url,
+                    gateway_url,
+                    args.concurrency,
+                    commands,
+                    workers.results,
+                    workers.go,
+                    args.switch_interval,
                 ),
                 daemon=True,
             )
             process.start()
-            pool.processes.append(process)
-            pool.commands.append(commands)
-        pids = [str(r["pid"]) for r in pool._collect("ready", args.processes)]
+            workers.processes.append(process)
+            workers.commands.append(commands)
+        pids = [str(m[2]) for m in workers.collect("ready", args.processes)]
         say(
-            f"layout: {args.processes} processes x {args.concurrency} threads; "
-            f"{args.attempts} attempts; {per_parent} brands per parent ({len(parents)} parents); "
+            f"layout: {args.processes} processes x {args.concurrency} threads, "
+            f"{args.attempts} attempts, {per_parent} brands per parent ({len(parents)} parents); "
             f"worker pids {' '.join(pids)}, fake pid {fake.pid}"
         )
-
         say("warm-up ...")
         if args.warmup > 0:
-            engine_phase(pool, min(args.warmup, args.attempts), per_parent, args.processes)
-        bare_phase(pool, min(400, args.bare_saves), args.processes, args.concurrency)
+            engine_phase(workers, min(args.warmup, args.attempts), per_parent)
+        bare_phase(workers, min(400, args.bare_saves), args.processes, args.concurrency)
         httpx.post(f"{gateway_url}/_fake/reset", timeout=10).raise_for_status()
+        ones, manys = [], []
 
-        say("bare saves, one writer ...")
-        one = bare_phase(pool, args.bare_saves // 2, 1, 1)
-        say(f"bare saves, {args.processes} x {args.concurrency} writers ...")
-        many = bare_phase(pool, args.bare_saves, args.processes, args.concurrency)
+        def bare_phases(when: str) -> None:
+            say(f"bare saves {when}, one writer ...")
+            ones.append(bare_phase(workers, args.bare_saves // 2, 1, 1))
+            say(f"bare saves {when}, {args.processes} x {args.concurrency} writers ...")
+            manys.append(bare_phase(workers, args.bare_saves, args.processes, args.concurrency))
+
+        bare_phases("before")
         say(f"engine, {args.attempts} attempts ...")
-        eng = engine_phase(pool, args.attempts, per_parent, args.processes)
-        calls = httpx.get(f"{gateway_url}/_fake/state", timeout=10).json().get("calls", {})
+        eng = engine_phase(workers, args.attempts, per_parent)
+        calls = httpx.get(f"{gateway_url}/_fake/state", timeout=30).json().get("calls", {})
+        bare_phases("after")
     finally:
-        for commands in pool.commands:
+        for commands in workers.commands:
             commands.put(("stop",))
-        for process in pool.processes:
-            process.join(10)
-            if process.is_alive():
-                process.terminate()
+        for child in workers.processes:
+            child.join(10)
+            if child.is_alive():
+                child.terminate()
         fake.terminate()
         fake.wait(5)
 
-    n = args.attempts
+    n, cpus = args.attempts, os.cpu_count() or 1
+    # The better of the measurements before and after the engine run: the strict choice.
+    one = max(ones, key=lambda p: p.total("saves") / p.seconds)
+    many = max(manys, key=lambda p: p.total("saves") / p.seconds)
     bare_one = one.total("saves") / one.seconds
     bare_many = many.total("saves") / many.seconds
     bare = max(bare_one, bare_many)
     saves = eng.total("saves")
     engine_saves_per_s = saves / eng.seconds
-    engine_cpu = eng.total("cpu_s")
-    cpus = os.cpu_count() or 1
-    result = {
+    result: dict[str, Any] = {
         "attempts": n,
         "processes": args.processes,
         "concurrency": args.concurrency,
@@ -417,32 +416,26 @@ def main() -> int:
         "bare_saves_per_s_one_writer": round(bare_one, 1),
         "bare_saves_per_s_same_layout": round(bare_many, 1),
         "ratio": round(engine_saves_per_s / bare, 3),
+        "bare_runs": {
+            "one_writer": [round(p.total("saves") / p.seconds, 1) for p in ones],
+            "same_layout": [round(p.total("saves") / p.seconds, 1) for p in manys],
+        },
         "gateway_calls_per_attempt": {k: round(v / n, 2) for k, v in calls.items() if v},
         "cpu_ms_per_attempt": {
-            "engine": round(1000 * engine_cpu / n, 2),
+            "engine": round(1000 * eng.total("cpu_s") / n, 2),
             "fake": round(1000 * eng.fake_cpu_s / n, 2),
             "postgres": round(1000 * eng.postgres_cpu_s / n, 2),
         },
         "cpu_ms_per_bare_save": {
-            "client": round(1000 * many.total("cpu_s") / many.total("saves"), 3),
-            "postgres": round(1000 * many.postgres_cpu_s / many.total("saves"), 3),
+            "client": round(1000 * many.total("cpu_s") / many.total("saves"), 2),
+            "postgres": round(1000 * many.postgres_cpu_s / many.total("saves"), 2),
         },
-        "box_cpu_utilisation": {
-            "engine_run": round(eng.box_busy_s / (eng.seconds * cpus), 2),
-            "bare_same_layout": round(many.box_busy_s / (many.seconds * cpus), 2),
-            "bare_one_writer": round(one.box_busy_s / (one.seconds * cpus), 2),
+        "machine_cpu_busy": {
+            "engine": round(eng.machine_busy_s / (eng.seconds * cpus), 2),
+            "bare_one_writer": round(one.machine_busy_s / (one.seconds * cpus), 2),
+            "bare_same_layout": round(many.machine_busy_s / (many.seconds * cpus), 2),
         },
-        # Busy CPU of the machine not accounted to this run's processes (other load).
-        "other_cpu_share": {
-            "engine_run": round(
-                (eng.box_busy_s - engine_cpu - eng.fake_cpu_s - eng.postgres_cpu_s)
-                / (eng.seconds * cpus), 2,
-            ),
-            "bare_same_layout": round(
-                (many.box_busy_s - many.total("cpu_s") - many.postgres_cpu_s - many.fake_cpu_s)
-                / (many.seconds * cpus), 2,
-            ),
-        },
+        "other_load": round(max(p.other_share(cpus) for p in (eng, *ones, *manys)), 2),
     }
     tx_ok = result["transactions_per_attempt"] <= TARGET_TX_PER_ATTEMPT
     ratio_ok = result["ratio"] >= TARGET_RATIO
@@ -450,37 +443,40 @@ def main() -> int:
     if args.json:
         print(json.dumps(result))
         return 0
-    cpu = result["cpu_ms_per_attempt"]
+    cpu, bare_cpu, busy = (
+        result["cpu_ms_per_attempt"],
+        result["cpu_ms_per_bare_save"],
+        result["machine_cpu_busy"],
+    )
+    print(f"brands per parent:          {per_parent}")
     print(f"attempts/s:                 {result['attempts_per_s']} ({n} in {result['seconds']} s)")
     print(f"transactions per attempt:   {result['transactions_per_attempt']}")
     print(f"gateway calls per attempt:  {result['gateway_calls_per_attempt']}")
     print(f"engine saves/s:             {result['engine_saves_per_s']}")
-    print(f"bare saves/s, one writer:   {result['bare_saves_per_s_one_writer']}")
+    runs = result["bare_runs"]
+    print(
+        f"bare saves/s, one writer:   {result['bare_saves_per_s_one_writer']} "
+        f"(before, after: {runs['one_writer']})"
+    )
     print(
         f"bare saves/s, same layout:  {result['bare_saves_per_s_same_layout']} "
-        f"({args.processes} x {args.concurrency})"
+        f"({args.processes} x {args.concurrency}; before, after: {runs['same_layout']})"
     )
     print(f"ratio (engine / best bare): {result['ratio']}")
     print(
         f"CPU ms per attempt:         engine {cpu['engine']}, fake {cpu['fake']}, "
         f"postgres {cpu['postgres']}"
     )
-    bare_cpu = result["cpu_ms_per_bare_save"]
     print(
         f"CPU ms per bare save:       client {bare_cpu['client']}, postgres {bare_cpu['postgres']}"
     )
-    util = result["box_cpu_utilisation"]
-    other = result["other_cpu_share"]
     print(
-        f"box CPU busy ({cpus} cores):    engine run {util['engine_run']} "
-        f"(other load {other['engine_run']}), bare same layout {util['bare_same_layout']} "
-        f"(other load {other['bare_same_layout']}), bare one writer {util['bare_one_writer']}"
+        f"machine CPU busy ({cpus} cores): engine {busy['engine']}, bare one writer "
+        f"{busy['bare_one_writer']}, bare same layout {busy['bare_same_layout']}; "
+        f"other load {result['other_load']}"
     )
-    if max(other.values()) > NOISY_SHARE:
-        print(
-            "WARNING: other processes used a noticeable share of the CPU during the run; "
-            "the figures are not representative"
-        )
+    if result["other_load"] > NOISY_SHARE:
+        print("WARNING: other processes used a noticeable share of the CPU: not representative")
     print(
         f"targets: transactions/attempt <= {TARGET_TX_PER_ATTEMPT:g} "
         f"({'met' if tx_ok else 'MISSED'}), ratio >= {TARGET_RATIO:g} "
