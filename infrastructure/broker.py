@@ -146,10 +146,6 @@ class DelayScheduler:
             heapq.heappush(self._heap, (due, next(self._seq), message, headers))
             self._wake.notify()
 
-    def pending(self) -> int:
-        with self._wake:
-            return len(self._heap)
-
     def stop(self) -> None:
         with self._wake:
             self._stopped = True

@@ -69,12 +69,6 @@ class Message:
     version: int
     fields: dict[str, Any] = field(default_factory=dict)
 
-    @property
-    def attempt_id(self) -> UUID:
-        value = self.fields["attempt_id"]
-        assert isinstance(value, UUID)
-        return value
-
     def encode(self) -> bytes:
         return encode(self.type, self.version, **self.fields)
 
