@@ -84,6 +84,7 @@ def persistence_env(url: str, *, pool_size: int = 5, create_table: bool = False)
             "POSTGRES_MAX_OVERFLOW": str(pool_size),
             "POSTGRES_CONNECT_TIMEOUT": "5",
             "POSTGRES_ENABLE_DB_FUNCTIONS": "n",
+            "APPLICATION_RECORDER_TOPIC": "infrastructure.pg_recorder:OneTripPostgresRecorder",
             "CREATE_TABLE": "y" if create_table else "n",
         }
     if scheme == "sqlite":
