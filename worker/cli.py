@@ -150,6 +150,91 @@ def deactivate(brand_id: str) -> None:
         )
 
 
+def _print(data: Any, as_json: bool, render: Any) -> None:
+    import json
+
+    if as_json:
+        click.echo(json.dumps(data, indent=2, default=str))
+    else:
+        render(data)
+
+
+def _events_table(story: dict[str, Any]) -> Any:
+    from rich.table import Table
+
+    table = Table(title=f"attempt {story['attempt_id']}: {story['state']}")
+    for column in ("at", "event", "hop", "workspace", "provenance", "reason"):
+        table.add_column(column)
+    for e in story["events"]:
+        table.add_row(
+            e["at"][:23],
+            e["type"],
+            "" if e["hop"] is None else str(e["hop"]),
+            e["workspace_id"] or "",
+            e["provenance"] or "",
+            (e["reason"] or "")[:60],
+        )
+    return table
+
+
+def _audit(fetch: Any) -> Any:
+    from domain.errors import ProvisionerError
+
+    try:
+        return fetch(_service_only())
+    except ProvisionerError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+@main.command()
+@click.argument("brand_id")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def status(brand_id: str, as_json: bool) -> None:
+    """The brand's current state and workspace."""
+    from infrastructure.audit import brand_status
+
+    data = _audit(lambda service: brand_status(service, brand_id))
+    _print(data, as_json, lambda d: click.echo("\n".join(f"{k}: {v}" for k, v in d.items())))
+
+
+@main.command()
+@click.argument("brand_id")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def history(brand_id: str, as_json: bool) -> None:
+    """Every attempt of the brand, oldest first, with its events (from the event store)."""
+    from rich.console import Console
+
+    from infrastructure.audit import brand_history
+
+    data = _audit(lambda service: brand_history(service, brand_id))
+
+    def render(stories: list[dict[str, Any]]) -> None:
+        console = Console()
+        for story in stories:
+            console.print(_events_table(story))
+
+    _print(data, as_json, render)
+
+
+@main.command()
+@click.argument("attempt_id")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def attempt(attempt_id: str, as_json: bool) -> None:
+    """One attempt in full."""
+    from uuid import UUID
+
+    from rich.console import Console
+
+    from infrastructure.audit import attempt_story
+
+    try:
+        parsed = UUID(attempt_id)
+    except ValueError:
+        raise click.ClickException(f"{attempt_id!r} is not an attempt id (a UUID)") from None
+    data = _audit(lambda service: attempt_story(service, parsed))
+    _print(data, as_json, lambda d: Console().print(_events_table(d)))
+
+
 def _serve(parts: tuple[str, ...], concurrency: int | None) -> None:
     """Run the chosen parts until SIGTERM or SIGINT, then stop them cleanly."""
     import signal

@@ -1,0 +1,57 @@
+"""The audit commands read the story of a brand straight from the event store."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from infrastructure.eventstore import open_event_store
+from infrastructure.fake_gateway import FakeGateway
+from infrastructure.gateway import HttpGateway
+from infrastructure.service import ProvisioningService
+from tests.conftest import PARENT, ManualClock
+from worker.cli import main
+
+
+def test_status_history_and_attempt_tell_a_brands_story(
+    tmp_path: Path, fake: FakeGateway, http_gateway: HttpGateway
+) -> None:
+    url = f"sqlite:///{tmp_path / 'events.sqlite'}"
+    clock = ManualClock()
+    service = ProvisioningService(open_event_store(url), http_gateway, clock=clock)
+    fake.configure(settle_polls=5)
+    first = service.request_provisioning("b-audit", "Audit Co", PARENT)
+    service.run_hop(first, 0)
+    clock.advance(601)
+    second = service.request_provisioning("b-audit", "Audit Co", PARENT)  # supersedes
+    fake.configure(settle_polls=0)
+    service.run_hop(first, 1)  # stands down, releases what it created
+    promoted = service.run_hop(second, 0)
+    env = {"PROVISIONER_DATABASE_URL": url}
+    runner = CliRunner(env=env)
+
+    status = json.loads(runner.invoke(main, ["status", "b-audit", "--json"]).output)
+    history = json.loads(runner.invoke(main, ["history", "b-audit", "--json"]).output)
+    one = json.loads(runner.invoke(main, ["attempt", str(first), "--json"]).output)
+    unknown = runner.invoke(main, ["status", "nobody"])
+    bad_id = runner.invoke(main, ["attempt", "not-a-uuid"])
+
+    assert status["lifecycle"] == "active"
+    assert status["status"] == "ready"
+    assert status["workspace_id"] == promoted.workspace_id
+    assert status["attempt_id"] == str(second)
+    assert [a["attempt_id"] for a in history] == [str(first), str(second)]
+    assert [a["state"] for a in history] == ["superseded", "promoted"]
+    assert [e["type"] for e in one["events"]][-2:] == ["Superseded", "CandidateReleased"]
+    accepted = next(e for e in one["events"] if e["type"] == "CandidateAccepted")
+    assert accepted["provenance"] == "created"
+    assert set(accepted) == {"at", "type", "hop", "workspace_id", "provenance", "reason"}
+    assert unknown.exit_code == 1
+    assert "no brand 'nobody'" in unknown.output
+    assert bad_id.exit_code == 1
+    assert "not an attempt id" in bad_id.output
+    text = runner.invoke(main, ["history", "b-audit"])
+    assert text.exit_code == 0
+    assert "Superseded" in text.output
