@@ -235,8 +235,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         )
     workers = procs[1:]
     run_id = uuid.uuid4().hex[:6]
-    brands = [(f"pipe-{run_id}-{n}", f"Pipe {run_id} {n}", parents[n % len(parents)])
-              for n in range(args.brands)]
+    brands = [
+        (f"pipe-{run_id}-{n}", f"Pipe {run_id} {n}", parents[n % len(parents)])
+        for n in range(args.brands)
+    ]
     listener = ReadyListener(broker_url, {b for b, _, _ in brands})
     listener.start()
     listener.ready.wait(10)
