@@ -19,6 +19,7 @@ attempt is untouched and the caller retries the whole step later.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from uuid import UUID
@@ -334,11 +335,15 @@ class ProvisioningService:
         claim.claim(brand_id, attempt_id)
         return claim
 
-    def adopted_claim_to_release(self, attempt: ProvisioningAttempt) -> WorkspaceClaim | None:
+    def adopted_claim_to_release(
+        self,
+        attempt: ProvisioningAttempt,
+        lookup: Callable[[str], WorkspaceClaim | None] | None = None,
+    ) -> WorkspaceClaim | None:
         """An adopted candidate's claim goes back when the attempt ends unpromoted."""
         if attempt.provenance is not Provenance.ADOPTED or attempt.candidate_id is None:
             return None
-        claim = self.claim(attempt.candidate_id)
+        claim = (lookup or self.claim)(attempt.candidate_id)
         if claim is None or claim.attempt_id != attempt.id:
             return None
         claim.release(f"attempt {attempt.state.value}")
@@ -800,11 +805,9 @@ class _Hop:
             if claim is not None and claim.attempt_id == attempt.id:
                 claim.begin_release(attempt.brand_id, attempt.id)
                 touched.append(claim)
-        if attempt.provenance is Provenance.ADOPTED and attempt.candidate_id is not None:
-            claim = self._claim(attempt.candidate_id)
-            if claim is not None and claim.attempt_id == attempt.id:
-                claim.release(f"attempt {attempt.state.value}")
-                touched.append(claim)
+        claim = self.svc.adopted_claim_to_release(attempt, self._claim)
+        if claim is not None:
+            touched.append(claim)
         touched = [t for t in touched if t not in self.pending]
         slot = self._slot(attempt)
         if slot.holder == attempt.id and not attempt.create_unresolved:
