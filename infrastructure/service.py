@@ -443,6 +443,8 @@ class _Hop:
         # title slot): saved with the attempt's next save, which records the
         # candidate and the first poll's outcome in one transaction.
         self.pending: list[Aggregate] = []
+        # The title slot as this run last saved it: no need to read it back.
+        self._saved_slot: TitleSlot | None = None
 
     @property
     def now(self) -> datetime:
@@ -466,6 +468,8 @@ class _Hop:
         for aggregate in self.pending:
             if isinstance(aggregate, TitleSlot):
                 return aggregate
+        if self._saved_slot is not None:
+            return self._saved_slot
         return self.svc.slot(attempt.parent_workspace_id, attempt.title)
 
     def run(self) -> HopOutcome:
@@ -481,6 +485,7 @@ class _Hop:
                 )
                 self._family = None
                 self.pending = []
+                self._saved_slot = None
         raise ContentionError(f"attempt {self.attempt_id} is contended; retry the hop later")
 
     def _step(self, attempt: ProvisioningAttempt) -> HopOutcome:
@@ -621,6 +626,7 @@ class _Hop:
         slot.reserve(attempt.id, self.now, self.svc.settings.create_grace_s)
         try:
             self.svc.app.save(attempt, slot)
+            self._saved_slot = slot
         except IntegrityError:
             again = self.svc.attempt(attempt.id)
             if again.create_requested_hop == self.hop and again.candidate_id is None:
