@@ -15,7 +15,7 @@ from uuid import UUID, uuid4
 from eventsourcing.domain import Aggregate, event
 
 from domain.errors import CommandRefused
-from domain.policies import AttemptState, FailureReason, Provenance
+from domain.policies import AttemptState, FailureReason, Provenance, owed_releases
 
 # Stored error texts are summaries for people; they are cut to this length.
 MAX_MESSAGE_CHARS = 300
@@ -144,24 +144,10 @@ class ProvisioningAttempt(Aggregate):
 
     @property
     def owed_releases(self) -> tuple[str, ...]:
-        """Workspaces our creates made that will not be used and are not released yet.
-
-        The candidate is kept while the attempt is pending and once promoted; a
-        candidate whose status went terminal is not released (it never came to
-        exist in a usable form). A surplus workspace (created by a run that lost
-        its race) is owed at once.
-        """
-        owed = []
-        for workspace_id in self.created_ids:
-            if workspace_id in self.released_ids:
-                continue
-            if workspace_id == self.candidate_id and (
-                self.state in (AttemptState.PENDING, AttemptState.PROMOTED)
-                or self.failure_reason is FailureReason.TERMINAL_STATUS
-            ):
-                continue
-            owed.append(workspace_id)
-        return tuple(owed)
+        """Workspaces our creates made that will not be used and are not released yet."""
+        return owed_releases(
+            self.created_ids, self.released_ids, self.candidate_id, self.state, self.failure_reason
+        )
 
     @property
     def release_owed(self) -> bool:

@@ -125,3 +125,30 @@ class FailureReason(StrEnum):
     REJECTED = "rejected"
     UNAUTHORIZED = "unauthorized"
     GATEWAY_BUG = "gateway_bug"
+
+
+def owed_releases(
+    created_ids: Sequence[str],
+    released_ids: Sequence[str],
+    candidate_id: str | None,
+    state: AttemptState,
+    failure_reason: FailureReason | None,
+) -> tuple[str, ...]:
+    """Workspaces an attempt's creates made that will not be used and are not released.
+
+    The candidate is kept while the attempt is pending and once promoted; a
+    candidate whose status went terminal is not released (it never came to
+    exist in a usable form). A surplus workspace (created by a run that lost
+    its race) is owed at once. The aggregate and the `attempts` projection
+    both decide with this one rule.
+    """
+    keep_candidate = (
+        state in (AttemptState.PENDING, AttemptState.PROMOTED)
+        or failure_reason is FailureReason.TERMINAL_STATUS
+    )
+    return tuple(
+        workspace_id
+        for workspace_id in created_ids
+        if workspace_id not in released_ids
+        and not (workspace_id == candidate_id and keep_candidate)
+    )

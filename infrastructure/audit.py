@@ -1,36 +1,29 @@
 """The audit trail, read straight from the event store: a brand's state, its attempts
 and every event of each, oldest first. JSON shapes (other tools rely on them):
 
-    status  -> {brand_id, lifecycle, status, workspace_id, attempt_id}
+    status  -> {brand_id, title, lifecycle, status, workspace_id, attempt_id}
+    pointer -> {brand_id, at, workspace_id, attempt_id, lifecycle}
     history -> [{attempt_id, state, events: [{at, type, hop, workspace_id,
                  provenance, reason}, ...]}, ...]
 """
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 from uuid import UUID
 
 from domain.attempt import ProvisioningAttempt
-from domain.brand import Brand
-from domain.policies import AttemptState
+from domain.brand import ACTIVE, DEACTIVATED, Brand
+from domain.errors import ProvisionerError
 from infrastructure.service import ProvisioningService
-
-STATUS_BY_STATE = {
-    AttemptState.PENDING: "pending",
-    AttemptState.PROMOTED: "ready",
-    AttemptState.FAILED: "failed",
-    AttemptState.CANCELLED: "cancelled",
-    AttemptState.SUPERSEDED: "pending",
-}
+from projections.brand_workspaces import brand_status as status_of
 
 
 def brand_status(service: ProvisioningService, brand_id: str) -> dict[str, Any]:
     brand = service.brand(brand_id)
     attempt = service.attempt(brand.current_attempt_id) if brand.current_attempt_id else None
-    status = STATUS_BY_STATE[attempt.state] if attempt else "none"
-    if attempt and attempt.state is AttemptState.PROMOTED and brand.workspace_id is None:
-        status = "none"  # decommissioned since
+    status = status_of(attempt.state.value if attempt else None, brand.workspace_id)
     return {
         "brand_id": brand.brand_id,
         "title": brand.title,
@@ -78,3 +71,43 @@ def attempt_story(service: ProvisioningService, attempt_id: UUID) -> dict[str, A
 def brand_history(service: ProvisioningService, brand_id: str) -> list[dict[str, Any]]:
     brand = service.brand(brand_id)
     return [attempt_story(service, attempt_id) for attempt_id in attempt_ids(service, brand)]
+
+
+class NotYetRegistered(ProvisionerError):
+    pass
+
+
+def pointer_at(service: ProvisioningService, brand_id: str, at: datetime) -> dict[str, Any]:
+    """The workspace the brand was bound to at `at`: its events replayed up to then."""
+    brand = service.brand(brand_id)
+    workspace_id: str | None = None
+    attempt_id: UUID | None = None
+    lifecycle = ACTIVE
+    seen = False
+    events: list[Any] = list(service.app.events.get(brand.id))
+    for event in events:
+        if event.timestamp > at:
+            break
+        seen = True
+        if isinstance(event, Brand.AttemptBegun):
+            attempt_id = event.attempt_id
+        elif isinstance(event, Brand.WorkspaceBound):
+            workspace_id = event.workspace_id
+        elif isinstance(event, Brand.WorkspaceUnbound):
+            workspace_id = None
+        elif isinstance(event, Brand.Deactivated):
+            lifecycle = DEACTIVATED
+        elif isinstance(event, Brand.Reactivated):
+            lifecycle = ACTIVE
+    if not seen:
+        raise NotYetRegistered(
+            f"brand {brand_id} was not registered yet at {at.isoformat()} "
+            f"(registered {brand.created_on.isoformat()})"
+        )
+    return {
+        "brand_id": brand_id,
+        "at": at.isoformat(),
+        "workspace_id": workspace_id,
+        "attempt_id": str(attempt_id) if attempt_id else None,
+        "lifecycle": lifecycle,
+    }

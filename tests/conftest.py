@@ -20,6 +20,7 @@ from infrastructure.eventstore import ProvisionerApplication, init_database, ope
 from infrastructure.fake_gateway import FakeConfig, FakeGateway
 from infrastructure.gateway import HttpGateway
 from infrastructure.service import EngineSettings, ProvisioningService
+from infrastructure.views import init_read_models
 
 PG_ADMIN = os.environ.get("PROVISIONER_TEST_PG", "postgresql://root@127.0.0.1:5432/postgres")
 TOKEN = "test-token-s3cr3t"
@@ -62,6 +63,7 @@ def pg_database() -> Iterator[str]:
     base = PG_ADMIN.rsplit("/", 1)[0]
     url = f"{base}/{name}"
     init_database(url)
+    init_read_models(url)
     yield url
     with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')

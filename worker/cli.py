@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import sys
-from typing import Any
+from typing import Any, ClassVar
 
 import click
 
@@ -41,6 +41,9 @@ def db_init(database_url: str | None) -> None:
     url = database_url or _settings().database_url
     try:
         init_database(url)
+        from infrastructure.views import init_read_models
+
+        init_read_models(url)
     except (ValueError, DatabaseNotInitialised) as exc:
         raise click.ClickException(str(exc)) from None
     except Exception as exc:  # noqa: BLE001 - one clear line instead of a traceback
@@ -154,7 +157,7 @@ def _print(data: Any, as_json: bool, render: Any) -> None:
     import json
 
     if as_json:
-        click.echo(json.dumps(data, indent=2, default=str))
+        click.echo(json.dumps(data, indent=2, default=_jsonable))
     else:
         render(data)
 
@@ -235,6 +238,208 @@ def attempt(attempt_id: str, as_json: bool) -> None:
     _print(data, as_json, lambda d: Console().print(_events_table(d)))
 
 
+class _Time(click.ParamType[Any]):
+    """An ISO 8601 time (UTC unless it says otherwise), `now`, or an age: 30s, 15m, 2h, 7d."""
+
+    name = "TIME"
+    _UNITS: ClassVar[dict[str, int]] = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> Any:
+        from datetime import UTC, datetime, timedelta
+
+        if isinstance(value, datetime):
+            return value
+        text = str(value).strip()
+        now = datetime.now(UTC)
+        if text == "now":
+            return now
+        unit = self._UNITS.get(text[-1:])
+        if unit and text[:-1].replace(".", "", 1).isdigit():
+            return now - timedelta(seconds=float(text[:-1]) * unit)
+        try:
+            parsed = datetime.fromisoformat(text)
+        except ValueError:
+            self.fail(
+                f"{text!r} is not a time: use ISO 8601 (2026-11-30T12:00:00Z), "
+                "now, or an age such as 15m, 2h, 7d",
+                param,
+                ctx,
+            )
+        return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+
+
+def _jsonable(value: Any) -> Any:
+    from datetime import datetime
+
+    return value.isoformat() if isinstance(value, datetime) else str(value)
+
+
+def _views() -> Any:
+    """The read models of the configured database, checked to exist."""
+    from infrastructure.views import SqlViewStore, ViewsNotInitialised
+
+    store = SqlViewStore(_settings().database_url)
+    try:
+        store.check()
+    except ViewsNotInitialised as exc:
+        raise click.ClickException(str(exc)) from None
+    except Exception as exc:  # noqa: BLE001 - one clear line instead of a traceback
+        raise click.ClickException(f"cannot read the projections: {exc}") from None
+    return store
+
+
+@main.command()
+@click.argument("brand_id")
+@click.option("--at", "at", type=_Time(), required=True, help="When (ISO 8601, or an age: 2h).")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def pointer(brand_id: str, at: Any, as_json: bool) -> None:
+    """The workspace the brand was bound to at a time (replayed from the event store)."""
+    from infrastructure.audit import pointer_at
+
+    data = _audit(lambda service: pointer_at(service, brand_id, at))
+    _print(data, as_json, lambda d: click.echo("\n".join(f"{k}: {v}" for k, v in d.items())))
+
+
+ATTEMPT_COLUMNS = ("attempt_id", "brand_id", "state", "hops_used", "candidate_id",
+                   "provenance", "started_at", "next_hop_due", "last_error")  # fmt: skip
+
+
+@main.command()
+@click.option(
+    "--state",
+    type=click.Choice(["pending", "promoted", "failed", "cancelled", "superseded"]),
+    help="Only attempts in this state.",
+)
+@click.option("--stuck", is_flag=True, help="Pending attempts whose next hop is overdue.")
+@click.option("--overdue", default=60.0, show_default=True, help="Seconds overdue for --stuck.")
+@click.option("--since", type=_Time(), help="Started at or after this time (or age: 1d).")
+@click.option("--brand", "brand_id", help="Only this brand's attempts.")
+@click.option("--limit", default=50, show_default=True, type=click.IntRange(1, 100_000))
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def attempts(
+    *,
+    state: str | None,
+    stuck: bool,
+    overdue: float,
+    since: Any,
+    brand_id: str | None,
+    limit: int,
+    as_json: bool,
+) -> None:
+    """Attempts from the `attempts` projection, newest first (stuck: most overdue first)."""
+    from infrastructure.views import list_attempts
+
+    if stuck and state not in (None, "pending"):
+        raise click.UsageError("--stuck lists pending attempts; drop --state or use pending")
+    with _views() as store:
+        rows = list_attempts(
+            store, state=state, stuck=stuck, overdue_s=overdue, since=since,
+            brand_id=brand_id, limit=limit,
+        )  # fmt: skip
+
+    def render(found: list[dict[str, Any]]) -> None:
+        from rich.console import Console
+        from rich.table import Table
+
+        table = Table(title=f"{len(found)} attempts")
+        for column in ATTEMPT_COLUMNS:
+            table.add_column(column)
+        for row in found:
+            cells = [row[c] for c in ATTEMPT_COLUMNS]
+            table.add_row(*("" if v is None else _jsonable(v)[:40] for v in cells))
+        Console().print(table)
+
+    _print(rows, as_json, render)
+
+
+@main.group()
+def projections() -> None:
+    """The read models: run them, see their lag, rebuild them."""
+
+
+@projections.command("run")
+def projections_run() -> None:
+    """Keep every projection caught up with the event log (also part of `run`)."""
+    _serve(("projections",), None)
+
+
+@projections.command("status")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def projections_status(as_json: bool) -> None:
+    """Per projection: position, head of the log, events behind, rows, rebuild."""
+    from infrastructure.eventstore import open_event_store
+    from infrastructure.views import LogSource
+
+    url = _settings().database_url
+    with _views() as store:
+        app = open_event_store(url, pool_size=1)
+        try:
+            data = store.status(LogSource(app, store))
+        finally:
+            app.close()
+
+    def render(report: list[dict[str, Any]]) -> None:
+        from rich.console import Console
+        from rich.table import Table
+
+        table = Table()
+        columns = ("projection", "copy", "position", "head", "behind", "rows", "rebuilding")
+        for column in columns:
+            table.add_column(column)
+        for item in report:
+            table.add_row(*("" if item[c] is None else str(item[c]) for c in columns))
+        Console().print(table)
+
+    _print(data, as_json, render)
+
+
+@projections.command("rebuild")
+@click.argument("name", required=False)
+@click.option("--batch", default=5000, show_default=True, type=click.IntRange(1, 100_000))
+def projections_rebuild(name: str | None, batch: int) -> None:
+    """Rebuild from the whole log beside the live copy, then switch readers atomically.
+
+    Readers keep getting answers throughout. Interrupted, it resumes when run again.
+    """
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    from infrastructure.eventstore import open_event_store
+    from infrastructure.views import PROJECTIONS, LogSource, UnknownProjection, projection
+    from projections.core import rebuild
+
+    try:
+        chosen = [projection(name)] if name else list(PROJECTIONS.values())
+    except UnknownProjection as exc:
+        raise click.ClickException(str(exc)) from None
+    url = _settings().database_url
+    with _views() as store, Progress(
+        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+        TextColumn("{task.fields[rate]} ev/s"), TimeElapsedColumn(), TimeRemainingColumn(),
+    ) as bar:  # fmt: skip
+        app = open_event_store(url, pool_size=1)
+        try:
+            for proj in chosen:
+                task = bar.add_task(proj.name, total=None, rate="-")
+
+                def show(p: Any, task: Any = task, label: str = proj.name) -> None:
+                    speed = bar.tasks[task].speed
+                    rate = f"{speed:,.0f}" if speed else "-"
+                    bar.update(task, completed=p.done, total=p.total, rate=rate,
+                               description=f"{label} -> {p.copy}")  # fmt: skip
+
+                copy = rebuild(proj, LogSource(app, store), store, limit=batch, on_progress=show)
+                bar.console.print(f"{proj.name}: readers now use {copy}")
+        finally:
+            app.close()
+
+
 def _serve(parts: tuple[str, ...], concurrency: int | None) -> None:
     """Run the chosen parts until SIGTERM or SIGINT, then stop them cleanly."""
     import signal
@@ -244,7 +449,7 @@ def _serve(parts: tuple[str, ...], concurrency: int | None) -> None:
     from worker.runtime import build
 
     settings = _settings()
-    if is_memory(settings.broker_url) and parts != ("worker", "relay"):
+    if is_memory(settings.broker_url) and parts in (("worker",), ("relay",)):
         raise click.ClickException(
             "memory:// is an in-process broker: use `provisioner run`, or set "
             "PROVISIONER_BROKER_URL=amqp://... to run the worker and relay apart"
@@ -261,6 +466,8 @@ def _serve(parts: tuple[str, ...], concurrency: int | None) -> None:
                 runtime.start(runtime.worker(concurrency).run, "worker", stop)
             if "relay" in parts:
                 runtime.start(runtime.relay().run, "relay", stop)
+            if "projections" in parts:
+                runtime.start(runtime.projector().run, "projections", stop)
             click.echo(f"{' + '.join(parts)} running; Ctrl-C or SIGTERM stops")
             while not stop.wait(0.5):
                 if not all(t.is_alive() for t in runtime.threads):
@@ -287,8 +494,8 @@ def relay() -> None:
 @main.command()
 @click.option("--concurrency", type=int, default=None, help="Hops in flight (default 8).")
 def run(concurrency: int | None) -> None:
-    """Worker and relay in one process: the small-deployment mode."""
-    _serve(("worker", "relay"), concurrency)
+    """Worker, relay and projections in one process: the small-deployment mode."""
+    _serve(("worker", "relay", "projections"), concurrency)
 
 
 @main.command(

@@ -8,6 +8,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
+from urllib.parse import urlsplit
 
 from domain.ports import Gateway
 from infrastructure.broker import Broker, DelayScheduler, Topology, is_memory
@@ -21,7 +22,9 @@ from infrastructure.fake_gateway import FakeConfig, FakeGateway
 from infrastructure.gateway import HttpGateway
 from infrastructure.service import ProvisioningService
 from infrastructure.settings import Settings
+from infrastructure.views import SqlViewStore, memory_views_url
 from worker.consumer import HopWorker
+from worker.projector import Projector
 from worker.relay import Relay
 
 log = logging.getLogger("provisioner.runtime")
@@ -35,6 +38,7 @@ class Runtime:
     service: ProvisioningService
     topology: Topology
     scheduler: DelayScheduler | None
+    views_url: str = ""
     fake: FakeGateway | None = None
     threads: list[threading.Thread] = field(default_factory=list)
 
@@ -52,6 +56,9 @@ class Runtime:
         positions = open_position_store(url, create_table=not is_postgres(url))
         broker = Broker(self.settings.broker_url, self.topology, scheduler=self.scheduler)
         return Relay(self.app, broker, positions, database_url=url)
+
+    def projector(self) -> Projector:
+        return Projector(self.app, self.views_url, database_url=self.settings.database_url)
 
     def start(self, target: object, name: str, stop: threading.Event) -> threading.Thread:
         thread = threading.Thread(target=target, args=(stop,), name=name, daemon=True)  # type: ignore[arg-type]
@@ -87,4 +94,9 @@ def build(settings: Settings, *, fake_config: FakeConfig | None = None) -> Itera
             scheduler = DelayScheduler(settings.broker_url, topology)
             stack.callback(scheduler.stop)
         service = ProvisioningService(app, gateway, settings=settings.engine())
-        yield Runtime(settings, app, gateway, service, topology, scheduler, fake)
+        views_url = settings.database_url
+        if urlsplit(views_url).scheme == "memory":
+            views_url = memory_views_url()
+            # An in-process database lives while one connection to it is open.
+            stack.enter_context(SqlViewStore(views_url)).setup()
+        yield Runtime(settings, app, gateway, service, topology, scheduler, views_url, fake)

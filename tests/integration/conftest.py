@@ -31,7 +31,10 @@ import pytest
 from kombu import Connection
 
 from infrastructure.broker import COMMANDS_QUEUE, DEAD_QUEUE, HOPS_QUEUE, WAIT_PREFIX, Topology
+from infrastructure.eventstore import open_event_store
+from infrastructure.views import SqlViewStore
 from tests.conftest import unavailable
+from tests.readmodels import assert_projections_match
 
 BROKER = "amqp://guest:guest@127.0.0.1:5672"
 FIXED_QUEUES = (HOPS_QUEUE, COMMANDS_QUEUE, DEAD_QUEUE)
@@ -142,3 +145,24 @@ def rabbit_url(rabbit_session_url: str) -> Iterator[str]:
     purge(rabbit_session_url, list_wait_queues=not _listed)
     yield rabbit_session_url
     purge(rabbit_session_url, list_wait_queues=True)
+
+
+@pytest.fixture(autouse=True)
+def projections_match_replay(request: pytest.FixtureRequest) -> Iterator[None]:
+    """After every scenario on an event store: both projections, caught up, equal the
+    state replayed from the event log for every brand and attempt the test touched."""
+    names = request.fixturenames
+    source = next((n for n in ("database_url", "pg_database") if n in names), None)
+    if source is None or request.node.get_closest_marker("raw_events"):
+        yield
+        return
+    url: str = request.getfixturevalue(source)
+    app = open_event_store(url, pool_size=2)
+    try:
+        head = app.recorder.max_notification_id() or 0
+        yield
+        with SqlViewStore(url) as store:
+            store.setup()
+            assert_projections_match(app, store, head)
+    finally:
+        app.close()

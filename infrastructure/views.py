@@ -1,0 +1,519 @@
+"""SQL storage of the read models, on PostgreSQL and SQLite (see docs/read-models.md).
+
+Tables, for each projection NAME:
+    NAME_gN                      a copy of the projection (N = its generation)
+    NAME                         a view over the live copy: what readers query
+    provisioner_projections      name -> live copy, copy being rebuilt, last generation
+    provisioner_projection_positions   copy -> notification id applied up to
+
+Every batch is one transaction that writes its rows and moves its copy's
+position with a compare-and-set, so it applies exactly once. A batch on the
+live copy holds a share lock on the projection's registry row (PostgreSQL;
+SQLite has one writer at a time anyway); a switch takes it exclusively, so the
+live runner never writes to a copy that is being retired, and readers move to
+the new copy in the same transaction that retires the old one.
+
+`memory://` stores keep their rows in an in-process SQLite database.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import uuid
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from psycopg.rows import dict_row
+
+from infrastructure.eventstore import (
+    EVENTS_TABLE,
+    SCHEMA_LOCK_KEY,
+    ProvisionerApplication,
+    is_postgres,
+    persistence_env,
+    postgres_conninfo,
+)
+from projections.attempts import Attempts
+from projections.brand_workspaces import BrandWorkspaces
+from projections.core import INT, LIST, TS, PositionConflict, Projection, Row
+
+PROJECTIONS: dict[str, Projection] = {p.name: p for p in (BrandWorkspaces(), Attempts())}
+REGISTRY = "provisioner_projections"
+POSITIONS = "provisioner_projection_positions"
+
+
+class ViewsNotInitialised(RuntimeError):
+    """The projection tables do not exist yet."""
+
+
+class UnknownProjection(ValueError):
+    pass
+
+
+def projection(name: str) -> Projection:
+    try:
+        return PROJECTIONS[name]
+    except KeyError:
+        names = ", ".join(PROJECTIONS)
+        raise UnknownProjection(f"no projection named {name!r}; known: {names}") from None
+
+
+class _Dialect:
+    """What differs between PostgreSQL and SQLite: placeholders, types, values."""
+
+    postgres: bool
+
+    def __init__(self, postgres: bool) -> None:
+        self.postgres = postgres
+        self.p = "%s" if postgres else "?"
+
+    def sql_type(self, kind: str) -> str:
+        if kind == TS:
+            return "timestamptz" if self.postgres else "text"
+        if kind == INT:
+            return "bigint" if self.postgres else "integer"
+        return "text"
+
+    def to_db(self, kind: str, value: Any) -> Any:
+        if value is None:
+            return None
+        if kind == LIST:
+            return json.dumps(value)
+        if kind == TS and not self.postgres:
+            return value.isoformat(timespec="microseconds")
+        return value
+
+    def from_db(self, kind: str, value: Any) -> Any:
+        if value is None:
+            return None
+        if kind == LIST:
+            return json.loads(value)
+        if kind == TS and not self.postgres:
+            return datetime.fromisoformat(value)
+        return value
+
+
+def _copy_ddl(dialect: _Dialect, proj: Projection, copy: str) -> list[str]:
+    columns = ", ".join(
+        f"{name} {dialect.sql_type(kind)}" + (" PRIMARY KEY" if name == proj.key else "")
+        for name, kind in proj.columns.items()
+    )
+    statements = [f"CREATE TABLE IF NOT EXISTS {copy} ({columns})"]
+    for index in proj.indexes:
+        cols = ", ".join(index.columns)
+        name = f"{copy}_{index.suffix}"
+        if index.unique and dialect.postgres:
+            # Deferred: within one batch a workspace may pass from one row to another.
+            statements.append(
+                f"ALTER TABLE {copy} ADD CONSTRAINT {name} UNIQUE ({cols}) "
+                "DEFERRABLE INITIALLY DEFERRED"
+            )
+            continue
+        unique = "UNIQUE " if index.unique else ""
+        where = f" WHERE {index.where}" if index.where else ""
+        statements.append(f"CREATE {unique}INDEX IF NOT EXISTS {name} ON {copy} ({cols}){where}")
+    return statements
+
+
+class SqlViewStore:
+    """The read models of one database: the `ViewStore` port, status, and queries.
+
+    Not thread-safe: each runner thread and each reader opens its own.
+    """
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.dialect = _Dialect(is_postgres(url))
+        self._pg: psycopg.Connection[Any] | None = None
+        self._lite: sqlite3.Connection | None = None
+
+    # Connections.
+
+    @property
+    def pg(self) -> psycopg.Connection[Any]:
+        if self._pg is None or self._pg.closed:
+            self._pg = psycopg.connect(
+                postgres_conninfo(self.url), row_factory=dict_row, options="-c TimeZone=UTC"
+            )
+        return self._pg
+
+    @property
+    def lite(self) -> sqlite3.Connection:
+        if self._lite is None:
+            self._lite = sqlite3.connect(
+                _sqlite_target(self.url),
+                isolation_level=None,
+                timeout=30,
+                check_same_thread=False,
+                uri=True,
+            )
+            self._lite.row_factory = sqlite3.Row
+            self._lite.execute("PRAGMA journal_mode=WAL")
+        return self._lite
+
+    def close(self) -> None:
+        if self._pg is not None:
+            self._pg.close()
+        if self._lite is not None:
+            self._lite.close()
+        self._pg = self._lite = None
+
+    def __enter__(self) -> SqlViewStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @contextmanager
+    def _tx(self, *, immediate: bool = True) -> Iterator[Any]:
+        """A transaction; yields a cursor-like object with execute/fetch."""
+        if self.dialect.postgres:
+            with self.pg.transaction(), self.pg.cursor() as cur:
+                yield cur
+            return
+        conn = self.lite
+        conn.execute("BEGIN IMMEDIATE" if immediate else "BEGIN")
+        try:
+            yield conn
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        conn.execute("COMMIT")
+
+    def _one(self, cur: Any, sql: str, *params: Any) -> Any:
+        row = cur.execute(sql, params).fetchone()
+        if row is None:
+            return None
+        return dict(row)
+
+    def _all(self, cur: Any, sql: str, *params: Any) -> list[dict[str, Any]]:
+        return [dict(row) for row in cur.execute(sql, params).fetchall()]
+
+    # Schema.
+
+    def setup(self) -> None:
+        """Create the registry and, for each projection, its first copy and view.
+
+        Idempotent; on PostgreSQL it runs under the schema advisory lock, so
+        several processes may run it at once.
+        """
+        if self.dialect.postgres:
+            with psycopg.connect(postgres_conninfo(self.url), autocommit=True) as conn:
+                conn.execute("SELECT pg_advisory_lock(%s)", (SCHEMA_LOCK_KEY,))
+                try:
+                    self._setup()
+                finally:
+                    conn.execute("SELECT pg_advisory_unlock(%s)", (SCHEMA_LOCK_KEY,))
+            return
+        self._setup()
+
+    def _setup(self) -> None:
+        p = self.dialect.p
+        with self._tx() as cur:
+            cur.execute(
+                f"CREATE TABLE IF NOT EXISTS {REGISTRY} (name text PRIMARY KEY, "
+                "live text NOT NULL, building text, generation integer NOT NULL)"
+            )
+            cur.execute(
+                f"CREATE TABLE IF NOT EXISTS {POSITIONS} "
+                "(copy text PRIMARY KEY, position bigint NOT NULL)"
+            )
+            for proj in PROJECTIONS.values():
+                if self._one(cur, f"SELECT name FROM {REGISTRY} WHERE name = {p}", proj.name):
+                    continue
+                copy = f"{proj.name}_g1"
+                for statement in _copy_ddl(self.dialect, proj, copy):
+                    cur.execute(statement)
+                cur.execute(f"INSERT INTO {POSITIONS} VALUES ({p}, 0)", (copy,))
+                cur.execute(f"INSERT INTO {REGISTRY} VALUES ({p}, {p}, NULL, 1)", (proj.name, copy))
+                self._point_view(cur, proj.name, copy)
+
+    def _point_view(self, cur: Any, name: str, copy: str) -> None:
+        if self.dialect.postgres:
+            cur.execute(f"CREATE OR REPLACE VIEW {name} AS SELECT * FROM {copy}")
+        else:
+            cur.execute(f"DROP VIEW IF EXISTS {name}")
+            cur.execute(f"CREATE VIEW {name} AS SELECT * FROM {copy}")
+
+    def check(self) -> None:
+        """Raise ViewsNotInitialised with what to do if the tables are missing."""
+        if self.dialect.postgres:
+            with self._tx() as cur:
+                found = self._one(cur, "SELECT to_regclass(%s) AS t", f"public.{REGISTRY}")
+            if found and found["t"]:
+                return
+            raise ViewsNotInitialised(
+                "the projection tables are missing: run `provisioner db init` first"
+            )
+        self.setup()
+
+    def _registry(self, cur: Any, name: str, lock: str = "") -> dict[str, Any]:
+        p = self.dialect.p
+        lock = lock if self.dialect.postgres else ""
+        entry = self._one(cur, f"SELECT * FROM {REGISTRY} WHERE name = {p} {lock}", name)
+        if entry is None:
+            raise ViewsNotInitialised(
+                f"projection {name} is not set up: run `provisioner db init` first"
+            )
+        return dict(entry)
+
+    # The ViewStore port.
+
+    @contextmanager
+    def live_batch(self, proj: Projection) -> Iterator[_SqlBatch]:
+        with self._tx() as cur:
+            entry = self._registry(cur, proj.name, "FOR SHARE")
+            yield _SqlBatch(self, cur, proj, entry["live"])
+
+    @contextmanager
+    def copy_batch(self, proj: Projection, copy: str) -> Iterator[_SqlBatch]:
+        with self._tx() as cur:
+            yield _SqlBatch(self, cur, proj, copy)
+
+    def begin_rebuild(self, proj: Projection) -> str:
+        p = self.dialect.p
+        with self._tx() as cur:
+            entry = self._registry(cur, proj.name, "FOR UPDATE")
+            if entry["building"]:
+                return str(entry["building"])
+            generation = entry["generation"] + 1
+            copy = f"{proj.name}_g{generation}"
+            cur.execute(f"DROP TABLE IF EXISTS {copy}")
+            for statement in _copy_ddl(self.dialect, proj, copy):
+                cur.execute(statement)
+            cur.execute(f"DELETE FROM {POSITIONS} WHERE copy = {p}", (copy,))
+            cur.execute(f"INSERT INTO {POSITIONS} VALUES ({p}, 0)", (copy,))
+            cur.execute(
+                f"UPDATE {REGISTRY} SET building = {p}, generation = {p} WHERE name = {p}",
+                (copy, generation, proj.name),
+            )
+        return copy
+
+    @contextmanager
+    def switch(self, proj: Projection, copy: str) -> Iterator[_SqlBatch]:
+        p = self.dialect.p
+        with self._tx() as cur:
+            entry = self._registry(cur, proj.name, "FOR UPDATE")
+            if entry["building"] != copy:
+                raise PositionConflict(f"{copy} is no longer being built for {proj.name}")
+            yield _SqlBatch(self, cur, proj, copy)
+            old = entry["live"]
+            cur.execute(
+                f"UPDATE {REGISTRY} SET live = {p}, building = NULL WHERE name = {p}",
+                (copy, proj.name),
+            )
+            self._point_view(cur, proj.name, copy)
+            cur.execute(f"DROP TABLE {old}")
+            cur.execute(f"DELETE FROM {POSITIONS} WHERE copy = {p}", (old,))
+
+    # Status and queries.
+
+    def status(self, source: Any) -> list[dict[str, Any]]:
+        """Per projection: live copy, position, head of the log, events behind, rows."""
+        head = source.head()
+        report = []
+        with self._tx(immediate=False) as cur:
+            positions = {
+                r["copy"]: r["position"] for r in self._all(cur, f"SELECT * FROM {POSITIONS}")
+            }
+            for proj in PROJECTIONS.values():
+                entry = self._registry(cur, proj.name)
+                rows = self._one(cur, f"SELECT count(*) AS n FROM {entry['live']}")["n"]
+                position = positions.get(entry["live"], 0)
+                item = {
+                    "projection": proj.name,
+                    "copy": entry["live"],
+                    "position": position,
+                    "head": head,
+                    "behind": source.count(position, proj.topics),
+                    "rows": rows,
+                    "rebuilding": entry["building"],
+                }
+                if entry["building"]:
+                    item["rebuild_position"] = positions.get(entry["building"], 0)
+                report.append(item)
+        return report
+
+    def count_events(self, after: int, topics: Sequence[str]) -> int:
+        p = self.dialect.p
+        marks = ", ".join([p] * len(topics))
+        column = "notification_id" if self.dialect.postgres else "rowid"
+        sql = (
+            f"SELECT count(*) AS n FROM {EVENTS_TABLE} WHERE {column} > {p} AND topic IN ({marks})"
+        )
+        with self._tx(immediate=False) as cur:
+            return int(self._one(cur, sql, after, *topics)["n"])
+
+    def rows(
+        self,
+        proj: Projection,
+        where: str = "",
+        params: Sequence[Any] = (),
+        *,
+        order: str = "",
+        limit: int | None = None,
+    ) -> list[Row]:
+        """Rows of the live copy (through its view), decoded."""
+        sql = f"SELECT * FROM {proj.name}"
+        if where:
+            sql += f" WHERE {where}"
+        if order:
+            sql += f" ORDER BY {order}"
+        if limit is not None:
+            sql += f" LIMIT {int(limit)}"
+        with self._tx(immediate=False) as cur:
+            found = self._all(cur, sql.replace("?", self.dialect.p), *params)
+        return [self._decode(proj, row) for row in found]
+
+    def _decode(self, proj: Projection, row: dict[str, Any]) -> Row:
+        return {name: self.dialect.from_db(kind, row[name]) for name, kind in proj.columns.items()}
+
+
+class _SqlBatch:
+    def __init__(self, store: SqlViewStore, cur: Any, proj: Projection, copy: str) -> None:
+        self.store = store
+        self.cur = cur
+        self.proj = proj
+        self.copy = copy
+        p = store.dialect.p
+        found = store._one(cur, f"SELECT position FROM {POSITIONS} WHERE copy = {p}", copy)
+        if found is None:
+            raise ViewsNotInitialised(f"copy {copy} has no position: was it dropped?")
+        self.position: int = int(found["position"])
+        cols = list(proj.columns)
+        updates = ", ".join(f"{c} = excluded.{c}" for c in cols if c != proj.key)
+        self._upsert = (
+            f"INSERT INTO {copy} ({', '.join(cols)}) VALUES ({', '.join([p] * len(cols))}) "
+            f"ON CONFLICT ({proj.key}) DO UPDATE SET {updates}"
+        )
+        self._unique = [c for i in proj.indexes if i.unique for c in i.columns]
+
+    def load(self, column: str, values: set[str]) -> list[Row]:
+        store, found = self.store, []
+        if store.dialect.postgres:
+            sql = f"SELECT * FROM {self.copy} WHERE {column} = ANY(%s)"
+            found = store._all(self.cur, sql, list(values))
+        else:
+            ordered = list(values)
+            for start in range(0, len(ordered), 500):
+                chunk = ordered[start : start + 500]
+                marks = ", ".join("?" * len(chunk))
+                sql = f"SELECT * FROM {self.copy} WHERE {column} IN ({marks})"
+                found += store._all(self.cur, sql, *chunk)
+        return [store._decode(self.proj, row) for row in found]
+
+    def write(self, rows: list[Row]) -> None:
+        if not rows:
+            return
+        # Rows letting go of a unique value first (SQLite checks uniqueness per row).
+        rows = sorted(rows, key=lambda r: all(r.get(c) is not None for c in self._unique))
+        to_db = self.store.dialect.to_db
+        kinds = self.proj.columns
+        params = [tuple(to_db(kind, row.get(name)) for name, kind in kinds.items()) for row in rows]
+        self.cur.executemany(self._upsert, params)
+
+    def advance(self, to: int) -> None:
+        p = self.store.dialect.p
+        result = self.cur.execute(
+            f"UPDATE {POSITIONS} SET position = {p} WHERE copy = {p} AND position = {p}",
+            (to, self.copy, self.position),
+        )
+        if result.rowcount != 1:
+            raise PositionConflict(
+                f"{self.copy} moved past {self.position} meanwhile (another runner?)"
+            )
+        self.position = to
+
+
+def _sqlite_target(url: str) -> str:
+    """A URI for sqlite3: the event store's own file, or a shared in-memory database."""
+    if url.startswith("memory://"):
+        # memory://TOKEN: rows live as long as one connection to it stays open.
+        return f"file:views-{url.removeprefix('memory://') or 'default'}?mode=memory&cache=shared"
+    env = persistence_env(url)
+    name = env.get("SQLITE_DBNAME", ":memory:")
+    if name == ":memory:":
+        raise ValueError(f"read models need a database file or a server, not {url}")
+    return Path(name).resolve().as_uri()
+
+
+class LogSource:
+    """The `EventSource` port over the event store's notification log."""
+
+    def __init__(self, app: ProvisionerApplication, store: SqlViewStore | None = None) -> None:
+        self.app = app
+        self.store = store
+
+    def read(self, after: int, limit: int, topics: Sequence[str]) -> list[tuple[int, Any]]:
+        notes = self.app.recorder.select_notifications(start=after + 1, limit=limit, topics=topics)
+        to_event = self.app.mapper.to_domain_event
+        return [(note.id, to_event(note)) for note in notes]
+
+    def head(self) -> int:
+        return self.app.recorder.max_notification_id() or 0
+
+    def count(self, after: int, topics: Sequence[str]) -> int:
+        if self.store is not None:
+            return self.store.count_events(after, topics)
+        total, start = 0, after + 1
+        while notes := self.app.recorder.select_notifications(start, 10_000, topics=topics):
+            total += len(notes)
+            start = notes[-1].id + 1
+        return total
+
+
+def init_read_models(url: str) -> None:
+    """Create the projection tables (part of `provisioner db init`)."""
+    with SqlViewStore(url) as store:
+        store.setup()
+
+
+def memory_views_url() -> str:
+    """Read models for a memory:// event store: an in-process SQLite database."""
+    return f"memory://{uuid.uuid4().hex}"
+
+
+def brand_workspace(store: SqlViewStore, brand_id: str) -> Row | None:
+    """The brand's row of `brand_workspaces` (the pointer the host platform reads)."""
+    found = store.rows(PROJECTIONS["brand_workspaces"], "brand_id = ?", [brand_id])
+    return found[0] if found else None
+
+
+def list_attempts(
+    store: SqlViewStore,
+    *,
+    state: str | None = None,
+    stuck: bool = False,
+    overdue_s: float = 60.0,
+    since: datetime | None = None,
+    brand_id: str | None = None,
+    limit: int = 100,
+    now: datetime | None = None,
+) -> list[Row]:
+    """Rows of `attempts`, newest first. Stuck = pending with the next hop overdue
+    by more than `overdue_s` (oldest due first)."""
+    where: list[str] = []
+    params: list[Any] = []
+    to_db = store.dialect.to_db
+    if stuck:
+        cutoff = (now or datetime.now(UTC)) - timedelta(seconds=overdue_s)
+        where += ["state = 'pending'", "next_hop_due < ?"]
+        params.append(to_db(TS, cutoff))
+    elif state:
+        where.append("state = ?")
+        params.append(state)
+    if since is not None:
+        where.append("started_at >= ?")
+        params.append(to_db(TS, since))
+    if brand_id is not None:
+        where.append("brand_id = ?")
+        params.append(brand_id)
+    order = "next_hop_due" if stuck else "started_at DESC"
+    return store.rows(
+        PROJECTIONS["attempts"], " AND ".join(where), params, order=order, limit=limit
+    )

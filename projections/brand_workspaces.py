@@ -1,0 +1,124 @@
+"""`brand_workspaces`: brand -> lifecycle, provisioning status, bound workspace,
+current attempt, updated at. What the host platform reads to answer "which
+workspace is brand B bound to?".
+
+`status` is decided by `brand_status` from the current attempt's state and the
+bound workspace; the audit trail (which replays the aggregates) decides with
+the same function, so the two cannot disagree on what a state means.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+from eventsourcing.utils import get_topic
+
+from domain.attempt import ProvisioningAttempt
+from domain.brand import ACTIVE, DEACTIVATED, Brand
+from domain.policies import AttemptState
+from projections.core import TEXT, TS, Index, Row, RowCache
+
+_ATTEMPT_STATE = {
+    ProvisioningAttempt.Promoted: AttemptState.PROMOTED,
+    ProvisioningAttempt.Failed: AttemptState.FAILED,
+    ProvisioningAttempt.Cancelled: AttemptState.CANCELLED,
+    ProvisioningAttempt.Superseded: AttemptState.SUPERSEDED,
+}
+_BRAND_EVENTS = (
+    Brand.Registered,
+    Brand.AttemptBegun,
+    Brand.WorkspaceBound,
+    Brand.DecommissionStarted,
+    Brand.WorkspaceUnbound,
+    Brand.Deactivated,
+    Brand.Reactivated,
+)
+
+
+def brand_status(attempt_state: str | None, workspace_id: str | None) -> str:
+    """none | pending | ready | failed | cancelled, from the current attempt's state.
+
+    A superseded current attempt is about to be followed by its successor
+    (pending); a promoted one whose workspace was unbound since (deactivation)
+    leaves the brand with none.
+    """
+    if attempt_state is None:
+        return "none"
+    state = AttemptState(attempt_state)
+    if state in (AttemptState.PENDING, AttemptState.SUPERSEDED):
+        return "pending"
+    if state is AttemptState.PROMOTED:
+        return "ready" if workspace_id else "none"
+    return state.value
+
+
+class BrandWorkspaces:
+    name = "brand_workspaces"
+    key = "id"  # the Brand aggregate's id; `brand_id` is the host platform's id
+    index = "attempt_id"
+    columns: ClassVar[dict[str, str]] = {
+        "id": TEXT,
+        "brand_id": TEXT,
+        "title": TEXT,
+        "lifecycle": TEXT,
+        "status": TEXT,
+        "workspace_id": TEXT,
+        "attempt_id": TEXT,
+        "attempt_state": TEXT,
+        "updated_at": TS,
+    }
+    indexes: tuple[Index, ...] = (
+        Index("workspace", ("workspace_id",), unique=True),
+        Index("brand", ("brand_id",), unique=True),
+        Index("attempt", ("attempt_id",)),
+    )
+    topics = tuple(get_topic(cls) for cls in (*_BRAND_EVENTS, *_ATTEMPT_STATE))
+
+    def prefetch(self, events: Sequence[Any]) -> dict[str, set[str]]:
+        brands = {str(e.originator_id) for e in events if isinstance(e, _BRAND_EVENTS)}
+        attempts = {str(e.originator_id) for e in events if type(e) in _ATTEMPT_STATE}
+        return {"id": brands, "attempt_id": attempts}
+
+    def apply(self, event: Any, rows: RowCache) -> None:
+        row: Row | None
+        if isinstance(event, Brand.Registered):
+            row = {
+                "id": str(event.originator_id),
+                "brand_id": event.brand_id,
+                "title": event.title,
+                "lifecycle": ACTIVE,
+                "workspace_id": None,
+                "attempt_id": None,
+                "attempt_state": None,
+            }
+        elif type(event) in _ATTEMPT_STATE:
+            row = rows.by_index(str(event.originator_id))
+            if row is None:
+                return  # not (or no longer) its brand's current attempt
+            row["attempt_state"] = _ATTEMPT_STATE[type(event)].value
+        else:
+            row = rows.get(str(event.originator_id))
+            if row is None:
+                raise LookupError(
+                    f"{type(event).__name__} of unregistered brand {event.originator_id}"
+                )
+            self._apply_brand_event(event, row)
+        row["status"] = brand_status(row["attempt_state"], row["workspace_id"])
+        row["updated_at"] = event.timestamp
+        rows.put(row)
+
+    @staticmethod
+    def _apply_brand_event(event: Any, row: Row) -> None:
+        if isinstance(event, Brand.AttemptBegun):
+            row["attempt_id"] = str(event.attempt_id)
+            row["attempt_state"] = AttemptState.PENDING.value
+            row["title"] = event.title
+        elif isinstance(event, Brand.WorkspaceBound):
+            row["workspace_id"] = event.workspace_id
+        elif isinstance(event, Brand.WorkspaceUnbound):
+            row["workspace_id"] = None
+        elif isinstance(event, Brand.Deactivated):
+            row["lifecycle"] = DEACTIVATED
+        elif isinstance(event, Brand.Reactivated):
+            row["lifecycle"] = ACTIVE

@@ -1,0 +1,124 @@
+"""Projections equal the state replayed from the event log.
+
+`assert_projections_match` catches the projections up, then replays every Brand
+and ProvisioningAttempt that has an event after `after` (straight from the
+event store, through the aggregates) and compares each with its row.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+from uuid import UUID
+
+from domain.attempt import ProvisioningAttempt
+from domain.brand import Brand
+from domain.policies import AttemptState
+from infrastructure.eventstore import ProvisionerApplication
+from infrastructure.views import PROJECTIONS, LogSource, SqlViewStore
+from projections.brand_workspaces import brand_status
+from projections.core import catch_up
+
+TERMINAL_EVENTS = (
+    ProvisioningAttempt.Promoted,
+    ProvisioningAttempt.Failed,
+    ProvisioningAttempt.Cancelled,
+    ProvisioningAttempt.Superseded,
+)
+
+
+def touched(app: ProvisionerApplication, after: int) -> tuple[set[UUID], set[UUID]]:
+    brands: set[UUID] = set()
+    attempts: set[UUID] = set()
+    start = after + 1
+    while notes := app.recorder.select_notifications(start, 1000):
+        for note in notes:
+            if ":Brand." in note.topic:
+                brands.add(UUID(str(note.originator_id)))
+            elif ":ProvisioningAttempt." in note.topic:
+                attempts.add(UUID(str(note.originator_id)))
+        start = notes[-1].id + 1
+    return brands, attempts
+
+
+def expected_brand_row(app: ProvisionerApplication, brand_id: UUID) -> dict[str, Any]:
+    brand: Brand = app.repository.get(brand_id)
+    state = None
+    if brand.current_attempt_id is not None:
+        attempt: ProvisioningAttempt = app.repository.get(brand.current_attempt_id)
+        state = attempt.state.value
+    return {
+        "id": str(brand.id),
+        "brand_id": brand.brand_id,
+        "title": brand.title,
+        "lifecycle": brand.lifecycle,
+        "status": brand_status(state, brand.workspace_id),
+        "workspace_id": brand.workspace_id,
+        "attempt_id": str(brand.current_attempt_id) if brand.current_attempt_id else None,
+        "attempt_state": state,
+    }
+
+
+def expected_attempt_row(app: ProvisionerApplication, attempt_id: UUID) -> dict[str, Any]:
+    attempt: ProvisioningAttempt = app.repository.get(attempt_id)
+    events = list(app.events.get(attempt_id))
+    finished = [e.timestamp for e in events if isinstance(e, TERMINAL_EVENTS)]
+    hops = [0]
+    for e in events:
+        hop = getattr(e, "hop", None)
+        if hop is not None:
+            hops.append(hop if isinstance(e, ProvisioningAttempt.HopScheduled) else hop + 1)
+    pending = attempt.state is AttemptState.PENDING
+    return {
+        "attempt_id": str(attempt.id),
+        "brand_id": attempt.brand_id,
+        "title": attempt.title,
+        "state": attempt.state.value,
+        "hops_used": max(hops),
+        "candidate_id": attempt.candidate_id,
+        "provenance": attempt.provenance.value if attempt.provenance else None,
+        "failure_reason": attempt.failure_reason.value if attempt.failure_reason else None,
+        "last_error": attempt.last_status or None,
+        "started_at": attempt.created_on,
+        "finished_at": finished[0] if finished else None,
+        "next_hop_due": (attempt.not_before or attempt.created_on) if pending else None,
+        "created_ids": list(attempt.created_ids),
+        "released_ids": list(attempt.released_ids),
+        "release_owed": len(attempt.owed_releases),
+        "released": len(attempt.released_ids),
+        "updated_at": attempt.modified_on,
+    }
+
+
+def mismatches(app: ProvisionerApplication, store: SqlViewStore, after: int) -> list[str]:
+    brands, attempts = touched(app, after)
+    problems = []
+    bw, at = PROJECTIONS["brand_workspaces"], PROJECTIONS["attempts"]
+    for brand_id in brands:
+        [row] = store.rows(bw, "id = ?", [str(brand_id)]) or [None]
+        want = expected_brand_row(app, brand_id)
+        got = {k: row[k] for k in want} if row else None
+        if got != want:
+            problems.append(f"brand_workspaces {brand_id}: {got} != {want}")
+    for attempt_id in attempts:
+        [row] = store.rows(at, "attempt_id = ?", [str(attempt_id)]) or [None]
+        want = expected_attempt_row(app, attempt_id)
+        if row != want:
+            problems.append(f"attempts {attempt_id}: {row} != {want}")
+    return problems
+
+
+def assert_projections_match(
+    app: ProvisionerApplication, store: SqlViewStore, after: int = 0, *, tries: int = 3
+) -> None:
+    """Catch up and compare; a writer still finishing gets a few short retries."""
+    source = LogSource(app)
+    for attempt in range(tries):
+        for projection in PROJECTIONS.values():
+            catch_up(projection, source, store)
+        problems = mismatches(app, store, after)
+        if not problems:
+            return
+        if attempt < tries - 1:
+            time.sleep(0.3)
+    raise AssertionError("projections differ from the replayed state:\n" + "\n".join(problems))

@@ -1,0 +1,85 @@
+"""The projection runner: keeps every projection's live copy caught up with the log.
+
+One runner per database is the normal deployment (inside `provisioner run`, or
+`provisioner projections run`). A second one is harmless: its batches fail the
+position compare-and-set and roll back. On PostgreSQL it sleeps on LISTEN (the
+event store NOTIFYs on every save); on SQLite it polls.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Sequence
+
+from prometheus_client import Counter
+
+from infrastructure.eventstore import ProvisionerApplication, is_postgres
+from infrastructure.views import PROJECTIONS, LogSource, SqlViewStore
+from projections.core import Projection, catch_up
+from worker.relay import _Poller, _PostgresListener
+
+log = logging.getLogger("provisioner.projections")
+PROJECTED = Counter(
+    "provisioner_projected_events_total", "Events applied to projections", ["projection"]
+)
+
+
+class Projector:
+    def __init__(
+        self,
+        app: ProvisionerApplication,
+        views_url: str,
+        *,
+        database_url: str,
+        projections: Sequence[Projection] = tuple(PROJECTIONS.values()),
+        poll_s: float = 0.2,
+    ) -> None:
+        self.app = app
+        self.views_url = views_url
+        self.database_url = database_url
+        self.projections = projections
+        self.poll_s = poll_s
+        self.applied = 0
+
+    def step(self, store: SqlViewStore) -> int:
+        """Catch every projection up; return how many events were applied."""
+        source = LogSource(self.app)
+        done = 0
+        for projection in self.projections:
+            count = catch_up(projection, source, store)
+            if count:
+                PROJECTED.labels(projection.name).inc(count)
+            done += count
+        self.applied += done
+        return done
+
+    def run(self, stop: threading.Event) -> None:
+        """Follow the log until `stop` is set; a failure backs off and resumes.
+
+        Resuming is always safe: each batch committed its rows and its position
+        together, so the runner starts again exactly where the last one ended.
+        """
+        pause = 0.5
+        while not stop.is_set():
+            try:
+                with SqlViewStore(self.views_url) as store, self._listener() as wait:
+                    store.setup()
+                    while not stop.is_set():
+                        if self.step(store) == 0:
+                            wait(stop)
+                        pause = 0.5
+            except Exception as exc:  # noqa: BLE001 - supervise: log, back off, resume
+                log.warning(
+                    "projections interrupted (%s: %s); resuming in %.1fs",
+                    type(exc).__name__,
+                    exc,
+                    pause,
+                )
+                stop.wait(pause)
+                pause = min(pause * 2, 10.0)
+
+    def _listener(self) -> _PostgresListener | _Poller:
+        if is_postgres(self.database_url):
+            return _PostgresListener(self.database_url, self.poll_s)
+        return _Poller(self.poll_s)
