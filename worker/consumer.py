@@ -46,6 +46,9 @@ from worker import metrics
 log = logging.getLogger("provisioner.worker")
 
 RETRY_DELAYS_S = (1.0, 5.0, 15.0, 60.0, 120.0)
+# Drain timeouts of the consuming thread: every slot busy / otherwise (see _drain_timeout).
+SATURATED_DRAIN_S = 0.005
+IDLE_DRAIN_S = 0.1
 
 
 class DeadLetter(Exception):
@@ -165,12 +168,21 @@ class HopWorker:
                     while not stop.is_set():
                         self._settle_finished(publisher)
                         with contextlib.suppress(TimeoutError):
-                            conn.drain_events(timeout=0.1)
+                            conn.drain_events(timeout=self._drain_timeout())
                         conn.heartbeat_check()
                     consumer.cancel()
                     self._drain_in_flight(publisher)
             finally:
                 publisher.close()
+
+    def _drain_timeout(self) -> float:
+        """How long to wait for the broker before looking at finished hops again.
+
+        With every prefetched message in flight the broker sends nothing until we
+        ack, so a finished hop would wait for the drain to time out before its
+        ack frees a slot: look again soon. Otherwise a new message wakes us.
+        """
+        return SATURATED_DRAIN_S if self._in_flight >= self.concurrency else IDLE_DRAIN_S
 
     def _received(self, message: Any, pool: ThreadPoolExecutor, publisher: Broker) -> None:
         try:
