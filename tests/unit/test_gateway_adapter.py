@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 import logging
+import socket
+import threading
+import time
 import traceback
 from collections.abc import Callable, Iterator
 
@@ -548,3 +551,131 @@ def test_context_manager_closes_the_client() -> None:
         assert gateway.status("ws-1") == "created"
     with pytest.raises(RuntimeError):
         gateway.status("ws-1")
+
+
+# -- the keep-alive transport on real sockets (loopback) --------------------------------
+
+
+class _OneShotServer:
+    """A loopback server that plays `script(conn, n)` for the n-th connection."""
+
+    def __init__(self, script: Callable[[socket.socket, int], None]) -> None:
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.connections = 0
+        self._script = script
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.connections += 1
+            with conn:
+                self._script(conn, self.connections)
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def _read_request(conn: socket.socket) -> bytes:
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = conn.recv(65536)
+        if not chunk:
+            return data
+        data += chunk
+    return data
+
+
+def _answer(conn: socket.socket, body: bytes, *, close: bool = False) -> None:
+    head = f"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+    if close:
+        head += "Connection: close\r\n"
+    conn.sendall(head.encode() + b"\r\n" + body)
+
+
+def test_keep_alive_transport_reuses_one_connection() -> None:
+    def script(conn: socket.socket, _n: int) -> None:
+        while _read_request(conn):
+            _answer(conn, b'{"status": "created"}')
+
+    server = _OneShotServer(script)
+    with HttpGateway(server.url, TOKEN) as gateway:
+        assert [gateway.status("ws-1") for _ in range(3)] == ["created"] * 3
+    server.close()
+    assert server.connections == 1
+
+
+def test_keep_alive_transport_never_reuses_a_connection_the_server_closed() -> None:
+    def script(conn: socket.socket, _n: int) -> None:
+        _read_request(conn)
+        _answer(conn, b'{"id": "ws-1"}')  # keep-alive promised, then closed anyway
+
+    server = _OneShotServer(script)
+    with HttpGateway(server.url, TOKEN) as gateway:
+        assert gateway.create_child(PARENT, "A") == "ws-1"
+        time.sleep(0.05)  # the FIN arrives
+        assert gateway.create_child(PARENT, "B") == "ws-1"  # not AmbiguousCreate
+    server.close()
+    assert server.connections == 2
+
+
+def test_keep_alive_transport_failures_map_like_httpx() -> None:
+    def drop(conn: socket.socket, _n: int) -> None:
+        _read_request(conn)
+
+    def hang(conn: socket.socket, _n: int) -> None:
+        _read_request(conn)
+        time.sleep(0.5)
+
+    dropping, hanging = _OneShotServer(drop), _OneShotServer(hang)
+    refused = socket.create_server(("127.0.0.1", 0))
+    refused_url = f"http://127.0.0.1:{refused.getsockname()[1]}"
+    refused.close()
+    with HttpGateway(dropping.url, TOKEN, retries=0) as gateway:
+        with pytest.raises(AmbiguousCreate, match="RemoteProtocolError"):
+            gateway.create_child(PARENT, "T")
+        with pytest.raises(TransientGatewayError, match="RemoteProtocolError"):
+            gateway.status("ws-1")
+    with (
+        HttpGateway(hanging.url, TOKEN, retries=0, read_timeout=0.1) as gateway,
+        pytest.raises(AmbiguousCreate, match="ReadTimeout"),
+    ):
+        gateway.create_child(PARENT, "T")
+    with (
+        HttpGateway(refused_url, TOKEN, retries=0) as gateway,
+        pytest.raises(TransientGatewayError, match="ConnectError"),
+    ):
+        gateway.create_child(PARENT, "T")
+    dropping.close()
+    hanging.close()
+
+
+def test_keep_alive_transport_sends_the_contract_request() -> None:
+    seen: list[bytes] = []
+
+    def script(conn: socket.socket, _n: int) -> None:
+        request = _read_request(conn)
+        length = int(request.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+        body = request.split(b"\r\n\r\n", 1)[1]
+        while len(body) < length:
+            body += conn.recv(65536)
+        seen.append(request.split(b"\r\n\r\n", 1)[0] + b"\r\n\r\n" + body)
+        _answer(conn, b'{"id": "ws-7"}', close=True)
+
+    server = _OneShotServer(script)
+    with HttpGateway(server.url + "/api/", TOKEN) as gateway:
+        assert gateway.create_child("p/1", "Brand é") == "ws-7"
+    server.close()
+    head, body = seen[0].split(b"\r\n\r\n", 1)
+    lines = head.split(b"\r\n")
+    assert lines[0] == b"POST /api/v2/workspaces/p%2F1/child HTTP/1.1"
+    headers = {k.lower(): v for k, v in (line.split(b": ", 1) for line in lines[1:])}
+    assert headers[b"authorization"] == f"Bearer {TOKEN}".encode()
+    assert headers[b"content-type"] == b"application/json"
+    assert headers[b"host"] == server.url.removeprefix("http://").encode()
+    assert json.loads(body) == {"title": "Brand é", "resources": {}}
