@@ -16,6 +16,12 @@ hop threads, 7 to 21 sessions queued on the lock before; none after.
 Statements and their order are the library's; a unique violation still
 surfaces as the library's `IntegrityError` through the datastore's connection
 wrapper (the aborted transaction is rolled back first).
+
+The INSERT is rendered here as plain `VALUES` rows (uuid and topic as quoted
+literals, the state as `decode('<hex>', 'hex')`) rather than through psycopg's
+client-side binding of the library's array of composite values, which cost
+about 0.3 ms of CPU per save. Same table, columns and row order, so the
+notification ids come back in the order of the events, as before.
 """
 
 from __future__ import annotations
@@ -36,28 +42,34 @@ def _text(statement: object, conn: Any) -> str:
     return statement.decode() if isinstance(statement, bytes) else str(statement)
 
 
+def _plain(text: str) -> bool:
+    """Safe inside a single-quoted literal whatever the server's string settings."""
+    return "'" not in text and "\\" not in text and "\x00" not in text
+
+
 class OneTripPostgresRecorder(PostgresApplicationRecorder):
+    _head: str | None = None  # BEGIN, the lock statements, NOTIFY (rendered once)
+    _insert_prefix: str | None = None
+
     @retry((InterfaceError, OperationalError), max_attempts=10, wait=0.2)
     def insert_events(self, stored_events: Sequence[StoredEvent], **_: Any) -> Sequence[int] | None:
         if not stored_events:
             return None
-        rows = [
-            self.construct_pg_stored_event(e.originator_id, e.originator_version, e.topic, e.state)
-            for e in stored_events
-        ]
         with self.datastore.get_connection() as conn:
             assert conn.autocommit
-            parts = [
-                "BEGIN",
-                *(_text(statement, conn) for statement in self.lock_table_statements),
-                SQL("NOTIFY {0}").format(Identifier(self.channel_name)).as_string(conn),
-                ClientCursor(conn).mogrify(self.insert_events_statement, (rows,)),
-                "COMMIT",
-            ]
+            if self._head is None:
+                self._head = ";\n".join(
+                    [
+                        "BEGIN",
+                        *(_text(statement, conn) for statement in self.lock_table_statements),
+                        SQL("NOTIFY {0}").format(Identifier(self.channel_name)).as_string(conn),
+                    ]
+                )
+            query = f"{self._head};\n{self._render_insert(stored_events, conn)};\nCOMMIT"
             with conn.cursor() as curs:
                 try:
                     # One simple query: the server runs it all without waiting for us.
-                    curs.execute(";\n".join(parts).encode())
+                    curs.execute(query.encode())
                 except Exception:
                     conn.execute("ROLLBACK")
                     raise
@@ -68,3 +80,26 @@ class OneTripPostgresRecorder(PostgresApplicationRecorder):
                     if not curs.nextset():
                         break
         return notification_ids
+
+    def _render_insert(self, stored_events: Sequence[StoredEvent], conn: Any) -> str:
+        if not all(_plain(e.topic) and _plain(str(e.originator_id)) for e in stored_events):
+            # Never met in this project; the library's own binding is always right.
+            rows = [
+                self.construct_pg_stored_event(
+                    e.originator_id, e.originator_version, e.topic, e.state
+                )
+                for e in stored_events
+            ]
+            return ClientCursor(conn).mogrify(self.insert_events_statement, (rows,))
+        if self._insert_prefix is None:
+            self._insert_prefix = (
+                SQL("INSERT INTO {0}.{1} (originator_id, originator_version, topic, state) VALUES ")
+                .format(Identifier(self.datastore.schema), Identifier(self.events_table_name))
+                .as_string(conn)
+            )
+        values = ",".join(
+            f"('{e.originator_id}',{int(e.originator_version)},'{e.topic}',"
+            f"decode('{e.state.hex()}','hex'))"
+            for e in stored_events
+        )
+        return f"{self._insert_prefix}{values} RETURNING notification_id"
