@@ -49,6 +49,7 @@ from infrastructure.gateway import HttpGateway
 from infrastructure.service import ProvisioningService
 
 LOCAL_PG = "postgresql://root@127.0.0.1:5432"
+CLK_TCK = os.sysconf("SC_CLK_TCK")
 LOCAL_AMQP = "amqp://guest:guest@127.0.0.1:5672//"
 
 
@@ -92,6 +93,60 @@ def start_fake(latency_ms: float, parents: list[str]) -> tuple[subprocess.Popen[
     assert proc.stdout is not None
     line = proc.stdout.readline()
     return proc, line.strip().rsplit(" ", 1)[-1]
+
+
+def proc_cpu_s(pid: int | str) -> float:
+    """CPU seconds (user + system, all threads) of one live process; 0 when gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def cpu_by_name(*names: str) -> dict[str, float]:
+    """CPU seconds of every live process whose comm is one of `names`, by pid."""
+    found: dict[str, float] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if (entry / "comm").read_text().strip() in names:
+                    found[entry.name] = proc_cpu_s(entry.name)
+            except OSError:
+                continue
+    return found
+
+
+def machine_busy_s() -> float:
+    """CPU seconds the machine spent busy, all cores (idle and iowait excluded)."""
+    ticks = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+    return (sum(ticks) - ticks[3] - ticks[4]) / CLK_TCK
+
+
+class CpuMeter:
+    """CPU seconds used by each part of the pipeline between `start` and `stop`."""
+
+    def __init__(self, parts: dict[str, int]) -> None:
+        self.parts = parts  # name -> pid
+        self.before: dict[str, float] = {}
+        self.after: dict[str, float] = {}
+
+    def _sample(self) -> dict[str, float]:
+        sample = {name: proc_cpu_s(pid) for name, pid in self.parts.items()}
+        sample["bench"] = proc_cpu_s(os.getpid())
+        sample["postgres"] = sum(cpu_by_name("postgres").values())
+        sample["rabbitmq"] = sum(cpu_by_name("beam.smp").values())
+        sample["machine"] = machine_busy_s()
+        return sample
+
+    def start(self) -> None:
+        self.before = self._sample()
+
+    def stop(self) -> None:
+        self.after = self._sample()
+
+    def used(self) -> dict[str, float]:
+        return {k: self.after[k] - self.before.get(k, 0.0) for k in self.after}
 
 
 def rss_mb(pid: int) -> float:
@@ -247,6 +302,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     peak_rss = 0.0
     try:
         time.sleep(1.5)  # let the workers connect
+        parts = {"relay": procs[0].pid, "fake": fake.pid}
+        parts |= {f"worker{n}": p.pid for n, p in enumerate(workers)}
+        meter = CpuMeter(parts)
+        load_before = os.getloadavg()[0]
+        meter.start()
         started = time.perf_counter()
         requested: dict[str, float] = {}
 
@@ -260,8 +320,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         while len(listener.done) < len(brands) and time.perf_counter() < deadline:
             peak_rss = max([peak_rss, *(rss_mb(p.pid) for p in workers)])
             time.sleep(0.1)
+        meter.stop()
         finished = max((t for _, t in listener.done.values()), default=time.perf_counter())
         elapsed = finished - started
+        wall = time.perf_counter() - started
         text = merged_metrics(ports)
         peak_rss = max([peak_rss, *(rss_mb(p.pid) for p in workers)])
     finally:
@@ -288,6 +350,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "raw_publish_per_s": round(raw_publish_rate(broker_url), 1),
         "bare_saves_per_s": round(bare_save_rate(url), 1),
     }
+    used = meter.used()
+    machine = used.pop("machine")
+    result["cpu_ms_per_provision"] = {
+        k: round(1000 * v / max(ready, 1), 2) for k, v in used.items()
+    }
+    result["machine_busy"] = round(machine / (wall * (os.cpu_count() or 1)), 2)
+    result["other_share"] = round(
+        max(0.0, machine - sum(used.values())) / (wall * (os.cpu_count() or 1)), 2
+    )
+    result["load_average"] = [round(load_before, 2), round(os.getloadavg()[0], 2)]
     if args.latency_ms == 100 and args.brands == 1000:
         result["seconds_for_1000_at_100ms"] = result["seconds"]
     if created_db:
