@@ -31,7 +31,6 @@ import psycopg
 from psycopg.rows import dict_row
 
 from infrastructure.eventstore import (
-    EVENTS_TABLE,
     SCHEMA_LOCK_KEY,
     ProvisionerApplication,
     is_postgres,
@@ -177,6 +176,9 @@ class SqlViewStore:
                 yield cur
             return
         conn = self.lite
+        if conn.in_transaction:  # nested: part of the enclosing transaction
+            yield conn
+            return
         conn.execute("BEGIN IMMEDIATE" if immediate else "BEGIN")
         try:
             yield conn
@@ -339,13 +341,12 @@ class SqlViewStore:
                 report.append(item)
         return report
 
-    def count_events(self, after: int, topics: Sequence[str]) -> int:
+    def count_events(self, table: str, after: int, topics: Sequence[str]) -> int:
+        """How many events of these topics follow `after` in the event table."""
         p = self.dialect.p
         marks = ", ".join([p] * len(topics))
         column = "notification_id" if self.dialect.postgres else "rowid"
-        sql = (
-            f"SELECT count(*) AS n FROM {EVENTS_TABLE} WHERE {column} > {p} AND topic IN ({marks})"
-        )
+        sql = f"SELECT count(*) AS n FROM {table} WHERE {column} > {p} AND topic IN ({marks})"
         with self._tx(immediate=False) as cur:
             return int(self._one(cur, sql, after, *topics)["n"])
 
@@ -459,7 +460,8 @@ class LogSource:
 
     def count(self, after: int, topics: Sequence[str]) -> int:
         if self.store is not None:
-            return self.store.count_events(after, topics)
+            table = self.app.recorder.events_table_name  # type: ignore[attr-defined]
+            return self.store.count_events(table, after, topics)
         total, start = 0, after + 1
         while notes := self.app.recorder.select_notifications(start, 10_000, topics=topics):
             total += len(notes)

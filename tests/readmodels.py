@@ -8,12 +8,13 @@ event store, through the aggregates) and compares each with its row.
 from __future__ import annotations
 
 import time
+from datetime import UTC, datetime, timedelta
 from typing import Any
-from uuid import UUID
+from uuid import UUID, uuid4
 
 from domain.attempt import ProvisioningAttempt
 from domain.brand import Brand
-from domain.policies import AttemptState
+from domain.policies import AttemptState, FailureReason, Provenance
 from infrastructure.eventstore import ProvisionerApplication
 from infrastructure.views import PROJECTIONS, LogSource, SqlViewStore
 from projections.brand_workspaces import brand_status
@@ -122,3 +123,54 @@ def assert_projections_match(
         if attempt < tries - 1:
             time.sleep(0.3)
     raise AssertionError("projections differ from the replayed state:\n" + "\n".join(problems))
+
+
+FATES = ("promoted", "failed", "cancelled", "pending")
+
+
+def seed_histories(
+    app: ProvisionerApplication, count: int, *, parent: str = "p-seed", per_save: int = 100
+) -> list[str]:
+    """Save `count` brands with one finished-or-pending attempt each, made with the
+    domain's own commands (no gateway): promoted, failed and released, cancelled by
+    a deactivation, or pending with a hop scheduled. Returns the brand ids."""
+    now = datetime.now(UTC)
+    pending: list[Any] = []
+    brand_ids = []
+    for i in range(count):
+        brand_id = f"seed-{uuid4().hex[:12]}"
+        title = f"Seed {brand_id}"
+        brand = Brand.register(brand_id, title, parent)
+        attempt = ProvisioningAttempt.start(brand_id, title, parent, None, max_hop=5)
+        brand.begin_attempt(attempt.id, title, parent)
+        attempt.request_create(0, [], now)
+        workspace_id = f"ws-{uuid4().hex[:12]}"
+        attempt.accept_candidate(workspace_id, Provenance.CREATED, 0)
+        fate = FATES[i % len(FATES)]
+        if fate == "promoted":
+            attempt.promote(0)
+            brand.bind(workspace_id, attempt.id)
+        elif fate == "failed":
+            attempt.fail(FailureReason.EXHAUSTED, "status stayed creating", 0)
+            attempt.record_release(workspace_id, 0)
+        elif fate == "cancelled":
+            brand.deactivate()
+            attempt.cancel("brand deactivated")
+        else:
+            attempt.schedule_hop(1, now + timedelta(seconds=5), "creating")
+        pending += [brand, attempt]
+        brand_ids.append(brand_id)
+        if len(pending) >= per_save:
+            app.save(*pending)
+            pending.clear()
+    if pending:
+        app.save(*pending)
+    return brand_ids
+
+
+def live_rows(store: SqlViewStore) -> dict[str, list[dict[str, Any]]]:
+    """Every row of every projection's live copy, in key order."""
+    return {
+        name: store.rows(projection, order=projection.key)
+        for name, projection in PROJECTIONS.items()
+    }

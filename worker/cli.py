@@ -358,9 +358,10 @@ def projections() -> None:
 
 
 @projections.command("run")
-def projections_run() -> None:
+@click.option("--batch", default=2000, show_default=True, type=click.IntRange(1, 100_000))
+def projections_run(batch: int) -> None:
     """Keep every projection caught up with the event log (also part of `run`)."""
-    _serve(("projections",), None)
+    _serve(("projections",), None, batch=batch)
 
 
 @projections.command("status")
@@ -440,13 +441,13 @@ def projections_rebuild(name: str | None, batch: int) -> None:
             app.close()
 
 
-def _serve(parts: tuple[str, ...], concurrency: int | None) -> None:
+def _serve(parts: tuple[str, ...], concurrency: int | None, *, batch: int = 2000) -> None:
     """Run the chosen parts until SIGTERM or SIGINT, then stop them cleanly."""
     import signal
     import threading
 
     from infrastructure.broker import is_memory
-    from worker.runtime import build
+    from worker.runtime import build, build_projector
 
     settings = _settings()
     if is_memory(settings.broker_url) and parts in (("worker",), ("relay",)):
@@ -461,13 +462,15 @@ def _serve(parts: tuple[str, ...], concurrency: int | None) -> None:
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     try:
-        with build(settings) as runtime:
+        # The projections alone need neither the gateway nor the broker.
+        context: Any = build_projector(settings) if parts == ("projections",) else build(settings)
+        with context as runtime:
             if "worker" in parts:
                 runtime.start(runtime.worker(concurrency).run, "worker", stop)
             if "relay" in parts:
                 runtime.start(runtime.relay().run, "relay", stop)
             if "projections" in parts:
-                runtime.start(runtime.projector().run, "projections", stop)
+                runtime.start(runtime.projector(batch).run, "projections", stop)
             click.echo(f"{' + '.join(parts)} running; Ctrl-C or SIGTERM stops")
             while not stop.wait(0.5):
                 if not all(t.is_alive() for t in runtime.threads):

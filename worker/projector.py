@@ -34,12 +34,14 @@ class Projector:
         database_url: str,
         projections: Sequence[Projection] = tuple(PROJECTIONS.values()),
         poll_s: float = 0.2,
+        batch: int = 2000,
     ) -> None:
         self.app = app
         self.views_url = views_url
         self.database_url = database_url
         self.projections = projections
         self.poll_s = poll_s
+        self.batch = batch
         self.applied = 0
 
     def step(self, store: SqlViewStore) -> int:
@@ -47,7 +49,7 @@ class Projector:
         source = LogSource(self.app)
         done = 0
         for projection in self.projections:
-            count = catch_up(projection, source, store)
+            count = catch_up(projection, source, store, limit=self.batch)
             if count:
                 PROJECTED.labels(projection.name).inc(count)
             done += count

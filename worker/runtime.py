@@ -57,8 +57,10 @@ class Runtime:
         broker = Broker(self.settings.broker_url, self.topology, scheduler=self.scheduler)
         return Relay(self.app, broker, positions, database_url=url)
 
-    def projector(self) -> Projector:
-        return Projector(self.app, self.views_url, database_url=self.settings.database_url)
+    def projector(self, batch: int = 2000) -> Projector:
+        return Projector(
+            self.app, self.views_url, database_url=self.settings.database_url, batch=batch
+        )
 
     def start(self, target: object, name: str, stop: threading.Event) -> threading.Thread:
         thread = threading.Thread(target=target, args=(stop,), name=name, daemon=True)  # type: ignore[arg-type]
@@ -100,3 +102,30 @@ def build(settings: Settings, *, fake_config: FakeConfig | None = None) -> Itera
             # An in-process database lives while one connection to it is open.
             stack.enter_context(SqlViewStore(views_url)).setup()
         yield Runtime(settings, app, gateway, service, topology, scheduler, views_url, fake)
+
+
+@dataclass
+class ProjectorRuntime:
+    """What `provisioner projections run` needs: the event store and nothing else."""
+
+    settings: Settings
+    app: ProvisionerApplication
+    threads: list[threading.Thread] = field(default_factory=list)
+
+    def projector(self, batch: int = 2000) -> Projector:
+        url = self.settings.database_url
+        return Projector(self.app, url, database_url=url, batch=batch)
+
+    def start(self, target: object, name: str, stop: threading.Event) -> threading.Thread:
+        return Runtime.start(self, target, name, stop)  # type: ignore[arg-type]
+
+
+@contextmanager
+def build_projector(settings: Settings) -> Iterator[ProjectorRuntime]:
+    if urlsplit(settings.database_url).scheme == "memory":
+        raise ValueError("a memory:// event store lives in one process: use `provisioner run`")
+    app = open_event_store(settings.database_url, pool_size=2)
+    try:
+        yield ProjectorRuntime(settings, app)
+    finally:
+        app.close()
