@@ -57,6 +57,7 @@ import ssl
 import threading
 import time
 import urllib.request
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import TracebackType
@@ -100,6 +101,22 @@ class _Failure:
     summary: str
 
 
+@dataclass(frozen=True, slots=True)
+class _Answer:
+    """An HTTP answer, body read and decoded (Content-Encoding undone)."""
+
+    status_code: int
+    content: bytes
+    retry_after: str = ""
+    text: str | None = None  # httpx's decoding of the body, when httpx read it
+
+    def json(self) -> Any:
+        return jsonlib.loads(self.content)
+
+    def body_text(self) -> str:
+        return self.text if self.text is not None else self.content.decode("utf-8", "replace")
+
+
 class HttpGateway:
     """`domain.ports.Gateway` over HTTP. Thread-safe; close it (or use `with`)."""
 
@@ -128,7 +145,8 @@ class HttpGateway:
         # (URL merging, cookies, auth and redirect plumbing) cost about 0.4 ms of
         # CPU per call, and a hop makes three. What it did that matters here is
         # done below: base URL, default headers, timeouts, no redirects.
-        self._prefix = str(httpx.URL(base_url)).rstrip("/")
+        url = httpx.URL(base_url)
+        self._prefix = str(url).rstrip("/")
         self._headers = [
             ("Authorization", f"Bearer {token}"),
             ("Accept", "application/json"),
@@ -137,6 +155,12 @@ class HttpGateway:
         ]
         self._timeout = httpx.Timeout(read_timeout, connect=connect_timeout).as_dict()
         self._transport = transport or _default_transport(self._prefix, max_connections)
+        # With the keep-alive transport not even an httpx.Request is built (its URL
+        # parsing alone was a tenth of a worker's CPU): the origin and the path
+        # prefix are taken apart once, here.
+        self._origin = (url.scheme, url.host, url.port or (443 if url.scheme == "https" else 80))
+        self._host_header = url.netloc.decode("ascii")
+        self._path_prefix = url.raw_path.decode("ascii").split("?")[0].rstrip("/")
         self._closed = False
 
     def __repr__(self) -> str:
@@ -241,7 +265,7 @@ class HttpGateway:
 
     def _with_retries(
         self, op: str, method: str, path: str, params: dict[str, str] | None = None
-    ) -> httpx.Response:
+    ) -> _Answer:
         """Send a read or delete; return a 2xx or 404 response, or raise."""
         attempts = self._retries + 1
         last = ""
@@ -276,49 +300,70 @@ class HttpGateway:
         *,
         params: dict[str, str] | None = None,
         json: dict[str, Any] | None = None,
-    ) -> httpx.Response | _Failure:
+    ) -> _Answer | _Failure:
         """One request. A failure comes back as a value so that the domain error
         is raised outside this ``except`` and never chains the httpx exception
         (which holds the request and its headers)."""
         if self._closed:
             raise RuntimeError("the gateway client has been closed")
-        url = self._prefix + path
-        if params:
-            url += "?" + urlencode(params)
+        query = "?" + urlencode(params) if params else ""
         headers = self._headers
         content = None
         if json is not None:
             content = jsonlib.dumps(json, ensure_ascii=False, separators=(",", ":")).encode()
             headers = [*headers, ("Content-Type", "application/json")]
-        request = httpx.Request(
-            method, url, headers=headers, content=content, extensions={"timeout": self._timeout}
-        )
         try:
-            response = self._transport.handle_request(request)
+            transport = self._transport
+            if isinstance(transport, KeepAliveTransport):
+                target = self._path_prefix + path + query
+                head = [("Host", self._host_header), *headers]
+                if content is not None:
+                    head.append(("Content-Length", str(len(content))))
+                status, answer_headers, body = transport.exchange(
+                    method, self._origin, target, head, body=content, timeouts=self._timeout
+                )
+                return _Answer(
+                    status,
+                    _decoded(body, answer_headers.get("content-encoding", "")),
+                    answer_headers.get("retry-after", ""),
+                )
+            request = httpx.Request(
+                method,
+                self._prefix + path + query,
+                headers=headers,
+                content=content,
+                extensions={"timeout": self._timeout},
+            )
+            response = transport.handle_request(request)
             response.request = request
             response.read()
+            return _Answer(
+                response.status_code,
+                response.content,
+                response.headers.get("Retry-After", ""),
+                response.text,
+            )
         except _NOT_SENT as exc:
             return _Failure("not_sent", self._describe(exc))
         except httpx.TransportError as exc:  # includes every other timeout
             return _Failure("transport", self._describe(exc))
         except httpx.HTTPError as exc:  # e.g. DecodingError: an answer we cannot read
             return _Failure("unreadable", self._describe(exc))
-        return response
 
     def _describe(self, exc: httpx.HTTPError) -> str:
         detail = self._scrub(" ".join(str(exc).split()))[:_SUMMARY_MAX]
         return f"{type(exc).__name__}: {detail}" if detail else type(exc).__name__
 
-    def _json(self, response: httpx.Response, op: str) -> Any:
+    def _json(self, response: _Answer, op: str) -> Any:
         try:
             return response.json()
         except ValueError:  # JSONDecodeError and UnicodeDecodeError
             pass
         raise MalformedAnswer(f"{op}: the answer is not JSON (HTTP {response.status_code})")
 
-    def _error_text(self, response: httpx.Response) -> str:
+    def _error_text(self, response: _Answer) -> str:
         """The gateway's own words about a rejection, safe to log and store."""
-        text = response.text
+        text = response.body_text()
         try:
             body = response.json()
         except ValueError:
@@ -354,10 +399,10 @@ def _text(value: object, op: str, field: str) -> str:
     raise MalformedAnswer(f"{op}: field {field!r} is not a string")
 
 
-def _retry_after(response: httpx.Response) -> float:
+def _retry_after(response: _Answer) -> float:
     """A numeric Retry-After in seconds, capped; 0 when absent or a date."""
     try:
-        seconds = float(response.headers.get("Retry-After", ""))
+        seconds = float(response.retry_after)
     except ValueError:
         return 0.0
     if not math.isfinite(seconds) or seconds <= 0:
@@ -414,71 +459,101 @@ class KeepAliveTransport(httpx.BaseTransport):
                 connection.close()
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
-        timeouts: dict[str, float | None] = request.extensions.get("timeout", {})
-        pool_timeout = timeouts.get("pool")
-        if not self._slots.acquire(timeout=pool_timeout):
-            raise httpx.PoolTimeout("no connection available", request=request)
+        url = request.url
+        if url.scheme not in ("http", "https"):
+            raise httpx.UnsupportedProtocol(f"unsupported scheme {url.scheme!r}", request=request)
+        origin = (url.scheme, url.host, url.port or (443 if url.scheme == "https" else 80))
+        headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in request.headers.raw]
         try:
-            return self._exchange(request, timeouts)
+            status, answer_headers, content = self.exchange(
+                request.method,
+                origin,
+                url.raw_path.decode("ascii"),
+                headers,
+                body=request.read() or None,
+                timeouts=request.extensions.get("timeout", {}),
+            )
+        except httpx.TransportError as exc:
+            exc.request = request
+            raise
+        return httpx.Response(
+            status,
+            headers=list(answer_headers.items()),
+            content=content,
+            extensions={"http_version": b"HTTP/1.1"},
+        )
+
+    def exchange(
+        self,
+        method: str,
+        origin: tuple[str, str, int],
+        target: str,
+        headers: list[tuple[str, str]],
+        *,
+        body: bytes | None,
+        timeouts: dict[str, float | None],
+    ) -> tuple[int, dict[str, str], bytes]:
+        """One request on a pooled connection: (status, lower-cased headers, raw body).
+
+        `headers` must include Host (and Content-Length with a body); the body
+        comes back as sent (Content-Encoding not undone). Raises httpx's
+        transport errors.
+        """
+        if not self._slots.acquire(timeout=timeouts.get("pool")):
+            raise httpx.PoolTimeout("no connection available")
+        try:
+            return self._exchange(method, origin, target, headers, body=body, timeouts=timeouts)
         finally:
             self._slots.release()
 
     def _exchange(
-        self, request: httpx.Request, timeouts: dict[str, float | None]
-    ) -> httpx.Response:
-        url = request.url
-        if url.scheme not in ("http", "https"):
-            raise httpx.UnsupportedProtocol(f"unsupported scheme {url.scheme!r}", request=request)
-        key = (url.scheme, url.host, url.port or (443 if url.scheme == "https" else 80))
-        connection = self._checkout(key)
+        self,
+        method: str,
+        origin: tuple[str, str, int],
+        target: str,
+        headers: list[tuple[str, str]],
+        *,
+        body: bytes | None,
+        timeouts: dict[str, float | None],
+    ) -> tuple[int, dict[str, str], bytes]:
+        connection = self._checkout(origin)
         if connection is None:
-            connection = self._connect(key, timeouts.get("connect"), request)
+            connection = self._connect(origin, timeouts.get("connect"))
         sock = connection.sock
         assert sock is not None
-        body = request.read() or None
         try:
             sock.settimeout(timeouts.get("write"))
-            connection.putrequest(
-                request.method,
-                url.raw_path.decode("ascii"),
-                skip_host=True,
-                skip_accept_encoding=True,
-            )
-            for name, value in request.headers.raw:
+            connection.putrequest(method, target, skip_host=True, skip_accept_encoding=True)
+            for name, value in headers:
                 connection.putheader(name, value)
             connection.endheaders(body)
         except TimeoutError:
             connection.close()
-            raise httpx.WriteTimeout("timed out while sending", request=request) from None
+            raise httpx.WriteTimeout("timed out while sending") from None
         except (OSError, http.client.HTTPException) as exc:
             connection.close()
-            raise httpx.WriteError(_what(exc), request=request) from None
+            raise httpx.WriteError(_what(exc)) from None
         try:
             sock.settimeout(timeouts.get("read"))
             answer = connection.getresponse()
             content = answer.read()
         except TimeoutError:
             connection.close()
-            raise httpx.ReadTimeout("timed out", request=request) from None
+            raise httpx.ReadTimeout("timed out") from None
         except (http.client.HTTPException, ValueError) as exc:  # incl. RemoteDisconnected
             connection.close()
-            raise httpx.RemoteProtocolError(_what(exc), request=request) from None
+            raise httpx.RemoteProtocolError(_what(exc)) from None
         except OSError as exc:
             connection.close()
-            raise httpx.ReadError(_what(exc), request=request) from None
+            raise httpx.ReadError(_what(exc)) from None
         if answer.will_close:
             connection.close()
         else:
-            self._checkin(key, connection)
-        return httpx.Response(
-            answer.status,
-            headers=[(k.encode("latin-1"), v.encode("latin-1")) for k, v in answer.getheaders()],
-            content=content,
-            extensions={"http_version": b"HTTP/1.1", "reason_phrase": answer.reason.encode()},
-        )
+            self._checkin(origin, connection)
+        return answer.status, {k.lower(): v for k, v in answer.getheaders()}, content
 
     def _connect(
-        self, key: tuple[str, str, int], timeout: float | None, request: httpx.Request
+        self, key: tuple[str, str, int], timeout: float | None
     ) -> http.client.HTTPConnection:
         scheme, host, port = key
         connection: http.client.HTTPConnection
@@ -491,10 +566,10 @@ class KeepAliveTransport(httpx.BaseTransport):
             connection.connect()  # sets TCP_NODELAY
         except TimeoutError:
             connection.close()
-            raise httpx.ConnectTimeout("timed out while connecting", request=request) from None
+            raise httpx.ConnectTimeout("timed out while connecting") from None
         except OSError as exc:
             connection.close()
-            raise httpx.ConnectError(_what(exc), request=request) from None
+            raise httpx.ConnectError(_what(exc)) from None
         return connection
 
     def _checkout(self, key: tuple[str, str, int]) -> http.client.HTTPConnection | None:
@@ -523,6 +598,24 @@ def _readable(sock: socket.socket) -> bool:
     poller = select.poll()
     poller.register(sock, select.POLLIN)
     return bool(poller.poll(0))
+
+
+def _decoded(body: bytes, encoding: str) -> bytes:
+    """Undo a Content-Encoding we asked for (gzip, deflate); raise DecodingError."""
+    encoding = encoding.strip().lower()
+    if encoding in ("", "identity"):
+        return body
+    try:
+        if encoding == "gzip":
+            return zlib.decompress(body, 16 + zlib.MAX_WBITS)
+        if encoding == "deflate":
+            try:
+                return zlib.decompress(body)
+            except zlib.error:
+                return zlib.decompress(body, -zlib.MAX_WBITS)
+    except zlib.error as exc:
+        raise httpx.DecodingError(f"{encoding}: {exc}") from None
+    raise httpx.DecodingError(f"unsupported Content-Encoding {encoding!r}")
 
 
 def _what(exc: BaseException) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import logging
 import socket
@@ -679,3 +680,28 @@ def test_keep_alive_transport_sends_the_contract_request() -> None:
     assert headers[b"content-type"] == b"application/json"
     assert headers[b"host"] == server.url.removeprefix("http://").encode()
     assert json.loads(body) == {"title": "Brand é", "resources": {}}
+
+
+def test_keep_alive_transport_undoes_gzip_and_reads_retry_after() -> None:
+    def script(conn: socket.socket, n: int) -> None:
+        while _read_request(conn):
+            if n == 1:
+                conn.sendall(
+                    b"HTTP/1.1 429 Too Many Requests\r\nRetry-After: 0.25\r\n"
+                    b"Content-Length: 0\r\nConnection: close\r\n\r\n"
+                )
+                return
+            body = gzip.compress(b'{"status": "created"}')
+            conn.sendall(
+                b"HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\n"
+                + f"Content-Length: {len(body)}\r\n\r\n".encode()
+                + body
+            )
+
+    server = _OneShotServer(script)
+    slept: list[float] = []
+    with HttpGateway(server.url, TOKEN, retries=1, retry_backoff_s=0.01) as gateway:
+        gateway._sleep = slept.append
+        assert gateway.status("ws-1") == "created"
+    server.close()
+    assert slept == [0.25]
