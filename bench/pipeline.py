@@ -117,6 +117,21 @@ def cpu_by_name(*names: str) -> dict[str, float]:
     return found
 
 
+def postgres_cpu(database: str) -> dict[str, float]:
+    """CPU seconds of the server's own processes and of the backends serving `database`
+    (not of other databases' backends: the machine may be shared)."""
+    found: dict[str, float] = {}
+    for pid in cpu_by_name("postgres"):
+        try:
+            title = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        backend = "127.0.0.1(" in title or "[local]" in title or "autovacuum worker" in title
+        if not backend or f" {database} " in title:
+            found[pid] = proc_cpu_s(pid)
+    return found
+
+
 def machine_busy_s() -> float:
     """CPU seconds the machine spent busy, all cores (idle and iowait excluded)."""
     ticks = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
@@ -126,15 +141,16 @@ def machine_busy_s() -> float:
 class CpuMeter:
     """CPU seconds used by each part of the pipeline between `start` and `stop`."""
 
-    def __init__(self, parts: dict[str, int]) -> None:
+    def __init__(self, parts: dict[str, int], database: str) -> None:
         self.parts = parts  # name -> pid
+        self.database = database
         self.before: dict[str, float] = {}
         self.after: dict[str, float] = {}
 
     def _sample(self) -> dict[str, float]:
         sample = {name: proc_cpu_s(pid) for name, pid in self.parts.items()}
         sample["bench"] = proc_cpu_s(os.getpid())
-        sample["postgres"] = sum(cpu_by_name("postgres").values())
+        sample["postgres"] = sum(postgres_cpu(self.database).values())
         sample["rabbitmq"] = sum(cpu_by_name("beam.smp").values())
         sample["machine"] = machine_busy_s()
         return sample
@@ -304,7 +320,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         time.sleep(1.5)  # let the workers connect
         parts = {"relay": procs[0].pid, "fake": fake.pid}
         parts |= {f"worker{n}": p.pid for n, p in enumerate(workers)}
-        meter = CpuMeter(parts)
+        meter = CpuMeter(parts, url.rsplit("/", 1)[-1])
         load_before = os.getloadavg()[0]
         meter.start()
         started = time.perf_counter()
