@@ -13,9 +13,12 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID
 
+from eventsourcing.application import project_aggregate
+
 from domain.attempt import ProvisioningAttempt
 from domain.brand import ACTIVE, DEACTIVATED, Brand
-from domain.errors import ProvisionerError
+from domain.errors import ProvisionerError, UnknownAttempt, UnknownBrand
+from domain.ids import brand_aggregate_id
 from infrastructure.service import ProvisioningService
 from projections.brand_workspaces import brand_status as status_of
 
@@ -34,18 +37,18 @@ def brand_status(service: ProvisioningService, brand_id: str) -> dict[str, Any]:
     }
 
 
-def attempt_ids(service: ProvisioningService, brand: Brand) -> list[UUID]:
-    return [
-        event.attempt_id
-        for event in service.app.events.get(brand.id)
-        if isinstance(event, Brand.AttemptBegun)
-    ]
+def _replayed(service: ProvisioningService, aggregate_id: UUID) -> tuple[Any, list[Any]]:
+    """The aggregate and its events from ONE read of its stream (None if it has none)."""
+    events: list[Any] = list(service.app.events.get(aggregate_id))
+    return project_aggregate(None, events), events
 
 
 def attempt_story(service: ProvisioningService, attempt_id: UUID) -> dict[str, Any]:
-    attempt: ProvisioningAttempt = service.attempt(attempt_id)
+    attempt, history = _replayed(service, attempt_id)
+    if not isinstance(attempt, ProvisioningAttempt):
+        raise UnknownAttempt(f"no attempt {attempt_id} exists")
     events = []
-    for event in service.attempt_history(attempt_id):
+    for event in history:
         fields = vars(event)
         provenance = fields.get("provenance")
         if isinstance(event, ProvisioningAttempt.Started) and event.existing_workspace_id:
@@ -69,8 +72,12 @@ def attempt_story(service: ProvisioningService, attempt_id: UUID) -> dict[str, A
 
 
 def brand_history(service: ProvisioningService, brand_id: str) -> list[dict[str, Any]]:
-    brand = service.brand(brand_id)
-    return [attempt_story(service, attempt_id) for attempt_id in attempt_ids(service, brand)]
+    """Every attempt of the brand, oldest first: one read per stream."""
+    brand, events = _replayed(service, brand_aggregate_id(brand_id))
+    if not isinstance(brand, Brand):
+        raise UnknownBrand(f"no brand {brand_id!r} is registered")
+    begun = [e.attempt_id for e in events if isinstance(e, Brand.AttemptBegun)]
+    return [attempt_story(service, attempt_id) for attempt_id in begun]
 
 
 class NotYetRegistered(ProvisionerError):

@@ -18,6 +18,7 @@ position, so a copy being rebuilt and the live copy never share one.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
@@ -172,6 +173,41 @@ def catch_up(
         total += done
 
 
+class ReadAhead:
+    """An EventSource that reads the next batch while the current one is applied.
+
+    The database works on the next read (and the decoding thread on its events)
+    while this thread applies and writes: a rebuild reads the log in order, so
+    the next request is always the one prefetched.
+    """
+
+    def __init__(self, source: EventSource) -> None:
+        self.source = source
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="read-ahead")
+        self._next: tuple[tuple[int, int, tuple[str, ...]], Future[Any]] | None = None
+
+    def read(self, after: int, limit: int, topics: Sequence[str]) -> list[tuple[int, Any]]:
+        key = (after, limit, tuple(topics))
+        if self._next is not None and self._next[0] == key:
+            notes: list[tuple[int, Any]] = self._next[1].result()
+        else:
+            notes = self.source.read(after, limit, topics)
+        self._next = None
+        if len(notes) == limit:
+            ahead = (notes[-1][0], limit, tuple(topics))
+            self._next = (ahead, self._pool.submit(self.source.read, *ahead))
+        return notes
+
+    def head(self) -> int:
+        return self.source.head()
+
+    def count(self, after: int, topics: Sequence[str]) -> int:
+        return self.source.count(after, topics)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+
 @dataclass
 class RebuildProgress:
     copy: str
@@ -202,10 +238,14 @@ def rebuild(
     )
     progress.total = progress.done + source.count(position, projection.topics)
     on_progress(progress)
-    for done in _batches(lambda: store.copy_batch(projection, copy), projection, source, limit):
-        progress.done += done
-        progress.total = max(progress.total, progress.done)
-        on_progress(progress)
+    ahead = ReadAhead(source)
+    try:
+        for done in _batches(lambda: store.copy_batch(projection, copy), projection, ahead, limit):
+            progress.done += done
+            progress.total = max(progress.total, progress.done)
+            on_progress(progress)
+    finally:
+        ahead.close()
     with store.switch(projection, copy) as batch:
         while done := run_batch(projection, source, batch, limit):
             progress.done += done
