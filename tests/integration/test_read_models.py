@@ -38,6 +38,7 @@ from projections.core import PositionConflict, catch_up, rebuild
 from tests.conftest import PARENT, ManualClock
 from tests.readmodels import assert_projections_match, live_rows, seed_histories
 from worker.cli import main
+from worker.projector import Projector
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -418,4 +419,41 @@ def test_the_audit_trail_tells_failed_cancelled_superseded_and_promoted_attempts
     assert {r["attempt_id"]: r["state"] for r in rows} == dict(
         zip(order, ["failed", "cancelled", "superseded", "promoted"], strict=True)
     )
+    app.close()
+
+
+@pytest.mark.postgres
+def test_a_rebuild_beside_the_live_runner_under_writes_loses_and_doubles_nothing(
+    pg_database: str,
+) -> None:
+    app = open_event_store(pg_database, pool_size=4)
+    head = app.recorder.max_notification_id() or 0
+    with SqlViewStore(pg_database) as views:
+        old = {name: live_copy(views, name) for name in PROJECTIONS}
+    stop = threading.Event()
+    projector = Projector(app, pg_database, database_url=pg_database, batch=25)
+    runner = threading.Thread(target=projector.run, args=(stop,))
+    writer = threading.Thread(
+        target=lambda: [seed_histories(app, 5, per_save=2) for _ in range(30)]
+    )
+    runner.start()
+    writer.start()
+    try:
+        with SqlViewStore(pg_database) as views:
+            for projection in PROJECTIONS.values():
+                rebuild(projection, LogSource(app, views), views, limit=20)
+            writer.join(60)
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                if all(item["behind"] == 0 for item in views.status(LogSource(app, views))):
+                    break
+                time.sleep(0.05)
+            report = views.status(LogSource(app, views))
+    finally:
+        stop.set()
+        runner.join(30)
+    assert [item["behind"] for item in report] == [0, 0]  # the live runner followed the switch
+    assert all(item["copy"] != old[item["projection"]] for item in report)
+    with SqlViewStore(pg_database) as views:
+        assert_projections_match(app, views, head, tries=1)
     app.close()
