@@ -25,7 +25,8 @@ from infrastructure.eventstore import persistence_env
 from infrastructure.fake_gateway import FakeConfig
 from infrastructure.service import ProvisioningService
 from infrastructure.settings import Settings
-from worker.runtime import build
+from infrastructure.views import PROJECTIONS, LogSource, SqlViewStore
+from worker.runtime import Runtime, build
 
 TIME_SCALE = 0.02  # 155 s of backoff pass in about 3 s
 # brand number -> the fake's scripted fate for its title
@@ -75,9 +76,11 @@ def run_demo(*, brands: int, seed: int, database_url: str) -> int:
         stop = threading.Event()
         runtime.start(runtime.worker().run, "worker", stop)
         runtime.start(runtime.relay().run, "relay", stop)
+        runtime.start(runtime.projector().run, "projections", stop)
         started = time.monotonic()
         attempts = _provision(console, runtime.service, brands, fake_parent)
         elapsed = time.monotonic() - started
+        read_models = _caught_up(runtime)
         stop.set()
         for thread in runtime.threads:
             thread.join(10)
@@ -85,12 +88,29 @@ def run_demo(*, brands: int, seed: int, database_url: str) -> int:
         _summary(console, runtime.service, brands, attempts)
         for n in STORIES:
             _story(console, runtime.service, f"demo-{n:02d}")
+        console.print(read_models)
     creates = sum(state["creates"].values())
     console.print(
         f"\n{brands} brands in {elapsed:.1f} s through the in-process broker; {creates} creates "
         f"upstream for {len(state['creates'])} titles; events in {database_url}"
     )
     return 0
+
+
+def _caught_up(runtime: Runtime, timeout_s: float = 10.0) -> str:
+    """Wait for the projections to reach the head of the log; describe them."""
+    deadline = time.monotonic() + timeout_s
+    with SqlViewStore(runtime.views_url) as store:
+        while True:
+            report = store.status(LogSource(runtime.app))
+            if all(item["behind"] == 0 for item in report) or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        ready = len(store.rows(PROJECTIONS["brand_workspaces"], "status = 'ready'"))
+    parts = [
+        f"{item['projection']}: {item['rows']} rows, {item['behind']} behind" for item in report
+    ]
+    return f"Read models: {'; '.join(parts)}; {ready} brands ready in brand_workspaces"
 
 
 def _provision(

@@ -16,10 +16,12 @@ from worker.cli import main
 def test_the_demo_provisions_every_brand_to_its_scripted_end(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'demo.sqlite'}"
 
-    result = CliRunner().invoke(main, ["demo", "--database-url", url])
+    result = CliRunner(env={"COLUMNS": "200"}).invoke(main, ["demo", "--database-url", url])
 
     assert result.exit_code == 0, result.output
     assert "17 promoted" in result.output
+    assert "brand_workspaces: 20 rows, 0 behind; attempts: 20 rows, 0 behind" in result.output
+    assert "17 brands ready in brand_workspaces" in result.output
     app = open_event_store(url)
     service = ProvisioningService(app, HttpGateway("http://127.0.0.1:9", "unused"))
 
