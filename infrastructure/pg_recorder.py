@@ -28,11 +28,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Any
+from uuid import UUID
 
 from eventsourcing.persistence import InterfaceError, OperationalError, StoredEvent
 from eventsourcing.postgres import PostgresApplicationRecorder
 from eventsourcing.utils import retry
 from psycopg import ClientCursor
+from psycopg.rows import tuple_row
 from psycopg.sql import SQL, Composable, Identifier
 
 
@@ -50,6 +52,58 @@ def _plain(text: str) -> bool:
 class OneTripPostgresRecorder(PostgresApplicationRecorder):
     _head: str | None = None  # BEGIN, the lock statements, NOTIFY (rendered once)
     _insert_prefix: str | None = None
+    _select_one: bytes | None = None
+    _select_many: bytes | None = None
+
+    def select_events(
+        self,
+        originator_id: UUID | str,
+        *,
+        gt: int | None = None,
+        lte: int | None = None,
+        desc: bool = False,
+        limit: int | None = None,
+    ) -> Sequence[StoredEvent]:
+        """The library's read; the whole-stream case (every aggregate load) by a
+        statement rendered once, with plain tuple rows."""
+        events: Sequence[StoredEvent]
+        if gt is None and lte is None and not desc and limit is None:
+            events = self.select_events_of([originator_id])
+        else:
+            events = super().select_events(originator_id, gt=gt, lte=lte, desc=desc, limit=limit)
+        return events
+
+    @retry((InterfaceError, OperationalError), max_attempts=10, wait=0.2)
+    def select_events_of(self, originator_ids: Sequence[UUID | str]) -> list[StoredEvent]:
+        """Every event of the given aggregates, in one query: by aggregate, then version."""
+        with self.datastore.get_connection() as conn:
+            if self._select_one is None or self._select_many is None:
+                columns = SQL(
+                    "SELECT originator_id, originator_version, topic, state FROM {0}.{1} "
+                ).format(Identifier(self.datastore.schema), Identifier(self.events_table_name))
+                self._select_one = (
+                    columns + SQL("WHERE originator_id = %s ORDER BY originator_version")
+                ).as_bytes(conn)
+                self._select_many = (
+                    columns
+                    + SQL(
+                        "WHERE originator_id = ANY(%s) ORDER BY originator_id, originator_version"
+                    )
+                ).as_bytes(conn)
+            one = len(originator_ids) == 1
+            query = self._select_one if one else self._select_many
+            params = (originator_ids[0],) if one else (list(originator_ids),)
+            with conn.cursor(row_factory=tuple_row) as curs:
+                curs.execute(query, params, prepare=True)
+                return [
+                    StoredEvent(
+                        originator_id=row[0],
+                        originator_version=row[1],
+                        topic=row[2],
+                        state=bytes(row[3]),
+                    )
+                    for row in curs.fetchall()
+                ]
 
     @retry((InterfaceError, OperationalError), max_attempts=10, wait=0.2)
     def insert_events(self, stored_events: Sequence[StoredEvent], **_: Any) -> Sequence[int] | None:

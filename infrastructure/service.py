@@ -22,11 +22,12 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from typing import Any
 from uuid import UUID
 
 from eventsourcing.application import AggregateNotFoundError
 from eventsourcing.domain import Aggregate
-from eventsourcing.persistence import IntegrityError
+from eventsourcing.persistence import IntegrityError, StoredEvent
 
 from domain.attempt import ProvisioningAttempt
 from domain.brand import Brand
@@ -131,19 +132,56 @@ class ProvisioningService:
 
     # Reads.
 
-    def brand(self, brand_id: str) -> Brand:
+    def load(self, *aggregate_ids: UUID) -> list[object | None]:
+        """The current state of each aggregate (None if it has no events).
+
+        Without a cache or snapshots (this project configures neither) the events
+        are read and applied here, several aggregates in one query when the
+        recorder offers it (`select_events_of` on PostgreSQL); otherwise through
+        the repository. Same state either way: an aggregate is its events applied
+        in order.
+        """
+        repository = self.app.repository
+        if repository.cache is not None or repository.snapshot_store is not None:
+            return [self._get(aggregate_id) for aggregate_id in aggregate_ids]
+        select_many = getattr(self.app.recorder, "select_events_of", None)
+        if select_many is None:
+            return [self._get(aggregate_id) for aggregate_id in aggregate_ids]
+        by_id: dict[object, list[StoredEvent]] = {}
+        for stored in select_many(aggregate_ids):
+            by_id.setdefault(stored.originator_id, []).append(stored)
+        to_domain_event = self.app.mapper.to_domain_event
+        found: list[object | None] = []
+        for aggregate_id in aggregate_ids:
+            aggregate: Any = None
+            for stored in by_id.get(aggregate_id, ()):
+                event: Any = to_domain_event(stored)
+                aggregate = event.mutate(aggregate)
+            found.append(aggregate)
+        return found
+
+    def _get(self, aggregate_id: UUID) -> object | None:
         try:
-            brand: object = self.app.repository.get(brand_aggregate_id(brand_id))
+            aggregate: object = self.app.repository.get(aggregate_id)
         except AggregateNotFoundError:
-            raise UnknownBrand(f"no brand {brand_id!r} is registered") from None
+            return None
+        return aggregate
+
+    def brand(self, brand_id: str) -> Brand:
+        (brand,) = self.load(brand_aggregate_id(brand_id))
+        return self._as_brand(brand, brand_id)
+
+    @staticmethod
+    def _as_brand(brand: object | None, brand_id: str) -> Brand:
+        if brand is None:
+            raise UnknownBrand(f"no brand {brand_id!r} is registered")
         assert isinstance(brand, Brand)
         return brand
 
     def attempt(self, attempt_id: UUID) -> ProvisioningAttempt:
-        try:
-            attempt: object = self.app.repository.get(attempt_id)
-        except AggregateNotFoundError:
-            raise UnknownAttempt(f"no attempt {attempt_id} exists") from None
+        (attempt,) = self.load(attempt_id)
+        if attempt is None:
+            raise UnknownAttempt(f"no attempt {attempt_id} exists")
         if not isinstance(attempt, ProvisioningAttempt):
             raise UnknownAttempt(f"{attempt_id} is not a provisioning attempt")
         return attempt
@@ -156,17 +194,27 @@ class ProvisioningService:
 
     def slot(self, parent_workspace_id: str, title: str) -> TitleSlot:
         """The title slot, opened (unsaved) if it does not exist yet."""
-        try:
-            slot: object = self.app.repository.get(slot_aggregate_id(parent_workspace_id, title))
-        except AggregateNotFoundError:
+        (slot,) = self.load(slot_aggregate_id(parent_workspace_id, title))
+        return self._as_slot(slot, parent_workspace_id, title)
+
+    @staticmethod
+    def _as_slot(slot: object | None, parent_workspace_id: str, title: str) -> TitleSlot:
+        if slot is None:
             return TitleSlot.open(parent_workspace_id, title)
         assert isinstance(slot, TitleSlot)
         return slot
 
+    def slot_and_brand(self, attempt: ProvisioningAttempt) -> tuple[TitleSlot, Brand]:
+        """The attempt's title slot and its brand, in one read."""
+        parent, title = attempt.parent_workspace_id, attempt.title
+        slot, brand = self.load(
+            slot_aggregate_id(parent, title), brand_aggregate_id(attempt.brand_id)
+        )
+        return self._as_slot(slot, parent, title), self._as_brand(brand, attempt.brand_id)
+
     def claim(self, workspace_id: str) -> WorkspaceClaim | None:
-        try:
-            claim: object = self.app.repository.get(claim_aggregate_id(workspace_id))
-        except AggregateNotFoundError:
+        (claim,) = self.load(claim_aggregate_id(workspace_id))
+        if claim is None:
             return None
         assert isinstance(claim, WorkspaceClaim)
         return claim
@@ -445,6 +493,10 @@ class _Hop:
         self.pending: list[Aggregate] = []
         # The title slot as this run last saved it: no need to read it back.
         self._saved_slot: TitleSlot | None = None
+        # The brand as read together with the title slot (one query instead of
+        # two); a promotion saves it version-checked, so a brand that changed
+        # meanwhile makes that save conflict and the next round reads afresh.
+        self._brand: Brand | None = None
 
     @property
     def now(self) -> datetime:
@@ -486,6 +538,7 @@ class _Hop:
                 self._family = None
                 self.pending = []
                 self._saved_slot = None
+                self._brand = None
         raise ContentionError(f"attempt {self.attempt_id} is contended; retry the hop later")
 
     def _step(self, attempt: ProvisioningAttempt) -> HopOutcome:
@@ -589,7 +642,7 @@ class _Hop:
     def _adopt_or_create(self, attempt: ProvisioningAttempt) -> HopOutcome | None:
         # The slot is read before the family, so an adoption that raced a
         # same-title create conflicts on the slot's version and decides again.
-        slot = self.svc.slot(attempt.parent_workspace_id, attempt.title)
+        slot, self._brand = self.svc.slot_and_brand(attempt)
         grace = self.svc.settings.create_grace_s
         if slot.busy_for(attempt.id, self.now, grace):
             return self._settling(attempt, f"another create titled {attempt.title!r} in flight")
@@ -746,7 +799,7 @@ class _Hop:
     def _promote(self, attempt: ProvisioningAttempt) -> HopOutcome:
         workspace_id = attempt.candidate_id
         assert workspace_id is not None
-        brand = self.svc.brand(attempt.brand_id)
+        brand = self._brand or self.svc.brand(attempt.brand_id)
         try:
             brand.bind(workspace_id, attempt.id)
         except (BrandDeactivated, CommandRefused) as exc:
