@@ -4,6 +4,7 @@ finished, next hop due, last error (safe text), releases owed and done. What
 
 Definitions:
 - `hops_used`: hops that ran (a hop n that did work, or hop n+1 scheduled).
+- `next_hop`: the hop the attempt expects next (what a re-published hop carries).
 - `next_hop_due`: while pending, when the next hop may run (the start for hop
   0); None once terminal. Stuck = pending with this overdue.
 - `last_error`: the last status or failure message the attempt recorded.
@@ -51,6 +52,7 @@ class Attempts:
         "title": TEXT,
         "state": TEXT,
         "hops_used": INT,
+        "next_hop": INT,
         "candidate_id": TEXT,
         "provenance": TEXT,
         "failure_reason": TEXT,
@@ -110,6 +112,7 @@ class Attempts:
             "title": event.title,
             "state": AttemptState.PENDING.value,
             "hops_used": 0,
+            "next_hop": 0,
             "candidate_id": existing,
             "provenance": "existing" if existing else None,
             "failure_reason": None,
@@ -139,6 +142,7 @@ class Attempts:
             row["provenance"] = None
             row["last_error"] = event.status
         elif isinstance(event, A.HopScheduled):
+            row["next_hop"] = event.hop
             row["next_hop_due"] = event.not_before
             row["last_error"] = event.last_status
         elif type(event) in _TERMINAL:

@@ -76,6 +76,7 @@ def expected_attempt_row(app: ProvisionerApplication, attempt_id: UUID) -> dict[
         "title": attempt.title,
         "state": attempt.state.value,
         "hops_used": max(hops),
+        "next_hop": attempt.expected_hop,
         "candidate_id": attempt.candidate_id,
         "provenance": attempt.provenance.value if attempt.provenance else None,
         "failure_reason": attempt.failure_reason.value if attempt.failure_reason else None,

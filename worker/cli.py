@@ -441,7 +441,13 @@ def projections_rebuild(name: str | None, batch: int) -> None:
             app.close()
 
 
-def _serve(parts: tuple[str, ...], concurrency: int | None, *, batch: int = 2000) -> None:
+def _serve(
+    parts: tuple[str, ...],
+    concurrency: int | None,
+    *,
+    batch: int = 2000,
+    reconcile_every: tuple[float, float, float] = (60.0, 60.0, 30.0),
+) -> None:
     """Run the chosen parts until SIGTERM or SIGINT, then stop them cleanly."""
     import signal
     import threading
@@ -450,7 +456,7 @@ def _serve(parts: tuple[str, ...], concurrency: int | None, *, batch: int = 2000
     from worker.runtime import build, build_projector
 
     settings = _settings()
-    if is_memory(settings.broker_url) and parts in (("worker",), ("relay",)):
+    if is_memory(settings.broker_url) and parts in (("worker",), ("relay",), ("reconciler",)):
         raise click.ClickException(
             "memory:// is an in-process broker: use `provisioner run`, or set "
             "PROVISIONER_BROKER_URL=amqp://... to run the worker and relay apart"
@@ -471,6 +477,12 @@ def _serve(parts: tuple[str, ...], concurrency: int | None, *, batch: int = 2000
                 runtime.start(runtime.relay().run, "relay", stop)
             if "projections" in parts:
                 runtime.start(runtime.projector(batch).run, "projections", stop)
+            if "reconciler" in parts:
+                overdue, grace, interval = reconcile_every
+                reconciler, publisher = runtime.reconciler(
+                    overdue_s=overdue, grace_s=grace, interval_s=interval
+                )
+                runtime.start(lambda s: reconciler.run(s, publisher), "reconciler", stop)
             click.echo(f"{' + '.join(parts)} running; Ctrl-C or SIGTERM stops")
             while not stop.wait(0.5):
                 if not all(t.is_alive() for t in runtime.threads):
@@ -497,8 +509,37 @@ def relay() -> None:
 @main.command()
 @click.option("--concurrency", type=int, default=None, help="Hops in flight (default 8).")
 def run(concurrency: int | None) -> None:
-    """Worker, relay and projections in one process: the small-deployment mode."""
-    _serve(("worker", "relay", "projections"), concurrency)
+    """Worker, relay, projections and reconciler in one process: the small-deployment mode."""
+    _serve(("worker", "relay", "projections", "reconciler"), concurrency)
+
+
+@main.command()
+@click.option("--once", is_flag=True, help="One sweep, print what it re-published, exit.")
+@click.option("--overdue", default=60.0, show_default=True, help="Seconds a hop may be overdue.")
+@click.option("--grace", default=60.0, show_default=True, help="Seconds before owed work counts.")
+@click.option("--interval", default=30.0, show_default=True, help="Seconds between sweeps.")
+def reconcile(*, once: bool, overdue: float, grace: float, interval: float) -> None:
+    """Re-publish overdue hops, owed releases and decommissions (safe to run anywhere)."""
+    if not once:
+        _serve(("reconciler",), None, reconcile_every=(overdue, grace, interval))
+        return
+    from infrastructure.broker import Broker, Topology, is_memory
+    from worker.reconciler import Reconciler
+
+    settings = _settings()
+    if is_memory(settings.broker_url):
+        raise click.ClickException("memory:// is in-process: the reconciler runs inside `run`")
+    reconciler = Reconciler(settings.database_url, overdue_s=overdue, grace_s=grace)
+    broker = Broker(settings.broker_url, Topology(queue_type=settings.queue_type), scheduler=None)
+    try:
+        with _views() as store:
+            report = reconciler.sweep(store, broker)
+    finally:
+        broker.close()
+    click.echo(
+        f"re-published {report.hops} hops, {report.releases} releases, "
+        f"{report.decommissions} decommissions"
+    )
 
 
 @main.command(

@@ -25,6 +25,7 @@ from infrastructure.settings import Settings
 from infrastructure.views import SqlViewStore, memory_views_url
 from worker.consumer import HopWorker
 from worker.projector import Projector
+from worker.reconciler import Reconciler
 from worker.relay import Relay
 
 log = logging.getLogger("provisioner.runtime")
@@ -61,6 +62,10 @@ class Runtime:
         return Projector(
             self.app, self.views_url, database_url=self.settings.database_url, batch=batch
         )
+
+    def reconciler(self, **options: float) -> tuple[Reconciler, Broker]:
+        broker = Broker(self.settings.broker_url, self.topology, scheduler=self.scheduler)
+        return Reconciler(self.views_url, **options), broker  # type: ignore[arg-type]
 
     def start(self, target: object, name: str, stop: threading.Event) -> threading.Thread:
         thread = threading.Thread(target=target, args=(stop,), name=name, daemon=True)  # type: ignore[arg-type]

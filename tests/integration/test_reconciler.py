@@ -1,0 +1,94 @@
+"""The reconciler re-publishes what should have happened and nothing else."""
+
+from __future__ import annotations
+
+import threading
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from domain.policies import AttemptState
+from infrastructure.eventstore import open_event_store
+from infrastructure.fake_gateway import FakeGateway
+from infrastructure.settings import Settings
+from infrastructure.views import PROJECTIONS, LogSource, SqlViewStore
+from projections.core import catch_up
+from tests.conftest import PARENT
+from tests.readmodels import FATES, seed_histories
+from worker.reconciler import Reconciler
+from worker.runtime import build
+
+
+class RecordingBroker:
+    def __init__(self) -> None:
+        self.sent: list[Any] = []
+
+    def publish(self, message: Any, delay_s: float = 0.0) -> None:
+        self.sent.append(message)
+
+
+def caught_up(app: Any, store: SqlViewStore) -> SqlViewStore:
+    store.setup()
+    for projection in PROJECTIONS.values():
+        catch_up(projection, LogSource(app), store)
+    return store
+
+
+def test_a_sweep_republishes_overdue_hops_and_owed_releases_only(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'events.sqlite'}"
+    app = open_event_store(url)
+    seed_histories(app, 4 * len(FATES))  # four brands of each fate
+    broker = RecordingBroker()
+    with SqlViewStore(url) as store:
+        caught_up(app, store)
+        now_report = Reconciler(url).sweep(store, broker)  # type: ignore[arg-type]
+        later = datetime.now(UTC) + timedelta(hours=1)
+        later_report = Reconciler(url).sweep(store, broker, now=later)  # type: ignore[arg-type]
+
+    # Now: pending hops are due in 5 s and cancelled candidates became owed just now.
+    assert (now_report.hops, now_report.releases, now_report.decommissions) == (0, 0, 0)
+    # An hour later: every pending attempt's hop 1, every cancelled attempt's release.
+    assert (later_report.hops, later_report.releases, later_report.decommissions) == (4, 4, 0)
+    hops = [m for m in broker.sent if m.type == "hop"]
+    assert {m.fields["hop"] for m in hops} == {1}
+    assert all(m.type in ("hop", "release") for m in broker.sent)
+    app.close()
+
+
+@pytest.mark.rabbitmq
+def test_a_lost_hop_is_republished_and_the_attempt_completes(
+    tmp_path: Path, rabbit_url: str, fake: FakeGateway
+) -> None:
+    url = f"sqlite:///{tmp_path / 'events.sqlite'}"
+    settings = Settings.from_env(
+        {
+            "PROVISIONER_DATABASE_URL": url,
+            "PROVISIONER_BROKER_URL": rabbit_url,
+            "PROVISIONER_GATEWAY_URL": fake.url,
+            "PROVISIONER_GATEWAY_TOKEN": "x",
+        }
+    )
+    stop = threading.Event()
+    with build(settings) as runtime:
+        # No relay runs: the first hop's message is never published, as if lost.
+        attempt_id = runtime.service.request_provisioning("b-lost", "Lost Hop Co", PARENT)
+        reconciler, broker = runtime.reconciler(overdue_s=0.0)
+        with SqlViewStore(url) as store:
+            report = reconciler.sweep(caught_up(runtime.app, store), broker)
+        broker.close()
+        runtime.start(runtime.worker(2).run, "worker", stop)
+        try:
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline:
+                if runtime.service.attempt(attempt_id).state is AttemptState.PROMOTED:
+                    break
+                time.sleep(0.05)
+        finally:
+            stop.set()
+            for thread in runtime.threads:
+                thread.join(30)
+        assert report.hops == 1
+        assert runtime.service.attempt(attempt_id).state is AttemptState.PROMOTED
