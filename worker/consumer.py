@@ -12,7 +12,11 @@ consuming thread empties between drains.
 - An infrastructure failure (database down, too much contention) is not the
   brand's fault: the message is re-published after a delay with a retry count
   and the attempt stays untouched; after the last retry it is dead-lettered.
-- `stop` (SIGTERM): stop consuming, finish the hops in flight, ack them, return.
+- Prefetch is the concurrency plus a little headroom (a quarter, at least 2):
+  a pool thread that finishes a hop starts the next message at once instead
+  of waiting for its ack to reach the broker and a new delivery to come back.
+- `stop` (SIGTERM): stop consuming, finish the hops in flight, ack them, hand
+  the prefetched messages not started yet back to the broker, return.
 - A dropped broker connection: reconnect with backoff; unacked messages are
   redelivered by the broker, and hops are idempotent.
 """
@@ -111,11 +115,14 @@ class HopWorker:
         concurrency: int = 8,
         scheduler: DelayScheduler | None = None,
         retry_delays_s: tuple[float, ...] = RETRY_DELAYS_S,
+        prefetch_headroom: int | None = None,
     ) -> None:
         self.service = service
         self.url = broker_url
         self.topology = topology or Topology()
         self.concurrency = concurrency
+        headroom = max(2, concurrency // 4) if prefetch_headroom is None else prefetch_headroom
+        self.prefetch = concurrency + headroom
         self.scheduler = scheduler
         self.retry_delays_s = retry_delays_s
         self.stats = WorkerStats()
@@ -124,6 +131,8 @@ class HopWorker:
         self._finished: queue.Queue[tuple[int, Any, Message, Future[str]]] = queue.Queue()
         self._generation = 0
         self._in_flight = 0
+        # Handlers submitted on the current connection and not settled yet.
+        self._submitted: set[Future[str]] = set()
         with connect(broker_url) as probe:
             self._connection_errors = (
                 OSError,
@@ -140,6 +149,8 @@ class HopWorker:
                     self._consume(pool, stop)
                     pause = 0.5
                 except self._connection_errors as exc:
+                    # Messages not started yet are void with their connection.
+                    self._cancel_queued()
                     self.stats.reconnects += 1
                     log.warning("broker connection lost (%s); reconnecting in %.1fs", exc, pause)
                     stop.wait(pause)
@@ -150,6 +161,7 @@ class HopWorker:
         # delivery tags are void, and the broker redelivers those messages.
         self._generation += 1
         self._in_flight = 0
+        self._submitted = set()
         with connect(self.url) as conn:
             conn.ensure_connection(max_retries=1)
             channel = conn.channel()
@@ -160,7 +172,7 @@ class HopWorker:
                     channel,
                     queues=[self.topology.hops, self.topology.commands],
                     on_message=lambda m: self._received(m, pool, publisher),
-                    prefetch_count=self.concurrency,
+                    prefetch_count=self.prefetch,
                     no_ack=False,
                 )
                 with consumer:
@@ -171,6 +183,7 @@ class HopWorker:
                             conn.drain_events(timeout=self._drain_timeout())
                         conn.heartbeat_check()
                     consumer.cancel()
+                    self._cancel_queued()
                     self._drain_in_flight(publisher)
             finally:
                 publisher.close()
@@ -178,11 +191,12 @@ class HopWorker:
     def _drain_timeout(self) -> float:
         """How long to wait for the broker before looking at finished hops again.
 
-        With every prefetched message in flight the broker sends nothing until we
+        With every prefetched message taken the broker sends nothing until we
         ack, so a finished hop would wait for the drain to time out before its
-        ack frees a slot: look again soon. Otherwise a new message wakes us.
+        ack makes room for the next delivery: look again soon. Otherwise a new
+        message wakes us.
         """
-        return SATURATED_DRAIN_S if self._in_flight >= self.concurrency else IDLE_DRAIN_S
+        return SATURATED_DRAIN_S if self._in_flight >= self.prefetch else IDLE_DRAIN_S
 
     def _received(self, message: Any, pool: ThreadPoolExecutor, publisher: Broker) -> None:
         try:
@@ -193,7 +207,13 @@ class HopWorker:
         self._in_flight += 1
         generation = self._generation
         future = pool.submit(handle, self.service, decoded)
+        self._submitted.add(future)
         future.add_done_callback(lambda f: self._finished.put((generation, message, decoded, f)))
+
+    def _cancel_queued(self) -> None:
+        """Cancel the handlers that have not started (prefetched, waiting for a thread)."""
+        for future in list(self._submitted):
+            future.cancel()
 
     def _settle_finished(self, publisher: Broker, timeout: float | None = None) -> None:
         while True:
@@ -207,6 +227,10 @@ class HopWorker:
             if generation != self._generation:
                 continue
             self._in_flight -= 1
+            self._submitted.discard(future)
+            if future.cancelled():
+                message.requeue()  # never started: back to the queue for any worker
+                continue
             self._settle(publisher, message, decoded, future)
 
     def _settle(
