@@ -197,13 +197,27 @@ def quantile_from_histogram(text: str, label: str, q: float) -> float:
     return prev_le * 1000
 
 
+def histogram_total(text: str, label: str, what: str) -> float:
+    """The `sum` (seconds) or `count` of the merged hop histogram for one type."""
+    for line in text.splitlines():
+        if line.startswith(f"provisioner_handle_seconds_{what}") and f'type="{label}"' in line:
+            return float(line.split()[-1])
+    return 0.0
+
+
 def merged_metrics(ports: list[int]) -> str:
     """Sum the workers' histograms line by line (same buckets everywhere)."""
     sums: dict[str, float] = {}
     for port in ports:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
             for line in r.read().decode().splitlines():
-                if line.startswith("provisioner_handle_seconds_bucket"):
+                if line.startswith(
+                    (
+                        "provisioner_handle_seconds_bucket",
+                        "provisioner_handle_seconds_sum",
+                        "provisioner_handle_seconds_count",
+                    )
+                ):
                     key, value = line.rsplit(" ", 1)
                     sums[key] = sums.get(key, 0.0) + float(value)
     return "\n".join(f"{k} {v}" for k, v in sums.items())
@@ -362,6 +376,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "provisions_per_s": round(ready / elapsed, 1),
         "hop_p50_ms": round(quantile_from_histogram(text, "hop", 0.50), 1),
         "hop_p99_ms": round(quantile_from_histogram(text, "hop", 0.99), 1),
+        "hop_mean_ms": round(
+            1000
+            * histogram_total(text, "hop", "sum")
+            / max(histogram_total(text, "hop", "count"), 1),
+            1,
+        ),
+        # Share of the run during which the hop slots were busy with a hop: below 1,
+        # slots waited for work (acks, delivery, the request rate, the tail).
+        "slot_busy": round(
+            histogram_total(text, "hop", "sum") / (elapsed * args.workers * args.concurrency), 2
+        ),
         "worker_rss_mb": round(peak_rss, 1),
         "raw_publish_per_s": round(raw_publish_rate(broker_url), 1),
         "bare_saves_per_s": round(bare_save_rate(url), 1),
