@@ -271,6 +271,16 @@ class SqlViewStore:
 
     # The ViewStore port.
 
+    def position(self, proj: Projection, copy: str | None = None) -> tuple[str, int]:
+        p = self.dialect.p
+        with self._tx(immediate=False) as cur:
+            if copy is None:
+                copy = str(self._registry(cur, proj.name)["live"])
+            found = self._one(cur, f"SELECT position FROM {POSITIONS} WHERE copy = {p}", copy)
+        if found is None:
+            raise ViewsNotInitialised(f"copy {copy} has no position: was it dropped?")
+        return copy, int(found["position"])
+
     @contextmanager
     def live_batch(self, proj: Projection) -> Iterator[_SqlBatch]:
         with self._tx() as cur:

@@ -17,7 +17,7 @@ position, so a copy being rebuilt and the live copy never share one.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -115,6 +115,7 @@ class EventSource(Protocol):
 class Batch(Protocol):
     """One transaction on one copy: load rows, write rows, move the position."""
 
+    copy: str
     position: int
 
     def load(self, column: str, values: set[str]) -> list[Row]: ...
@@ -127,6 +128,10 @@ class Batch(Protocol):
 
 
 class ViewStore(Protocol):
+    def position(self, projection: Projection, copy: str | None = None) -> tuple[str, int]:
+        """(copy, position) of the live copy, or of `copy`; takes no lock."""
+        ...
+
     def live_batch(self, projection: Projection) -> AbstractContextManager[Batch]:
         """A transaction on the live copy; holds off a switch until it ends."""
         ...
@@ -143,11 +148,8 @@ class ViewStore(Protocol):
         ...
 
 
-def run_batch(projection: Projection, source: EventSource, batch: Batch, limit: int) -> int:
-    """Apply the events after the batch's position; return how many were applied."""
-    notes = source.read(batch.position, limit, projection.topics)
-    if not notes:
-        return 0
+def apply_notes(projection: Projection, notes: list[tuple[int, Any]], batch: Batch) -> None:
+    """Apply decoded notifications to the batch's rows and move its position past them."""
     events = [event for _, event in notes]
     rows = RowCache(projection.key, getattr(projection, "index", None))
     for column, values in projection.prefetch(events).items():
@@ -157,6 +159,40 @@ def run_batch(projection: Projection, source: EventSource, batch: Batch, limit: 
         projection.apply(event, rows)
     batch.write(rows.changed())
     batch.advance(notes[-1][0])
+
+
+def run_batch(projection: Projection, source: EventSource, batch: Batch, limit: int) -> int:
+    """Read and apply, both inside the batch's transaction (the switch needs that)."""
+    notes = source.read(batch.position, limit, projection.topics)
+    if notes:
+        apply_notes(projection, notes, batch)
+    return len(notes)
+
+
+def step(
+    projection: Projection,
+    source: EventSource,
+    store: ViewStore,
+    *,
+    copy: str | None = None,
+    limit: int = 2000,
+) -> int:
+    """Read the next events outside any transaction, then apply them in one.
+
+    Reading first keeps the write transaction (on SQLite, the database's one
+    write lock) as short as the writes. Returns how many events were applied,
+    0 when there were none, -1 when the copy moved meanwhile (another runner, a
+    switch): read again.
+    """
+    seen = store.position(projection, copy)
+    notes = source.read(seen[1], limit, projection.topics)
+    if not notes:
+        return 0
+    batch_of = store.live_batch(projection) if copy is None else store.copy_batch(projection, copy)
+    with batch_of as batch:
+        if (batch.copy, batch.position) != seen:
+            return -1
+        apply_notes(projection, notes, batch)
     return len(notes)
 
 
@@ -165,12 +201,9 @@ def catch_up(
 ) -> int:
     """Apply everything after the live copy's position; return how many events."""
     total = 0
-    while True:
-        with store.live_batch(projection) as batch:
-            done = run_batch(projection, source, batch, limit)
-        if done == 0:
-            return total
-        total += done
+    while done := step(projection, source, store, limit=limit):
+        total += max(done, 0)
+    return total
 
 
 class ReadAhead:
@@ -231,8 +264,7 @@ def rebuild(
     the switch. Returns the name of the new live copy.
     """
     copy = store.begin_rebuild(projection)
-    with store.copy_batch(projection, copy) as batch:
-        position = batch.position
+    _, position = store.position(projection, copy)
     progress = RebuildProgress(
         copy, source.count(0, projection.topics) - source.count(position, projection.topics), 0
     )
@@ -240,8 +272,8 @@ def rebuild(
     on_progress(progress)
     ahead = ReadAhead(source)
     try:
-        for done in _batches(lambda: store.copy_batch(projection, copy), projection, ahead, limit):
-            progress.done += done
+        while done := step(projection, ahead, store, copy=copy, limit=limit):
+            progress.done += max(done, 0)
             progress.total = max(progress.total, progress.done)
             on_progress(progress)
     finally:
@@ -252,17 +284,3 @@ def rebuild(
     progress.total = progress.done
     on_progress(progress)
     return copy
-
-
-def _batches(
-    open_batch: Callable[[], AbstractContextManager[Batch]],
-    projection: Projection,
-    source: EventSource,
-    limit: int,
-) -> Iterator[int]:
-    while True:
-        with open_batch() as batch:
-            done = run_batch(projection, source, batch, limit)
-        if done == 0:
-            return
-        yield done
