@@ -38,7 +38,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-import psycopg
+
+from pipeline import drop_database, fresh_database  # the same fresh-database helpers
 
 from domain.attempt import ProvisioningAttempt
 from domain.brand import Brand
@@ -55,20 +56,7 @@ from infrastructure.views import (
 )
 from projections.core import rebuild
 
-LOCAL_PG = "postgresql://root@127.0.0.1:5432"
 EVENTS_PER_BRAND = 14  # 4 brand events, 6 of a failed attempt, 4 of a promoted one
-
-
-def fresh_database() -> tuple[str, str]:
-    name = f"provisioner_readbench_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(f"{LOCAL_PG}/postgres", autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    return f"{LOCAL_PG}/{name}", name
-
-
-def drop_database(name: str) -> None:
-    with psycopg.connect(f"{LOCAL_PG}/postgres", autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 def brand_with_history(index: int, now: datetime) -> tuple[list[Any], str, Any]:
