@@ -42,6 +42,12 @@ _EVENTS = (
     A.CandidateHandedOver,
 )
 
+# Only these can change what is owed (the rest leave every input of the rule alone).
+_CHANGES_OWED = frozenset(
+    {A.Started, A.SurplusCreated, A.CandidateAccepted, A.CandidateDropped, *_TERMINAL,
+     A.CandidateReleased, A.CandidateHandedOver}
+)  # fmt: skip
+
 
 class Attempts:
     name = "attempts"
@@ -73,41 +79,40 @@ class Attempts:
     )
     topics = tuple(get_topic(cls) for cls in _EVENTS)
 
-    def prefetch(self, events: Sequence[Any]) -> dict[str, set[str]]:
+    def prefetch(self, events: Sequence[Any], rows: RowCache) -> dict[str, set[str]]:
         started = {e.originator_id for e in events if isinstance(e, A.Started)}
-        return {
-            "attempt_id": {str(e.originator_id) for e in events if e.originator_id not in started}
-        }
+        return {"attempt_id": {rows.key_of(e) for e in events if e.originator_id not in started}}
 
     def apply(self, event: Any, rows: RowCache) -> None:
         if isinstance(event, A.Started):
-            row = self._started(event)
+            row = self._started(event, rows.key_of(event))
         else:
-            found = rows.get(str(event.originator_id))
+            found = rows.get(rows.key_of(event))
             if found is None:
                 raise LookupError(
                     f"{type(event).__name__} of unknown attempt {event.originator_id}"
                 )
             row = found
             self._change(event, row)
-        row["release_owed"] = len(
-            owed_releases(
-                row["created_ids"],
-                row["released_ids"],
-                row["candidate_id"],
-                AttemptState(row["state"]),
-                FailureReason(row["failure_reason"]) if row["failure_reason"] else None,
+        if type(event) in _CHANGES_OWED:
+            row["release_owed"] = len(
+                owed_releases(
+                    row["created_ids"],
+                    row["released_ids"],
+                    row["candidate_id"],
+                    AttemptState(row["state"]),
+                    FailureReason(row["failure_reason"]) if row["failure_reason"] else None,
+                )
             )
-        )
-        row["released"] = len(row["released_ids"])
+            row["released"] = len(row["released_ids"])
         row["updated_at"] = event.timestamp
         rows.put(row)
 
     @staticmethod
-    def _started(event: Any) -> Row:
+    def _started(event: Any, key: str) -> Row:
         existing = event.existing_workspace_id
         return {
-            "attempt_id": str(event.originator_id),
+            "attempt_id": key,
             "brand_id": event.brand_id,
             "title": event.title,
             "state": AttemptState.PENDING.value,

@@ -75,16 +75,16 @@ class BrandWorkspaces:
     )
     topics = tuple(get_topic(cls) for cls in (*_BRAND_EVENTS, *_ATTEMPT_STATE))
 
-    def prefetch(self, events: Sequence[Any]) -> dict[str, set[str]]:
-        brands = {str(e.originator_id) for e in events if isinstance(e, _BRAND_EVENTS)}
-        attempts = {str(e.originator_id) for e in events if type(e) in _ATTEMPT_STATE}
+    def prefetch(self, events: Sequence[Any], rows: RowCache) -> dict[str, set[str]]:
+        brands = {rows.key_of(e) for e in events if isinstance(e, _BRAND_EVENTS)}
+        attempts = {rows.key_of(e) for e in events if type(e) in _ATTEMPT_STATE}
         return {"id": brands, "attempt_id": attempts}
 
     def apply(self, event: Any, rows: RowCache) -> None:
         row: Row | None
         if isinstance(event, Brand.Registered):
             row = {
-                "id": str(event.originator_id),
+                "id": rows.key_of(event),
                 "brand_id": event.brand_id,
                 "title": event.title,
                 "lifecycle": ACTIVE,
@@ -93,12 +93,12 @@ class BrandWorkspaces:
                 "attempt_state": None,
             }
         elif type(event) in _ATTEMPT_STATE:
-            row = rows.by_index(str(event.originator_id))
+            row = rows.by_index(rows.key_of(event))
             if row is None:
                 return  # not (or no longer) its brand's current attempt
             row["attempt_state"] = _ATTEMPT_STATE[type(event)].value
         else:
-            row = rows.get(str(event.originator_id))
+            row = rows.get(rows.key_of(event))
             if row is None:
                 raise LookupError(
                     f"{type(event).__name__} of unregistered brand {event.originator_id}"

@@ -48,7 +48,7 @@ class Projection(Protocol):
     indexes: tuple[Index, ...]
     topics: tuple[str, ...]
 
-    def prefetch(self, events: Sequence[Any]) -> dict[str, set[str]]:
+    def prefetch(self, events: Sequence[Any], rows: RowCache) -> dict[str, set[str]]:
         """Column -> values: the stored rows a batch of events may change."""
         ...
 
@@ -69,6 +69,15 @@ class RowCache:
         self._rows: dict[str, Row] = {}
         self._by_index: dict[Any, str] = {}
         self._dirty: dict[str, None] = {}  # insertion-ordered set
+        self._keys: dict[Any, str] = {}
+
+    def key_of(self, event: Any) -> str:
+        """The event's originator id as text (converted once per aggregate and batch)."""
+        originator = event.originator_id
+        key = self._keys.get(originator)
+        if key is None:
+            key = self._keys[originator] = str(originator)
+        return key
 
     def add(self, rows: Sequence[Row]) -> None:
         for row in rows:
@@ -152,7 +161,7 @@ def apply_notes(projection: Projection, notes: list[tuple[int, Any]], batch: Bat
     """Apply decoded notifications to the batch's rows and move its position past them."""
     events = [event for _, event in notes]
     rows = RowCache(projection.key, getattr(projection, "index", None))
-    for column, values in projection.prefetch(events).items():
+    for column, values in projection.prefetch(events, rows).items():
         if values:
             rows.add(batch.load(column, values))
     for event in events:
