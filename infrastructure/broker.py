@@ -17,6 +17,8 @@ crashing its consumer there instead of looping.
 
 Publishing uses publisher confirms, and `mandatory` for everything but the
 integration events (an event nobody listens to yet is not an error).
+`publish_many` (the relay's batches) sends every message of a batch and then
+awaits the broker's confirms once, instead of one round trip per message.
 
 `memory://` (kombu's in-memory transport) has no TTL, dead-lettering or
 confirms: delays are kept by `DelayScheduler`, a thread that publishes each
@@ -32,9 +34,12 @@ import json
 import logging
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import amqp
+from amqp import spec
 from kombu.connection import Connection
 from kombu.entity import Exchange, Queue
 from kombu.messaging import Producer
@@ -52,8 +57,25 @@ WAIT_PREFIX = "provisioning.wait."
 WORK_KEY, COMMAND_KEY, DEAD_KEY = "work", "command", "dead"
 
 
+CONFIRM_TIMEOUT_S = 30.0
+
+
 class Unroutable(RuntimeError):
     """The broker returned a mandatory message: no queue is bound for it."""
+
+
+class NotConfirmed(RuntimeError):
+    """The broker refused (nacked) a published message."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Envelope:
+    body: bytes
+    exchange: str
+    routing_key: str
+    headers: dict[str, Any] | None = None
+    mandatory: bool = True
+    declare: Queue | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,6 +200,7 @@ class Broker:
         self._returned: list[Any] = []
         self._declared: set[str] = set()
         self._producer: Producer | None = None
+        self._sequence = 0  # publishes on the producer's channel (its confirm tags)
 
     @property
     def producer(self) -> Producer:
@@ -186,6 +209,7 @@ class Broker:
             channel = self.connection.default_channel
             self.topology.declare(channel)
             self._producer = Producer(channel, on_return=self._on_return)
+            self._sequence = 0
         return self._producer
 
     def _on_return(self, _exc: Any, exchange: str, routing_key: str, _message: Any) -> None:
@@ -201,21 +225,134 @@ class Broker:
         self, message: Message, delay_s: float = 0.0, headers: dict[str, Any] | None = None
     ) -> None:
         """Publish a work or command message, after `delay_s` seconds if given."""
+        envelope = self._work(message, delay_s, headers)
+        if envelope is not None:
+            self._send_envelope(envelope)
+
+    def publish_many(
+        self,
+        work: Sequence[tuple[Message, float]],
+        events: Sequence[tuple[str, dict[str, Any]]] = (),
+    ) -> None:
+        """Publish work messages (with their delays) and integration events as one
+        batch: all sent, then every confirm awaited. Raises if any was returned or
+        refused; then the whole batch may be published again (duplicates are
+        harmless by design, losses are not)."""
+        envelopes = [e for m, d in work if (e := self._work(m, d, None)) is not None]
+        envelopes += [self._event(key, payload) for key, payload in events]
+        if not envelopes:
+            return
+        if is_memory(self.url):  # no confirms to batch
+            for envelope in envelopes:
+                self._send_envelope(envelope)
+            return
+        self._with_reconnect(lambda: self._publish_confirmed(envelopes))
+        if self._returned:
+            exchange, key = self._returned[0]
+            raise Unroutable(f"no queue bound for {exchange or '(default)'}/{key}")
+
+    def _work(
+        self, message: Message, delay_s: float, headers: dict[str, Any] | None
+    ) -> _Envelope | None:
+        """Where a work or command message goes; None when the scheduler keeps it."""
         key = COMMAND_KEY if message.type in COMMAND_TYPES else WORK_KEY
         delay_ms = round(delay_s * 1000)
         if delay_ms <= 0:
-            self._send(message.encode(), exchange=EXCHANGE, routing_key=key, headers=headers)
-        elif self.scheduler is not None:
+            return _Envelope(message.encode(), EXCHANGE, key, headers)
+        if self.scheduler is not None:
             self.scheduler.schedule(message, delay_s, headers)
-        else:
-            queue = self.topology.wait(delay_ms)
-            self._send(
-                message.encode(),
-                exchange="",
-                routing_key=queue.name,
-                headers=headers,
-                declare=queue,
-            )
+            return None
+        queue = self.topology.wait(delay_ms)
+        return _Envelope(message.encode(), "", queue.name, headers, declare=queue)
+
+    @staticmethod
+    def _event(routing_key: str, payload: dict[str, Any]) -> _Envelope:
+        body = json.dumps(payload, default=str).encode()
+        return _Envelope(body, EVENTS_EXCHANGE, routing_key, mandatory=False)
+
+    def _send_envelope(self, envelope: _Envelope) -> None:
+        self._send(
+            envelope.body,
+            exchange=envelope.exchange,
+            routing_key=envelope.routing_key,
+            headers=envelope.headers,
+            mandatory=envelope.mandatory,
+            declare=envelope.declare,
+        )
+
+    def _publish_confirmed(self, envelopes: list[_Envelope]) -> None:
+        """Send every envelope on the confirm-mode channel, then await their confirms.
+
+        Confirm tags are the channel's publish sequence numbers (1, 2, ... from
+        confirm.select), counted in `_sequence` for every publish on it. Confirms
+        are tracked through the channel's basic_ack/basic_nack events, which see
+        every confirm, also those that py-amqp reads while sending the next
+        message of the batch (it drains pending frames before each publish).
+        """
+        self._returned.clear()
+        channel: Any = self.producer.channel
+        if not channel._confirm_selected:  # kombu selects lazily, on its first publish
+            channel._confirm_selected = True
+            channel.confirm_select()
+        outstanding: set[int] = set()
+        refused: list[int] = []
+
+        def confirmed(delivery_tag: int, multiple: bool) -> set[int]:
+            done = {t for t in outstanding if t <= delivery_tag} if multiple else {delivery_tag}
+            outstanding.difference_update(done)
+            return done
+
+        def on_ack(delivery_tag: int, multiple: bool) -> None:
+            confirmed(delivery_tag, multiple)
+
+        def on_nack(delivery_tag: int, multiple: bool) -> None:
+            refused.extend(confirmed(delivery_tag, multiple))
+
+        channel.events["basic_ack"].add(on_ack)
+        channel.events["basic_nack"].add(on_nack)
+        try:
+            for envelope in envelopes:
+                if envelope.declare is not None and envelope.declare.name not in self._declared:
+                    envelope.declare.bind(channel).declare()
+                    self._declared.add(envelope.declare.name)
+                message = amqp.Message(
+                    envelope.body,
+                    content_type="application/json",
+                    content_encoding="utf-8",
+                    application_headers=envelope.headers or {},
+                    delivery_mode=2,
+                )
+                self._sequence += 1
+                outstanding.add(self._sequence)
+                channel._basic_publish(
+                    message,
+                    exchange=envelope.exchange,
+                    routing_key=envelope.routing_key,
+                    mandatory=envelope.mandatory,
+                )
+            while outstanding:
+                channel.wait([spec.Basic.Ack, spec.Basic.Nack], timeout=CONFIRM_TIMEOUT_S)
+        finally:
+            channel.events["basic_ack"].discard(on_ack)
+            channel.events["basic_nack"].discard(on_nack)
+        if refused:
+            raise NotConfirmed(f"the broker refused {len(refused)} message(s) of a batch")
+
+    def _with_reconnect(self, send: Any) -> None:
+        for attempt in (1, 2):
+            try:
+                send()
+            except self.connection.connection_errors as exc:
+                log.warning("publish failed (%s); reconnecting", exc)
+                self._producer = None
+                self._declared.clear()
+                broken, self.connection = self.connection, self.connection.clone()
+                with contextlib.suppress(Exception):
+                    broken.release()
+                if attempt == 2:
+                    raise
+            else:
+                return
 
     def publish_dead(self, body: bytes, reason: str, errors: dict[str, Any], source: str) -> None:
         headers = {
@@ -226,8 +363,7 @@ class Broker:
         self._send(body, exchange=EXCHANGE, routing_key=DEAD_KEY, headers=headers)
 
     def publish_event(self, routing_key: str, payload: dict[str, Any]) -> None:
-        body = json.dumps(payload, default=str).encode()
-        self._send(body, exchange=EVENTS_EXCHANGE, routing_key=routing_key, mandatory=False)
+        self._send_envelope(self._event(routing_key, payload))
 
     def _send(
         self,
@@ -239,33 +375,26 @@ class Broker:
         mandatory: bool = True,
         declare: Queue | None = None,
     ) -> None:
-        for attempt in (1, 2):
-            try:
-                self._returned.clear()
-                producer = self.producer
-                if declare is not None and declare.name not in self._declared:
-                    declare.bind(producer.channel).declare()
-                    self._declared.add(declare.name)
-                producer.publish(
-                    body,
-                    exchange=exchange,
-                    routing_key=routing_key,
-                    headers=headers or {},
-                    content_type="application/json",
-                    content_encoding="utf-8",
-                    delivery_mode=2,
-                    mandatory=mandatory and not is_memory(self.url),
-                    retry=False,
-                )
-                break
-            except self.connection.connection_errors as exc:
-                log.warning("publish failed (%s); reconnecting", exc)
-                self._producer = None
-                self._declared.clear()
-                broken, self.connection = self.connection, self.connection.clone()
-                with contextlib.suppress(Exception):
-                    broken.release()
-                if attempt == 2:
-                    raise
+
+        def send() -> None:
+            self._returned.clear()
+            producer = self.producer
+            if declare is not None and declare.name not in self._declared:
+                declare.bind(producer.channel).declare()
+                self._declared.add(declare.name)
+            producer.publish(
+                body,
+                exchange=exchange,
+                routing_key=routing_key,
+                headers=headers or {},
+                content_type="application/json",
+                content_encoding="utf-8",
+                delivery_mode=2,
+                mandatory=mandatory and not is_memory(self.url),
+                retry=False,
+            )
+            self._sequence += 1
+
+        self._with_reconnect(send)
         if self._returned:
             raise Unroutable(f"no queue bound for {exchange or '(default)'}/{routing_key}")

@@ -1,8 +1,8 @@
 """The relay: follows the notification log and publishes what the events imply.
 
 Position and publishing: read a batch after the tracked position, publish every
-message it implies (publisher confirms), then record the batch's last
-notification id. A crash between publishing and recording re-publishes that
+message it implies (all sent, then the publisher confirms awaited once), then
+record the batch's last notification id. A crash between publishing and recording re-publishes that
 batch on restart: harmless, since hops are idempotent and integration events
 carry a stable `event_id`. Only one relay should run per database (a second
 one would only duplicate messages, never lose them; its position write fails
@@ -30,7 +30,14 @@ from infrastructure.eventstore import (
     ProvisionerApplication,
     postgres_conninfo,
 )
-from infrastructure.outbox import TOPICS, OutboxMapper, load_position, save_position
+from infrastructure.outbox import (
+    TOPICS,
+    IntegrationEvent,
+    OutboxMapper,
+    Work,
+    load_position,
+    save_position,
+)
 from worker import metrics
 
 log = logging.getLogger("provisioner.relay")
@@ -71,19 +78,23 @@ class Relay:
         )
         if not notes:
             return 0
+        work: list[Work] = []
+        integration: list[IntegrationEvent] = []
         for note in notes:
-            event = self.app.mapper.to_domain_event(note)
-            work, integration = self.mapper.map(event)
-            for item in work:
-                self.broker.publish(item.message, delay_s=item.delay_s)
-            for out in integration:
-                self.broker.publish_event(out.routing_key, out.payload)
-            self.stats.work_published += len(work)
-            self.stats.events_published += len(integration)
-            for item in work:
-                metrics.RELAYED.labels(item.message.type).inc()
-            for out in integration:
-                metrics.RELAYED.labels(out.routing_key).inc()
+            implied_work, implied_events = self.mapper.map(self.app.mapper.to_domain_event(note))
+            work += implied_work
+            integration += implied_events
+        # One batch: every message sent, then the broker's confirms awaited once.
+        self.broker.publish_many(
+            [(item.message, item.delay_s) for item in work],
+            [(out.routing_key, out.payload) for out in integration],
+        )
+        self.stats.work_published += len(work)
+        self.stats.events_published += len(integration)
+        for item in work:
+            metrics.RELAYED.labels(item.message.type).inc()
+        for out in integration:
+            metrics.RELAYED.labels(out.routing_key).inc()
         last = notes[-1].id
         try:
             save_position(self.positions, last)

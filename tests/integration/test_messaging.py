@@ -648,6 +648,30 @@ def test_worker_and_relay_resume_after_the_broker_closes_every_connection(
 
 
 @pytest.mark.rabbitmq
+def test_a_batch_is_confirmed_whole_and_survives_closed_connections(rabbit_url: str) -> None:
+    """publish_many (the relay's batches) sends every message, then awaits every
+    confirm, also the confirms py-amqp reads while it sends the next message; a
+    connection the broker closes meanwhile means the batch is sent again."""
+    publisher = Broker(rabbit_url, scheduler=None)
+    sent: list[messages.Message] = []
+    try:
+        for n in range(40):
+            batch = [messages.hop(uuid4(), 0) for _ in range(5)]
+            publisher.publish_many(
+                [(m, 0.0) for m in batch], [("test.batch", {"n": n})]
+            )  # returns only when all six are confirmed
+            sent += batch
+            if n in (10, 25):
+                drop_connections(rabbit_url)
+        arrived = _receive_hops(rabbit_url, len(sent), timeout=10.0)
+    finally:
+        publisher.close()
+
+    received = {json.dumps(json.loads(body), sort_keys=True) for _, body in arrived}
+    assert {json.dumps(json.loads(m.encode()), sort_keys=True) for m in sent} <= received
+
+
+@pytest.mark.rabbitmq
 def test_a_publisher_survives_a_closed_connection_on_a_delayed_publish(rabbit_url: str) -> None:
     """The relay's first publish after the broker dropped its connection may be a hop
     with a delay this connection has not declared a wait queue for yet."""
