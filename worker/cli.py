@@ -386,7 +386,7 @@ def projections_status(as_json: bool) -> None:
         table = Table()
         columns = ("projection", "copy", "position", "head", "behind", "rows", "rebuilding")
         for column in columns:
-            table.add_column(column)
+            table.add_column(column, no_wrap=column in ("projection", "copy"))
         for item in report:
             table.add_row(*("" if item[c] is None else str(item[c]) for c in columns))
         Console().print(table)

@@ -12,7 +12,7 @@ import logging
 import threading
 from collections.abc import Sequence
 
-from prometheus_client import Counter
+from prometheus_client import Counter, Gauge
 
 from infrastructure.eventstore import ProvisionerApplication, is_postgres
 from infrastructure.views import PROJECTIONS, LogSource, SqlViewStore
@@ -22,6 +22,9 @@ from worker.relay import _Poller, _PostgresListener
 log = logging.getLogger("provisioner.projections")
 PROJECTED = Counter(
     "provisioner_projected_events_total", "Events applied to projections", ["projection"]
+)
+POSITION = Gauge(
+    "provisioner_projection_position", "Notification id a projection applied up to", ["projection"]
 )
 
 
@@ -52,6 +55,7 @@ class Projector:
             count = catch_up(projection, source, store, limit=self.batch)
             if count:
                 PROJECTED.labels(projection.name).inc(count)
+                POSITION.labels(projection.name).set(store.position(projection)[1])
             done += count
         self.applied += done
         return done
