@@ -61,6 +61,7 @@ class Relay:
         database_url: str,
         batch_size: int = 500,
         poll_s: float = 0.2,
+        linger_s: float = 0.01,
     ) -> None:
         self.app = app
         self.broker = broker
@@ -68,6 +69,7 @@ class Relay:
         self.database_url = database_url
         self.batch_size = batch_size
         self.poll_s = poll_s
+        self.linger_s = linger_s
         self.mapper = OutboxMapper(app)
         self.stats = RelayStats(position=load_position(positions))
 
@@ -120,8 +122,14 @@ class Relay:
             try:
                 with self._listener() as wait:
                     while not stop.is_set():
-                        if self.pump() == 0:
+                        if self.pump() < self.batch_size:
+                            # Caught up: sleep until a save notifies, then linger a
+                            # moment so that one read and one batch of confirms
+                            # covers the saves committing meanwhile (under load a
+                            # wake-up per save cost a query, a tracking write and a
+                            # confirm round trip each).
                             wait(stop)
+                            stop.wait(self.linger_s)
                         pause = 0.5
             except Exception as exc:  # noqa: BLE001 - supervise: log, back off, resume
                 log.warning(
