@@ -89,7 +89,8 @@ class _Dialect:
         if kind == LIST:
             return json.dumps(value)
         if kind == TS and not self.postgres:
-            return value.isoformat(timespec="microseconds")
+            # One offset for every stored time, so that text order is time order.
+            return value.astimezone(UTC).isoformat(timespec="microseconds")
         return value
 
     def from_db(self, kind: str, value: Any) -> Any:
@@ -257,7 +258,11 @@ class SqlViewStore:
             raise ViewsNotInitialised(
                 "the projection tables are missing: run `provisioner db init` first"
             )
-        self.setup()
+        with self._tx(immediate=False) as cur:
+            sql = "SELECT count(*) AS n FROM sqlite_master WHERE type = 'view' AND name = ?"
+            views = sum(self._one(cur, sql, name)["n"] for name in PROJECTIONS)
+        if views < len(PROJECTIONS):
+            self.setup()  # SQLite and memory stores set themselves up
 
     def _registry(self, cur: Any, name: str, lock: str = "") -> dict[str, Any]:
         p = self.dialect.p
@@ -340,7 +345,8 @@ class SqlViewStore:
             }
             for proj in PROJECTIONS.values():
                 entry = self._registry(cur, proj.name)
-                rows = self._one(cur, f"SELECT count(*) AS n FROM {entry['live']}")["n"]
+                # Through the view: a switch may drop the copy named in `entry`.
+                rows = self._one(cur, f"SELECT count(*) AS n FROM {proj.name}")["n"]
                 position = positions.get(entry["live"], 0)
                 item = {
                     "projection": proj.name,
@@ -430,8 +436,8 @@ class _SqlBatch:
     def write(self, rows: list[Row]) -> None:
         if not rows:
             return
-        # Rows letting go of a unique value first (SQLite checks uniqueness per row).
-        rows = sorted(rows, key=lambda r: all(r.get(c) is not None for c in self._unique))
+        if not self.store.dialect.postgres:
+            self._release_unique_values(rows)
         to_db = self.store.dialect.to_db
         names = list(self.proj.columns)
         convert = [
@@ -450,6 +456,22 @@ class _SqlBatch:
         else:
             self.cur.executemany(self._upsert, params)
 
+    def _release_unique_values(self, rows: list[Row]) -> None:
+        """SQLite checks a unique index row by row, not at commit: a workspace passing
+        from one stored row to another within the batch would collide with the
+        value the other row still holds. Clearing the batch's rows' unique values
+        first (in the same transaction) lets the upserts set them in any order."""
+        if not self._unique:
+            return
+        keys = [row[self.proj.key] for row in rows]
+        clear = ", ".join(f"{column} = NULL" for column in self._unique)
+        for start in range(0, len(keys), 500):
+            chunk = keys[start : start + 500]
+            marks = ", ".join("?" * len(chunk))
+            self.cur.execute(
+                f"UPDATE {self.copy} SET {clear} WHERE {self.proj.key} IN ({marks})", chunk
+            )
+
     def _copy_upsert(self, params: list[tuple[Any, ...]]) -> None:
         """Many rows: COPY them into a session-local staging table, upsert from there.
 
@@ -457,10 +479,13 @@ class _SqlBatch:
         """
         stage = f"stage_{self.copy}"
         cols = ", ".join(self.proj.columns)
+        # Dropped at commit; emptied first, since one transaction (the switch)
+        # may write several batches.
         self.cur.execute(
             f"CREATE TEMP TABLE IF NOT EXISTS {stage} "
-            f"(LIKE {self.copy} INCLUDING DEFAULTS) ON COMMIT DELETE ROWS"
+            f"(LIKE {self.copy} INCLUDING DEFAULTS) ON COMMIT DROP"
         )
+        self.cur.execute(f"TRUNCATE {stage}")
         with self.cur.copy(f"COPY {stage} ({cols}) FROM STDIN") as copy:
             for row in params:
                 copy.write_row(row)

@@ -145,17 +145,17 @@ class Attempts:
         elif isinstance(event, A.CandidateDropped):
             row["candidate_id"] = None
             row["provenance"] = None
-            row["last_error"] = event.status
+            row["last_error"] = event.status or None
         elif isinstance(event, A.HopScheduled):
             row["next_hop"] = event.hop
             row["next_hop_due"] = event.not_before
-            row["last_error"] = event.last_status
+            row["last_error"] = event.last_status or None
         elif type(event) in _TERMINAL:
             row["state"] = _TERMINAL[type(event)].value
             row["finished_at"] = event.timestamp
             row["next_hop_due"] = None
             if isinstance(event, A.Failed):
                 row["failure_reason"] = event.reason
-                row["last_error"] = event.message
+                row["last_error"] = event.message or None
         elif isinstance(event, (A.CandidateReleased, A.CandidateHandedOver)):
             row["released_ids"] = [*row["released_ids"], event.workspace_id]

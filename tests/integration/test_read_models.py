@@ -13,15 +13,19 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
 import pytest
 from click.testing import CliRunner
 
+from domain.attempt import ProvisioningAttempt
+from domain.brand import Brand
+from domain.policies import Provenance
 from infrastructure.eventstore import ProvisionerApplication, open_event_store
 from infrastructure.fake_gateway import FakeGateway
 from infrastructure.gateway import HttpGateway
@@ -468,3 +472,95 @@ def test_a_rebuild_beside_the_live_runner_under_writes_loses_and_doubles_nothing
     with SqlViewStore(pg_database) as views:
         assert_projections_match(app, views, head, tries=1)
     app.close()
+
+
+# --------------------------------------------------------------------------- review findings
+
+
+def test_several_large_writes_in_one_transaction_keep_each_rows_latest_state(
+    store: SqlViewStore,
+) -> None:
+    """The switch writes several batches in one transaction: a staged (COPY) write
+    must not re-apply rows staged by an earlier write of the same transaction."""
+    projection = PROJECTIONS["attempts"]
+    now = datetime.now(UTC)
+
+    def row(key: str, hops: int) -> dict[str, Any]:
+        return {
+            "attempt_id": key, "brand_id": "b-stage", "title": "T", "state": "pending",
+            "hops_used": hops, "next_hop": 0, "candidate_id": None, "provenance": None,
+            "failure_reason": None, "last_error": None, "started_at": now, "finished_at": None,
+            "next_hop_due": now, "created_ids": [], "released_ids": [], "release_owed": 0,
+            "released": 0, "updated_at": now,
+        }  # fmt: skip
+
+    class Rollback(Exception):
+        pass
+
+    seen: list[int] = []
+
+    def write_three_batches_then_roll_back() -> None:
+        with store.live_batch(projection) as batch:
+            batch.write([row(f"stage-a-{n}", 0) for n in range(70)])  # staged
+            batch.write([row("stage-a-0", 70)])  # one row: a plain upsert
+            batch.write([row(f"stage-b-{n}", 0) for n in range(70)])  # staged again
+            seen.extend(r["hops_used"] for r in batch.load("attempt_id", {"stage-a-0"}))
+            raise Rollback  # leave the shared live copy as it was
+
+    with pytest.raises(Rollback):
+        write_three_batches_then_roll_back()
+    assert seen == [70]
+
+
+def test_a_workspace_handed_from_one_brand_to_another_within_one_batch(
+    app: ProvisionerApplication, store: SqlViewStore
+) -> None:
+    head = app.recorder.max_notification_id() or 0
+    suffix = uuid.uuid4().hex[:8]
+    shared, other = f"ws-shared-{suffix}", f"ws-other-{suffix}"
+    a = Brand.register(f"a-{suffix}", "A", "p")
+    b = Brand.register(f"b-{suffix}", "B", "p")
+    first = ProvisioningAttempt.start(a.brand_id, "A", "p", None, max_hop=3)
+    a.begin_attempt(first.id, "A", "p")
+    first.accept_candidate(shared, Provenance.CREATED, 0)
+    first.promote(0)
+    a.bind(shared, first.id)
+    app.save(a, b, first)
+    catch_up_all(app, store)  # both rows stored; A holds the workspace
+    took = ProvisioningAttempt.start(b.brand_id, "B", "p", None, max_hop=3)
+    b.begin_attempt(took.id, "B", "p")  # B's row now comes first in the batch
+    a.deactivate()
+    a.start_decommission()
+    a.unbind("decommissioned", 0)
+    took.accept_candidate(shared, Provenance.ADOPTED, 0)
+    took.promote(0)
+    b.bind(shared, took.id)
+    a.reactivate()
+    again = ProvisioningAttempt.start(a.brand_id, "A", "p", None, max_hop=3)
+    a.begin_attempt(again.id, "A", "p")
+    again.accept_candidate(other, Provenance.CREATED, 0)
+    again.promote(0)
+    a.bind(other, again.id)
+    app.save(b, took)
+    app.save(a, again)
+
+    catch_up_all(app, store)  # one batch: used to fail SQLite's unique index forever
+
+    assert brand_workspace(store, b.brand_id)["workspace_id"] == shared  # type: ignore[index]
+    assert brand_workspace(store, a.brand_id)["workspace_id"] == other  # type: ignore[index]
+    assert_projections_match(app, store, head)
+
+
+def test_times_with_an_offset_select_the_same_attempts_as_utc(
+    app: ProvisionerApplication, store: SqlViewStore
+) -> None:
+    [brand_id] = seed_histories(app, 1)
+    catch_up_all(app, store)
+    plus_two = timezone(timedelta(hours=2))
+    minus_five = timezone(timedelta(hours=-5))
+
+    earlier = datetime.now(plus_two) - timedelta(minutes=1)
+    later = datetime.now(minus_five) + timedelta(minutes=1)
+
+    assert len(list_attempts(store, since=earlier, brand_id=brand_id)) == 1
+    assert list_attempts(store, since=later, brand_id=brand_id) == []
