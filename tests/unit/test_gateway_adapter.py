@@ -705,3 +705,51 @@ def test_keep_alive_transport_undoes_gzip_and_reads_retry_after() -> None:
         assert gateway.status("ws-1") == "created"
     server.close()
     assert slept == [0.25]
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
+        b'9\r\n{"status"\r\n0c;ext=1\r\n: "created"}\r\n0\r\nX-Trailer: t\r\n\r\n',
+        b'HTTP/1.0 200 OK\r\nContent-Type: application/json\r\n\r\n{"status": "created"}',
+        b"HTTP/1.1 100 Continue\r\n\r\n"
+        b'HTTP/1.1 200 OK\r\nContent-Length: 21\r\nConnection: close\r\n\r\n{"status": "created"}',
+    ],
+    ids=["chunked", "http1.0-to-close", "interim-100"],
+)
+def test_keep_alive_transport_reads_every_body_framing(answer: bytes) -> None:
+    def script(conn: socket.socket, _n: int) -> None:
+        _read_request(conn)
+        conn.sendall(answer)
+
+    server = _OneShotServer(script)
+    with HttpGateway(server.url, TOKEN, retries=0) as gateway:
+        assert gateway.status("ws-1") == "created"
+        assert gateway.status("ws-1") == "created"  # a second connection: not kept
+    server.close()
+    assert server.connections == 2
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        b"garbage\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nContent-Length: 50\r\n\r\n{}",
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+        b"HTTP/1.1 200 OK\r\nno colon here\r\n\r\n",
+    ],
+    ids=["status-line", "short-body", "chunk-size", "header-line"],
+)
+def test_keep_alive_transport_malformed_answers_are_protocol_errors(answer: bytes) -> None:
+    def script(conn: socket.socket, _n: int) -> None:
+        _read_request(conn)
+        conn.sendall(answer)
+
+    server = _OneShotServer(script)
+    with (
+        HttpGateway(server.url, TOKEN, retries=0) as gateway,
+        pytest.raises(AmbiguousCreate, match="RemoteProtocolError"),
+    ):
+        gateway.create_child(PARENT, "T")
+    server.close()
