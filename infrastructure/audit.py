@@ -2,7 +2,7 @@
 and every event of each, oldest first. JSON shapes (other tools rely on them):
 
     status  -> {brand_id, title, lifecycle, status, workspace_id, attempt_id}
-    pointer -> {brand_id, at, workspace_id, attempt_id, lifecycle}
+    pointer -> {brand_id, at, workspace_id, attempt_id (the one that bound it), lifecycle}
     history -> [{attempt_id, state, events: [{at, type, hop, workspace_id,
                  provenance, reason}, ...]}, ...]
 """
@@ -85,23 +85,23 @@ class NotYetRegistered(ProvisionerError):
 
 
 def pointer_at(service: ProvisioningService, brand_id: str, at: datetime) -> dict[str, Any]:
-    """The workspace the brand was bound to at `at`: its events replayed up to then."""
-    brand = service.brand(brand_id)
+    """The workspace the brand was bound to at `at` (its stream replayed up to then),
+    and the attempt that bound it."""
+    brand, events = _replayed(service, brand_aggregate_id(brand_id))
+    if not isinstance(brand, Brand):
+        raise UnknownBrand(f"no brand {brand_id!r} is registered")
     workspace_id: str | None = None
-    attempt_id: UUID | None = None
+    bound_by: UUID | None = None
     lifecycle = ACTIVE
     seen = False
-    events: list[Any] = list(service.app.events.get(brand.id))
     for event in events:
         if event.timestamp > at:
             break
         seen = True
-        if isinstance(event, Brand.AttemptBegun):
-            attempt_id = event.attempt_id
-        elif isinstance(event, Brand.WorkspaceBound):
-            workspace_id = event.workspace_id
+        if isinstance(event, Brand.WorkspaceBound):
+            workspace_id, bound_by = event.workspace_id, event.attempt_id
         elif isinstance(event, Brand.WorkspaceUnbound):
-            workspace_id = None
+            workspace_id = bound_by = None
         elif isinstance(event, Brand.Deactivated):
             lifecycle = DEACTIVATED
         elif isinstance(event, Brand.Reactivated):
@@ -115,6 +115,6 @@ def pointer_at(service: ProvisioningService, brand_id: str, at: datetime) -> dic
         "brand_id": brand_id,
         "at": at.isoformat(),
         "workspace_id": workspace_id,
-        "attempt_id": str(attempt_id) if attempt_id else None,
+        "attempt_id": str(bound_by) if bound_by else None,
         "lifecycle": lifecycle,
     }

@@ -569,9 +569,11 @@ def list_attempts(
     brand_id: str | None = None,
     limit: int = 100,
     now: datetime | None = None,
+    stuck_after: tuple[datetime, str] | None = None,
 ) -> list[Row]:
     """Rows of `attempts`, newest first. Stuck = pending with the next hop overdue
-    by more than `overdue_s` (oldest due first)."""
+    by more than `overdue_s`, most overdue first; `stuck_after` (the last row's
+    next_hop_due and attempt_id) pages through them."""
     where: list[str] = []
     params: list[Any] = []
     to_db = store.dialect.to_db
@@ -579,6 +581,10 @@ def list_attempts(
         cutoff = (now or datetime.now(UTC)) - timedelta(seconds=overdue_s)
         where += ["state = 'pending'", "next_hop_due < ?"]
         params.append(to_db(TS, cutoff))
+        if stuck_after is not None:
+            due = to_db(TS, stuck_after[0])
+            where.append("(next_hop_due > ? OR (next_hop_due = ? AND attempt_id > ?))")
+            params += [due, due, stuck_after[1]]
     elif state:
         where.append("state = ?")
         params.append(state)
@@ -588,7 +594,7 @@ def list_attempts(
     if brand_id is not None:
         where.append("brand_id = ?")
         params.append(brand_id)
-    order = "next_hop_due" if stuck else "started_at DESC"
+    order = "next_hop_due, attempt_id" if stuck else "started_at DESC"
     return store.rows(
         PROJECTIONS["attempts"], " AND ".join(where), params, order=order, limit=limit
     )

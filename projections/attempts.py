@@ -8,6 +8,8 @@ Definitions:
 - `next_hop_due`: while pending, when the next hop may run (the start for hop
   0); None once terminal. Stuck = pending with this overdue.
 - `last_error`: the last status or failure message the attempt recorded.
+- `create_unresolved`: 1 while a create was requested and nothing came of it
+  yet (the workspace may still appear upstream: ours to find and release).
 - `release_owed` / `released`: how many created workspaces are owed a release
   (decided by `domain.policies.owed_releases`, as the aggregate decides) and
   how many were released or handed over.
@@ -70,6 +72,7 @@ class Attempts:
         "released_ids": LIST,
         "release_owed": INT,
         "released": INT,
+        "create_unresolved": INT,
         "updated_at": TS,
     }
     indexes: tuple[Index, ...] = (
@@ -127,6 +130,7 @@ class Attempts:
             "next_hop_due": event.timestamp,
             "created_ids": [],
             "released_ids": [],
+            "create_unresolved": 0,
         }
 
     @staticmethod
@@ -135,11 +139,15 @@ class Attempts:
         if hop is not None:
             ran = hop if isinstance(event, A.HopScheduled) else hop + 1
             row["hops_used"] = max(row["hops_used"], ran)
-        if isinstance(event, A.SurplusCreated):
+        if isinstance(event, A.CreateRequested):
+            row["create_unresolved"] = 1
+        elif isinstance(event, A.SurplusCreated):
             row["created_ids"] = [*row["created_ids"], event.workspace_id]
+            row["create_unresolved"] = 0
         elif isinstance(event, A.CandidateAccepted):
             row["candidate_id"] = event.workspace_id
             row["provenance"] = event.provenance
+            row["create_unresolved"] = 0
             if event.provenance == "created":
                 row["created_ids"] = [*row["created_ids"], event.workspace_id]
         elif isinstance(event, A.CandidateDropped):
@@ -159,3 +167,5 @@ class Attempts:
                 row["last_error"] = event.message or None
         elif isinstance(event, (A.CandidateReleased, A.CandidateHandedOver)):
             row["released_ids"] = [*row["released_ids"], event.workspace_id]
+            if isinstance(event, A.CandidateReleased):
+                row["create_unresolved"] = 0

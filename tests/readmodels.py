@@ -88,6 +88,7 @@ def expected_attempt_row(app: ProvisionerApplication, attempt_id: UUID) -> dict[
         "released_ids": list(attempt.released_ids),
         "release_owed": len(attempt.owed_releases),
         "released": len(attempt.released_ids),
+        "create_unresolved": int(attempt.create_unresolved),
         "updated_at": attempt.modified_on,
     }
 

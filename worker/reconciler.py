@@ -2,21 +2,27 @@
 
 Each sweep reads the projections and re-publishes what should have happened:
 - a hop for every pending attempt whose next hop is overdue by `overdue_s`;
-- a release for every ended attempt that has owed one for `grace_s`;
+- a release for every ended attempt that has owed one for `grace_s`, or whose
+  create is unresolved (the workspace may still appear upstream: the release
+  looks for it again) during `orphan_window_s` after it ended;
 - a decommission for every deactivated brand still bound `grace_s` later.
 
 Every message it sends is one the engine handles idempotently (a hop that is
 not the attempt's expected one changes nothing; releases and decommissions
 re-check the attempt and the claims first), so it is safe to run anywhere, any
-number of times, beside a healthy relay. Re-publishing is enough to end every
-attempt: each hop that runs either ends it or schedules the next, and the hop
-budget fails it `exhausted` at the end.
+number of times, beside a healthy relay. What it sent it does not send again
+for `resend_s`, and stuck attempts are paged through, so a long worker outage
+neither floods the queue nor starves the attempts beyond the first page.
+Re-publishing is enough to end every attempt: each hop that runs either ends
+it or schedules the next, and the hop budget fails it `exhausted` at the end.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from uuid import UUID
@@ -26,6 +32,7 @@ from prometheus_client import Counter
 from infrastructure import messages
 from infrastructure.broker import Broker
 from infrastructure.views import PROJECTIONS, SqlViewStore, list_attempts
+from projections.core import Row
 
 log = logging.getLogger("provisioner.reconciler")
 REPUBLISHED = Counter(
@@ -45,6 +52,9 @@ class SweepReport:
 
 
 class Reconciler:
+    """Sweeps the projections; remembers what it sent for `resend_s` so that an
+    outage of the workers does not turn every sweep into the same burst."""
+
     def __init__(
         self,
         views_url: str,
@@ -53,34 +63,44 @@ class Reconciler:
         grace_s: float = 60.0,
         limit: int = 1000,
         interval_s: float = 30.0,
+        resend_s: float = 300.0,
+        orphan_window_s: float = 3600.0,
     ) -> None:
         self.views_url = views_url
         self.overdue_s = overdue_s
         self.grace_s = grace_s
         self.limit = limit
         self.interval_s = interval_s
+        self.resend_s = resend_s
+        self.orphan_window_s = orphan_window_s
+        self._sent: dict[tuple[str, str, int], float] = {}
+
+    def _fresh(self, kind: str, key: str, hop: int = 0) -> bool:
+        """True (and remembered) unless this message went out less than resend_s ago."""
+        now = time.monotonic()
+        if now - self._sent.get((kind, key, hop), -1e18) < self.resend_s:
+            return False
+        self._sent[(kind, key, hop)] = now
+        return True
 
     def sweep(
         self, store: SqlViewStore, broker: Broker, now: datetime | None = None
     ) -> SweepReport:
         now = now or datetime.now(UTC)
+        horizon = time.monotonic() - self.resend_s
+        self._sent = {k: t for k, t in self._sent.items() if t > horizon}
         report = SweepReport()
-        for row in list_attempts(
-            store, stuck=True, overdue_s=self.overdue_s, limit=self.limit, now=now
-        ):
-            broker.publish(messages.hop(UUID(row["attempt_id"]), row["next_hop"]))
-            report.hops += 1
+        for row in self._stuck(store, now):
+            if report.hops >= self.limit:
+                break
+            if self._fresh("hop", row["attempt_id"], row["next_hop"]):
+                broker.publish(messages.hop(UUID(row["attempt_id"]), row["next_hop"]))
+                report.hops += 1
+        for row in self._owing(store, now):
+            if self._fresh("release", row["attempt_id"]):
+                broker.publish(messages.release(UUID(row["attempt_id"])))
+                report.releases += 1
         before = store.dialect.to_db("ts", now - timedelta(seconds=self.grace_s))
-        owed = store.rows(
-            PROJECTIONS["attempts"],
-            # A pending attempt's surplus is released when the attempt ends.
-            "release_owed > 0 AND state <> 'pending' AND updated_at < ?",
-            [before],
-            limit=self.limit,
-        )
-        for row in owed:
-            broker.publish(messages.release(UUID(row["attempt_id"])))
-            report.releases += 1
         bound = store.rows(
             PROJECTIONS["brand_workspaces"],
             "lifecycle = 'deactivated' AND workspace_id IS NOT NULL AND updated_at < ?",
@@ -88,8 +108,9 @@ class Reconciler:
             limit=self.limit,
         )
         for row in bound:
-            broker.publish(messages.decommission(row["brand_id"]))
-            report.decommissions += 1
+            if self._fresh("decommission", row["brand_id"]):
+                broker.publish(messages.decommission(row["brand_id"]))
+                report.decommissions += 1
         for kind, count in (("hop", report.hops), ("release", report.releases),
                             ("decommission", report.decommissions)):  # fmt: skip
             if count:
@@ -100,6 +121,29 @@ class Reconciler:
                 report.hops, report.releases, report.decommissions,
             )  # fmt: skip
         return report
+
+    def _stuck(self, store: SqlViewStore, now: datetime) -> Iterator[Row]:
+        """Every overdue pending attempt, most overdue first, a page at a time."""
+        after: tuple[datetime, str] | None = None
+        while page := list_attempts(
+            store, stuck=True, overdue_s=self.overdue_s, limit=500, now=now, stuck_after=after
+        ):
+            yield from page
+            after = (page[-1]["next_hop_due"], page[-1]["attempt_id"])
+
+    def _owing(self, store: SqlViewStore, now: datetime) -> list[Row]:
+        """Ended attempts that owe a release, or whose unresolved create may still
+        show up upstream (looked for again during `orphan_window_s`)."""
+        before = store.dialect.to_db("ts", now - timedelta(seconds=self.grace_s))
+        window = store.dialect.to_db("ts", now - timedelta(seconds=self.orphan_window_s))
+        return store.rows(
+            PROJECTIONS["attempts"],
+            # A pending attempt's surplus is released when the attempt ends.
+            "state NOT IN ('pending', 'promoted') AND updated_at < ? AND "
+            "(release_owed > 0 OR (create_unresolved = 1 AND finished_at > ?))",
+            [before, window],
+            limit=self.limit,
+        )
 
     def run(self, stop: threading.Event, broker: Broker) -> None:
         """Sweep every `interval_s` until `stop` is set; a failure is logged and retried."""

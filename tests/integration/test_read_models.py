@@ -353,7 +353,9 @@ def test_attempts_and_pointer_answer_from_the_command_line(
     assert [row["attempt_id"] for row in stuck] == [str(waiting)]
     assert len(later) == 1
     assert at_bind["workspace_id"] == done.workspace_id
+    assert at_bind["attempt_id"] == str(first)
     assert now["workspace_id"] is None
+    assert now["attempt_id"] is None
     assert now["lifecycle"] == "deactivated"
     assert too_early.exit_code == 1
     assert "was not registered yet" in too_early.output

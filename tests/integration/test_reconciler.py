@@ -14,7 +14,7 @@ from domain.policies import AttemptState
 from infrastructure.eventstore import open_event_store
 from infrastructure.fake_gateway import FakeGateway
 from infrastructure.settings import Settings
-from infrastructure.views import PROJECTIONS, LogSource, SqlViewStore
+from infrastructure.views import PROJECTIONS, LogSource, SqlViewStore, list_attempts
 from projections.core import catch_up
 from tests.conftest import PARENT
 from tests.readmodels import FATES, seed_histories
@@ -46,7 +46,9 @@ def test_a_sweep_republishes_overdue_hops_and_owed_releases_only(tmp_path: Path)
         caught_up(app, store)
         now_report = Reconciler(url).sweep(store, broker)  # type: ignore[arg-type]
         later = datetime.now(UTC) + timedelta(hours=1)
-        later_report = Reconciler(url).sweep(store, broker, now=later)  # type: ignore[arg-type]
+        reconciler = Reconciler(url)
+        later_report = reconciler.sweep(store, broker, now=later)  # type: ignore[arg-type]
+        again = reconciler.sweep(store, broker, now=later)  # type: ignore[arg-type]
 
     # Now: pending hops are due in 5 s and cancelled candidates became owed just now.
     assert (now_report.hops, now_report.releases, now_report.decommissions) == (0, 0, 0)
@@ -55,6 +57,7 @@ def test_a_sweep_republishes_overdue_hops_and_owed_releases_only(tmp_path: Path)
     hops = [m for m in broker.sent if m.type == "hop"]
     assert {m.fields["hop"] for m in hops} == {1}
     assert all(m.type in ("hop", "release") for m in broker.sent)
+    assert again.total == 0  # sent a moment ago: not again before resend_s
     app.close()
 
 
@@ -92,3 +95,22 @@ def test_a_lost_hop_is_republished_and_the_attempt_completes(
                 thread.join(30)
         assert report.hops == 1
         assert runtime.service.attempt(attempt_id).state is AttemptState.PROMOTED
+
+
+def test_stuck_attempts_are_paged_through_in_due_order(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'events.sqlite'}"
+    app = open_event_store(url)
+    seed_histories(app, 6 * len(FATES))  # six pending attempts
+    later = datetime.now(UTC) + timedelta(hours=1)
+    with SqlViewStore(url) as store:
+        caught_up(app, store)
+        everything = list_attempts(store, stuck=True, now=later)
+        first = list_attempts(store, stuck=True, now=later, limit=4)
+        last = first[-1]
+        rest = list_attempts(
+            store, stuck=True, now=later, stuck_after=(last["next_hop_due"], last["attempt_id"])
+        )
+
+    assert len(everything) == 6
+    assert [r["attempt_id"] for r in first + rest] == [r["attempt_id"] for r in everything]
+    app.close()
