@@ -31,6 +31,7 @@ demo: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python bench/engine.py
 	$(BIN)/python bench/pipeline.py
+	$(BIN)/python bench/readmodels.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
