@@ -8,10 +8,14 @@ Runs the real processes: the fake gateway, `provisioner relay` and
 subprocesses. The benchmark process requests every brand (the request path,
 from 8 threads) and listens for `workspace.ready` on the integration-event
 exchange. Printed: end-to-end provisions/s (first request to last ready),
-hop latency p50/p99 (from the workers' Prometheus histograms), the largest
-worker RSS, and in the same run the raw kombu publish-with-confirms rate and
-the bare event-store save rate. With --latency-ms 100 it also reports the
-time for the whole batch (`seconds_for_1000_at_100ms` when --brands is 1000).
+hop latency p50/p99/mean (from the workers' Prometheus histograms), the share
+of slot time spent in hops (`slot_busy`), the largest worker RSS, CPU ms per
+provision of each process (workers, relay, fake, this process, this run's
+PostgreSQL backends and server processes, RabbitMQ), the machine's busy share,
+the share used by processes outside the run (`other_share`) and the load
+average, and in the same run the raw kombu publish-with-confirms rate and the
+bare event-store save rate. With --latency-ms 100 it also reports the time for
+the whole batch (`seconds_for_1000_at_100ms` when --brands is 1000).
 
 Without PROVISIONER_DATABASE_URL it creates a fresh database on the local
 server and drops it afterwards; PROVISIONER_BROKER_URL defaults to the local
