@@ -125,6 +125,7 @@ class FailureReason(StrEnum):
     REJECTED = "rejected"
     UNAUTHORIZED = "unauthorized"
     GATEWAY_BUG = "gateway_bug"
+    DEADLINE = "deadline"  # still pending long after its hops should have ended it
 
 
 def owed_releases(

@@ -323,6 +323,33 @@ class ProvisioningService:
                 continue
         raise ContentionError(f"attempt {attempt_id} is being changed concurrently; retry")
 
+    def expire(self, attempt_id: UUID, started_before: datetime) -> bool:
+        """Fail a pending attempt that started before `started_before`: its deadline.
+
+        The reconciler's last resort, for an attempt whose hops cannot run (its
+        message dead-lettered again and again). Saved like any failure, version
+        checked: a hop that commits first wins, one that commits later finds the
+        attempt failed and stands down. What it owes is released by the release
+        message the relay publishes for every `Failed`. Returns whether it failed it.
+        """
+        for _ in range(self.settings.max_rounds):
+            attempt = self.attempt(attempt_id)
+            if attempt.is_terminal or attempt.created_on >= started_before:
+                return False
+            age_s = (self.clock.now() - attempt.created_on).total_seconds()
+            attempt.fail(
+                FailureReason.DEADLINE,
+                f"still pending {age_s:.0f} s after it started (hop {attempt.expected_hop})",
+                attempt.expected_hop,
+            )
+            try:
+                self.app.save(attempt)
+            except IntegrityError:
+                continue
+            log.warning("attempt failed at its deadline attempt=%s", attempt_id)
+            return True
+        raise ContentionError(f"attempt {attempt_id} is being changed concurrently; retry")
+
     def decommission(self, brand_id: str) -> int | None:
         """Empty a deactivated brand's workspace, then unbind it and release its claim.
 

@@ -446,7 +446,7 @@ def _serve(
     concurrency: int | None,
     *,
     batch: int = 2000,
-    reconcile_every: tuple[float, float, float] = (60.0, 60.0, 30.0),
+    reconcile_every: tuple[float, float, float, float] = (60.0, 60.0, 30.0, 3600.0),
 ) -> None:
     """Run the chosen parts until SIGTERM or SIGINT, then stop them cleanly."""
     import signal
@@ -478,9 +478,9 @@ def _serve(
             if "projections" in parts:
                 runtime.start(runtime.projector(batch).run, "projections", stop)
             if "reconciler" in parts:
-                overdue, grace, interval = reconcile_every
+                overdue, grace, interval, deadline = reconcile_every
                 reconciler, publisher = runtime.reconciler(
-                    overdue_s=overdue, grace_s=grace, interval_s=interval
+                    overdue_s=overdue, grace_s=grace, interval_s=interval, deadline_s=deadline
                 )
                 runtime.start(lambda s: reconciler.run(s, publisher), "reconciler", stop)
             click.echo(f"{' + '.join(parts)} running; Ctrl-C or SIGTERM stops")
@@ -518,10 +518,16 @@ def run(concurrency: int | None) -> None:
 @click.option("--overdue", default=60.0, show_default=True, help="Seconds a hop may be overdue.")
 @click.option("--grace", default=60.0, show_default=True, help="Seconds before owed work counts.")
 @click.option("--interval", default=30.0, show_default=True, help="Seconds between sweeps.")
-def reconcile(*, once: bool, overdue: float, grace: float, interval: float) -> None:
-    """Re-publish overdue hops, owed releases and decommissions (safe to run anywhere)."""
+@click.option(
+    "--deadline", default=3600.0, show_default=True, help="Seconds before a pending attempt fails."
+)
+def reconcile(
+    *, once: bool, overdue: float, grace: float, interval: float, deadline: float
+) -> None:
+    """Re-publish overdue hops, owed releases and decommissions; fail attempts past their
+    deadline (safe to run anywhere, any number of times)."""
     if not once:
-        _serve(("reconciler",), None, reconcile_every=(overdue, grace, interval))
+        _serve(("reconciler",), None, reconcile_every=(overdue, grace, interval, deadline))
         return
     from infrastructure.broker import Broker, Topology, is_memory
     from worker.reconciler import Reconciler
@@ -529,16 +535,22 @@ def reconcile(*, once: bool, overdue: float, grace: float, interval: float) -> N
     settings = _settings()
     if is_memory(settings.broker_url):
         raise click.ClickException("memory:// is in-process: the reconciler runs inside `run`")
-    reconciler = Reconciler(settings.database_url, overdue_s=overdue, grace_s=grace)
+    service = _service_only()
+    reconciler = Reconciler(
+        settings.database_url, overdue_s=overdue, grace_s=grace, deadline_s=deadline,
+        service=service,
+    )  # fmt: skip
     broker = Broker(settings.broker_url, Topology(queue_type=settings.queue_type), scheduler=None)
     try:
         with _views() as store:
             report = reconciler.sweep(store, broker)
     finally:
         broker.close()
+        service.app.close()
     click.echo(
         f"re-published {report.hops} hops, {report.releases} releases, "
-        f"{report.decommissions} decommissions"
+        f"{report.decommissions} decommissions; {report.expired} attempts failed at "
+        "their deadline"
     )
 
 

@@ -5,7 +5,10 @@ Each sweep reads the projections and re-publishes what should have happened:
 - a release for every ended attempt that has owed one for `grace_s`, or whose
   create is unresolved (the workspace may still appear upstream: the release
   looks for it again) during `orphan_window_s` after it ended;
-- a decommission for every deactivated brand still bound `grace_s` later.
+- a decommission for every deactivated brand still bound `grace_s` later;
+- and, given the service, it fails (`deadline`) every attempt still pending
+  `deadline_s` after it started: one whose hops cannot run at all (its message
+  dead-lettered every time) would otherwise stay pending forever.
 
 Every message it sends is one the engine handles idempotently (a hop that is
 not the attempt's expected one changes nothing; releases and decommissions
@@ -31,6 +34,7 @@ from prometheus_client import Counter
 
 from infrastructure import messages
 from infrastructure.broker import Broker
+from infrastructure.service import ProvisioningService
 from infrastructure.views import PROJECTIONS, SqlViewStore, list_attempts
 from projections.core import Row
 
@@ -45,10 +49,11 @@ class SweepReport:
     hops: int = 0
     releases: int = 0
     decommissions: int = 0
+    expired: int = 0
 
     @property
     def total(self) -> int:
-        return self.hops + self.releases + self.decommissions
+        return self.hops + self.releases + self.decommissions + self.expired
 
 
 class Reconciler:
@@ -65,6 +70,8 @@ class Reconciler:
         interval_s: float = 30.0,
         resend_s: float = 300.0,
         orphan_window_s: float = 3600.0,
+        deadline_s: float = 3600.0,
+        service: ProvisioningService | None = None,
     ) -> None:
         self.views_url = views_url
         self.overdue_s = overdue_s
@@ -73,6 +80,8 @@ class Reconciler:
         self.interval_s = interval_s
         self.resend_s = resend_s
         self.orphan_window_s = orphan_window_s
+        self.deadline_s = deadline_s
+        self.service = service
         self._sent: dict[tuple[str, str, int], float] = {}
 
     def _fresh(self, kind: str, key: str, hop: int = 0) -> bool:
@@ -90,10 +99,14 @@ class Reconciler:
         horizon = time.monotonic() - self.resend_s
         self._sent = {k: t for k, t in self._sent.items() if t > horizon}
         report = SweepReport()
+        expired = self._expire(store, self.service, now) if self.service else set()
+        report.expired = len(expired)
         for row in self._stuck(store, now):
             if report.hops >= self.limit:
                 break
-            if self._fresh("hop", row["attempt_id"], row["next_hop"]):
+            if row["attempt_id"] not in expired and self._fresh(
+                "hop", row["attempt_id"], row["next_hop"]
+            ):
                 broker.publish(messages.hop(UUID(row["attempt_id"]), row["next_hop"]))
                 report.hops += 1
         for row in self._owing(store, now):
@@ -112,15 +125,30 @@ class Reconciler:
                 broker.publish(messages.decommission(row["brand_id"]))
                 report.decommissions += 1
         for kind, count in (("hop", report.hops), ("release", report.releases),
-                            ("decommission", report.decommissions)):  # fmt: skip
+                            ("decommission", report.decommissions),
+                            ("expired", report.expired)):  # fmt: skip
             if count:
                 REPUBLISHED.labels(kind).inc(count)
         if report.total:
             log.warning(
-                "re-published %d hops, %d releases, %d decommissions",
-                report.hops, report.releases, report.decommissions,
+                "re-published %d hops, %d releases, %d decommissions; %d attempts expired",
+                report.hops, report.releases, report.decommissions, report.expired,
             )  # fmt: skip
         return report
+
+    def _expire(self, store: SqlViewStore, service: ProvisioningService, now: datetime) -> set[str]:
+        """Fail the pending attempts past their deadline (the service re-checks each)."""
+        cutoff = now - timedelta(seconds=self.deadline_s)
+        rows = store.rows(
+            PROJECTIONS["attempts"],
+            "state = 'pending' AND started_at < ?",
+            [store.dialect.to_db("ts", cutoff)],
+            order="started_at",
+            limit=self.limit,
+        )
+        return {
+            row["attempt_id"] for row in rows if service.expire(UUID(row["attempt_id"]), cutoff)
+        }
 
     def _stuck(self, store: SqlViewStore, now: datetime) -> Iterator[Row]:
         """Every overdue pending attempt, most overdue first, a page at a time."""

@@ -65,7 +65,8 @@ class Runtime:
 
     def reconciler(self, **options: float) -> tuple[Reconciler, Broker]:
         broker = Broker(self.settings.broker_url, self.topology, scheduler=self.scheduler)
-        return Reconciler(self.views_url, **options), broker  # type: ignore[arg-type]
+        reconciler = Reconciler(self.views_url, service=self.service, **options)  # type: ignore[arg-type]
+        return reconciler, broker
 
     def start(self, target: object, name: str, stop: threading.Event) -> threading.Thread:
         thread = threading.Thread(target=target, args=(stop,), name=name, daemon=True)  # type: ignore[arg-type]

@@ -10,9 +10,10 @@ from typing import Any
 
 import pytest
 
-from domain.policies import AttemptState
+from domain.policies import AttemptState, FailureReason
 from infrastructure.eventstore import open_event_store
 from infrastructure.fake_gateway import FakeGateway
+from infrastructure.service import ProvisioningService
 from infrastructure.settings import Settings
 from infrastructure.views import PROJECTIONS, LogSource, SqlViewStore, list_attempts
 from projections.core import catch_up
@@ -113,4 +114,54 @@ def test_stuck_attempts_are_paged_through_in_due_order(tmp_path: Path) -> None:
 
     assert len(everything) == 6
     assert [r["attempt_id"] for r in first + rest] == [r["attempt_id"] for r in everything]
+    app.close()
+
+
+def test_an_attempt_past_its_deadline_fails_and_what_it_created_is_released(
+    service: ProvisioningService, fake: FakeGateway, brand_id: str, title: str
+) -> None:
+    fake.configure(settle_polls=5)
+    attempt_id = service.request_provisioning(brand_id, title, PARENT)
+    created = service.run_hop(attempt_id, 0).workspace_id
+    not_yet = service.expire(attempt_id, started_before=datetime.now(UTC) - timedelta(hours=1))
+
+    expired = service.expire(attempt_id, started_before=datetime.now(UTC) + timedelta(seconds=1))
+    again = service.expire(attempt_id, started_before=datetime.now(UTC) + timedelta(seconds=1))
+    released = service.release(attempt_id)  # what the relay's release message does
+    late_hop = service.run_hop(attempt_id, 1)
+
+    attempt = service.attempt(attempt_id)
+    assert (not_yet, expired, again) == (False, True, False)
+    assert attempt.failure_reason is FailureReason.DEADLINE
+    assert released == (created,)
+    assert not attempt.release_owed
+    assert late_hop.stand_down is not None  # a hop delivered late changes nothing
+    assert service.attempt(attempt_id).version == attempt.version
+
+
+def test_a_sweep_with_the_service_fails_the_attempts_past_their_deadline(
+    tmp_path: Path, http_gateway: Any
+) -> None:
+    url = f"sqlite:///{tmp_path / 'events.sqlite'}"
+    app = open_event_store(url)
+    service = ProvisioningService(app, http_gateway)
+    seed_histories(app, 2 * len(FATES))  # two pending attempts
+    later = datetime.now(UTC) + timedelta(hours=2)
+    broker = RecordingBroker()
+    with SqlViewStore(url) as store:
+        caught_up(app, store)
+        report = Reconciler(url, service=service).sweep(store, broker, now=later)  # type: ignore[arg-type]
+        caught_up(app, store)
+        pending = list_attempts(store, state="pending")
+        failed = list_attempts(store, state="failed")
+
+    assert report.expired == 2
+    assert [m for m in broker.sent if m.type == "hop"] == []  # failed, not re-driven
+    assert pending == []
+    assert sorted(r["failure_reason"] for r in failed) == [
+        "deadline",
+        "deadline",
+        "exhausted",
+        "exhausted",
+    ]
     app.close()
