@@ -564,6 +564,7 @@ class _OneShotServer:
         self.sock = socket.create_server(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
         self.connections = 0
+        self.finished = 0  # connections played and closed
         self._script = script
         self._thread = threading.Thread(target=self._serve, daemon=True)
         self._thread.start()
@@ -577,6 +578,7 @@ class _OneShotServer:
             self.connections += 1
             with conn:
                 self._script(conn, self.connections)
+            self.finished += 1
 
     def close(self) -> None:
         self.sock.close()
@@ -619,7 +621,10 @@ def test_keep_alive_transport_never_reuses_a_connection_the_server_closed() -> N
     server = _OneShotServer(script)
     with HttpGateway(server.url, TOKEN) as gateway:
         assert gateway.create_child(PARENT, "A") == "ws-1"
-        time.sleep(0.05)  # the FIN arrives
+        deadline = time.monotonic() + 5
+        while server.finished < 1 and time.monotonic() < deadline:
+            time.sleep(0.005)  # until the server has closed its end
+        time.sleep(0.02)  # and its FIN has reached our socket
         assert gateway.create_child(PARENT, "B") == "ws-1"  # not AmbiguousCreate
     server.close()
     assert server.connections == 2
