@@ -294,6 +294,8 @@ class Broker:
         if not channel._confirm_selected:  # kombu selects lazily, on its first publish
             channel._confirm_selected = True
             channel.confirm_select()
+            # Fresh, or revived by py-amqp after a channel error: tags restart at 1.
+            self._sequence = 0
         outstanding: set[int] = set()
         refused: list[int] = []
 
@@ -382,6 +384,10 @@ class Broker:
             if declare is not None and declare.name not in self._declared:
                 declare.bind(producer.channel).declare()
                 self._declared.add(declare.name)
+            if not getattr(producer.channel, "_confirm_selected", True):
+                self._sequence = 0  # this publish selects confirms afresh: tags restart at 1
+            # Counted before sending: a publish the broker nacks still used its tag.
+            self._sequence += 1
             producer.publish(
                 body,
                 exchange=exchange,
@@ -393,7 +399,6 @@ class Broker:
                 mandatory=mandatory and not is_memory(self.url),
                 retry=False,
             )
-            self._sequence += 1
 
         self._with_reconnect(send)
         if self._returned:

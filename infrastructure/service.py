@@ -149,12 +149,13 @@ class ProvisioningService:
             return [self._get(aggregate_id) for aggregate_id in aggregate_ids]
         by_id: dict[object, list[StoredEvent]] = {}
         for stored in select_many(aggregate_ids):
-            by_id.setdefault(stored.originator_id, []).append(stored)
+            # Keyed as UUIDs whatever the driver returns (or the caller passed).
+            by_id.setdefault(UUID(str(stored.originator_id)), []).append(stored)
         to_domain_event = self.app.mapper.to_domain_event
         found: list[object | None] = []
         for aggregate_id in aggregate_ids:
             aggregate: Any = None
-            for stored in by_id.get(aggregate_id, ()):
+            for stored in by_id.get(UUID(str(aggregate_id)), ()):
                 event: Any = to_domain_event(stored)
                 aggregate = event.mutate(aggregate)
             found.append(aggregate)

@@ -168,11 +168,14 @@ class HopWorker:
             self.topology.declare(channel)
             publisher = Broker(self.url, self.topology, scheduler=self.scheduler)
             try:
+                # One limit for the channel (global), not one per consumer: with two
+                # queues a per-consumer prefetch would hold twice as many messages.
+                channel.basic_qos(0, self.prefetch, True)
                 consumer = Consumer(
                     channel,
                     queues=[self.topology.hops, self.topology.commands],
                     on_message=lambda m: self._received(m, pool, publisher),
-                    prefetch_count=self.prefetch,
+                    prefetch_count=None,
                     no_ack=False,
                 )
                 with consumer:
