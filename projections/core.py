@@ -274,10 +274,8 @@ def rebuild(
     """
     copy = store.begin_rebuild(projection)
     _, position = store.position(projection, copy)
-    progress = RebuildProgress(
-        copy, source.count(0, projection.topics) - source.count(position, projection.topics), 0
-    )
-    progress.total = progress.done + source.count(position, projection.topics)
+    total = source.count(0, projection.topics)
+    progress = RebuildProgress(copy, total - source.count(position, projection.topics), total)
     on_progress(progress)
     ahead = ReadAhead(source)
     try:

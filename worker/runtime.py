@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
@@ -31,8 +31,22 @@ from worker.relay import Relay
 log = logging.getLogger("provisioner.runtime")
 
 
+class _Threads:
+    """Background parts of a process, each on a daemon thread, stopped by one event."""
+
+    threads: list[threading.Thread]
+
+    def start(
+        self, target: Callable[[threading.Event], None], name: str, stop: threading.Event
+    ) -> threading.Thread:
+        thread = threading.Thread(target=target, args=(stop,), name=name, daemon=True)
+        thread.start()
+        self.threads.append(thread)
+        return thread
+
+
 @dataclass
-class Runtime:
+class Runtime(_Threads):
     settings: Settings
     app: ProvisionerApplication
     gateway: Gateway
@@ -63,16 +77,20 @@ class Runtime:
             self.app, self.views_url, database_url=self.settings.database_url, batch=batch
         )
 
-    def reconciler(self, **options: float) -> tuple[Reconciler, Broker]:
+    def reconciler(
+        self,
+        *,
+        overdue_s: float = 60.0,
+        grace_s: float = 60.0,
+        interval_s: float = 30.0,
+        deadline_s: float = 3600.0,
+    ) -> tuple[Reconciler, Broker]:
         broker = Broker(self.settings.broker_url, self.topology, scheduler=self.scheduler)
-        reconciler = Reconciler(self.views_url, service=self.service, **options)  # type: ignore[arg-type]
+        reconciler = Reconciler(
+            self.views_url, overdue_s=overdue_s, grace_s=grace_s, interval_s=interval_s,
+            deadline_s=deadline_s, service=self.service,
+        )  # fmt: skip
         return reconciler, broker
-
-    def start(self, target: object, name: str, stop: threading.Event) -> threading.Thread:
-        thread = threading.Thread(target=target, args=(stop,), name=name, daemon=True)  # type: ignore[arg-type]
-        thread.start()
-        self.threads.append(thread)
-        return thread
 
 
 @contextmanager
@@ -111,7 +129,7 @@ def build(settings: Settings, *, fake_config: FakeConfig | None = None) -> Itera
 
 
 @dataclass
-class ProjectorRuntime:
+class ProjectorRuntime(_Threads):
     """What `provisioner projections run` needs: the event store and nothing else."""
 
     settings: Settings
@@ -121,9 +139,6 @@ class ProjectorRuntime:
     def projector(self, batch: int = 2000) -> Projector:
         url = self.settings.database_url
         return Projector(self.app, url, database_url=url, batch=batch)
-
-    def start(self, target: object, name: str, stop: threading.Event) -> threading.Thread:
-        return Runtime.start(self, target, name, stop)  # type: ignore[arg-type]
 
 
 @contextmanager

@@ -303,13 +303,20 @@ def test_a_projection_process_killed_mid_batch_resumes_without_double_applying(
 # --------------------------------------------------------------------------- CLI
 
 
+def own_sqlite_store(
+    tmp_path: Path, gateway: HttpGateway
+) -> tuple[str, ProvisionerApplication, ProvisioningService, ManualClock]:
+    """A SQLite event store of the test's own, so the CLI sees only its brands."""
+    url = f"sqlite:///{tmp_path / 'events.sqlite'}"
+    app = open_event_store(url)
+    clock = ManualClock()
+    return url, app, ProvisioningService(app, gateway, clock=clock), clock
+
+
 def test_attempts_and_pointer_answer_from_the_command_line(
     tmp_path: Path, fake: FakeGateway, http_gateway: HttpGateway
 ) -> None:
-    url = f"sqlite:///{tmp_path / 'events.sqlite'}"
-    clock = ManualClock()
-    app = open_event_store(url)
-    service = ProvisioningService(app, http_gateway, clock=clock)
+    url, app, service, _ = own_sqlite_store(tmp_path, http_gateway)
     before = datetime.now(UTC)
     first = service.request_provisioning("b-cli", "Cli Co", PARENT)
     done = service.run_hop(first, 0)
@@ -394,10 +401,7 @@ def test_projections_status_and_rebuild_from_the_command_line(tmp_path: Path) ->
 def test_the_audit_trail_tells_failed_cancelled_superseded_and_promoted_attempts(
     tmp_path: Path, fake: FakeGateway, http_gateway: HttpGateway
 ) -> None:
-    url = f"sqlite:///{tmp_path / 'events.sqlite'}"
-    clock = ManualClock()
-    app = open_event_store(url)
-    service = ProvisioningService(app, http_gateway, clock=clock)
+    url, app, service, clock = own_sqlite_store(tmp_path, http_gateway)
     # A title per attempt: emptied shells of earlier ones would make adoption ambiguous.
     fake.script("Story A", "creation_failed")
     failed = service.request_provisioning("b-story", "Story A", PARENT)
