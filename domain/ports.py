@@ -77,8 +77,13 @@ class Gateway(Protocol):
         """Return the raw status string of a workspace."""
         ...
 
-    def family(self, parent_id: str) -> list[FamilyMember]:
-        """Return the parent's family: the parent itself and its children."""
+    def family(self, parent_id: str, title: str | None = None) -> list[FamilyMember]:
+        """Return the parent's family: the parent itself and its children.
+
+        With `title`, only the members titled exactly so (the parent too, if it
+        is). Every use in the hop protocol wants only those; the listing is
+        still read whole, but the other entries are not decoded into members.
+        """
         ...
 
     def list_projects(self, workspace_id: str) -> list[str]:

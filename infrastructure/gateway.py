@@ -219,7 +219,7 @@ class HttpGateway:
             raise MalformedAnswer(f"{op}: expected a JSON object")
         return _text(body.get("status"), op, "status")
 
-    def family(self, parent_id: str) -> list[FamilyMember]:
+    def family(self, parent_id: str, title: str | None = None) -> list[FamilyMember]:
         op = "family"
         body = self._read_json(op, f"/v1/workspaces/{_seg(parent_id)}/family")
         if not isinstance(body, list):
@@ -228,6 +228,8 @@ class HttpGateway:
         for entry in body:
             if not isinstance(entry, dict):
                 raise MalformedAnswer(f"{op}: expected an array of objects")
+            if title is not None and entry.get("title") != title:
+                continue  # a listing of K children costs K comparisons, not K members
             member_id = _text(entry.get("id"), op, "id")
             if not member_id:
                 continue

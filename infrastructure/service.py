@@ -491,7 +491,7 @@ class ProvisioningService:
         """
         if self.slot(attempt.parent_workspace_id, attempt.title).holder != attempt.id:
             return None
-        family = self.gateway.family(attempt.parent_workspace_id)
+        family = self.gateway.family(attempt.parent_workspace_id, attempt.title)
         new = [
             m.id
             for m in new_since(
@@ -623,7 +623,7 @@ class _Hop:
 
     def _family_of(self, attempt: ProvisioningAttempt) -> list[FamilyMember]:
         if self._family is None:
-            self._family = self.svc.gateway.family(attempt.parent_workspace_id)
+            self._family = self.svc.gateway.family(attempt.parent_workspace_id, attempt.title)
         return self._family
 
     def _acquire(self, attempt: ProvisioningAttempt) -> HopOutcome | None:

@@ -52,9 +52,9 @@ class Intercepting:
         override = self.status_answer.get(workspace_id)
         return override() if override else self.inner.status(workspace_id)
 
-    def family(self, parent_id: str) -> list[FamilyMember]:
+    def family(self, parent_id: str, title: str | None = None) -> list[FamilyMember]:
         # The listing agrees with the overridden statuses, as the real gateway's would.
-        members = self.inner.family(parent_id)
+        members = self.inner.family(parent_id, title)
         return [FamilyMember(m.id, m.title, self._listed_status(m)) for m in members]
 
     def _listed_status(self, member: FamilyMember) -> str:

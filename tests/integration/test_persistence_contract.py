@@ -83,6 +83,22 @@ def test_a_multi_aggregate_save_is_atomic(app: ProvisionerApplication) -> None:
         app.repository.get(attempt.id)
 
 
+def test_save_takes_aggregates_events_and_none_like_the_library(
+    app: ProvisionerApplication,
+) -> None:
+    brand, other = new_brand(), new_brand()
+    (event,) = other.collect_events()  # a domain event given on its own
+    saves = app.saves
+
+    recordings = app.save(brand, None, event)
+
+    assert [r.domain_event.originator_id for r in recordings] == [brand.id, other.id]
+    assert not brand.collect_events()  # collected: a second save records nothing
+    assert app.save(brand) == []
+    assert app.saves == saves + 1  # only saves that recorded something count
+    assert app.repository.get(other.id).brand_id == other.brand_id
+
+
 def test_a_second_claim_of_the_same_workspace_conflicts(app: ProvisionerApplication) -> None:
     workspace = f"w-{uuid.uuid4().hex[:8]}"
     first, second = WorkspaceClaim.open(workspace), WorkspaceClaim.open(workspace)

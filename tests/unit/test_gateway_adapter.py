@@ -210,6 +210,30 @@ def test_family_parses_a_bare_array_including_the_parent(make: Make) -> None:
     assert rec.requests[0].url.raw_path == b"/api/v1/workspaces/parent-1/family"
 
 
+def test_family_by_title_decodes_only_that_title(make: Make) -> None:
+    gateway, _ = make(
+        ok(
+            [
+                {"id": PARENT, "title": "Brand A", "status": "active"},
+                {"id": "ws-2", "title": "Brand A", "status": "not ready"},
+                {"id": "ws-3", "title": "brand a", "status": "created"},
+                {"id": ["odd"], "title": "Another brand", "status": 3.5},
+            ]
+        )
+    )
+    # Exact titles only; an entry of another title is not judged, even a malformed one.
+    assert gateway.family(PARENT, "Brand A") == [
+        FamilyMember(id=PARENT, title="Brand A", status="active"),
+        FamilyMember(id="ws-2", title="Brand A", status="not ready"),
+    ]
+
+
+def test_family_by_title_still_refuses_a_listing_that_is_not_objects(make: Make) -> None:
+    gateway, _ = make(ok([{"id": "ws-2", "title": "Brand A"}, "not an object"]))
+    with pytest.raises(MalformedAnswer):
+        gateway.family(PARENT, "Brand A")
+
+
 @pytest.mark.parametrize(
     "answer",
     [ok({"items": []}), ok({"family": []}), ok(["not an object"]), status_only(200, "[")],
