@@ -2,9 +2,10 @@
 
 `HttpGateway` implements `domain.ports.Gateway` with explicit timeouts, a
 bearer token and a bounded connection pool. It sends through an httpx
-transport: by default `KeepAliveTransport`, keep-alive HTTP/1.1 over the
-standard library's `http.client` (about a third of the client CPU of
-`httpx.Client` per call; a hop makes three), or httpx's own `HTTPTransport`
+transport: by default `KeepAliveTransport`, keep-alive HTTP/1.1 on sockets
+with answers parsed by `httptools` (llhttp; a sixth of the client CPU of
+`http.client` per call, a sixteenth of `httpx.Client`'s; a hop makes three),
+or httpx's own `HTTPTransport`
 when the environment names a proxy; tests inject `httpx.MockTransport`. Either
 way the failures are httpx's, and it maps every transport failure and HTTP
 answer onto the port's exception tree:
@@ -19,7 +20,7 @@ what happened                              create_child (POST)     status / fami
 shape (not JSON, wrong type)
 never sent: ConnectError, ConnectTimeout,  TransientGatewayError   retried, then
 PoolTimeout, UnsupportedProtocol,                                  TransientGatewayError
-ProxyError
+ProxyError, LocalProtocolError
 sent, then timeout / dropped connection /  AmbiguousCreate         retried, then
 RemoteProtocolError (any TransportError)                           TransientGatewayError
 answer unreadable (DecodingError, ...)     AmbiguousCreate         MalformedAnswer
@@ -52,10 +53,11 @@ up front with `RequestRejected`.
 
 from __future__ import annotations
 
-import http.client
+import functools
 import json as jsonlib
 import logging
 import math
+import re
 import select
 import socket
 import ssl
@@ -69,6 +71,7 @@ from types import TracebackType
 from typing import Any, Literal, Self
 from urllib.parse import quote, urlencode
 
+import httptools
 import httpx
 
 from domain.ports import (
@@ -95,6 +98,7 @@ _NOT_SENT: tuple[type[httpx.HTTPError], ...] = (
     httpx.PoolTimeout,
     httpx.UnsupportedProtocol,
     httpx.ProxyError,
+    httpx.LocalProtocolError,
 )
 
 
@@ -432,26 +436,33 @@ def _default_transport(base_url: str, max_connections: int) -> httpx.BaseTranspo
 
 
 class KeepAliveTransport(httpx.BaseTransport):
-    """HTTP/1.1 with keep-alive over the standard library's `http.client`.
+    """HTTP/1.1 with keep-alive on plain sockets, answers parsed by `httptools`.
 
     An `httpx` transport, so `HttpGateway` maps its failures exactly as it maps
     httpx's own: it raises `httpx.ConnectError`/`ConnectTimeout` when nothing
     was sent, `WriteTimeout`/`WriteError` while sending, `ReadTimeout`,
     `ReadError` or `RemoteProtocolError` after, and `PoolTimeout` when all
-    `max_connections` are busy for the pool timeout. About three times less
-    client CPU per call than httpx's transport (measured: 0.2 against 0.65 ms
-    per status call with `httpx.Client`). Thread-safe.
+    `max_connections` are busy for the pool timeout. Thread-safe.
+
+    The request head is written here (a request line and the given headers,
+    checked for control characters); the answer is parsed by llhttp, Node.js's
+    HTTP parser, through `httptools`: status, headers, every body framing
+    (Content-Length, chunked, to the end of the connection), interim 1xx
+    answers. Measured per status call on loopback: 40 us of client CPU,
+    against 230 us through `http.client` and 650 us through `httpx.Client`
+    (see docs/architecture.md).
 
     An idle connection is reused only if the server has not closed it (the
     socket must not be readable), as httpcore does: a request on a connection
     the server already dropped would otherwise fail after sending, and a create
-    would look ambiguous for no reason.
+    would look ambiguous for no reason. It is reused only after an answer that
+    allows it (HTTP/1.1 without `Connection: close`, nothing sent after it).
     """
 
     def __init__(
         self, *, max_connections: int = 64, ssl_context: ssl.SSLContext | None = None
     ) -> None:
-        self._idle: dict[tuple[str, str, int], list[http.client.HTTPConnection]] = {}
+        self._idle: dict[tuple[str, str, int], list[socket.socket]] = {}
         self._lock = threading.Lock()
         self._slots = threading.BoundedSemaphore(max_connections)
         self._ssl_context = ssl_context
@@ -506,80 +517,77 @@ class KeepAliveTransport(httpx.BaseTransport):
         comes back as sent (Content-Encoding not undone). Raises httpx's
         transport errors.
         """
+        if method in ("HEAD", "CONNECT"):
+            raise httpx.UnsupportedProtocol(f"{method} is not supported by this transport")
+        head = _request_head(method, target, headers)
         if not self._slots.acquire(timeout=timeouts.get("pool")):
             raise httpx.PoolTimeout("no connection available")
         try:
-            return self._exchange(method, origin, target, headers, body=body, timeouts=timeouts)
+            return self._exchange(origin, head + (body or b""), timeouts)
         finally:
             self._slots.release()
 
     def _exchange(
-        self,
-        method: str,
-        origin: tuple[str, str, int],
-        target: str,
-        headers: list[tuple[str, str]],
-        *,
-        body: bytes | None,
-        timeouts: dict[str, float | None],
+        self, origin: tuple[str, str, int], request: bytes, timeouts: dict[str, float | None]
     ) -> tuple[int, dict[str, str], bytes]:
-        connection = self._checkout(origin)
-        if connection is None:
-            connection = self._connect(origin, timeouts.get("connect"))
-        sock = connection.sock
-        assert sock is not None
+        sock = self._checkout(origin) or self._connect(origin, timeouts.get("connect"))
         try:
             sock.settimeout(timeouts.get("write"))
-            connection.putrequest(method, target, skip_host=True, skip_accept_encoding=True)
-            for name, value in headers:
-                connection.putheader(name, value)
-            connection.endheaders(body)
+            sock.sendall(request)
         except TimeoutError:
-            connection.close()
+            sock.close()
             raise httpx.WriteTimeout("timed out while sending") from None
-        except (OSError, http.client.HTTPException) as exc:
-            connection.close()
+        except OSError as exc:
+            sock.close()
             raise httpx.WriteError(_what(exc)) from None
+        answer = _Reading()
         try:
             sock.settimeout(timeouts.get("read"))
-            answer = connection.getresponse()
-            content = answer.read()
+            while not answer.done:
+                data = sock.recv(_RECV_SIZE)
+                if not data:
+                    answer.end_of_stream()
+                    break
+                answer.feed(data)
         except TimeoutError:
-            connection.close()
+            sock.close()
             raise httpx.ReadTimeout("timed out") from None
-        except (http.client.HTTPException, ValueError) as exc:  # incl. RemoteDisconnected
-            connection.close()
-            raise httpx.RemoteProtocolError(_what(exc)) from None
+        except (httptools.HttpParserError, _AnswerError) as exc:
+            if not answer.done:
+                sock.close()
+                raise httpx.RemoteProtocolError(_what(exc)) from None
+            answer.keep_alive = False  # bytes after the answer: never reuse
         except OSError as exc:
-            connection.close()
+            sock.close()
             raise httpx.ReadError(_what(exc)) from None
-        if answer.will_close:
-            connection.close()
+        if answer.keep_alive:
+            self._checkin(origin, sock)
         else:
-            self._checkin(origin, connection)
-        return answer.status, {k.lower(): v for k, v in answer.getheaders()}, content
+            sock.close()
+        return answer.status, answer.headers, b"".join(answer.body)
 
-    def _connect(
-        self, key: tuple[str, str, int], timeout: float | None
-    ) -> http.client.HTTPConnection:
+    def _connect(self, key: tuple[str, str, int], timeout: float | None) -> socket.socket:
         scheme, host, port = key
-        connection: http.client.HTTPConnection
-        if scheme == "https":
-            context = self._ssl_context or httpx.create_ssl_context()
-            connection = http.client.HTTPSConnection(host, port, timeout=timeout, context=context)
-        else:
-            connection = http.client.HTTPConnection(host, port, timeout=timeout)
         try:
-            connection.connect()  # sets TCP_NODELAY
+            sock = socket.create_connection((host, port), timeout=timeout)
         except TimeoutError:
-            connection.close()
             raise httpx.ConnectTimeout("timed out while connecting") from None
         except OSError as exc:
-            connection.close()
             raise httpx.ConnectError(_what(exc)) from None
-        return connection
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if scheme == "https":
+                context = self._ssl_context or httpx.create_ssl_context()
+                sock = context.wrap_socket(sock, server_hostname=host)
+        except TimeoutError:
+            sock.close()
+            raise httpx.ConnectTimeout("timed out during the TLS handshake") from None
+        except OSError as exc:  # ssl.SSLError included
+            sock.close()
+            raise httpx.ConnectError(_what(exc)) from None
+        return sock
 
-    def _checkout(self, key: tuple[str, str, int]) -> http.client.HTTPConnection | None:
+    def _checkout(self, key: tuple[str, str, int]) -> socket.socket | None:
         while True:
             with self._lock:
                 if self._closed:
@@ -587,17 +595,101 @@ class KeepAliveTransport(httpx.BaseTransport):
                 idle = self._idle.get(key)
                 if not idle:
                     return None
-                connection = idle.pop()
-            if connection.sock is not None and not _readable(connection.sock):
-                return connection
-            connection.close()  # closed (or babbling) server side: never reuse it
+                sock = idle.pop()
+            if not _readable(sock):
+                return sock
+            sock.close()  # closed (or babbling) server side: never reuse it
 
-    def _checkin(self, key: tuple[str, str, int], connection: http.client.HTTPConnection) -> None:
+    def _checkin(self, key: tuple[str, str, int], sock: socket.socket) -> None:
         with self._lock:
             if not self._closed:
-                self._idle.setdefault(key, []).append(connection)
+                self._idle.setdefault(key, []).append(sock)
                 return
-        connection.close()
+        sock.close()
+
+
+_RECV_SIZE = 65536
+_ANSWER_MAX = 16 * 1024 * 1024  # no gateway answer we read is anywhere near this
+# Control characters (tab aside) in a request line or header: refused, never sent.
+_UNSAFE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
+
+
+def _request_head(method: str, target: str, headers: list[tuple[str, str]]) -> bytes:
+    line = f"{method} {target} HTTP/1.1\r\n"
+    if " " in target or not method.isalpha() or _UNSAFE.search(line, 0, len(line) - 2):
+        raise httpx.LocalProtocolError("refused to send a malformed request line")
+    try:
+        return line.encode("ascii") + _header_block(tuple(headers))
+    except UnicodeEncodeError:
+        raise httpx.LocalProtocolError("the request target is not ASCII") from None
+
+
+@functools.lru_cache(maxsize=256)
+def _header_block(headers: tuple[tuple[str, str], ...]) -> bytes:
+    """The header lines and the blank line, checked and encoded (the same few sets
+    recur, so they are built once)."""
+    for name, value in headers:
+        if not name or ":" in name or " " in name or _UNSAFE.search(name + value):
+            raise httpx.LocalProtocolError("refused to send a malformed header")
+    block = "".join(f"{name}: {value}\r\n" for name, value in headers)
+    try:
+        return block.encode("latin-1") + b"\r\n"
+    except UnicodeEncodeError:
+        raise httpx.LocalProtocolError("a header is not latin-1 text") from None
+
+
+class _AnswerError(Exception):
+    """The answer broke the rules in a way the parser does not catch."""
+
+
+class _Reading:
+    """The answer being parsed (httptools' callbacks land here)."""
+
+    def __init__(self) -> None:
+        self.parser = httptools.HttpResponseParser(self)
+        self.status = 0
+        self.headers: dict[str, str] = {}
+        self.body: list[bytes] = []
+        self.received = 0
+        self.headers_done = False
+        self.done = False
+        self.keep_alive = False
+
+    def feed(self, data: bytes) -> None:
+        self.received += len(data)
+        if self.received > _ANSWER_MAX:
+            raise _AnswerError(f"answer larger than {_ANSWER_MAX} bytes")
+        self.parser.feed_data(data)
+
+    def on_message_begin(self) -> None:
+        if self.done:  # more after the final answer: the server is babbling
+            raise _AnswerError("data after the answer")
+        self.headers, self.body, self.headers_done = {}, [], False
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.headers[name.decode("latin-1").lower()] = value.decode("latin-1")
+
+    def on_headers_complete(self) -> None:
+        self.status = self.parser.get_status_code()
+        if self.parser.should_upgrade():
+            raise _AnswerError("the server switched protocols")
+        self.headers_done = True
+
+    def on_body(self, body: bytes) -> None:
+        self.body.append(body)
+
+    def on_message_complete(self) -> None:
+        if 100 <= self.status < 200:
+            return  # an interim answer (100 Continue, 103 Early Hints): read on
+        self.keep_alive = self.parser.should_keep_alive()
+        self.done = True
+
+    def end_of_stream(self) -> None:
+        """The server closed the connection: complete only for a body read to the end."""
+        framed = "content-length" in self.headers or "transfer-encoding" in self.headers
+        if not self.headers_done or framed or 100 <= self.status < 200:
+            raise _AnswerError("the server closed the connection before answering in full")
+        self.done, self.keep_alive = True, False
 
 
 def _readable(sock: socket.socket) -> bool:

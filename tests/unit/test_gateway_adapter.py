@@ -25,6 +25,7 @@ from domain.ports import (
     Unauthorized,
     WorkspaceGone,
 )
+from infrastructure import gateway as gateway_module
 from infrastructure.gateway import HttpGateway
 
 TOKEN = "tok-SECRET-5f3a9c"  # a fake token whose leaks we hunt for
@@ -781,3 +782,54 @@ def test_keep_alive_transport_malformed_answers_make_a_create_ambiguous(answer: 
     ):
         gateway.create_child(PARENT, "T")
     server.close()
+
+
+def test_keep_alive_transport_never_reuses_a_connection_that_babbled() -> None:
+    def script(conn: socket.socket, _n: int) -> None:
+        _read_request(conn)
+        body = b'{"status": "created"}'
+        conn.sendall(  # the answer, then one nobody asked for
+            f"HTTP/1.1 200 OK\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+            + body
+            + b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"
+        )
+
+    server = _OneShotServer(script)
+    with HttpGateway(server.url, TOKEN, retries=0) as gateway:
+        assert gateway.status("ws-1") == "created"
+        assert gateway.status("ws-1") == "created"
+    server.close()
+    assert server.connections == 2
+
+
+def test_keep_alive_transport_refuses_an_answer_over_its_size_limit(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(gateway_module, "_ANSWER_MAX", 1000)
+
+    def script(conn: socket.socket, _n: int) -> None:
+        _read_request(conn)
+        _answer(conn, b'{"status": "' + b"x" * 2000 + b'"}')
+
+    server = _OneShotServer(script)
+    with (
+        HttpGateway(server.url, TOKEN, retries=0) as gateway,
+        pytest.raises(TransientGatewayError, match="RemoteProtocolError"),
+    ):
+        gateway.status("ws-1")
+    server.close()
+
+
+def test_keep_alive_transport_never_sends_a_header_with_a_line_break() -> None:
+    def script(conn: socket.socket, _n: int) -> None:
+        _read_request(conn)
+        _answer(conn, b'{"id": "ws-1"}')
+
+    server = _OneShotServer(script)
+    with HttpGateway(server.url, "tok\r\nX-Injected: 1", retries=0) as gateway:
+        # Refused before sending: not ambiguous, and the token is not in the message.
+        with pytest.raises(TransientGatewayError, match="LocalProtocolError") as caught:
+            gateway.create_child(PARENT, "T")
+        assert "tok" not in str(caught.value)
+    server.close()
+    assert server.connections == 0
