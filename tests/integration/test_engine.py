@@ -7,6 +7,7 @@ from typing import Any
 from uuid import UUID
 
 import pytest
+from pytest_mock import MockerFixture
 
 from domain.errors import AttemptInProgress, InvalidRequest
 from domain.outcomes import Outcome, StandDown
@@ -636,6 +637,29 @@ def test_a_created_attempt_ready_at_first_poll_costs_three_transactions(
     service.run_hop(service.request_provisioning(brand_id, title, PARENT), 0)
     # request; CreateRequested (+ slot); CandidateAccepted + claim + Promoted + bound
     assert service.app.saves - before == 3
+
+
+def test_a_hop_reads_the_attempt_its_slot_and_its_brand_in_one_query(
+    service: ProvisioningService,
+    fake: FakeGateway,
+    brand_id: str,
+    title: str,
+    clock: ManualClock,
+    mocker: MockerFixture,
+) -> None:
+    attempt_id = service.request_provisioning(brand_id, title, PARENT)
+    fake.configure(settle_polls=1)  # hop 0 creates and settles, hop 1 promotes
+    loads = mocker.spy(service, "load")
+
+    # This service took the request, so it knows the attempt's brand, parent and title.
+    assert service.run_hop(attempt_id, 0).outcome is Outcome.SCHEDULED
+    assert [len(call.args) for call in loads.call_args_list] == [3]
+    # A service (another worker) that does not reads the attempt, then the brand to bind.
+    other = ProvisioningService(service.app, service.gateway, service.clock, service.settings)
+    other_loads = mocker.spy(other, "load")
+    clock.advance(60)
+    assert other.run_hop(attempt_id, 1).outcome is Outcome.PROMOTED
+    assert [len(call.args) for call in other_loads.call_args_list] == [1, 1]
 
 
 def test_an_adopted_attempt_ready_at_first_poll_costs_two_transactions(
