@@ -440,8 +440,9 @@ class KeepAliveTransport(httpx.BaseTransport):
 
     An `httpx` transport, so `HttpGateway` maps its failures exactly as it maps
     httpx's own: it raises `httpx.ConnectError`/`ConnectTimeout` when nothing
-    was sent, `WriteTimeout`/`WriteError` while sending, `ReadTimeout`,
-    `ReadError` or `RemoteProtocolError` after, and `PoolTimeout` when all
+    was sent, `WriteTimeout` while sending, `ReadTimeout`, `ReadError` or
+    `RemoteProtocolError` after (a failed write reads on: a server may answer
+    and close before reading the whole request), and `PoolTimeout` when all
     `max_connections` are busy for the pool timeout. Thread-safe.
 
     The request head is written here (a request line and the given headers,
@@ -531,15 +532,17 @@ class KeepAliveTransport(httpx.BaseTransport):
         self, origin: tuple[str, str, int], request: bytes, timeouts: dict[str, float | None]
     ) -> tuple[int, dict[str, str], bytes]:
         sock = self._checkout(origin) or self._connect(origin, timeouts.get("connect"))
+        cut_short = False
         try:
             sock.settimeout(timeouts.get("write"))
             sock.sendall(request)
         except TimeoutError:
             sock.close()
             raise httpx.WriteTimeout("timed out while sending") from None
-        except OSError as exc:
-            sock.close()
-            raise httpx.WriteError(_what(exc)) from None
+        except OSError:
+            # The server may have answered and closed before reading it all (a 413
+            # or a 401, say): read that answer, as httpcore does; never reuse.
+            cut_short = True
         answer = _Reading()
         try:
             sock.settimeout(timeouts.get("read"))
@@ -560,7 +563,7 @@ class KeepAliveTransport(httpx.BaseTransport):
         except OSError as exc:
             sock.close()
             raise httpx.ReadError(_what(exc)) from None
-        if answer.keep_alive:
+        if answer.keep_alive and not cut_short:
             self._checkin(origin, sock)
         else:
             sock.close()
@@ -667,12 +670,17 @@ class _Reading:
         self.headers, self.body, self.headers_done = {}, [], False
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self.headers[name.decode("latin-1").lower()] = value.decode("latin-1")
+        key, text = name.decode("latin-1").lower(), value.decode("latin-1")
+        # A repeated field is one comma-separated list (RFC 9110 5.3), as in httpx.
+        self.headers[key] = f"{self.headers[key]}, {text}" if key in self.headers else text
 
     def on_headers_complete(self) -> None:
         self.status = self.parser.get_status_code()
         if self.parser.should_upgrade():
             raise _AnswerError("the server switched protocols")
+        if self.headers.get("transfer-encoding", "chunked").strip().lower() != "chunked":
+            # llhttp undoes chunked only: a body still gzip-coded would not be JSON.
+            raise _AnswerError("a transfer coding other than chunked")
         self.headers_done = True
 
     def on_body(self, body: bytes) -> None:
@@ -702,7 +710,7 @@ def _readable(sock: socket.socket) -> bool:
 def _decoded(body: bytes, encoding: str) -> bytes:
     """Undo a Content-Encoding we asked for (gzip, deflate); raise DecodingError."""
     encoding = encoding.strip().lower()
-    if encoding in ("", "identity"):
+    if encoding in ("", "identity") or not body:  # e.g. a 204 that names gzip
         return body
     try:
         if encoding == "gzip":

@@ -833,3 +833,69 @@ def test_keep_alive_transport_never_sends_a_header_with_a_line_break() -> None:
         assert "tok" not in str(caught.value)
     server.close()
     assert server.connections == 0
+
+
+def _chunked(body: bytes) -> bytes:
+    return f"{len(body):x}\r\n".encode() + body + b"\r\n0\r\n\r\n"
+
+
+_TWICE_GZIPPED = gzip.compress(gzip.compress(b'{"id": "ws-1"}'))
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        b"HTTP/1.1 201 Created\r\nTransfer-Encoding: gzip, chunked\r\n\r\n"
+        + _chunked(gzip.compress(b'{"id": "ws-1"}')),
+        b"HTTP/1.1 201 Created\r\nTransfer-Encoding: gzip\r\nTransfer-Encoding: chunked\r\n\r\n"
+        + _chunked(gzip.compress(b'{"id": "ws-1"}')),
+        b"HTTP/1.1 201 Created\r\nContent-Encoding: gzip\r\nContent-Encoding: gzip\r\n"
+        + f"Content-Length: {len(_TWICE_GZIPPED)}\r\n\r\n".encode()
+        + _TWICE_GZIPPED,
+    ],
+    ids=["transfer-coding-list", "transfer-coding-repeated", "content-coding-repeated"],
+)
+def test_keep_alive_transport_never_misreads_a_created_answer_it_cannot_undo(
+    answer: bytes,
+) -> None:
+    # The workspace was created: an answer read as not JSON (MalformedAnswer) would
+    # fail the attempt and orphan it; an unreadable one is ambiguous, and recovered.
+    def script(conn: socket.socket, _n: int) -> None:
+        _read_request(conn)
+        conn.sendall(answer)
+
+    server = _OneShotServer(script)
+    with (
+        HttpGateway(server.url, TOKEN, retries=0) as gateway,
+        pytest.raises(AmbiguousCreate, match="outcome unknown"),
+    ):
+        gateway.create_child(PARENT, "T")
+    server.close()
+
+
+def test_keep_alive_transport_reads_an_answer_sent_before_the_request_was_read() -> None:
+    def script(conn: socket.socket, _n: int) -> None:
+        _read_request(conn)  # the head: the rest is never read, so closing resets
+        conn.sendall(
+            b"HTTP/1.1 413 Content Too Large\r\nContent-Length: 15\r\n"
+            b'Connection: close\r\n\r\n{"error":"big"}'
+        )
+
+    server = _OneShotServer(script)
+    with (
+        HttpGateway(server.url, TOKEN, retries=0) as gateway,
+        pytest.raises(RequestRejected, match="413"),  # not AmbiguousCreate, as with httpx
+    ):
+        gateway.create_child(PARENT, "x" * 16_000_000)  # far beyond the socket buffers
+    server.close()
+
+
+def test_keep_alive_transport_takes_an_empty_body_whatever_its_content_encoding() -> None:
+    def script(conn: socket.socket, _n: int) -> None:
+        _read_request(conn)
+        conn.sendall(b"HTTP/1.1 204 No Content\r\nContent-Encoding: gzip\r\n\r\n")
+
+    server = _OneShotServer(script)
+    with HttpGateway(server.url, TOKEN, retries=0) as gateway:
+        gateway.delete_project("ws-1", "p-1")  # success, as through httpx
+    server.close()
