@@ -558,7 +558,9 @@ class KeepAliveTransport(httpx.BaseTransport):
         except (httptools.HttpParserError, _AnswerError) as exc:
             if not answer.done:
                 sock.close()
-                raise httpx.RemoteProtocolError(_what(exc)) from None
+                # A callback's own refusal says more than the parser's wrapper.
+                cause = exc.__context__ if isinstance(exc.__context__, _AnswerError) else exc
+                raise httpx.RemoteProtocolError(_what(cause)) from None
             answer.keep_alive = False  # bytes after the answer: never reuse
         except OSError as exc:
             sock.close()
@@ -613,6 +615,7 @@ class KeepAliveTransport(httpx.BaseTransport):
 
 _RECV_SIZE = 65536
 _ANSWER_MAX = 16 * 1024 * 1024  # no gateway answer we read is anywhere near this
+_HEADERS_MAX = 64 * 1024  # as http.client and h11 (httpx) bound a header section
 # Control characters (tab aside) in a request line or header: refused, never sent.
 _UNSAFE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
 
@@ -654,6 +657,7 @@ class _Reading:
         self.headers: dict[str, str] = {}
         self.body: list[bytes] = []
         self.received = 0
+        self.header_bytes = 0
         self.headers_done = False
         self.done = False
         self.keep_alive = False
@@ -667,9 +671,12 @@ class _Reading:
     def on_message_begin(self) -> None:
         if self.done:  # more after the final answer: the server is babbling
             raise _AnswerError("data after the answer")
-        self.headers, self.body, self.headers_done = {}, [], False
+        self.headers, self.body, self.headers_done, self.header_bytes = {}, [], False, 0
 
     def on_header(self, name: bytes, value: bytes) -> None:
+        self.header_bytes += len(name) + len(value)
+        if self.header_bytes > _HEADERS_MAX:
+            raise _AnswerError(f"header section larger than {_HEADERS_MAX} bytes")
         key, text = name.decode("latin-1").lower(), value.decode("latin-1")
         # A repeated field is one comma-separated list (RFC 9110 5.3), as in httpx.
         self.headers[key] = f"{self.headers[key]}, {text}" if key in self.headers else text

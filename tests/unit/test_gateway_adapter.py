@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import json
 import logging
@@ -898,4 +899,19 @@ def test_keep_alive_transport_takes_an_empty_body_whatever_its_content_encoding(
     server = _OneShotServer(script)
     with HttpGateway(server.url, TOKEN, retries=0) as gateway:
         gateway.delete_project("ws-1", "p-1")  # success, as through httpx
+    server.close()
+
+
+def test_keep_alive_transport_refuses_an_endless_header_section() -> None:
+    def script(conn: socket.socket, _n: int) -> None:
+        _read_request(conn)
+        with contextlib.suppress(OSError):  # the client hangs up mid-way
+            conn.sendall(b"HTTP/1.1 200 OK\r\n" + b"X-Pad: " + b"p" * 200_000 + b"\r\n\r\n")
+
+    server = _OneShotServer(script)
+    with (
+        HttpGateway(server.url, TOKEN, retries=0) as gateway,
+        pytest.raises(TransientGatewayError, match="header section larger"),
+    ):
+        gateway.status("ws-1")
     server.close()
