@@ -120,20 +120,18 @@ class OneTripPostgresRecorder(PostgresApplicationRecorder):
                     ]
                 )
             query = f"{self._head};\n{self._render_insert(stored_events, conn)};\nCOMMIT"
-            with conn.cursor() as curs:
+            with conn.cursor(row_factory=tuple_row) as curs:
                 try:
                     # One simple query: the server runs it all without waiting for us.
                     curs.execute(query.encode())
                 except Exception:
                     conn.execute("ROLLBACK")
                     raise
-                notification_ids: list[int] = []
-                while True:
-                    if curs.description and curs.description[0].name == "notification_id":
-                        notification_ids = [row["notification_id"] for row in curs.fetchall()]
+                # Results: BEGIN, the locks, NOTIFY, the INSERT's ids, COMMIT.
+                while curs.pgresult is not None and curs.pgresult.ntuples == 0:
                     if not curs.nextset():
-                        break
-        return notification_ids
+                        return []
+                return [row[0] for row in curs.fetchall()]
 
     def _render_insert(self, stored_events: Sequence[StoredEvent], conn: Any) -> str:
         if not all(_plain(e.topic) and _plain(str(e.originator_id)) for e in stored_events):

@@ -119,6 +119,24 @@ def test_the_notification_log_keeps_commit_order(app: ProvisionerApplication) ->
     assert all(n.topic.endswith("Brand.Registered") for n in notes)
 
 
+def test_a_save_returns_the_notification_ids_the_log_gave_its_events(
+    app: ProvisionerApplication,
+) -> None:
+    brand = new_brand()
+    brand.begin_attempt(uuid.uuid4(), "Acme", "parent")
+    claim = WorkspaceClaim.open(f"w-{uuid.uuid4().hex[:8]}")
+
+    recordings = app.save(brand, claim)
+
+    ids = [r.notification.id for r in recordings]
+    notes = app.recorder.select_notifications(start=ids[0], limit=len(ids))
+    assert [(n.id, n.originator_id, n.originator_version) for n in notes] == [
+        (r.notification.id, r.domain_event.originator_id, r.domain_event.originator_version)
+        for r in recordings
+    ]
+    assert ids == sorted(ids) and len(set(ids)) == 3
+
+
 def test_history_is_readable_with_timestamps_and_time_travel(app: ProvisionerApplication) -> None:
     brand = new_brand()
     attempt_id = uuid.uuid4()
