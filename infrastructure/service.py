@@ -684,17 +684,23 @@ class _Hop:
             return self._settling(attempt, f"gateway unavailable: {exc}")
 
     def _recover_create(self, attempt: ProvisioningAttempt) -> HopOutcome | None:
-        """A create was requested and not recorded: find what it made, by the family."""
+        """A create was requested and not recorded: find what it made, by the family.
+
+        Only while the attempt still holds the title slot (read before the family):
+        once its reservation lapsed and another attempt took the slot, a new
+        same-title child may be that attempt's create, still in flight.
+        """
+        slot = self._slot(attempt)
         family = self._family_of(attempt)
         new = [
             m
             for m in new_since(
                 family, attempt.title, attempt.parent_workspace_id, attempt.create_known_ids
             )
-            if not self.svc.claimed_by_other(m.id, attempt.brand_id)
+            if slot.holder == attempt.id and not self.svc.claimed_by_other(m.id, attempt.brand_id)
         ]
         if len(new) == 1:
-            self._accept(attempt, new[0].id, Provenance.CREATED)
+            self._accept(attempt, new[0].id, Provenance.CREATED, slot)
             return None
         if len(new) > 1:
             return self._fail(

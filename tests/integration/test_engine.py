@@ -4,13 +4,13 @@ gateway over real HTTP, and the event store on SQLite and PostgreSQL."""
 from __future__ import annotations
 
 from typing import Any
-from uuid import UUID
+from uuid import UUID, uuid4
 
 import pytest
 from pytest_mock import MockerFixture
 
 from domain.errors import AttemptInProgress, InvalidRequest
-from domain.outcomes import Outcome, StandDown
+from domain.outcomes import HopOutcome, Outcome, StandDown
 from domain.policies import AttemptState, FailureReason, Provenance
 from domain.ports import TransientGatewayError
 from infrastructure.eventstore import ProvisionerApplication
@@ -215,6 +215,42 @@ def test_create_retried_on_a_later_hop_succeeds_once_the_gateway_recovers(
     assert outcome.outcome is Outcome.PROMOTED
     assert creates(fake, title) == 2
     assert len(upstream(fake, title)) == 1
+
+
+def test_a_lapsed_unconfirmed_create_never_takes_the_workspace_another_attempt_is_creating(
+    service: ProvisioningService, fake: FakeGateway, clock: ManualClock, title: str
+) -> None:
+    # X's create times out having made nothing; its reservation of the title lapses.
+    fake.configure(create_timeout_without_create_rate=1.0)
+    x = service.request_provisioning(f"x-{uuid4().hex[:8]}", title, PARENT)
+    assert service.run_hop(x, 0).outcome is Outcome.SCHEDULED
+    fake.configure(create_timeout_without_create_rate=0.0)
+    clock.advance(61)
+    # Y (same title, same parent) takes the slot and creates; while its create is in
+    # flight, X's next hop lists the family and sees the new child.
+    intercept = Intercepting(service.gateway)
+    x_hop: list[HopOutcome] = []
+
+    def create_while_x_recovers(parent: str, child_title: str) -> str:
+        made = intercept.inner.create_child(parent, child_title)
+        if not x_hop:
+            x_hop.append(service.run_hop(x, 1))
+        return made
+
+    intercept.create_answer = create_while_x_recovers
+    service.gateway = intercept
+    y_brand = f"y-{uuid4().hex[:8]}"
+    y = service.run_hop(service.request_provisioning(y_brand, title, PARENT), 0)
+
+    assert y.outcome is Outcome.PROMOTED  # not gateway_bug: its workspace was not taken
+    assert x_hop[0].outcome is Outcome.SCHEDULED  # X waits for the slot instead
+    assert service.attempt(x).candidate_id is None
+    clock.advance(60)
+    assert x_hop[0].next_hop is not None
+    later = service.run_hop(x, x_hop[0].next_hop)  # the slot is free: X creates its own
+    assert later.outcome is Outcome.PROMOTED
+    assert later.workspace_id != y.workspace_id
+    assert service.brand(y_brand).workspace_id == y.workspace_id
 
 
 # Adoption rules.

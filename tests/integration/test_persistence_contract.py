@@ -134,7 +134,8 @@ def test_a_save_returns_the_notification_ids_the_log_gave_its_events(
         (r.notification.id, r.domain_event.originator_id, r.domain_event.originator_version)
         for r in recordings
     ]
-    assert ids == sorted(ids) and len(set(ids)) == 3
+    assert ids == sorted(ids)
+    assert len(set(ids)) == 3
 
 
 def test_history_is_readable_with_timestamps_and_time_travel(app: ProvisionerApplication) -> None:
