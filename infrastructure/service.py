@@ -501,10 +501,12 @@ class ProvisioningService:
         """What an ended attempt still owes: releases, an unresolved create, claims, slot."""
         released = [ws for ws in attempt.owed_releases if self.release_workspace(attempt, ws)]
         if attempt.create_unresolved and attempt.state is not AttemptState.PROMOTED:
-            orphan = self._find_orphan(attempt)
-            if orphan is not None:
+            found = self._find_orphan(attempt)
+            if found is not None:
+                orphan, slot = found
                 attempt.record_created(orphan, attempt.expected_hop)
-                self.app.save(attempt)
+                slot.note_adoption(attempt.id, orphan)
+                self.app.save(attempt, slot)
                 if self.release_workspace(attempt, orphan):
                     released.append(orphan)
         touched: list[Aggregate] = []
@@ -520,13 +522,16 @@ class ProvisioningService:
             self.app.save(*touched)
         return tuple(released)
 
-    def _find_orphan(self, attempt: ProvisioningAttempt) -> str | None:
-        """The workspace an unresolved create made, if the family shows exactly one.
+    def _find_orphan(self, attempt: ProvisioningAttempt) -> tuple[str, TitleSlot] | None:
+        """The workspace an unresolved create made, if the family shows exactly one,
+        with the title slot as read before the family.
 
-        Only while the attempt still holds the title slot: otherwise a new
-        same-title child may be another attempt's.
+        Not while another attempt holds the slot afresh: its create of the same
+        title may be in flight and would look like ours. Saved with the slot
+        bumped, so a reservation taken after this read makes the save conflict.
         """
-        if self.slot(attempt.parent_workspace_id, attempt.title).holder != attempt.id:
+        slot = self.slot(attempt.parent_workspace_id, attempt.title)
+        if slot.busy_for(attempt.id, self.clock.now(), self.settings.create_grace_s):
             return None
         family = self.gateway.family(attempt.parent_workspace_id, attempt.title)
         new = [
@@ -536,7 +541,7 @@ class ProvisioningService:
             )
             if not self.claimed_by_other(m.id, attempt.brand_id)
         ]
-        return new[0] if len(new) == 1 else None
+        return (new[0], slot) if len(new) == 1 else None
 
 
 class _Hop:
@@ -686,20 +691,26 @@ class _Hop:
     def _recover_create(self, attempt: ProvisioningAttempt) -> HopOutcome | None:
         """A create was requested and not recorded: find what it made, by the family.
 
-        Only while the attempt still holds the title slot (read before the family):
-        once its reservation lapsed and another attempt took the slot, a new
-        same-title child may be that attempt's create, still in flight.
+        The title slot is read first. If another attempt holds it afresh (our
+        reservation lapsed and it took over), its create of the same title may be
+        in flight and would look like ours: wait. Otherwise what is new and
+        unclaimed is ours; the acceptance is saved with the slot bumped, so a
+        reservation taken after our read makes it conflict and decide again.
         """
         slot = self._slot(attempt)
+        if slot.busy_for(attempt.id, self.now, self.svc.settings.create_grace_s):
+            return self._settling(attempt, f"another create titled {attempt.title!r} in flight")
         family = self._family_of(attempt)
         new = [
             m
             for m in new_since(
                 family, attempt.title, attempt.parent_workspace_id, attempt.create_known_ids
             )
-            if slot.holder == attempt.id and not self.svc.claimed_by_other(m.id, attempt.brand_id)
+            if not self.svc.claimed_by_other(m.id, attempt.brand_id)
         ]
         if len(new) == 1:
+            if slot.holder != attempt.id:  # no Freed to save: bump it another way
+                slot.note_adoption(attempt.id, new[0].id)
             self._accept(attempt, new[0].id, Provenance.CREATED, slot)
             return None
         if len(new) > 1:

@@ -6,7 +6,7 @@ from collections.abc import Callable
 from uuid import UUID
 
 from domain.outcomes import HopOutcome, Outcome
-from domain.ports import FamilyMember, Gateway
+from domain.ports import FamilyMember, Gateway, TransientGatewayError
 from infrastructure.service import ProvisioningService
 
 
@@ -42,6 +42,7 @@ class Intercepting:
         self.inner = inner
         self.create_answer: Callable[[str, str], str] | None = None
         self.status_answer: dict[str, Callable[[], str]] = {}
+        self.family_down = False  # family listings fail as an outage would
 
     def create_child(self, parent_id: str, title: str) -> str:
         if self.create_answer is not None:
@@ -53,6 +54,8 @@ class Intercepting:
         return override() if override else self.inner.status(workspace_id)
 
     def family(self, parent_id: str, title: str | None = None) -> list[FamilyMember]:
+        if self.family_down:
+            raise TransientGatewayError("family: HTTP 503 (intercepted)")
         # The listing agrees with the overridden statuses, as the real gateway's would.
         members = self.inner.family(parent_id, title)
         return [FamilyMember(m.id, m.title, self._listed_status(m)) for m in members]

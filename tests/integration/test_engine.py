@@ -253,6 +253,52 @@ def test_a_lapsed_unconfirmed_create_never_takes_the_workspace_another_attempt_i
     assert service.brand(y_brand).workspace_id == y.workspace_id
 
 
+def test_an_orphan_of_a_create_unresolved_while_another_held_the_slot_is_found_later(
+    service: ProvisioningService, fake: FakeGateway, clock: ManualClock, title: str
+) -> None:
+    intercept = Intercepting(service.gateway)
+    service.gateway = intercept
+    # Y's create makes a workspace (not ready yet, so nobody may adopt it) but times
+    # out, and then the family cannot be listed.
+    fake.configure(create_timeout_after_create_rate=1.0, settle_polls=10)
+
+    def create_then_outage(parent: str, child_title: str) -> str:
+        intercept.family_down = True
+        return intercept.inner.create_child(parent, child_title)
+
+    intercept.create_answer = create_then_outage
+    y = service.request_provisioning(f"y-{uuid4().hex[:8]}", title, PARENT)
+    assert service.run_hop(y, 0).outcome is Outcome.SCHEDULED
+    [orphan] = [w["id"] for w in upstream(fake, title)]
+    fake.configure(create_timeout_after_create_rate=0.0)
+    intercept.family_down = False
+    clock.advance(61)  # Y's reservation lapses; X takes the slot and creates.
+    y_hops: list[HopOutcome] = []
+
+    def create_while_y_runs_out(parent: str, child_title: str) -> str:
+        made = intercept.inner.create_child(parent, child_title)
+        hop = 1
+        while not y_hops or y_hops[-1].outcome is Outcome.SCHEDULED:  # no clock: X stays fresh
+            y_hops.append(service.run_hop(y, hop))
+            hop += 1
+        return made
+
+    intercept.create_answer = create_while_y_runs_out
+    x = service.run_hop(service.request_provisioning(f"x-{uuid4().hex[:8]}", title, PARENT), 0)
+
+    # While X's create was in flight Y waited, never taking X's workspace, and ran out.
+    assert y_hops[-1].outcome is Outcome.FAILED
+    assert {o.detail for o in y_hops[:-1]} == {f"another create titled {title!r} in flight"}
+    assert x.outcome is Outcome.SCHEDULED  # its own create, settling
+    assert x.workspace_id not in (None, orphan)
+    # Once the slot is free, Y's release (the relay's, or the reconciler's) finds its orphan.
+    service.release(y)
+    ended = service.attempt(y)
+    assert orphan in ended.created_ids
+    assert orphan in ended.released_ids
+    assert service.attempt(x.attempt_id).candidate_id == x.workspace_id
+
+
 # Adoption rules.
 
 
