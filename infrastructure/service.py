@@ -442,6 +442,34 @@ class ProvisioningService:
         claim = self.claim(workspace_id)
         return claim is not None and claim.held_by_other_than(brand_id)
 
+    def taken_elsewhere(self, workspace_id: str, attempt: ProvisioningAttempt) -> bool:
+        """Cannot be what the attempt's unresolved create made: another brand holds it,
+        or another attempt has it on record as made by its own create.
+
+        The second covers a shell that attempt created and released (unclaimed
+        now) and the workspace of the brand's own next attempt (claimed by the
+        same brand): both are new to an older create's baseline, and counted as
+        candidates they would make the search ambiguous for good, so the orphan
+        would never be recorded. The attempts the claim ever named are read.
+        """
+        claim: Any = None
+        named: set[UUID] = set()
+        for domain_event in self.app.events.get(claim_aggregate_id(workspace_id)):
+            event: Any = domain_event
+            claim = event.mutate(claim)
+            by = getattr(event, "attempt_id", None)
+            if isinstance(by, UUID) and by != attempt.id:
+                named.add(by)
+        if claim is None:
+            return False
+        assert isinstance(claim, WorkspaceClaim)
+        if claim.held_by_other_than(attempt.brand_id):
+            return True
+        return bool(named) and any(
+            isinstance(other, ProvisioningAttempt) and workspace_id in other.created_ids
+            for other in self.load(*named)
+        )
+
     def claim_for(self, workspace_id: str, brand_id: str, attempt_id: UUID) -> WorkspaceClaim:
         """The claim, opened if new, with the brand's claim pending on it."""
         claim = self.claim(workspace_id) or WorkspaceClaim.open(workspace_id)
@@ -539,7 +567,7 @@ class ProvisioningService:
             for m in new_since(
                 family, attempt.title, attempt.parent_workspace_id, attempt.create_known_ids
             )
-            if not self.claimed_by_other(m.id, attempt.brand_id)
+            if not self.taken_elsewhere(m.id, attempt)
         ]
         return (new[0], slot) if len(new) == 1 else None
 
@@ -693,9 +721,10 @@ class _Hop:
 
         The title slot is read first. If another attempt holds it afresh (our
         reservation lapsed and it took over), its create of the same title may be
-        in flight and would look like ours: wait. Otherwise what is new and
-        unclaimed is ours; the acceptance is saved with the slot bumped, so a
-        reservation taken after our read makes it conflict and decide again.
+        in flight and would look like ours: wait. Otherwise what is new and not
+        taken elsewhere (`taken_elsewhere`) is ours; the acceptance is saved with
+        the slot bumped, so a reservation taken after our read makes it conflict
+        and decide again.
         """
         slot = self._slot(attempt)
         if slot.busy_for(attempt.id, self.now, self.svc.settings.create_grace_s):
@@ -706,7 +735,7 @@ class _Hop:
             for m in new_since(
                 family, attempt.title, attempt.parent_workspace_id, attempt.create_known_ids
             )
-            if not self.svc.claimed_by_other(m.id, attempt.brand_id)
+            if not self.svc.taken_elsewhere(m.id, attempt)
         ]
         if len(new) == 1:
             if slot.holder != attempt.id:  # no Freed to save: bump it another way

@@ -299,6 +299,76 @@ def test_an_orphan_of_a_create_unresolved_while_another_held_the_slot_is_found_l
     assert service.attempt(x.attempt_id).candidate_id == x.workspace_id
 
 
+def test_an_orphan_is_found_beside_a_workspace_another_attempt_created_and_released(
+    service: ProvisioningService, fake: FakeGateway, clock: ManualClock, title: str
+) -> None:
+    intercept = Intercepting(service.gateway)
+    service.gateway = intercept
+    # Y's create makes a workspace (never ready in this test) but times out, and the
+    # family cannot be listed for the rest of Y's hops: Y ends with its create unresolved.
+    fake.configure(create_timeout_after_create_rate=1.0, settle_polls=100)
+
+    def create_then_outage(parent: str, child_title: str) -> str:
+        intercept.family_down = True
+        return intercept.inner.create_child(parent, child_title)
+
+    intercept.create_answer = create_then_outage
+    y = service.request_provisioning(f"y-{uuid4().hex[:8]}", title, PARENT)
+    assert drive(service, y, clock.advance)[-1].outcome is Outcome.FAILED
+    [orphan] = [w["id"] for w in upstream(fake, title)]
+    fake.configure(create_timeout_after_create_rate=0.0)
+    intercept.create_answer = None
+    intercept.family_down = False
+    # X (same title, another brand) creates its own, records it, runs out of hops and
+    # releases it: an empty, unclaimed shell that X's create made, on record in X.
+    x = service.request_provisioning(f"x-{uuid4().hex[:8]}", title, PARENT)
+    assert drive(service, x, clock.advance)[-1].outcome is Outcome.FAILED
+    [x_made] = service.attempt(x).created_ids
+    assert x_made in service.attempt(x).released_ids
+
+    service.release(y)  # the relay's or the reconciler's release of Y
+
+    # X's released workspace is X's on record, not a second candidate for Y's orphan.
+    ended = service.attempt(y)
+    assert orphan in ended.created_ids
+    assert orphan in ended.released_ids
+    assert x_made not in ended.created_ids
+
+
+def test_an_orphan_is_found_beside_the_workspace_of_the_brands_next_attempt(
+    service: ProvisioningService, fake: FakeGateway, clock: ManualClock, brand_id: str, title: str
+) -> None:
+    intercept = Intercepting(service.gateway)
+    service.gateway = intercept
+    # As above, Y ends with an unresolved create whose workspace exists upstream.
+    fake.configure(create_timeout_after_create_rate=1.0, settle_polls=100)
+
+    def create_then_outage(parent: str, child_title: str) -> str:
+        intercept.family_down = True
+        return intercept.inner.create_child(parent, child_title)
+
+    intercept.create_answer = create_then_outage
+    y = service.request_provisioning(brand_id, title, PARENT)
+    assert drive(service, y, clock.advance)[-1].outcome is Outcome.FAILED
+    [orphan] = [w["id"] for w in upstream(fake, title)]
+    fake.configure(create_timeout_after_create_rate=0.0)
+    intercept.create_answer = None
+    intercept.family_down = False
+    # The brand asks again: its next attempt creates a workspace of its own (the
+    # orphan is not ready, so it is not adopted); its claim names the same brand.
+    retry = service.request_provisioning(brand_id, title, PARENT)
+    assert service.run_hop(retry, 0).outcome is Outcome.SCHEDULED
+    [made] = service.attempt(retry).created_ids
+
+    service.release(y)
+
+    ended = service.attempt(y)
+    assert orphan in ended.created_ids
+    assert orphan in ended.released_ids
+    assert made not in ended.created_ids
+    assert service.attempt(retry).candidate_id == made
+
+
 # Adoption rules.
 
 
