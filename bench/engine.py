@@ -452,6 +452,8 @@ def main() -> int:
         skeleton = None
         if args.skeleton:
             say(f"skeleton, {args.attempts} attempts' worth of bare I/O ...")
+            # The same family sizes as the engine met.
+            httpx.post(f"{gateway_url}/_fake/reset", timeout=10).raise_for_status()
             skeleton = engine_phase(workers, args.attempts, per_parent, "skeleton")
         bare_phases("after")
     finally:
