@@ -40,6 +40,10 @@ class ProvisioningAttempt(Aggregate):
         known_ids: list[str]
         requested_at: datetime
 
+    class CreateRefused(Aggregate.Event):
+        hop: int
+        message: str
+
     class SurplusCreated(Aggregate.Event):
         workspace_id: str
         hop: int
@@ -169,6 +173,13 @@ class ProvisioningAttempt(Aggregate):
         baseline = self.create_known_ids if self.create_requested_at else tuple(known_ids)
         self._create_requested(hop, sorted(baseline), now)
 
+    def record_create_refused(self, hop: int, message: str) -> None:
+        """The gateway answered the create with a refusal: nothing was made, so there
+        is nothing to find in the family or to release for it."""
+        if self.create_requested_hop is None:
+            raise CommandRefused(f"attempt {self.id} has no create in flight")
+        self._create_refused(hop, safe_message(message))
+
     def accept_candidate(self, workspace_id: str, provenance: Provenance, hop: int) -> None:
         self._require_pending("accept a candidate")
         if not workspace_id:
@@ -246,6 +257,10 @@ class ProvisioningAttempt(Aggregate):
         self.create_requested_hop = hop
         self.create_requested_at = requested_at
         self.create_known_ids = tuple(known_ids)
+
+    @event(CreateRefused)
+    def _create_refused(self, hop: int, message: str) -> None:
+        self.create_requested_hop = None
 
     @event(SurplusCreated)
     def _surplus_created(self, workspace_id: str, hop: int) -> None:

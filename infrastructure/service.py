@@ -63,6 +63,7 @@ from domain.ports import (
     GatewayError,
     MalformedAnswer,
     RequestRejected,
+    TransientGatewayError,
     Unauthorized,
     WorkspaceGone,
 )
@@ -810,8 +811,15 @@ class _Hop:
             log.warning("create unconfirmed attempt=%s hop=%d", attempt.id, self.hop)
             self._family = None
             return self._recover_create(attempt)
-        except RequestRejected as exc:
+        except RequestRejected as exc:  # refused outright: nothing was made
+            attempt.record_create_refused(self.hop, str(exc))
             return self._fail(attempt, FailureReason.REJECTED, f"create rejected: {exc}")
+        except Unauthorized as exc:
+            attempt.record_create_refused(self.hop, str(exc))
+            return self._fail(attempt, FailureReason.UNAUTHORIZED, f"gateway refused: {exc}")
+        except TransientGatewayError as exc:  # throttled (429) or never sent
+            attempt.record_create_refused(self.hop, str(exc))
+            return self._settling(attempt, f"gateway unavailable: {exc}")
         except MalformedAnswer as exc:
             return self._fail(attempt, FailureReason.GATEWAY_BUG, f"create answer: {exc}")
         if not workspace_id or workspace_id == parent:

@@ -35,6 +35,7 @@ _TERMINAL = {
 _EVENTS = (
     A.Started,
     A.CreateRequested,
+    A.CreateRefused,
     A.SurplusCreated,
     A.CandidateAccepted,
     A.CandidateDropped,
@@ -141,6 +142,8 @@ class Attempts:
             row["hops_used"] = max(row["hops_used"], ran)
         if isinstance(event, A.CreateRequested):
             row["create_unresolved"] = 1
+        elif isinstance(event, A.CreateRefused):
+            row["create_unresolved"] = 0
         elif isinstance(event, A.SurplusCreated):
             row["created_ids"] = [*row["created_ids"], event.workspace_id]
             row["create_unresolved"] = 0

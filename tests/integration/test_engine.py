@@ -3,6 +3,7 @@ gateway over real HTTP, and the event store on SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 from uuid import UUID, uuid4
 
@@ -12,7 +13,7 @@ from pytest_mock import MockerFixture
 from domain.errors import AttemptInProgress, InvalidRequest
 from domain.outcomes import HopOutcome, Outcome, StandDown
 from domain.policies import AttemptState, FailureReason, Provenance
-from domain.ports import TransientGatewayError
+from domain.ports import RequestRejected, TransientGatewayError, Unauthorized
 from infrastructure.eventstore import ProvisionerApplication
 from infrastructure.fake_gateway import FakeGateway
 from infrastructure.service import ProvisioningService
@@ -367,6 +368,60 @@ def test_an_orphan_is_found_beside_the_workspace_of_the_brands_next_attempt(
     assert orphan in ended.released_ids
     assert made not in ended.created_ids
     assert service.attempt(retry).candidate_id == made
+
+
+def _refuse(error: Exception) -> Callable[[str, str], str]:
+    def create(_parent: str, _title: str) -> str:
+        raise error
+
+    return create
+
+
+@pytest.mark.parametrize(
+    ("error", "reason"),
+    [
+        (RequestRejected("create_child: HTTP 422: title too long"), FailureReason.REJECTED),
+        (Unauthorized("create_child: credentials refused (HTTP 401)"), FailureReason.UNAUTHORIZED),
+    ],
+)
+def test_a_create_refused_outright_is_resolved_and_leaves_nothing_to_search_for(
+    service: ProvisioningService,
+    fake: FakeGateway,
+    brand_id: str,
+    title: str,
+    error: Exception,
+    reason: FailureReason,
+) -> None:
+    intercept = Intercepting(service.gateway)
+    intercept.create_answer = _refuse(error)
+    service.gateway = intercept
+    attempt_id = service.request_provisioning(brand_id, title, PARENT)
+
+    assert service.run_hop(attempt_id, 0).outcome is Outcome.FAILED
+    attempt = service.attempt(attempt_id)
+    assert attempt.failure_reason is reason
+    assert not attempt.create_unresolved  # nothing was made: no orphan search
+    assert service.slot(PARENT, title).holder is None
+    listings = fake.state()["calls"].get("family", 0)
+    assert service.release(attempt_id) == ()
+    assert fake.state()["calls"].get("family", 0) == listings
+
+
+def test_a_throttled_create_is_tried_again_at_the_next_hop_without_waiting_the_grace(
+    service: ProvisioningService, fake: FakeGateway, clock: ManualClock, brand_id: str, title: str
+) -> None:
+    intercept = Intercepting(service.gateway)
+    intercept.create_answer = _refuse(TransientGatewayError("create_child: throttled (HTTP 429)"))
+    service.gateway = intercept
+    attempt_id = service.request_provisioning(brand_id, title, PARENT)
+    assert service.run_hop(attempt_id, 0).outcome is Outcome.SCHEDULED
+    intercept.create_answer = None
+    clock.advance(5)  # well within the 60 s grace of an unconfirmed create
+
+    outcome = service.run_hop(attempt_id, 1)
+
+    assert outcome.outcome is Outcome.PROMOTED
+    assert creates(fake, title) == 1
 
 
 # Adoption rules.
