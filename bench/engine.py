@@ -180,17 +180,38 @@ def _run_engine(
     def request(brand: Brand) -> None:
         engine.submit(service.request_provisioning(*brand))
 
+    def run() -> tuple[int, int]:
+        _each_on_signal(request, brands, concurrency, go, armed)
+        report = engine.run()
+        promoted = sum(1 for o in report.finals.values() if o.outcome is Outcome.PROMOTED)
+        return promoted, report.errors
+
+    return _measured(service, run)
+
+
+def _each_on_signal(
+    work: Callable[[Brand], None],
+    brands: Sequence[Brand],
+    concurrency: int,
+    go: Event,
+    armed: Callable[[], None],
+) -> None:
+    """Run `work` for every brand on `concurrency` threads, started by the signal."""
     with ThreadPoolExecutor(concurrency) as pool:
         armed()
         go.wait()
-        saves, cpu = service.app.saves, _self_cpu_s()
-        list(pool.map(request, brands))
-    report = engine.run()
+        list(pool.map(work, brands))
+
+
+def _measured(service: ProvisioningService, run: Callable[[], tuple[int, int]]) -> dict[str, Any]:
+    """The saves and CPU of `run` (which returns promoted attempts and errors)."""
+    saves, cpu = service.app.saves, _self_cpu_s()
+    promoted, errors = run()
     return {
         "saves": service.app.saves - saves,
         "cpu_s": _self_cpu_s() - cpu,
-        "promoted": sum(1 for o in report.finals.values() if o.outcome is Outcome.PROMOTED),
-        "errors": report.errors,
+        "promoted": promoted,
+        "errors": errors,
     }
 
 
@@ -229,17 +250,11 @@ def _run_skeleton(
         brand_agg.note("bound")
         app.save(attempt_agg, slot, claim, brand_agg)  # 6 events
 
-    with ThreadPoolExecutor(concurrency) as pool:
-        armed()
-        go.wait()
-        saves, cpu = app.saves, _self_cpu_s()
-        list(pool.map(attempt, brands))
-    return {
-        "saves": app.saves - saves,
-        "cpu_s": _self_cpu_s() - cpu,
-        "promoted": len(brands),
-        "errors": 0,
-    }
+    def run() -> tuple[int, int]:
+        _each_on_signal(attempt, brands, concurrency, go, armed)
+        return len(brands), 0
+
+    return _measured(service, run)
 
 
 def _run_bare(

@@ -313,3 +313,12 @@ class ProvisioningAttempt(Aggregate):
     @event(CandidateHandedOver)
     def _candidate_handed_over(self, workspace_id: str, to_attempt_id: UUID) -> None:
         self.released_ids = (*self.released_ids, workspace_id)
+
+
+# The events that end an attempt, and the state each leaves it in (read models use it).
+ENDED_BY: dict[type, AttemptState] = {
+    ProvisioningAttempt.Promoted: AttemptState.PROMOTED,
+    ProvisioningAttempt.Failed: AttemptState.FAILED,
+    ProvisioningAttempt.Cancelled: AttemptState.CANCELLED,
+    ProvisioningAttempt.Superseded: AttemptState.SUPERSEDED,
+}

@@ -618,12 +618,15 @@ class _Hop:
         return self.svc.claim(workspace_id)
 
     def _slot(self, attempt: ProvisioningAttempt) -> TitleSlot:
-        """The title slot: the copy already changed in this run, else a fresh read."""
+        """The title slot: the copy already changed in this run, else the one read
+        with the attempt at the start of this round, else a fresh read."""
         for aggregate in self.pending:
             if isinstance(aggregate, TitleSlot):
                 return aggregate
         if self._saved_slot is not None:
             return self._saved_slot
+        if self._context is not None:
+            return self._context[0]
         return self.svc.slot(attempt.parent_workspace_id, attempt.title)
 
     def run(self) -> HopOutcome:
@@ -760,6 +763,7 @@ class _Hop:
         # The slot is read before the family, so an adoption that raced a
         # same-title create conflicts on the slot's version and decides again.
         slot, self._brand = self._context or self.svc.slot_and_brand(attempt)
+        self._context = (slot, self._brand)
         grace = self.svc.settings.create_grace_s
         if slot.busy_for(attempt.id, self.now, grace):
             return self._settling(attempt, f"another create titled {attempt.title!r} in flight")

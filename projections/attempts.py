@@ -22,16 +22,12 @@ from typing import Any, ClassVar
 
 from eventsourcing.utils import get_topic
 
+from domain.attempt import ENDED_BY
 from domain.attempt import ProvisioningAttempt as A
 from domain.policies import AttemptState, FailureReason, owed_releases
 from projections.core import INT, LIST, TEXT, TS, Index, Row, RowCache
 
-_TERMINAL = {
-    A.Promoted: AttemptState.PROMOTED,
-    A.Failed: AttemptState.FAILED,
-    A.Cancelled: AttemptState.CANCELLED,
-    A.Superseded: AttemptState.SUPERSEDED,
-}
+_TERMINAL = ENDED_BY
 _EVENTS = (
     A.Started,
     A.CreateRequested,

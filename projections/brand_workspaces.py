@@ -14,17 +14,12 @@ from typing import Any, ClassVar
 
 from eventsourcing.utils import get_topic
 
-from domain.attempt import ProvisioningAttempt
+from domain.attempt import ENDED_BY
 from domain.brand import ACTIVE, DEACTIVATED, Brand
 from domain.policies import AttemptState
 from projections.core import TEXT, TS, Index, Row, RowCache
 
-_ATTEMPT_STATE = {
-    ProvisioningAttempt.Promoted: AttemptState.PROMOTED,
-    ProvisioningAttempt.Failed: AttemptState.FAILED,
-    ProvisioningAttempt.Cancelled: AttemptState.CANCELLED,
-    ProvisioningAttempt.Superseded: AttemptState.SUPERSEDED,
-}
+_ATTEMPT_STATE = ENDED_BY
 _BRAND_EVENTS = (
     Brand.Registered,
     Brand.AttemptBegun,

@@ -254,25 +254,38 @@ def test_a_lapsed_unconfirmed_create_never_takes_the_workspace_another_attempt_i
     assert service.brand(y_brand).workspace_id == y.workspace_id
 
 
-def test_an_orphan_of_a_create_unresolved_while_another_held_the_slot_is_found_later(
-    service: ProvisioningService, fake: FakeGateway, clock: ManualClock, title: str
-) -> None:
+def _create_lost_to_an_outage(
+    service: ProvisioningService, fake: FakeGateway, settle_polls: int
+) -> Intercepting:
+    """From now on a create makes its workspace (not ready for `settle_polls` polls,
+    so nobody adopts it) but times out, and then the family cannot be listed."""
     intercept = Intercepting(service.gateway)
     service.gateway = intercept
-    # Y's create makes a workspace (not ready yet, so nobody may adopt it) but times
-    # out, and then the family cannot be listed.
-    fake.configure(create_timeout_after_create_rate=1.0, settle_polls=10)
+    fake.configure(create_timeout_after_create_rate=1.0, settle_polls=settle_polls)
 
     def create_then_outage(parent: str, child_title: str) -> str:
         intercept.family_down = True
         return intercept.inner.create_child(parent, child_title)
 
     intercept.create_answer = create_then_outage
+    return intercept
+
+
+def _outage_over(fake: FakeGateway, intercept: Intercepting) -> None:
+    fake.configure(create_timeout_after_create_rate=0.0)
+    intercept.create_answer = None
+    intercept.family_down = False
+
+
+def test_an_orphan_of_a_create_unresolved_while_another_held_the_slot_is_found_later(
+    service: ProvisioningService, fake: FakeGateway, clock: ManualClock, title: str
+) -> None:
+    # Y's create makes a workspace but times out, and then the family cannot be listed.
+    intercept = _create_lost_to_an_outage(service, fake, settle_polls=10)
     y = service.request_provisioning(f"y-{uuid4().hex[:8]}", title, PARENT)
     assert service.run_hop(y, 0).outcome is Outcome.SCHEDULED
     [orphan] = [w["id"] for w in upstream(fake, title)]
-    fake.configure(create_timeout_after_create_rate=0.0)
-    intercept.family_down = False
+    _outage_over(fake, intercept)
     clock.advance(61)  # Y's reservation lapses; X takes the slot and creates.
     y_hops: list[HopOutcome] = []
 
@@ -303,23 +316,13 @@ def test_an_orphan_of_a_create_unresolved_while_another_held_the_slot_is_found_l
 def test_an_orphan_is_found_beside_a_workspace_another_attempt_created_and_released(
     service: ProvisioningService, fake: FakeGateway, clock: ManualClock, title: str
 ) -> None:
-    intercept = Intercepting(service.gateway)
-    service.gateway = intercept
     # Y's create makes a workspace (never ready in this test) but times out, and the
     # family cannot be listed for the rest of Y's hops: Y ends with its create unresolved.
-    fake.configure(create_timeout_after_create_rate=1.0, settle_polls=100)
-
-    def create_then_outage(parent: str, child_title: str) -> str:
-        intercept.family_down = True
-        return intercept.inner.create_child(parent, child_title)
-
-    intercept.create_answer = create_then_outage
+    intercept = _create_lost_to_an_outage(service, fake, settle_polls=100)
     y = service.request_provisioning(f"y-{uuid4().hex[:8]}", title, PARENT)
     assert drive(service, y, clock.advance)[-1].outcome is Outcome.FAILED
     [orphan] = [w["id"] for w in upstream(fake, title)]
-    fake.configure(create_timeout_after_create_rate=0.0)
-    intercept.create_answer = None
-    intercept.family_down = False
+    _outage_over(fake, intercept)
     # X (same title, another brand) creates its own, records it, runs out of hops and
     # releases it: an empty, unclaimed shell that X's create made, on record in X.
     x = service.request_provisioning(f"x-{uuid4().hex[:8]}", title, PARENT)
@@ -339,22 +342,12 @@ def test_an_orphan_is_found_beside_a_workspace_another_attempt_created_and_relea
 def test_an_orphan_is_found_beside_the_workspace_of_the_brands_next_attempt(
     service: ProvisioningService, fake: FakeGateway, clock: ManualClock, brand_id: str, title: str
 ) -> None:
-    intercept = Intercepting(service.gateway)
-    service.gateway = intercept
     # As above, Y ends with an unresolved create whose workspace exists upstream.
-    fake.configure(create_timeout_after_create_rate=1.0, settle_polls=100)
-
-    def create_then_outage(parent: str, child_title: str) -> str:
-        intercept.family_down = True
-        return intercept.inner.create_child(parent, child_title)
-
-    intercept.create_answer = create_then_outage
+    intercept = _create_lost_to_an_outage(service, fake, settle_polls=100)
     y = service.request_provisioning(brand_id, title, PARENT)
     assert drive(service, y, clock.advance)[-1].outcome is Outcome.FAILED
     [orphan] = [w["id"] for w in upstream(fake, title)]
-    fake.configure(create_timeout_after_create_rate=0.0)
-    intercept.create_answer = None
-    intercept.family_down = False
+    _outage_over(fake, intercept)
     # The brand asks again: its next attempt creates a workspace of its own (the
     # orphan is not ready, so it is not adopted); its claim names the same brand.
     retry = service.request_provisioning(brand_id, title, PARENT)
