@@ -1,4 +1,4 @@
-"""HTTP adapter for the workspace gateway (see /work/shared/GATEWAY.md).
+"""HTTP adapter for the workspace gateway (docs/gateway.md).
 
 `HttpGateway` implements `domain.ports.Gateway` with explicit timeouts, a
 bearer token and a bounded connection pool. It sends through an httpx
@@ -44,7 +44,9 @@ Rejection messages carry the gateway's error text, whitespace-collapsed and
 truncated to 200 characters. No message, repr or log line carries the token or
 request headers: the domain errors are raised outside the ``except`` blocks
 (no ``__cause__``/``__context__`` pointing at an httpx exception, which holds
-the request), and every text taken from the wire is scrubbed of the token.
+the request), and every text taken from the wire is scrubbed of the token:
+error texts and statuses have it replaced, an id carrying it is refused as
+`MalformedAnswer` (an id is stored and called back, so it cannot be altered).
 
 Path segments (ids) are percent-encoded; an id made only of dots is encoded
 too (``%2E``) so it cannot become a ``..`` segment, and an empty id is refused
@@ -205,7 +207,7 @@ class HttpGateway:
             body = self._json(outcome, op)
             if not isinstance(body, dict):
                 raise MalformedAnswer(f"{op}: expected a JSON object")
-            return _text(body.get("id"), op, "id")
+            return self._field(body.get("id"), op, "id")
         if code in (401, 403):
             raise Unauthorized(f"{op}: credentials refused (HTTP {code})")
         if code == 429:
@@ -221,7 +223,7 @@ class HttpGateway:
         body = self._read_json(op, f"/v1/workspaces/{_seg(workspace_id)}/status")
         if not isinstance(body, dict):
             raise MalformedAnswer(f"{op}: expected a JSON object")
-        return _text(body.get("status"), op, "status")
+        return self._field(body.get("status"), op, "status")
 
     def family(self, parent_id: str, title: str | None = None) -> list[FamilyMember]:
         op = "family"
@@ -234,14 +236,14 @@ class HttpGateway:
                 raise MalformedAnswer(f"{op}: expected an array of objects")
             if title is not None and entry.get("title") != title:
                 continue  # a listing of K children costs K comparisons, not K members
-            member_id = _text(entry.get("id"), op, "id")
+            member_id = self._field(entry.get("id"), op, "id")
             if not member_id:
                 continue
             members.append(
                 FamilyMember(
                     id=member_id,
-                    title=_text(entry.get("title"), op, "title"),
-                    status=_text(entry.get("status"), op, "status"),
+                    title=self._field(entry.get("title"), op, "title"),
+                    status=self._field(entry.get("status"), op, "status"),
                 )
             )
         return members
@@ -255,7 +257,7 @@ class HttpGateway:
             raise MalformedAnswer(f"{op}: expected an object with an 'items' array")
         ids: list[str] = []
         for item in items:
-            project_id = _text(item.get("id"), op, "id") if isinstance(item, dict) else ""
+            project_id = self._field(item.get("id"), op, "id") if isinstance(item, dict) else ""
             if not project_id:
                 # Never under-report projects: release and adoption rely on the count.
                 raise MalformedAnswer(f"{op}: an item without an id")
@@ -389,6 +391,20 @@ class HttpGateway:
 
     def _scrub(self, text: str) -> str:
         return text.replace(self._token, "[redacted]")
+
+    def _field(self, value: object, op: str, field: str) -> str:
+        """A string field of an answer, safe to store and log.
+
+        A status or title that carries the token is scrubbed of it (it is only
+        read and recorded). An id that carries it is refused: an id is called
+        back and bound, so it cannot be altered, and it must not be stored.
+        """
+        text = _text(value, op, field)
+        if self._token not in text:
+            return text
+        if field == "id":
+            raise MalformedAnswer(f"{op}: an id carries our credentials; answer refused")
+        return self._scrub(text)
 
 
 def _seg(value: str) -> str:

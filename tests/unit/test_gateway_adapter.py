@@ -192,6 +192,40 @@ def test_status_malformed(make: Make, answer: httpx.Response) -> None:
         gateway.status("ws-1")
 
 
+def test_a_status_carrying_the_token_is_scrubbed(make: Make) -> None:
+    gateway, _ = make(ok({"status": f"not ready ({TOKEN})"}))
+    assert gateway.status("ws-1") == "not ready ([redacted])"
+
+
+def test_family_statuses_and_titles_carrying_the_token_are_scrubbed(make: Make) -> None:
+    gateway, _ = make(ok([{"id": "ws-2", "title": f"T {TOKEN}", "status": f"x{TOKEN}"}]))
+    (member,) = gateway.family(PARENT)
+    assert TOKEN not in repr(member)
+    assert member.status == "x[redacted]"
+
+
+@pytest.mark.parametrize(
+    ("op", "answer"),
+    [
+        ("create", ok({"id": f"ws-{TOKEN}"}, 201)),
+        ("family", ok([{"id": f"ws-{TOKEN}", "title": "T", "status": "created"}])),
+        ("projects", ok({"items": [{"id": f"p-{TOKEN}"}]})),
+    ],
+)
+def test_an_id_carrying_the_token_is_refused_not_stored(
+    make: Make, op: str, answer: httpx.Response
+) -> None:
+    gateway, _ = make(answer)
+    calls = {
+        "create": lambda: gateway.create_child(PARENT, "T"),
+        "family": lambda: gateway.family(PARENT),
+        "projects": lambda: gateway.list_projects("ws-1"),
+    }
+    with pytest.raises(MalformedAnswer, match="credentials") as caught:
+        calls[op]()
+    assert TOKEN not in str(caught.value)
+
+
 def test_family_parses_a_bare_array_including_the_parent(make: Make) -> None:
     gateway, rec = make(
         ok(
