@@ -9,6 +9,9 @@ consuming thread empties between drains.
 - Invalid messages (bad JSON, unknown type or version, schema errors) and
   permanent failures (unknown attempt or brand, a refused command) go to the
   dead-letter queue with the reason in their headers, then are acked.
+- A stale command (not newer than one its brand applied) is recorded on the
+  brand and acked; a command refused only for now (`RetryLater`: the brand's
+  workspace is being emptied) takes the infrastructure-failure path below.
 - An infrastructure failure (database down, too much contention) is not the
   brand's fault: the message is re-published after a delay with a retry count
   and the attempt stays untouched; after the last retry it is dead-lettered.
@@ -39,6 +42,7 @@ from domain.errors import (
     BrandDeactivated,
     CommandRefused,
     InvalidRequest,
+    StaleCommand,
     UnknownAttempt,
     UnknownBrand,
 )
@@ -80,6 +84,8 @@ def handle(service: ProvisioningService, message: Message) -> str:
 
 
 def _handle(service: ProvisioningService, message: Message) -> str:
+    """Stale commands are acked (recorded on the brand); RetryLater propagates, so
+    the consumer's infrastructure-failure path re-publishes it with backoff."""
     f = message.fields
     try:
         if message.type == "hop":
@@ -92,14 +98,16 @@ def _handle(service: ProvisioningService, message: Message) -> str:
         if message.type == "provision":
             try:
                 attempt_id = service.request_provisioning(
-                    f["brand_id"], f["title"], f["parent_workspace_id"]
+                    f["brand_id"], f["title"], f["parent_workspace_id"], f.get("requested_at")
                 )
             except AttemptInProgress as exc:
                 return f"not started: {exc}"
             return f"attempt {attempt_id} started"
         if message.type == "deactivate":
-            result = service.deactivate(f["brand_id"])
+            result = service.deactivate(f["brand_id"], f.get("requested_at"))
             return f"deactivated (cancelled {result.cancelled_attempt_id})"
+    except StaleCommand as exc:
+        return f"ignored: {exc}"
     except (UnknownAttempt, UnknownBrand, InvalidRequest, BrandDeactivated, CommandRefused) as exc:
         raise DeadLetter(type(exc).__name__, {"error": str(exc)}) from None
     raise DeadLetter("unhandled type", {"type": message.type})
