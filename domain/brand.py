@@ -70,6 +70,10 @@ class Brand(Aggregate):
 
         upcast_v1_v2 = staticmethod(_requested_at_is_the_record_time)
 
+    class ProvisionNoted(Aggregate.Event):
+        attempt_id: UUID  # the pending attempt that serves it
+        requested_at: datetime
+
     class CommandIgnored(Aggregate.Event):
         command: str  # provision | deactivate
         requested_at: datetime
@@ -149,6 +153,16 @@ class Brand(Aggregate):
                 "after its deactivation; retry in a moment"
             )
 
+    def note_provision(self, attempt_id: UUID, requested_at: datetime) -> None:
+        """A newer provision that the pending current attempt already serves (same
+        title and parent): its time counts as applied, so an older deactivate that
+        arrives later is stale."""
+        if attempt_id != self.current_attempt_id:
+            raise CommandRefused(f"attempt {attempt_id} is not brand {self.brand_id}'s current")
+        if self.last_command_at is not None and requested_at <= self.last_command_at:
+            raise CommandRefused(f"brand {self.brand_id}: provision at {requested_at} is stale")
+        self._provision_noted(attempt_id, requested_at)
+
     def begin_attempt(
         self, attempt_id: UUID, title: str, parent_workspace_id: str, requested_at: datetime
     ) -> None:
@@ -227,6 +241,10 @@ class Brand(Aggregate):
     @event(Deactivated)
     def _deactivated(self, requested_at: datetime) -> None:
         self.lifecycle = DEACTIVATED
+        self._applied(requested_at)
+
+    @event(ProvisionNoted)
+    def _provision_noted(self, attempt_id: UUID, requested_at: datetime) -> None:
         self._applied(requested_at)
 
     @event(CommandIgnored)

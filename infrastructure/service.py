@@ -314,6 +314,9 @@ class ProvisioningService:
         old = self.attempt(brand.current_attempt_id) if brand.current_attempt_id else None
         if old is not None and not old.is_terminal:
             if not old.is_stale(self.clock.now(), self.settings.stale_after_s):
+                if (old.title, old.parent_workspace_id) == (title, parent_workspace_id):
+                    brand.note_provision(old.id, at)  # served by the pending attempt
+                    self.app.save(brand)
                 retry_at = old.modified_on + timedelta(seconds=self.settings.stale_after_s)
                 raise AttemptInProgress(
                     f"brand {brand_id} already has attempt {old.id} pending (hop "

@@ -48,12 +48,12 @@ from worker.projector import Projector
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture
 def at(seconds: float) -> datetime:
     """A command time for hand-built histories."""
     return datetime(2030, 1, 1, tzinfo=UTC) + timedelta(seconds=seconds)
 
 
+@pytest.fixture
 def store(database_url: str) -> Iterator[SqlViewStore]:
     with SqlViewStore(database_url) as views:
         views.setup()
