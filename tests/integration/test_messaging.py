@@ -354,7 +354,7 @@ POISON: list[tuple[str, bytes, str]] = [
     (COMMAND_KEY, b'{"type": "provision", "version": 1, "brand_id": "b"}', "schema errors"),
     (
         COMMAND_KEY,
-        b'{"type": "deactivate", "version": 1, "brand_id": "b", "requested_at": "2030-01-01T00:00"}',
+        b'{"type": "deactivate", "version": 1, "brand_id": "b", "requested_at": "2030-01-01"}',
         "schema errors",  # a command time without an offset
     ),
 ]
