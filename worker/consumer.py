@@ -9,9 +9,6 @@ consuming thread empties between drains.
 - Invalid messages (bad JSON, unknown type or version, schema errors) and
   permanent failures (unknown attempt or brand, a refused command) go to the
   dead-letter queue with the reason in their headers, then are acked.
-- A stale command (not newer than one its brand applied) is recorded on the
-  brand and acked; a command refused only for now (`RetryLater`: the brand's
-  workspace is being emptied) takes the infrastructure-failure path below.
 - An infrastructure failure (database down, too much contention) is not the
   brand's fault: the message is re-published after a delay with a retry count
   and the attempt stays untouched; after the last retry it is dead-lettered.
