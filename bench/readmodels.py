@@ -64,14 +64,14 @@ def brand_with_history(index: int, now: datetime) -> tuple[list[Any], str, Any]:
     title, parent = f"Read Bench {index}", f"parent-{index % 100}"
     brand = Brand.register(brand_id, title, parent)
     first = ProvisioningAttempt.start(brand_id, title, parent, None, max_hop=5)
-    brand.begin_attempt(first.id, title, parent)
+    brand.begin_attempt(first.id, title, parent, now)
     first.request_create(0, [], now)
     first.accept_candidate(f"ws-{uuid.uuid4().hex[:12]}", Provenance.CREATED, 0)
     first.schedule_hop(1, now, "creating")
     first.fail(FailureReason.EXHAUSTED, "status stayed creating", 1)
     first.record_release(first.candidate_id or "", 0)
     second = ProvisioningAttempt.start(brand_id, title, parent, None, max_hop=5)
-    brand.begin_attempt(second.id, title, parent)
+    brand.begin_attempt(second.id, title, parent, now + timedelta(microseconds=1))
     second.request_create(0, [], now)
     workspace_id = f"ws-{uuid.uuid4().hex[:12]}"
     second.accept_candidate(workspace_id, Provenance.CREATED, 0)

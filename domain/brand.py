@@ -2,19 +2,37 @@
 
 Public command methods validate and decide; the private `@event` methods only
 mutate state (they re-run on every replay).
+
+Command ordering: `provision` and `deactivate` carry their producer's time
+(`requested_at`). The brand remembers the newest one it applied
+(`last_command_at`) and ignores, on record (`CommandIgnored`), any command
+that is not newer: a late or redelivered command never undoes a later one, so
+whatever order they run in, the brand ends as its producer's last command says.
 """
 
 from __future__ import annotations
 
+from datetime import datetime, timedelta
+from typing import Any
 from uuid import UUID
 
 from eventsourcing.domain import Aggregate, event
 
-from domain.errors import BrandDeactivated, CommandRefused
+from domain.errors import BrandDeactivated, CommandRefused, RetryLater
 from domain.ids import brand_aggregate_id
 
 ACTIVE = "active"
 DEACTIVATED = "deactivated"
+PROVISION = "provision"
+DEACTIVATE = "deactivate"
+# A command without a producer's time is ordered right after everything applied.
+TICK = timedelta(microseconds=1)
+
+
+def _requested_at_is_the_record_time(state: dict[str, Any]) -> None:
+    """Upcaster: events stored before commands carried a time ordered by when they
+    were recorded."""
+    state["requested_at"] = state["timestamp"]
 
 
 class Brand(Aggregate):
@@ -26,9 +44,13 @@ class Brand(Aggregate):
         parent_workspace_id: str
 
     class AttemptBegun(Aggregate.Event):
+        class_version = 2
         attempt_id: UUID
         title: str
         parent_workspace_id: str
+        requested_at: datetime  # the provision command's time
+
+        upcast_v1_v2 = staticmethod(_requested_at_is_the_record_time)
 
     class WorkspaceBound(Aggregate.Event):
         workspace_id: str
@@ -43,7 +65,19 @@ class Brand(Aggregate):
         projects_deleted: int
 
     class Deactivated(Aggregate.Event):
-        pass
+        class_version = 2
+        requested_at: datetime  # the deactivate command's time
+
+        upcast_v1_v2 = staticmethod(_requested_at_is_the_record_time)
+
+    class ProvisionNoted(Aggregate.Event):
+        attempt_id: UUID  # the pending attempt that serves it
+        requested_at: datetime
+
+    class CommandIgnored(Aggregate.Event):
+        command: str  # provision | deactivate
+        requested_at: datetime
+        reason: str
 
     class Reactivated(Aggregate.Event):
         pass
@@ -56,6 +90,7 @@ class Brand(Aggregate):
         self.current_attempt_id: UUID | None = None
         self.workspace_id: str | None = None
         self.decommissioning: str | None = None
+        self.last_command_at: datetime | None = None  # newest command time applied
 
     @classmethod
     def create_id(cls, brand_id: str) -> UUID:
@@ -70,27 +105,77 @@ class Brand(Aggregate):
             parent_workspace_id=parent_workspace_id,
         )
 
+    @classmethod
+    def tombstone(cls, brand_id: str, requested_at: datetime) -> Brand:
+        """A `deactivate` for a brand never seen: recorded (registered, then
+        deactivated at `requested_at`) so that an older `provision` arriving
+        after it is refused as stale."""
+        brand = cls.register(brand_id, "", "")
+        brand.deactivate(requested_at)
+        return brand
+
     @property
     def is_active(self) -> bool:
         return self.lifecycle == ACTIVE
 
+    # Command ordering.
+
+    def command_time(self, requested_at: datetime | None, now: datetime) -> datetime:
+        """The time a command is ordered by: its producer's, else `now` (but never
+        before a command already applied: a command without a time is the newest)."""
+        if requested_at is not None:
+            return requested_at
+        if self.last_command_at is not None and now <= self.last_command_at:
+            return self.last_command_at + TICK
+        return now
+
+    def ignore_if_stale(self, command: str, requested_at: datetime) -> str | None:
+        """Record and return why the command is ignored, if it is not newer than the
+        last command the brand applied (a late or redelivered one); else None."""
+        last = self.last_command_at
+        if last is None or requested_at > last:
+            return None
+        what = "a redelivery of" if requested_at == last else "older than"
+        reason = (
+            f"{command} requested at {requested_at.isoformat()} is {what} the brand's "
+            f"last applied command ({last.isoformat()})"
+        )
+        self._command_ignored(command, requested_at, reason)
+        return reason
+
     # Commands.
 
-    def begin_attempt(self, attempt_id: UUID, title: str, parent_workspace_id: str) -> None:
-        if not self.is_active:
-            raise BrandDeactivated(f"brand {self.brand_id} is deactivated; reactivate it first")
+    def check_provision_possible(self) -> None:
+        """Raise RetryLater while the workspace is being emptied after a deactivation."""
         if self.decommissioning is not None:
-            raise CommandRefused(
+            raise RetryLater(
                 f"brand {self.brand_id}'s workspace {self.decommissioning} is being emptied "
                 "after its deactivation; retry in a moment"
             )
+
+    def note_provision(self, attempt_id: UUID, requested_at: datetime) -> None:
+        """A newer provision that the pending current attempt already serves (same
+        title and parent): its time counts as applied, so an older deactivate that
+        arrives later is stale."""
+        if attempt_id != self.current_attempt_id:
+            raise CommandRefused(f"attempt {attempt_id} is not brand {self.brand_id}'s current")
+        if self.last_command_at is not None and requested_at <= self.last_command_at:
+            raise CommandRefused(f"brand {self.brand_id}: provision at {requested_at} is stale")
+        self._provision_noted(attempt_id, requested_at)
+
+    def begin_attempt(
+        self, attempt_id: UUID, title: str, parent_workspace_id: str, requested_at: datetime
+    ) -> None:
+        if not self.is_active:
+            raise BrandDeactivated(f"brand {self.brand_id} is deactivated; reactivate it first")
+        self.check_provision_possible()
         if self.workspace_id is not None and parent_workspace_id != self.parent_workspace_id:
             raise CommandRefused(
                 f"brand {self.brand_id} is bound to a workspace under parent "
                 f"{self.parent_workspace_id}; deactivate it before moving it to "
                 f"{parent_workspace_id}"
             )
-        self._attempt_begun(attempt_id, title, parent_workspace_id)
+        self._attempt_begun(attempt_id, title, parent_workspace_id, requested_at)
 
     def bind(self, workspace_id: str, attempt_id: UUID) -> None:
         if not self.is_active:
@@ -116,10 +201,13 @@ class Brand(Aggregate):
         if self.decommissioning != self.workspace_id:
             self._decommission_started(self.workspace_id)
 
-    def deactivate(self) -> None:
-        if not self.is_active:
-            raise CommandRefused(f"brand {self.brand_id} is already deactivated")
-        self._deactivated()
+    def deactivate(self, requested_at: datetime) -> None:
+        """Deactivate, or (already deactivated) record the newer deactivation's time."""
+        if self.last_command_at is not None and requested_at <= self.last_command_at:
+            raise CommandRefused(
+                f"brand {self.brand_id}: deactivate at {requested_at.isoformat()} is stale"
+            )
+        self._deactivated(requested_at)
 
     def reactivate(self) -> None:
         if self.is_active:
@@ -129,10 +217,13 @@ class Brand(Aggregate):
     # Events: mutation only.
 
     @event(AttemptBegun)
-    def _attempt_begun(self, attempt_id: UUID, title: str, parent_workspace_id: str) -> None:
+    def _attempt_begun(
+        self, attempt_id: UUID, title: str, parent_workspace_id: str, requested_at: datetime
+    ) -> None:
         self.current_attempt_id = attempt_id
         self.title = title
         self.parent_workspace_id = parent_workspace_id
+        self._applied(requested_at)
 
     @event(WorkspaceBound)
     def _workspace_bound(self, workspace_id: str, attempt_id: UUID) -> None:
@@ -148,8 +239,21 @@ class Brand(Aggregate):
         self.decommissioning = None
 
     @event(Deactivated)
-    def _deactivated(self) -> None:
+    def _deactivated(self, requested_at: datetime) -> None:
         self.lifecycle = DEACTIVATED
+        self._applied(requested_at)
+
+    @event(ProvisionNoted)
+    def _provision_noted(self, attempt_id: UUID, requested_at: datetime) -> None:
+        self._applied(requested_at)
+
+    @event(CommandIgnored)
+    def _command_ignored(self, command: str, requested_at: datetime, reason: str) -> None:
+        pass
+
+    def _applied(self, requested_at: datetime) -> None:
+        if self.last_command_at is None or requested_at > self.last_command_at:
+            self.last_command_at = requested_at
 
     @event(Reactivated)
     def _reactivated(self) -> None:

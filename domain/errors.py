@@ -36,3 +36,13 @@ class AlreadyClaimed(ProvisionerError):
 
 class CommandRefused(ProvisionerError):
     """A command that the aggregate's current state does not allow."""
+
+
+class RetryLater(ProvisionerError):
+    """Refused only for now (the brand's workspace is being emptied): the same
+    command succeeds once that is over, so a consumer retries it."""
+
+
+class StaleCommand(ProvisionerError):
+    """The command is not newer than one the brand already applied (a late or
+    redelivered command). It was recorded as ignored; nothing else changed."""

@@ -1,7 +1,7 @@
 """The audit trail, read straight from the event store: a brand's state, its attempts
 and every event of each, oldest first. JSON shapes (other tools rely on them):
 
-    status  -> {brand_id, title, lifecycle, status, workspace_id, attempt_id}
+    status  -> {brand_id, title, lifecycle, status, workspace_id, attempt_id, attempt_state}
     pointer -> {brand_id, at, workspace_id, attempt_id (the one that bound it), lifecycle}
     history -> [{attempt_id, state, events: [{at, type, hop, workspace_id,
                  provenance, reason}, ...]}, ...]
@@ -26,7 +26,9 @@ from projections.brand_workspaces import brand_status as status_of
 def brand_status(service: ProvisioningService, brand_id: str) -> dict[str, Any]:
     brand = service.brand(brand_id)
     attempt = service.attempt(brand.current_attempt_id) if brand.current_attempt_id else None
-    status = status_of(attempt.state.value if attempt else None, brand.workspace_id)
+    status = status_of(
+        brand.lifecycle, attempt.state.value if attempt else None, brand.workspace_id
+    )
     return {
         "brand_id": brand.brand_id,
         "title": brand.title,
@@ -34,6 +36,7 @@ def brand_status(service: ProvisioningService, brand_id: str) -> dict[str, Any]:
         "status": status,
         "workspace_id": brand.workspace_id,
         "attempt_id": str(attempt.id) if attempt else None,
+        "attempt_state": attempt.state.value if attempt else None,
     }
 
 

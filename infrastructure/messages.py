@@ -6,8 +6,12 @@ by marshmallow schemas. Never pickle.
 | `hop`          | 1       | attempt_id (UUID), hop (int >= 0)            | provisioning.hops     |
 | `release`      | 1       | attempt_id (UUID)                            | provisioning.hops     |
 | `decommission` | 1       | brand_id                                     | provisioning.hops     |
-| `provision`    | 1       | brand_id, title, parent_workspace_id         | provisioning.commands |
-| `deactivate`   | 1       | brand_id                                     | provisioning.commands |
+| `provision`    | 1       | brand_id, title, parent_workspace_id,        | provisioning.commands |
+|                |         | requested_at?                                |                       |
+| `deactivate`   | 1       | brand_id, requested_at?                      | provisioning.commands |
+
+`requested_at` (optional): the producer's time of the command, ISO 8601 with an
+offset; without it the worker orders the command at the time it handles it.
 
 `decode` turns a raw body into a `Message` or raises `InvalidMessage` whose
 `errors` say what is wrong (they travel with the dead letter).
@@ -17,6 +21,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 from uuid import UUID
 
@@ -42,6 +47,12 @@ class ProvisionSchema(Schema):
     brand_id = fields.String(required=True, validate=TEXT)
     title = fields.String(required=True, validate=TEXT)
     parent_workspace_id = fields.String(required=True, validate=TEXT)
+    requested_at = fields.AwareDateTime(format="iso")
+
+
+class DeactivateSchema(Schema):
+    brand_id = fields.String(required=True, validate=TEXT)
+    requested_at = fields.AwareDateTime(format="iso")
 
 
 SCHEMAS: dict[tuple[str, int], Schema] = {
@@ -49,7 +60,7 @@ SCHEMAS: dict[tuple[str, int], Schema] = {
     ("release", 1): ReleaseSchema(),
     ("decommission", 1): BrandSchema(),
     ("provision", 1): ProvisionSchema(),
-    ("deactivate", 1): BrandSchema(),
+    ("deactivate", 1): DeactivateSchema(),
 }
 COMMAND_TYPES = frozenset({"provision", "deactivate"})
 
@@ -85,16 +96,27 @@ def decommission(brand_id: str) -> Message:
     return Message("decommission", 1, {"brand_id": brand_id})
 
 
-def provision(brand_id: str, title: str, parent_workspace_id: str) -> Message:
-    return Message(
-        "provision",
-        1,
-        {"brand_id": brand_id, "title": title, "parent_workspace_id": parent_workspace_id},
-    )
+def provision(
+    brand_id: str,
+    title: str,
+    parent_workspace_id: str,
+    requested_at: datetime | None = None,
+) -> Message:
+    values: dict[str, Any] = {
+        "brand_id": brand_id,
+        "title": title,
+        "parent_workspace_id": parent_workspace_id,
+    }
+    if requested_at is not None:
+        values["requested_at"] = requested_at
+    return Message("provision", 1, values)
 
 
-def deactivate(brand_id: str) -> Message:
-    return Message("deactivate", 1, {"brand_id": brand_id})
+def deactivate(brand_id: str, requested_at: datetime | None = None) -> Message:
+    values: dict[str, Any] = {"brand_id": brand_id}
+    if requested_at is not None:
+        values["requested_at"] = requested_at
+    return Message("deactivate", 1, values)
 
 
 def encode(type_: str, version: int, **values: Any) -> bytes:

@@ -1,8 +1,13 @@
 """The provisioning service: the use cases, over the event store and the gateway.
 
 Request path (fast, no gateway calls):
-    request_provisioning(brand_id, title, parent) -> attempt id
-    deactivate(brand_id)
+    request_provisioning(brand_id, title, parent, requested_at=None) -> attempt id
+    deactivate(brand_id, requested_at=None)
+
+Both are ordered by `requested_at` (the producer's time; default: now): a
+command not newer than one the brand already applied is recorded as ignored
+and raises `StaleCommand`; a provision while the brand's workspace is being
+emptied raises `RetryLater` (nothing recorded).
 
 Off the request path (what the worker runs, one short step at a time):
     run_hop(attempt_id, hop) -> HopOutcome
@@ -30,7 +35,7 @@ from eventsourcing.domain import Aggregate
 from eventsourcing.persistence import IntegrityError, StoredEvent
 
 from domain.attempt import ProvisioningAttempt
-from domain.brand import Brand
+from domain.brand import DEACTIVATE, PROVISION, Brand
 from domain.claim import WorkspaceClaim
 from domain.errors import (
     AlreadyClaimed,
@@ -39,6 +44,7 @@ from domain.errors import (
     CommandRefused,
     InvalidRequest,
     ProvisionerError,
+    StaleCommand,
     UnknownAttempt,
     UnknownBrand,
 )
@@ -117,6 +123,11 @@ def _require_text(name: str, value: object) -> str:
     if len(value) > MAX_ID_CHARS:
         raise InvalidRequest(f"{name} must be at most {MAX_ID_CHARS} characters")
     return value
+
+
+def _require_aware(requested_at: datetime | None) -> None:
+    if requested_at is not None and requested_at.utcoffset() is None:
+        raise InvalidRequest("requested_at must carry a UTC offset")
 
 
 class ProvisioningService:
@@ -259,29 +270,53 @@ class ProvisioningService:
 
     # Request path.
 
-    def request_provisioning(self, brand_id: str, title: str, parent_workspace_id: str) -> UUID:
-        """Begin an attempt for the brand; registers or reactivates the brand as needed."""
+    def request_provisioning(
+        self,
+        brand_id: str,
+        title: str,
+        parent_workspace_id: str,
+        requested_at: datetime | None = None,
+    ) -> UUID:
+        """Begin an attempt for the brand; registers or reactivates the brand as needed.
+
+        Raises StaleCommand (after recording it) if the brand already applied a
+        command at or after `requested_at`, RetryLater while its workspace is
+        being emptied.
+        """
         _require_text("brand_id", brand_id)
         _require_text("title", title)
         _require_text("parent_workspace_id", parent_workspace_id)
+        _require_aware(requested_at)
         for _ in range(self.settings.max_rounds):
             try:
-                return self._begin_attempt(brand_id, title, parent_workspace_id)
+                return self._begin_attempt(brand_id, title, parent_workspace_id, requested_at)
             except IntegrityError:
                 log.info("request raced another writer; deciding again brand=%s", brand_id)
         raise ContentionError(f"brand {brand_id} is being changed concurrently; retry")
 
-    def _begin_attempt(self, brand_id: str, title: str, parent_workspace_id: str) -> UUID:
+    def _begin_attempt(
+        self,
+        brand_id: str,
+        title: str,
+        parent_workspace_id: str,
+        requested_at: datetime | None,
+    ) -> UUID:
         try:
             brand = self.brand(brand_id)
         except UnknownBrand:
             brand = Brand.register(brand_id, title, parent_workspace_id)
+        at = brand.command_time(requested_at, self.clock.now())
+        self._refuse_if_stale(brand, PROVISION, at)
+        brand.check_provision_possible()
         if not brand.is_active:
             brand.reactivate()
         touched: list[Aggregate] = [brand]
         old = self.attempt(brand.current_attempt_id) if brand.current_attempt_id else None
         if old is not None and not old.is_terminal:
             if not old.is_stale(self.clock.now(), self.settings.stale_after_s):
+                if (old.title, old.parent_workspace_id) == (title, parent_workspace_id):
+                    brand.note_provision(old.id, at)  # served by the pending attempt
+                    self.app.save(brand)
                 retry_at = old.modified_on + timedelta(seconds=self.settings.stale_after_s)
                 raise AttemptInProgress(
                     f"brand {brand_id} already has attempt {old.id} pending (hop "
@@ -299,7 +334,7 @@ class ProvisioningService:
         )
         if old is not None and not old.is_terminal:
             old.supersede(new.id)
-        brand.begin_attempt(new.id, title, parent_workspace_id)
+        brand.begin_attempt(new.id, title, parent_workspace_id, at)
         self.app.save(*touched, new)
         self._remember(new)
         log.info(
@@ -310,29 +345,54 @@ class ProvisioningService:
         )
         return new.id
 
-    def deactivate(self, brand_id: str) -> Deactivation:
-        """Record the deactivation and cancel a pending attempt, in one save."""
+    def _refuse_if_stale(self, brand: Brand, command: str, at: datetime) -> None:
+        """Record a stale command on the brand and raise StaleCommand; else nothing."""
+        reason = brand.ignore_if_stale(command, at)
+        if reason is None:
+            return
+        self.app.save(brand)  # IntegrityError: the caller decides again
+        log.info("stale command ignored brand=%s command=%s: %s", brand.brand_id, command, reason)
+        raise StaleCommand(f"brand {brand.brand_id}: {reason}; ignored")
+
+    def deactivate(self, brand_id: str, requested_at: datetime | None = None) -> Deactivation:
+        """Record the deactivation and cancel a pending attempt, in one save.
+
+        A brand never seen is recorded as deactivated (a tombstone). Raises
+        StaleCommand (after recording it) if the brand already applied a command
+        at or after `requested_at`.
+        """
         _require_text("brand_id", brand_id)
+        _require_aware(requested_at)
         for _ in range(self.settings.max_rounds):
-            brand = self.brand(brand_id)
-            if not brand.is_active:
-                return Deactivation(brand_id, True, None, brand.workspace_id)
-            brand.deactivate()
-            touched: list[Aggregate] = [brand]
-            cancelled: UUID | None = None
-            if brand.current_attempt_id is not None:
-                current = self.attempt(brand.current_attempt_id)
-                if not current.is_terminal:
-                    current.cancel("brand deactivated")
-                    touched.append(current)
-                    cancelled = current.id
             try:
-                self.app.save(*touched)
+                return self._deactivate(brand_id, requested_at)
             except IntegrityError:
                 continue
-            log.info("brand deactivated brand=%s cancelled=%s", brand_id, cancelled)
-            return Deactivation(brand_id, False, cancelled, brand.workspace_id)
         raise ContentionError(f"brand {brand_id} is being changed concurrently; retry")
+
+    def _deactivate(self, brand_id: str, requested_at: datetime | None) -> Deactivation:
+        (found,) = self.load(brand_aggregate_id(brand_id))
+        if found is None:
+            tomb = Brand.tombstone(brand_id, requested_at or self.clock.now())
+            self.app.save(tomb)
+            log.info("unknown brand recorded as deactivated brand=%s", brand_id)
+            return Deactivation(brand_id, False, None, None)
+        brand = self._as_brand(found, brand_id)
+        at = brand.command_time(requested_at, self.clock.now())
+        self._refuse_if_stale(brand, DEACTIVATE, at)
+        already = not brand.is_active
+        brand.deactivate(at)
+        touched: list[Aggregate] = [brand]
+        cancelled: UUID | None = None
+        if not already and brand.current_attempt_id is not None:
+            current = self.attempt(brand.current_attempt_id)
+            if not current.is_terminal:
+                current.cancel("brand deactivated")
+                touched.append(current)
+                cancelled = current.id
+        self.app.save(*touched)
+        log.info("brand deactivated brand=%s cancelled=%s", brand_id, cancelled)
+        return Deactivation(brand_id, already, cancelled, brand.workspace_id)
 
     # Off the request path.
 

@@ -5,6 +5,7 @@ Tables, for each projection NAME:
     NAME                         a view over the live copy: what readers query
     provisioner_projections      name -> live copy, copy being rebuilt, last generation
     provisioner_projection_positions   copy -> notification id applied up to
+    provisioner_projection_versions    name -> version of the code that built the live copy
 
 Every batch is one transaction that writes its rows and moves its copy's
 position with a compare-and-set, so it applies exactly once. A batch on the
@@ -45,6 +46,12 @@ PROJECTIONS: dict[str, Projection] = {p.name: p for p in (BrandWorkspaces(), Att
 REGISTRY = "provisioner_projections"
 COPY_FROM = 64  # rows per batch from which PostgreSQL writes go through COPY
 POSITIONS = "provisioner_projection_positions"
+VERSIONS = "provisioner_projection_versions"
+
+
+def version_of(proj: Projection) -> int:
+    """What a projection's rows mean, as a number (1 unless it says otherwise)."""
+    return int(getattr(proj, "version", 1))
 
 
 class ViewsNotInitialised(RuntimeError):
@@ -231,6 +238,10 @@ class SqlViewStore:
                 f"CREATE TABLE IF NOT EXISTS {POSITIONS} "
                 "(copy text PRIMARY KEY, position bigint NOT NULL)"
             )
+            cur.execute(
+                f"CREATE TABLE IF NOT EXISTS {VERSIONS} "
+                "(name text PRIMARY KEY, version integer NOT NULL)"
+            )
             for proj in PROJECTIONS.values():
                 if self._one(cur, f"SELECT name FROM {REGISTRY} WHERE name = {p}", proj.name):
                     continue
@@ -239,7 +250,23 @@ class SqlViewStore:
                     cur.execute(statement)
                 cur.execute(f"INSERT INTO {POSITIONS} VALUES ({p}, 0)", (copy,))
                 cur.execute(f"INSERT INTO {REGISTRY} VALUES ({p}, {p}, NULL, 1)", (proj.name, copy))
+                self._set_version(cur, proj)
                 self._point_view(cur, proj.name, copy)
+
+    def _set_version(self, cur: Any, proj: Projection) -> None:
+        p = self.dialect.p
+        cur.execute(
+            f"INSERT INTO {VERSIONS} VALUES ({p}, {p}) "
+            "ON CONFLICT (name) DO UPDATE SET version = excluded.version",
+            (proj.name, version_of(proj)),
+        )
+
+    def outdated(self) -> list[Projection]:
+        """Projections whose live copy was built by older code (a copy from before
+        versions were recorded counts as version 1): rebuild them."""
+        with self._tx(immediate=False) as cur:
+            stored = {r["name"]: r["version"] for r in self._all(cur, f"SELECT * FROM {VERSIONS}")}
+        return [p for p in PROJECTIONS.values() if stored.get(p.name, 1) < version_of(p)]
 
     def _point_view(self, cur: Any, name: str, copy: str) -> None:
         if self.dialect.postgres:
@@ -330,6 +357,7 @@ class SqlViewStore:
                 (copy, proj.name),
             )
             self._point_view(cur, proj.name, copy)
+            self._set_version(cur, proj)
             cur.execute(f"DROP TABLE {old}")
             cur.execute(f"DELETE FROM {POSITIONS} WHERE copy = {p}", (old,))
 

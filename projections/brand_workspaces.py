@@ -1,10 +1,11 @@
 """`brand_workspaces`: brand -> lifecycle, provisioning status, bound workspace,
-current attempt, updated at. What the host platform reads to answer "which
-workspace is brand B bound to?".
+current attempt and its state, updated at. What the host platform reads to
+answer "which workspace is brand B bound to?".
 
-`status` is decided by `brand_status` from the current attempt's state and the
-bound workspace; the audit trail (which replays the aggregates) decides with
-the same function, so the two cannot disagree on what a state means.
+`status` is decided by `brand_status` from the lifecycle, the bound workspace
+and the current attempt's state; the audit trail (which replays the
+aggregates) decides with the same function, so the two cannot disagree on what
+a state means. The current attempt's own outcome is the `attempt_state` column.
 """
 
 from __future__ import annotations
@@ -31,25 +32,36 @@ _BRAND_EVENTS = (
 )
 
 
-def brand_status(attempt_state: str | None, workspace_id: str | None) -> str:
-    """none | pending | ready | failed | cancelled, from the current attempt's state.
+def brand_status(lifecycle: str, attempt_state: str | None, workspace_id: str | None) -> str:
+    """deactivated | ready | none | pending | failed | cancelled.
 
-    A superseded current attempt is about to be followed by its successor
-    (pending); a promoted one whose workspace was unbound since (deactivation)
+    A deactivated brand reads `deactivated` from its `Deactivated` event on (its
+    workspace, if still bound, must not be used). An active brand with a bound
+    workspace reads `ready` until it is unbound, whatever its current attempt
+    (a failed, pending or cancelled re-confirm does not hide it). Otherwise the
+    current attempt's state decides: a superseded one is about to be followed
+    by its successor (pending); a promoted one whose workspace was unbound since
     leaves the brand with none.
     """
+    if lifecycle == DEACTIVATED:
+        return "deactivated"
+    if workspace_id is not None:
+        return "ready"
     if attempt_state is None:
         return "none"
     state = AttemptState(attempt_state)
     if state in (AttemptState.PENDING, AttemptState.SUPERSEDED):
         return "pending"
     if state is AttemptState.PROMOTED:
-        return "ready" if workspace_id else "none"
+        return "none"
     return state.value
 
 
 class BrandWorkspaces:
     name = "brand_workspaces"
+    # Raised whenever what a row means changes; an older live copy is rebuilt.
+    # 2: `status` reads `deactivated` from `Deactivated`, `ready` while bound.
+    version = 2
     key = "id"  # the Brand aggregate's id; `brand_id` is the host platform's id
     index = "attempt_id"
     columns: ClassVar[dict[str, str]] = {
@@ -99,7 +111,7 @@ class BrandWorkspaces:
                     f"{type(event).__name__} of unregistered brand {event.originator_id}"
                 )
             self._apply_brand_event(event, row)
-        row["status"] = brand_status(row["attempt_state"], row["workspace_id"])
+        row["status"] = brand_status(row["lifecycle"], row["attempt_state"], row["workspace_id"])
         row["updated_at"] = event.timestamp
         rows.put(row)
 

@@ -53,7 +53,7 @@ def expected_brand_row(app: ProvisionerApplication, brand_id: UUID) -> dict[str,
         "brand_id": brand.brand_id,
         "title": brand.title,
         "lifecycle": brand.lifecycle,
-        "status": brand_status(state, brand.workspace_id),
+        "status": brand_status(brand.lifecycle, state, brand.workspace_id),
         "workspace_id": brand.workspace_id,
         "attempt_id": str(brand.current_attempt_id) if brand.current_attempt_id else None,
         "attempt_state": state,
@@ -144,7 +144,7 @@ def seed_histories(
         title = f"Seed {brand_id}"
         brand = Brand.register(brand_id, title, parent)
         attempt = ProvisioningAttempt.start(brand_id, title, parent, None, max_hop=5)
-        brand.begin_attempt(attempt.id, title, parent)
+        brand.begin_attempt(attempt.id, title, parent, now)
         attempt.request_create(0, [], now)
         workspace_id = f"ws-{uuid4().hex[:12]}"
         attempt.accept_candidate(workspace_id, Provenance.CREATED, 0)
@@ -156,7 +156,7 @@ def seed_histories(
             attempt.fail(FailureReason.EXHAUSTED, "status stayed creating", 0)
             attempt.record_release(workspace_id, 0)
         elif fate == "cancelled":
-            brand.deactivate()
+            brand.deactivate(now + timedelta(microseconds=1))
             attempt.cancel("brand deactivated")
         else:
             attempt.schedule_hop(1, now + timedelta(seconds=5), "creating")

@@ -39,6 +39,7 @@ from domain.errors import (
     BrandDeactivated,
     CommandRefused,
     InvalidRequest,
+    StaleCommand,
     UnknownAttempt,
     UnknownBrand,
 )
@@ -80,6 +81,8 @@ def handle(service: ProvisioningService, message: Message) -> str:
 
 
 def _handle(service: ProvisioningService, message: Message) -> str:
+    """Stale commands are acked (recorded on the brand); RetryLater propagates, so
+    the consumer's infrastructure-failure path re-publishes it with backoff."""
     f = message.fields
     try:
         if message.type == "hop":
@@ -92,14 +95,16 @@ def _handle(service: ProvisioningService, message: Message) -> str:
         if message.type == "provision":
             try:
                 attempt_id = service.request_provisioning(
-                    f["brand_id"], f["title"], f["parent_workspace_id"]
+                    f["brand_id"], f["title"], f["parent_workspace_id"], f.get("requested_at")
                 )
             except AttemptInProgress as exc:
                 return f"not started: {exc}"
             return f"attempt {attempt_id} started"
         if message.type == "deactivate":
-            result = service.deactivate(f["brand_id"])
+            result = service.deactivate(f["brand_id"], f.get("requested_at"))
             return f"deactivated (cancelled {result.cancelled_attempt_id})"
+    except StaleCommand as exc:
+        return f"ignored: {exc}"
     except (UnknownAttempt, UnknownBrand, InvalidRequest, BrandDeactivated, CommandRefused) as exc:
         raise DeadLetter(type(exc).__name__, {"error": str(exc)}) from None
     raise DeadLetter("unhandled type", {"type": message.type})

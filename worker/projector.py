@@ -16,7 +16,7 @@ from prometheus_client import Counter, Gauge
 
 from infrastructure.eventstore import ProvisionerApplication, is_postgres
 from infrastructure.views import PROJECTIONS, LogSource, SqlViewStore
-from projections.core import Projection, catch_up
+from projections.core import Projection, catch_up, rebuild
 from worker.relay import _Poller, _PostgresListener
 
 log = logging.getLogger("provisioner.projections")
@@ -46,9 +46,22 @@ class Projector:
         self.poll_s = poll_s
         self.batch = batch
         self.applied = 0
+        self._upgraded = False
+
+    def upgrade(self, store: SqlViewStore) -> None:
+        """Rebuild (without downtime) every projection whose live copy older code built."""
+        for projection in store.outdated():
+            if projection not in self.projections:
+                continue
+            log.warning("projection %s changed meaning: rebuilding it", projection.name)
+            copy = rebuild(projection, LogSource(self.app, store), store, limit=5000)
+            log.info("projection %s rebuilt as %s", projection.name, copy)
+        self._upgraded = True
 
     def step(self, store: SqlViewStore) -> int:
         """Catch every projection up; return how many events were applied."""
+        if not self._upgraded:
+            self.upgrade(store)
         source = LogSource(self.app)
         done = 0
         for projection in self.projections:

@@ -352,7 +352,11 @@ POISON: list[tuple[str, bytes, str]] = [
     ),
     (WORK_KEY, messages.hop(uuid4(), 0).encode(), "UnknownAttempt"),
     (COMMAND_KEY, b'{"type": "provision", "version": 1, "brand_id": "b"}', "schema errors"),
-    (COMMAND_KEY, messages.deactivate(f"never-{uuid4().hex}").encode(), "UnknownBrand"),
+    (
+        COMMAND_KEY,
+        b'{"type": "deactivate", "version": 1, "brand_id": "b", "requested_at": "2030-01-01"}',
+        "schema errors",  # a command time without an offset
+    ),
 ]
 
 

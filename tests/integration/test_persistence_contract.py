@@ -44,7 +44,7 @@ def new_brand() -> Brand:
 def test_every_event_round_trips_and_replays_to_the_same_state(app: ProvisionerApplication) -> None:
     brand = new_brand()
     attempt = ProvisioningAttempt.start(brand.brand_id, "Acme", "parent", None, max_hop=5)
-    brand.begin_attempt(attempt.id, "Acme", "parent")
+    brand.begin_attempt(attempt.id, "Acme", "parent", datetime(2030, 1, 1, tzinfo=UTC))
     attempt.request_create(0, ["zombie-1"], datetime(2030, 1, 1, tzinfo=UTC))
     attempt.accept_candidate("w1", Provenance.CREATED, 0)
     attempt.schedule_hop(1, datetime(2030, 1, 1, tzinfo=UTC), "not ready")
@@ -70,10 +70,10 @@ def test_a_multi_aggregate_save_is_atomic(app: ProvisionerApplication) -> None:
     brand = new_brand()
     app.save(brand)
     stale = app.repository.get(brand.id)
-    brand.deactivate()
+    brand.deactivate(datetime(2030, 1, 1, tzinfo=UTC))
     app.save(brand)
     attempt = ProvisioningAttempt.start(brand.brand_id, "Acme", "parent", None, max_hop=5)
-    stale.begin_attempt(attempt.id, "Acme", "parent")
+    stale.begin_attempt(attempt.id, "Acme", "parent", datetime(2030, 1, 2, tzinfo=UTC))
 
     with pytest.raises(IntegrityError):
         app.save(stale, attempt)
@@ -123,7 +123,7 @@ def test_a_save_returns_the_notification_ids_the_log_gave_its_events(
     app: ProvisionerApplication,
 ) -> None:
     brand = new_brand()
-    brand.begin_attempt(uuid.uuid4(), "Acme", "parent")
+    brand.begin_attempt(uuid.uuid4(), "Acme", "parent", datetime.now(UTC))
     claim = WorkspaceClaim.open(f"w-{uuid.uuid4().hex[:8]}")
 
     recordings = app.save(brand, claim)
@@ -141,7 +141,7 @@ def test_a_save_returns_the_notification_ids_the_log_gave_its_events(
 def test_history_is_readable_with_timestamps_and_time_travel(app: ProvisionerApplication) -> None:
     brand = new_brand()
     attempt_id = uuid.uuid4()
-    brand.begin_attempt(attempt_id, "Acme", "parent")
+    brand.begin_attempt(attempt_id, "Acme", "parent", datetime.now(UTC))
     brand.bind("w1", attempt_id)
     app.save(brand)
     brand.unbind("decommissioned", 1)

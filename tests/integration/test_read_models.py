@@ -48,6 +48,11 @@ from worker.projector import Projector
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def at(seconds: float) -> datetime:
+    """A command time for hand-built histories."""
+    return datetime(2030, 1, 1, tzinfo=UTC) + timedelta(seconds=seconds)
+
+
 @pytest.fixture
 def store(database_url: str) -> Iterator[SqlViewStore]:
     with SqlViewStore(database_url) as views:
@@ -527,15 +532,15 @@ def test_a_workspace_handed_from_one_brand_to_another_within_one_batch(
     a = Brand.register(f"a-{suffix}", "A", "p")
     b = Brand.register(f"b-{suffix}", "B", "p")
     first = ProvisioningAttempt.start(a.brand_id, "A", "p", None, max_hop=3)
-    a.begin_attempt(first.id, "A", "p")
+    a.begin_attempt(first.id, "A", "p", at(1))
     first.accept_candidate(shared, Provenance.CREATED, 0)
     first.promote(0)
     a.bind(shared, first.id)
     app.save(a, b, first)
     catch_up_all(app, store)  # both rows stored; A holds the workspace
     took = ProvisioningAttempt.start(b.brand_id, "B", "p", None, max_hop=3)
-    b.begin_attempt(took.id, "B", "p")  # B's row now comes first in the batch
-    a.deactivate()
+    b.begin_attempt(took.id, "B", "p", at(2))  # B's row now comes first in the batch
+    a.deactivate(at(3))
     a.start_decommission()
     a.unbind("decommissioned", 0)
     took.accept_candidate(shared, Provenance.ADOPTED, 0)
@@ -543,7 +548,7 @@ def test_a_workspace_handed_from_one_brand_to_another_within_one_batch(
     b.bind(shared, took.id)
     a.reactivate()
     again = ProvisioningAttempt.start(a.brand_id, "A", "p", None, max_hop=3)
-    a.begin_attempt(again.id, "A", "p")
+    a.begin_attempt(again.id, "A", "p", at(4))
     again.accept_candidate(other, Provenance.CREATED, 0)
     again.promote(0)
     a.bind(other, again.id)

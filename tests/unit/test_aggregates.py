@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
 from uuid import uuid4
 
 import pytest
@@ -11,6 +12,12 @@ from domain.claim import WorkspaceClaim
 from domain.errors import AlreadyClaimed, BrandDeactivated, CommandRefused
 from domain.ids import brand_aggregate_id
 from domain.policies import AttemptState, FailureReason, Provenance
+
+T0 = datetime(2030, 1, 1, tzinfo=UTC)
+
+
+def at(seconds: float) -> datetime:
+    return T0 + timedelta(seconds=seconds)
 
 
 def attempt(existing: str | None = None) -> ProvisioningAttempt:
@@ -118,10 +125,10 @@ def test_a_claim_belongs_to_one_brand_at_a_time() -> None:
 def test_a_deactivated_brand_refuses_attempts_and_bindings() -> None:
     brand = Brand.register("b1", "Acme", "parent")
     attempt_id = uuid4()
-    brand.begin_attempt(attempt_id, "Acme", "parent")
-    brand.deactivate()
+    brand.begin_attempt(attempt_id, "Acme", "parent", at(1))
+    brand.deactivate(at(2))
     with pytest.raises(BrandDeactivated):
-        brand.begin_attempt(uuid4(), "Acme", "parent")
+        brand.begin_attempt(uuid4(), "Acme", "parent", at(3))
     with pytest.raises(BrandDeactivated):
         brand.bind("w1", attempt_id)
     brand.reactivate()
@@ -132,7 +139,7 @@ def test_a_deactivated_brand_refuses_attempts_and_bindings() -> None:
 def test_a_brand_binds_only_its_current_attempts_workspace_never_the_parent() -> None:
     brand = Brand.register("b1", "Acme", "parent")
     attempt_id = uuid4()
-    brand.begin_attempt(attempt_id, "Acme", "parent")
+    brand.begin_attempt(attempt_id, "Acme", "parent", at(1))
     with pytest.raises(CommandRefused):
         brand.bind("w1", uuid4())
     with pytest.raises(CommandRefused):

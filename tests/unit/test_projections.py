@@ -30,21 +30,21 @@ def project(projection: Any, events: list[Any]) -> list[dict[str, Any]]:
 
 
 def test_brand_status_follows_the_current_attempt_and_the_pointer() -> None:
-    assert brand_status(None, None) == "none"
-    assert brand_status("pending", None) == "pending"
-    assert brand_status("superseded", None) == "pending"
-    assert brand_status("promoted", "ws-1") == "ready"
-    assert brand_status("promoted", None) == "none"  # unbound since
-    assert brand_status("failed", None) == "failed"
-    assert brand_status("cancelled", None) == "cancelled"
+    assert brand_status("active", None, None) == "none"
+    assert brand_status("active", "pending", None) == "pending"
+    assert brand_status("active", "superseded", None) == "pending"
+    assert brand_status("active", "promoted", "ws-1") == "ready"
+    assert brand_status("active", "promoted", None) == "none"  # unbound since
+    assert brand_status("active", "failed", None) == "failed"
+    assert brand_status("active", "cancelled", None) == "cancelled"
 
 
 def test_a_brand_row_tracks_its_current_attempt_only() -> None:
     brand = Brand.register("b-1", "Acme", "parent")
     first = ProvisioningAttempt.start("b-1", "Acme", "parent", None, max_hop=3)
-    brand.begin_attempt(first.id, "Acme", "parent")
+    brand.begin_attempt(first.id, "Acme", "parent", datetime(2030, 1, 1, tzinfo=UTC))
     second = ProvisioningAttempt.start("b-1", "Acme", "parent", None, max_hop=3)
-    brand.begin_attempt(second.id, "Acme", "parent")
+    brand.begin_attempt(second.id, "Acme", "parent", datetime(2030, 1, 2, tzinfo=UTC))
     first.supersede(second.id)
     second.accept_candidate("ws-9", Provenance.CREATED, 0)
     second.promote(0)

@@ -1,0 +1,127 @@
+"""`brand_workspaces` answers the host platform truthfully: a bound brand reads `ready`
+until it is unbound, whatever its latest attempt; a deactivated brand stops reading
+`ready` at its `Deactivated` event. The live runner, a rebuild and the audit trail
+agree; a copy built by older code is rebuilt by the runner on start."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from domain.outcomes import Outcome
+from infrastructure.audit import brand_status
+from infrastructure.eventstore import ProvisionerApplication, open_event_store
+from infrastructure.fake_gateway import FakeGateway
+from infrastructure.gateway import HttpGateway
+from infrastructure.service import ProvisioningService
+from infrastructure.views import (
+    PROJECTIONS,
+    VERSIONS,
+    LogSource,
+    SqlViewStore,
+    brand_workspace,
+)
+from projections.core import catch_up, rebuild
+from tests.conftest import PARENT, ManualClock
+from worker.projector import Projector
+
+BW = PROJECTIONS["brand_workspaces"]
+
+
+def row_of(app: ProvisionerApplication, url: str, brand_id: str) -> dict[str, Any]:
+    """The brand's row, with the live runner caught up."""
+    with SqlViewStore(url) as store:
+        store.setup()
+        catch_up(BW, LogSource(app), store)
+        row = brand_workspace(store, brand_id)
+    assert row is not None
+    return row
+
+
+def bound(service: ProvisioningService, brand_id: str, title: str) -> str:
+    attempt_id = service.request_provisioning(brand_id, title, PARENT)
+    assert service.run_hop(attempt_id, 0).outcome is Outcome.PROMOTED
+    workspace_id = service.brand(brand_id).workspace_id
+    assert workspace_id is not None
+    return workspace_id
+
+
+def test_a_failed_reconfirm_keeps_a_bound_brand_ready(
+    service: ProvisioningService,
+    fake: FakeGateway,
+    database_url: str,
+    brand_id: str,
+    title: str,
+) -> None:
+    workspace_id = bound(service, brand_id, title)
+    again = service.request_provisioning(brand_id, title, PARENT)  # re-confirms it
+    pending = row_of(service.app, database_url, brand_id)
+    fake.configure(unauthorized_rate=1.0)
+    assert service.run_hop(again, 0).outcome is Outcome.FAILED
+    fake.configure(unauthorized_rate=0.0)
+
+    row = row_of(service.app, database_url, brand_id)
+
+    assert (pending["status"], pending["attempt_state"]) == ("ready", "pending")
+    assert (row["status"], row["workspace_id"]) == ("ready", workspace_id)
+    assert row["attempt_state"] == "failed"  # the last attempt's outcome, on its own
+    status = brand_status(service, brand_id)
+    assert (status["status"], status["attempt_state"]) == ("ready", "failed")
+
+
+def test_a_deactivated_brand_stops_reading_ready_at_its_deactivation(
+    service: ProvisioningService, database_url: str, brand_id: str, title: str
+) -> None:
+    workspace_id = bound(service, brand_id, title)
+    service.deactivate(brand_id)
+
+    deactivated = row_of(service.app, database_url, brand_id)
+    audit = brand_status(service, brand_id)
+    service.decommission(brand_id)
+    decommissioned = row_of(service.app, database_url, brand_id)
+
+    # Still shown (the platform must stop using it), but no longer `ready`.
+    assert (deactivated["status"], deactivated["workspace_id"]) == ("deactivated", workspace_id)
+    assert audit["status"] == "deactivated"
+    assert (decommissioned["status"], decommissioned["workspace_id"]) == ("deactivated", None)
+
+
+def test_a_rebuild_agrees_with_the_live_rows_and_an_outdated_copy_is_rebuilt_on_start(
+    tmp_path: Path, fake: FakeGateway, http_gateway: HttpGateway
+) -> None:
+    url = f"sqlite:///{tmp_path / 'events.sqlite'}"
+    app = open_event_store(url)
+    service = ProvisioningService(app, http_gateway, clock=ManualClock())
+    bound(service, "b-ready", "Ready Co")
+    bound(service, "b-gone", "Gone Co")
+    service.deactivate("b-gone")
+    service.request_provisioning("b-new", "New Co", PARENT)
+    service.deactivate("b-never-seen")
+    try:
+        with SqlViewStore(url) as store:
+            store.setup()
+            catch_up(BW, LogSource(app), store)
+            live = store.rows(BW, order="id")
+            rebuild(BW, LogSource(app, store), store)
+            rebuilt = store.rows(BW, order="id")
+            # A deployment whose copy older code built: no version recorded, old meaning.
+            with store._tx() as cur:
+                cur.execute(f"DELETE FROM {VERSIONS}")
+                cur.execute("UPDATE brand_workspaces_g2 SET status = 'ready'")
+            assert [p.name for p in store.outdated()] == ["brand_workspaces"]
+            Projector(app, url, database_url=url).step(store)
+            upgraded = store.rows(BW, order="id")
+            outdated_after = store.outdated()
+    finally:
+        app.close()
+
+    by_brand = {row["brand_id"]: row["status"] for row in live}
+    assert by_brand == {
+        "b-ready": "ready",
+        "b-gone": "deactivated",
+        "b-new": "pending",
+        "b-never-seen": "deactivated",
+    }
+    assert rebuilt == live
+    assert upgraded == live
+    assert outdated_after == []

@@ -1,0 +1,161 @@
+"""A brand's commands on RabbitMQ and PostgreSQL, in whatever order a worker runs them:
+the brand ends as its producer's last command says, and nothing is dead-lettered."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from uuid import uuid4
+
+import pytest
+
+from domain.brand import DEACTIVATED, Brand
+from domain.errors import UnknownBrand
+from infrastructure import messages
+from infrastructure.broker import DEAD_QUEUE, Broker
+from infrastructure.fake_gateway import FakeGateway
+from infrastructure.settings import Settings
+from tests.conftest import PARENT
+from tests.integration.test_messaging import (
+    components,
+    consuming,
+    environment,
+    event_names,
+    queue_depth,
+    title_of,
+    wait_for,
+)
+from worker.consumer import HopWorker
+from worker.runtime import Runtime, build
+
+pytestmark = [pytest.mark.rabbitmq, pytest.mark.postgres]
+BRANDS = 40
+
+
+@pytest.fixture
+def pg_env(pg_database: str, rabbit_url: str, fake: FakeGateway) -> dict[str, str]:
+    return environment(pg_database, rabbit_url, fake)
+
+
+def settled_deactivated(runtime: Runtime, brand_id: str) -> bool:
+    """Deactivated, nothing bound, no attempt still running."""
+    try:
+        brand = runtime.service.brand(brand_id)
+    except UnknownBrand:
+        return False
+    if brand.lifecycle != DEACTIVATED or brand.workspace_id is not None:
+        return False
+    if brand.current_attempt_id is None:
+        return True
+    return runtime.service.attempt(brand.current_attempt_id).is_terminal
+
+
+def test_forty_provisions_each_followed_by_a_deactivate_all_end_deactivated(
+    pg_env: dict[str, str], rabbit_url: str, fake: FakeGateway
+) -> None:
+    suffix = uuid4().hex[:8]
+    brand_ids = [f"order-{suffix}-{i:02d}" for i in range(BRANDS)]
+    sent = datetime.now(UTC)
+    with build(Settings.from_env(pg_env)) as runtime:
+        publisher = Broker(rabbit_url, runtime.topology, scheduler=None)
+        try:
+            for i, brand_id in enumerate(brand_ids):
+                t = sent + timedelta(milliseconds=i)
+                publisher.publish(messages.provision(brand_id, title_of(brand_id), PARENT, t))
+                publisher.publish(messages.deactivate(brand_id, t + timedelta(microseconds=500)))
+        finally:
+            publisher.close()
+        with components(runtime, relay=True, concurrency=8) as running:
+            assert running.worker is not None
+            wait_for(
+                lambda: all(settled_deactivated(runtime, b) for b in brand_ids),
+                "every brand to end deactivated and unbound",
+                timeout=60,
+            )
+            stats = running.worker.stats
+            dead = stats.dead_lettered
+            by_type = dict(stats.by_type)
+        for brand_id in brand_ids:
+            assert settled_deactivated(runtime, brand_id), brand_id  # and it stays so
+            claimed = [
+                w["id"]
+                for w in fake.state()["workspaces"]
+                if w["title"] == title_of(brand_id)
+                and (c := runtime.service.claim(w["id"])) is not None
+                and c.brand_id is not None
+            ]
+            assert claimed == [], brand_id
+
+    assert dead == 0
+    assert queue_depth(rabbit_url, DEAD_QUEUE)[0] == 0
+    assert by_type["provision"] == by_type["deactivate"] == BRANDS
+
+
+def test_a_provision_during_a_decommission_is_retried_and_then_applied(
+    pg_env: dict[str, str], rabbit_url: str, fake: FakeGateway, brand_id: str
+) -> None:
+    title = title_of(brand_id)
+    with build(Settings.from_env(pg_env)) as runtime:
+        service = runtime.service
+        service.request_provisioning(brand_id, title, PARENT)
+        attempt_id = service.brand(brand_id).current_attempt_id
+        assert attempt_id is not None
+        for hop in range(5):  # run the hops here: no relay, no worker yet
+            if service.run_hop(attempt_id, hop).outcome.value != "scheduled":
+                break
+        assert service.brand(brand_id).workspace_id is not None
+        service.deactivate(brand_id)
+        brand = service.brand(brand_id)
+        brand.start_decommission()  # a decommission under way: its projects not emptied yet
+        service.app.save(brand)
+
+        worker = HopWorker(
+            service,
+            rabbit_url,
+            topology=runtime.topology,
+            concurrency=2,
+            scheduler=runtime.scheduler,
+            retry_delays_s=(0.2, 0.2, 0.5, 1.0, 2.0),
+        )
+        publisher = Broker(rabbit_url, runtime.topology, scheduler=None)
+        try:
+            with consuming(worker):
+                publisher.publish(messages.provision(brand_id, title, PARENT, datetime.now(UTC)))
+                wait_for(lambda: worker.stats.retried >= 1, "the provision to be retried")
+                assert service.brand(brand_id).lifecycle == DEACTIVATED
+                assert service.decommission(brand_id) is not None  # the decommission ends
+                wait_for(
+                    lambda: service.brand(brand_id).is_active, "the retried provision to apply"
+                )
+        finally:
+            publisher.close()
+        brand = service.brand(brand_id)
+        assert brand.current_attempt_id != attempt_id  # a new attempt
+        assert worker.stats.dead_lettered == 0
+
+
+def test_a_late_provision_after_a_deactivate_does_not_reactivate(
+    pg_env: dict[str, str], rabbit_url: str, fake: FakeGateway, brand_id: str
+) -> None:
+    title = title_of(brand_id)
+    sent = datetime.now(UTC)
+    with build(Settings.from_env(pg_env)) as runtime:
+        publisher = Broker(rabbit_url, runtime.topology, scheduler=None)
+        try:
+            publisher.publish(messages.deactivate(brand_id, sent + timedelta(seconds=1)))
+            publisher.publish(messages.provision(brand_id, title, PARENT, sent))  # sent first
+        finally:
+            publisher.close()
+        with components(runtime, relay=True, concurrency=1) as running:
+            assert running.worker is not None
+            wait_for(
+                lambda: running.worker.stats.by_type.get("provision"),  # type: ignore[union-attr]
+                "the provision to be handled",
+            )
+            dead = running.worker.stats.dead_lettered
+        brand = runtime.service.brand(brand_id)
+        names = event_names(runtime, Brand.create_id(brand_id))
+
+    assert brand.lifecycle == DEACTIVATED
+    assert brand.current_attempt_id is None
+    assert names == ["Registered", "Deactivated", "CommandIgnored"]
+    assert dead == 0
