@@ -391,7 +391,8 @@ class Broker:
             try:
                 send()
             except self.connection.connection_errors as exc:
-                log.warning("publish failed (%s); reconnecting", exc)
+                # The caller's loop logs an outage once; this is one try of many.
+                log.debug("publish failed (%s); reconnecting", exc)
                 self._producer = None
                 self._declared.clear()
                 broken, self.connection = self.connection, self.connection.clone()

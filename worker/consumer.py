@@ -6,9 +6,11 @@ the pool, and acks each only after its handler has committed. Pool threads
 never touch the connection; they put finished work on a queue that the
 consuming thread empties between drains.
 
-- Invalid messages (bad JSON, unknown type or version, schema errors) and
-  permanent failures (unknown attempt or brand, a refused command) go to the
-  dead-letter queue with the reason in their headers, then are acked.
+- Invalid messages (too large, too deeply nested, not UTF-8, bad JSON, a bad
+  header, unknown type or version, schema errors) and permanent failures
+  (unknown attempt or brand, a refused command) go to the dead-letter queue
+  with the reason in their headers, then are acked (worker/delivery.py). An
+  unexpected failure while settling one message is contained there too.
 - An infrastructure failure (database down, too much contention) is not the
   brand's fault: the message is re-published after a delay with a retry count
   and the attempt stays untouched; after the last retry it is dead-lettered.
@@ -17,8 +19,11 @@ consuming thread empties between drains.
   of waiting for its ack to reach the broker and a new delivery to come back.
 - `stop` (SIGTERM): stop consuming, finish the hops in flight, ack them, hand
   the prefetched messages not started yet back to the broker, return.
-- A dropped broker connection: reconnect with backoff; unacked messages are
-  redelivered by the broker, and hops are idempotent.
+- A broker that is down (at start too) or drops the connection: reconnect
+  with jittered backoff (0.5 s doubling to 15 s), logging the outage once and
+  "connected to ..." once; unacked messages are redelivered by the broker, and
+  hops are idempotent. A broker that refuses the credentials or the vhost
+  raises ServiceRefused out of `run` (retrying cannot fix it).
 """
 
 from __future__ import annotations

@@ -34,6 +34,7 @@ from prometheus_client import Counter
 
 from infrastructure import messages
 from infrastructure.broker import Broker
+from infrastructure.outages import Backoff, Outage, refusal, which_service
 from infrastructure.service import ProvisioningService
 from infrastructure.views import PROJECTIONS, SqlViewStore, list_attempts
 from projections.core import Row
@@ -174,12 +175,26 @@ class Reconciler:
         )
 
     def run(self, stop: threading.Event, broker: Broker) -> None:
-        """Sweep every `interval_s` until `stop` is set; a failure is logged and retried."""
+        """Sweep every `interval_s` until `stop` is set. A failed sweep is tried again
+        after a backoff pause (at most `interval_s`), the outage logged once and its
+        end once; a service that refuses us for good raises ServiceRefused."""
+        backoff = Backoff()
+        outage = Outage(log, "reconciler", self.views_url, announce_start=False)
+        urls = {"broker_url": broker.url, "database_url": self.views_url}
         while not stop.is_set():
             try:
                 with SqlViewStore(self.views_url) as store:
                     store.check()
                     self.sweep(store, broker)
-            except Exception as exc:  # noqa: BLE001 - supervise: log, retry next interval
-                log.warning("reconciler sweep failed (%s: %s)", type(exc).__name__, exc)
+            except Exception as exc:  # noqa: BLE001 - a refusal ends the sweeps, the rest waits
+                refused = refusal(exc, **urls)
+                if refused is not None:
+                    log.error("reconciler: %s", refused)  # noqa: TRY400 - one line
+                    raise refused from None
+                pause = min(backoff.next(), self.interval_s)
+                outage.failed(which_service(exc, **urls), exc, pause)
+                stop.wait(pause)
+                continue
+            outage.up()
+            backoff.reset()
             stop.wait(self.interval_s)
