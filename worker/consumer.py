@@ -130,7 +130,7 @@ class HopWorker:
         scheduler: DelayScheduler | None = None,
         retry_delays_s: tuple[float, ...] = RETRY_DELAYS_S,
         prefetch_headroom: int | None = None,
-        database_url: str = "the database",
+        database_url: str | None = None,
     ) -> None:
         self.service = service
         self.url = broker_url
@@ -143,7 +143,8 @@ class HopWorker:
         self.stats = WorkerStats()
         self.ready = threading.Event()
         self.broker_outage = Outage(log, "worker", broker_url)
-        self.database_outage = Outage(log, "worker", database_url, announce_start=False)
+        database = database_url or _database_of(service)
+        self.database_outage = Outage(log, "worker", database, announce_start=False)
         # (connection generation, message, delivery, future) of finished handlers
         self._finished: queue.Queue[tuple[int, Any, Delivery, Future[str]]] = queue.Queue()
         self._generation = 0
@@ -279,3 +280,14 @@ class HopWorker:
         deadline = time.monotonic() + 60
         while self._in_flight > 0 and time.monotonic() < deadline:
             self._settle_finished(settler, timeout=0.5)
+
+
+def _database_of(service: Any) -> str:
+    """The event store's URL (no password), from its environment, for the log."""
+    env = getattr(getattr(service, "app", None), "env", None) or {}
+    if env.get("POSTGRES_DBNAME"):
+        host, port = env.get("POSTGRES_HOST", "?"), env.get("POSTGRES_PORT", "5432")
+        return f"postgresql://{env.get('POSTGRES_USER', '')}@{host}:{port}/{env['POSTGRES_DBNAME']}"
+    if env.get("SQLITE_DBNAME"):
+        return f"sqlite:///{env['SQLITE_DBNAME']}"
+    return "the event store"
