@@ -209,6 +209,9 @@ class HopWorker:
                     channel,
                     queues=[self.topology.hops, self.topology.commands],
                     on_message=lambda m: self._received(m, pool, settler),
+                    # kombu raises a message's decode errors (a compression header
+                    # with junk) out of drain_events unless told where they go.
+                    on_decode_error=lambda m, _exc: self._received(m, pool, settler),
                     prefetch_count=None,
                     no_ack=False,
                 )
