@@ -8,10 +8,9 @@ The restarts are of private servers (tests/services.py), never the shared ones.
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -25,10 +24,13 @@ import pytest
 from infrastructure import messages
 from infrastructure.broker import Broker
 from infrastructure.eventstore import init_database
+from infrastructure.failures import ServiceRefused
 from infrastructure.fake_gateway import FakeGateway
 from infrastructure.views import PROJECTIONS, SqlViewStore, init_read_models
 from tests.conftest import PARENT, TOKEN
 from tests.services import PgCluster, RabbitNode, pg_cluster, rabbit_node
+from worker.projector import Projector
+from worker.reconciler import Reconciler
 
 __all__ = ["pg_cluster", "rabbit_node"]  # fixtures
 
@@ -232,25 +234,40 @@ def test_a_worker_refused_for_good_exits_at_once_with_one_line(
 @pytest.mark.rabbitmq
 @pytest.mark.postgres
 def test_a_worker_started_before_the_broker_waits_for_it_then_works(
-    pg_database: str, fake: FakeGateway, tmp_path: Path
+    rabbit_node: RabbitNode, pg_database: str, fake: FakeGateway, tmp_path: Path
 ) -> None:
-    base = Path(tempfile.mkdtemp(prefix="prov-rabbit-"))
-    node = RabbitNode(base)  # not started yet: connection refused
-    env = env_of(pg_database, node.url, fake)
+    env = env_of(pg_database, rabbit_node.url, fake)
     brand = f"late-{uuid.uuid4().hex[:10]}"
-    log_path = tmp_path / "worker.log"
+    log_path = tmp_path / "run.log"
+    rabbit_node.stop_app()  # the node is there, its port refuses connections
     try:
         with process(env, log_path, "run") as proc:
             wait_for(lambda: " unavailable (" in log_path.read_text(), "the outage line", 20)
-            node.start()
-            provision_all(node.url, [brand])
+            rabbit_node.start_app()
+            provision_all(rabbit_node.url, [brand])
             wait_for(lambda: ready(pg_database, [brand]) == 1, "the brand ready", 60)
             assert proc.poll() is None
     finally:
-        node.stop()
-        shutil.rmtree(base, ignore_errors=True)
+        rabbit_node.start_app()  # idempotent; the module's next test needs it
     log = log_path.read_text()
     down, up = outage_lines(log, "worker", "amqp://guest:***@")
     assert len(down) == 1, log[-3000:]
     assert "ConnectionRefusedError" in down[0]
     assert len(up) == 1, log[-3000:]
+
+
+@pytest.mark.postgres
+def test_projections_and_reconciler_stop_on_a_database_that_refuses_for_good(
+    pg_database: str,
+) -> None:
+    missing = pg_database.rsplit("/", 1)[0] + f"/no_such_db_{uuid.uuid4().hex[:6]}"
+    projector = Projector(None, missing, database_url=missing)  # type: ignore[arg-type]
+    reconciler = Reconciler(missing, interval_s=0.1)
+    stop = threading.Event()
+    try:
+        with pytest.raises(ServiceRefused, match="has no such database"):
+            projector.run(stop)
+        with pytest.raises(ServiceRefused, match="has no such database"):
+            reconciler.run(stop, Broker("memory://", scheduler=None))
+    finally:
+        stop.set()
