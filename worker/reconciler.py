@@ -93,6 +93,14 @@ class Reconciler:
         self._sent[(kind, key, hop)] = now
         return True
 
+    def _send(self, broker: Broker, message: messages.Message, key: tuple[str, str, int]) -> None:
+        """Publish; a message the broker did not take is not remembered as sent."""
+        try:
+            broker.publish(message)
+        except BaseException:
+            self._sent.pop(key, None)
+            raise
+
     def sweep(
         self, store: SqlViewStore, broker: Broker, now: datetime | None = None
     ) -> SweepReport:
@@ -108,11 +116,13 @@ class Reconciler:
             if row["attempt_id"] not in expired and self._fresh(
                 "hop", row["attempt_id"], row["next_hop"]
             ):
-                broker.publish(messages.hop(UUID(row["attempt_id"]), row["next_hop"]))
+                message = messages.hop(UUID(row["attempt_id"]), row["next_hop"])
+                self._send(broker, message, ("hop", row["attempt_id"], row["next_hop"]))
                 report.hops += 1
         for row in self._owing(store, now):
             if self._fresh("release", row["attempt_id"]):
-                broker.publish(messages.release(UUID(row["attempt_id"])))
+                message = messages.release(UUID(row["attempt_id"]))
+                self._send(broker, message, ("release", row["attempt_id"], 0))
                 report.releases += 1
         before = store.dialect.to_db("ts", now - timedelta(seconds=self.grace_s))
         bound = store.rows(
@@ -123,7 +133,8 @@ class Reconciler:
         )
         for row in bound:
             if self._fresh("decommission", row["brand_id"]):
-                broker.publish(messages.decommission(row["brand_id"]))
+                message = messages.decommission(row["brand_id"])
+                self._send(broker, message, ("decommission", row["brand_id"], 0))
                 report.decommissions += 1
         for kind, count in (("hop", report.hops), ("release", report.releases),
                             ("decommission", report.decommissions),

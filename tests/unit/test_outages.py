@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from uuid import uuid4
 
 import amqp
 import psycopg
@@ -10,6 +11,7 @@ import pytest
 from eventsourcing import persistence
 from kombu.exceptions import OperationalError
 
+from infrastructure import messages
 from infrastructure.broker import broker_refusal, is_broker_error
 from infrastructure.failures import ServiceRefused
 from infrastructure.outages import (
@@ -20,6 +22,7 @@ from infrastructure.outages import (
     refusal,
     which_service,
 )
+from worker.reconciler import Reconciler
 
 BROKER = "amqp://guest:s3cret@rabbit:5672/prov"
 DATABASE = "postgresql://app:s3cret@db:5432/prov"
@@ -119,3 +122,18 @@ def test_an_outage_is_logged_once_and_its_end_once(caplog: pytest.LogCaptureFixt
         ("INFO", "relay: connected to amqp://guest:***@rabbit:5672/prov"),
     ]
     assert outage.outages == 1
+
+
+class _BrokerDown:
+    def publish(self, message: object) -> None:
+        raise ConnectionRefusedError(111, "Connection refused")
+
+
+def test_a_message_the_reconciler_could_not_publish_is_sent_again_next_sweep() -> None:
+    reconciler = Reconciler("sqlite:///unused.sqlite", resend_s=300.0)
+    attempt = str(uuid4())
+    assert reconciler._fresh("hop", attempt, 2)
+    with pytest.raises(ConnectionRefusedError):
+        reconciler._send(_BrokerDown(), messages.hop(uuid4(), 2), ("hop", attempt, 2))  # type: ignore[arg-type]
+
+    assert reconciler._fresh("hop", attempt, 2), "remembered as sent during the outage"
