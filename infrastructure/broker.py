@@ -20,6 +20,13 @@ integration events (an event nobody listens to yet is not an error).
 `publish_many` (the relay's batches) sends every message of a batch and then
 awaits the broker's confirms once, instead of one round trip per message.
 
+Failures are told apart here, in one place: `broker_refusal` says when the
+broker refused us for good (403 ACCESS_REFUSED: credentials or permissions;
+530 NOT_ALLOWED: no such vhost, or no access to it), which long-running
+processes raise as `ServiceRefused` instead of retrying; `is_broker_error`
+says when a failure is the broker being unreachable or dropping us, which they
+ride out with backoff (infrastructure/outages.py).
+
 `memory://` (kombu's in-memory transport) has no TTL, dead-lettering or
 confirms: delays are kept by `DelayScheduler`, a thread that publishes each
 message when it is due, and dead letters are published directly.
@@ -42,8 +49,11 @@ import amqp
 from amqp import spec
 from kombu.connection import Connection
 from kombu.entity import Exchange, Queue
+from kombu.exceptions import OperationalError
 from kombu.messaging import Producer
 
+from infrastructure.eventstore import redact
+from infrastructure.failures import ServiceRefused
 from infrastructure.messages import COMMAND_TYPES, Message
 
 log = logging.getLogger("provisioner.broker")
@@ -143,6 +153,41 @@ def is_memory(url: str) -> bool:
     return url.startswith("memory://")
 
 
+# AMQP reply codes retrying cannot change, and what to do about each.
+_REFUSED = {
+    403: "check the user and password (and the user's permissions) in PROVISIONER_BROKER_URL",
+    530: "create the vhost and grant the user access to it, or fix PROVISIONER_BROKER_URL",
+}
+# What an unreachable broker, or one that drops us, raises (besides OSError).
+BROKER_ERRORS: tuple[type[BaseException], ...] = (
+    OSError,
+    OperationalError,
+    amqp.exceptions.AMQPError,
+    amqp.exceptions.RecoverableConnectionError,
+)
+
+
+def broker_refusal(exc: BaseException, url: str) -> ServiceRefused | None:
+    """ServiceRefused when the broker refused us for good (see _REFUSED), else None."""
+    current: BaseException | None = exc
+    for _ in range(5):  # the error, or what kombu wrapped
+        if isinstance(current, amqp.exceptions.AMQPError) and current.code in _REFUSED:
+            text = " ".join(str(getattr(current, "reply_text", "") or current).split())[:200]
+            return ServiceRefused(
+                f"RabbitMQ at {redact(url)} refused us ({current.code} {text}): "
+                f"{_REFUSED[current.code]}"
+            )
+        if current is None:
+            break
+        current = current.__cause__ or current.__context__
+    return None
+
+
+def is_broker_error(exc: BaseException) -> bool:
+    """True when `exc` is the broker (or the network to it) failing us."""
+    return isinstance(exc, BROKER_ERRORS)
+
+
 def connect(url: str) -> Connection:
     options = {} if is_memory(url) else {"confirm_publish": True}
     return Connection(url, transport_options=options, heartbeat=0 if is_memory(url) else 30)
@@ -205,7 +250,8 @@ class Broker:
     @property
     def producer(self) -> Producer:
         if self._producer is None:
-            self.connection.ensure_connection(max_retries=3)
+            # One try: the caller's loop backs off (kombu's retries would block it).
+            self.connection.connect()
             channel = self.connection.default_channel
             self.topology.declare(channel)
             self._producer = Producer(channel, on_return=self._on_return)
@@ -345,7 +391,8 @@ class Broker:
             try:
                 send()
             except self.connection.connection_errors as exc:
-                log.warning("publish failed (%s); reconnecting", exc)
+                # The caller's loop logs an outage once; this is one try of many.
+                log.debug("publish failed (%s); reconnecting", exc)
                 self._producer = None
                 self._declared.clear()
                 broken, self.connection = self.connection, self.connection.clone()

@@ -14,12 +14,19 @@ by marshmallow schemas. Never pickle.
 offset; without it the worker orders the command at the time it handles it.
 
 `decode` turns a raw body into a `Message` or raises `InvalidMessage` whose
-`errors` say what is wrong (they travel with the dead letter).
+`reason` and `errors` say what is wrong (they travel with the dead letter).
+It never lets a producer's body blow up the consumer: a body over
+`MAX_BODY_BYTES` (64 KiB; real messages are a few hundred bytes), nested
+deeper than `MAX_DEPTH`, not UTF-8, or with a content type or encoding we do
+not speak is refused before JSON parsing. `retries` reads the `x-retries`
+header the same way (a bad value is refused, never trusted).
 """
 
 from __future__ import annotations
 
 import json
+import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -129,24 +136,116 @@ def encode(type_: str, version: int, **values: Any) -> bytes:
     return json.dumps({"type": type_, "version": version, **data}).encode()
 
 
-def decode(body: bytes | str) -> Message:
+# The edges of what a consumer reads (docs/messaging.md, "Delivery guarantees").
+MAX_BODY_BYTES = 64 * 1024
+MAX_DEPTH = 8  # our messages are flat objects (depth 1)
+MAX_RETRIES_HEADER = 1000
+CONTENT_TYPES = frozenset({"application/json"})
+CONTENT_ENCODINGS = frozenset({"utf-8", "utf8"})
+# JSON strings (skipped whole, so brackets inside them do not count) or brackets.
+_TOKENS = re.compile(rb'"(?:[^"\\]|\\.)*"|[\[\]{}]', re.DOTALL)
+
+
+def decode(
+    body: object, *, content_type: object = None, content_encoding: object = None
+) -> Message:
+    """The message in `body`; raises InvalidMessage (never anything else) if it is not one.
+
+    `content_type` and `content_encoding` are the delivery's properties (None when
+    absent): only JSON in UTF-8 is accepted.
+    """
     try:
-        raw = json.loads(body)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise InvalidMessage("invalid JSON", {"json": str(exc)[:200]}) from None
-    if not isinstance(raw, dict):
-        raise InvalidMessage("not a JSON object", {"body": type(raw).__name__})
-    type_, version = raw.pop("type", None), raw.pop("version", None)
+        return _decode(_raw_bytes(body, content_type, content_encoding))
+    except InvalidMessage:
+        raise
+    except Exception as exc:  # noqa: BLE001 - whatever a body does, it is refused
+        raise InvalidMessage("undecodable", {"error": _short(exc)}) from None
+
+
+def retries(headers: object) -> int:
+    """The delivery's `x-retries` count (0 when absent); InvalidMessage when malformed."""
+    if headers is None:
+        return 0
+    if not isinstance(headers, Mapping):
+        raise InvalidMessage("bad header", {"headers": type(headers).__name__})
+    value = headers.get("x-retries", 0)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidMessage("bad header", {"x-retries": repr(value)[:50]})
+    if not 0 <= value <= MAX_RETRIES_HEADER:
+        raise InvalidMessage("bad header", {"x-retries": value})
+    return value
+
+
+def _raw_bytes(body: object, content_type: object, content_encoding: object) -> bytes:
+    if content_type is not None and (
+        not isinstance(content_type, str) or content_type.lower() not in CONTENT_TYPES
+    ):
+        raise InvalidMessage("unsupported content type", {"content_type": repr(content_type)[:50]})
+    if content_encoding is not None and (
+        not isinstance(content_encoding, str) or content_encoding.lower() not in CONTENT_ENCODINGS
+    ):
+        raise InvalidMessage(
+            "unsupported encoding", {"content_encoding": repr(content_encoding)[:50]}
+        )
+    if isinstance(body, str):
+        if len(body) > MAX_BODY_BYTES:  # each character is at least one byte
+            raise InvalidMessage("too large", {"size": len(body), "max": MAX_BODY_BYTES})
+        try:
+            raw = body.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise InvalidMessage("not UTF-8", {"error": _short(exc)}) from None
+    elif isinstance(body, bytes | bytearray | memoryview):
+        raw = bytes(body)
+    else:
+        raise InvalidMessage("not a byte string", {"body": type(body).__name__})
+    if len(raw) > MAX_BODY_BYTES:
+        raise InvalidMessage("too large", {"size": len(raw), "max": MAX_BODY_BYTES})
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InvalidMessage("not UTF-8", {"error": _short(exc)}) from None
+    return raw
+
+
+def _depth(raw: bytes) -> int:
+    """How deeply the JSON in `raw` nests (brackets inside strings do not count)."""
+    depth = deepest = 0
+    for token in _TOKENS.finditer(raw):
+        char = token.group()
+        if char in (b"[", b"{"):
+            depth += 1
+            deepest = max(deepest, depth)
+            if deepest > MAX_DEPTH:
+                return deepest
+        elif char in (b"]", b"}"):
+            depth -= 1
+    return deepest
+
+
+def _decode(raw: bytes) -> Message:
+    if _depth(raw) > MAX_DEPTH:
+        raise InvalidMessage("too deeply nested", {"max_depth": MAX_DEPTH})
+    try:
+        raw_value = json.loads(raw.decode("utf-8"))  # never json's UTF-16/32 guessing
+    except (ValueError, RecursionError) as exc:
+        raise InvalidMessage("invalid JSON", {"json": _short(exc)}) from None
+    if not isinstance(raw_value, dict):
+        raise InvalidMessage("not a JSON object", {"body": type(raw_value).__name__})
+    type_, version = raw_value.pop("type", None), raw_value.pop("version", None)
     if not isinstance(type_, str) or not isinstance(version, int) or isinstance(version, bool):
         raise InvalidMessage(
             "missing type or version", {"type": repr(type_)[:50], "version": repr(version)[:50]}
         )
     schema = _schema(type_, version)
     try:
-        values = schema.load(raw)
+        values = schema.load(raw_value)
     except ValidationError as exc:
         raise InvalidMessage("schema errors", {"fields": exc.messages}) from None
     return Message(type_, version, values)
+
+
+def _short(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {str(exc)[:200]}"
 
 
 def _schema(type_: str, version: int) -> Schema:

@@ -6,9 +6,11 @@ the pool, and acks each only after its handler has committed. Pool threads
 never touch the connection; they put finished work on a queue that the
 consuming thread empties between drains.
 
-- Invalid messages (bad JSON, unknown type or version, schema errors) and
-  permanent failures (unknown attempt or brand, a refused command) go to the
-  dead-letter queue with the reason in their headers, then are acked.
+- Invalid messages (too large, too deeply nested, not UTF-8, bad JSON, a bad
+  header, unknown type or version, schema errors) and permanent failures
+  (unknown attempt or brand, a refused command) go to the dead-letter queue
+  with the reason in their headers, then are acked (worker/delivery.py). An
+  unexpected failure while settling one message is contained there too.
 - An infrastructure failure (database down, too much contention) is not the
   brand's fault: the message is re-published after a delay with a retry count
   and the attempt stays untouched; after the last retry it is dead-lettered.
@@ -17,8 +19,11 @@ consuming thread empties between drains.
   of waiting for its ack to reach the broker and a new delivery to come back.
 - `stop` (SIGTERM): stop consuming, finish the hops in flight, ack them, hand
   the prefetched messages not started yet back to the broker, return.
-- A dropped broker connection: reconnect with backoff; unacked messages are
-  redelivered by the broker, and hops are idempotent.
+- A broker that is down (at start too) or drops the connection: reconnect
+  with jittered backoff (0.5 s doubling to 15 s), logging the outage once and
+  "connected to ..." once; unacked messages are redelivered by the broker, and
+  hops are idempotent. A broker that refuses the credentials or the vhost
+  raises ServiceRefused out of `run` (retrying cannot fix it).
 """
 
 from __future__ import annotations
@@ -43,10 +48,19 @@ from domain.errors import (
     UnknownAttempt,
     UnknownBrand,
 )
-from infrastructure.broker import Broker, DelayScheduler, Topology, connect
-from infrastructure.messages import InvalidMessage, Message, decode
+from infrastructure.broker import (
+    BROKER_ERRORS,
+    Broker,
+    DelayScheduler,
+    Topology,
+    broker_refusal,
+    connect,
+)
+from infrastructure.messages import Message
+from infrastructure.outages import Backoff, Outage
 from infrastructure.service import ProvisioningService
 from worker import metrics
+from worker.delivery import Delivery, Settler
 
 log = logging.getLogger("provisioner.worker")
 
@@ -121,6 +135,7 @@ class HopWorker:
         scheduler: DelayScheduler | None = None,
         retry_delays_s: tuple[float, ...] = RETRY_DELAYS_S,
         prefetch_headroom: int | None = None,
+        database_url: str | None = None,
     ) -> None:
         self.service = service
         self.url = broker_url
@@ -132,46 +147,65 @@ class HopWorker:
         self.retry_delays_s = retry_delays_s
         self.stats = WorkerStats()
         self.ready = threading.Event()
-        # (connection generation, message, decoded, future) of finished handlers
-        self._finished: queue.Queue[tuple[int, Any, Message, Future[str]]] = queue.Queue()
+        self.broker_outage = Outage(log, "worker", broker_url)
+        database = database_url or _database_of(service)
+        self.database_outage = Outage(log, "worker", database, announce_start=False)
+        # (connection generation, message, delivery, future) of finished handlers
+        self._finished: queue.Queue[tuple[int, Any, Delivery, Future[str]]] = queue.Queue()
         self._generation = 0
         self._in_flight = 0
         # Handlers submitted on the current connection and not settled yet.
         self._submitted: set[Future[str]] = set()
         with connect(broker_url) as probe:
             self._connection_errors = (
-                OSError,
+                *BROKER_ERRORS,
                 *probe.connection_errors,
                 *probe.channel_errors,
             )
 
     def run(self, stop: threading.Event) -> None:
-        """Consume until `stop` is set; reconnect whenever the connection drops."""
-        pause = 0.5
+        """Consume until `stop` is set. A broker that is down (at start too) or drops
+        the connection is waited for with backoff, the outage logged once; one that
+        refuses us for good raises ServiceRefused. Nothing else ends the loop."""
+        backoff = Backoff()
         with ThreadPoolExecutor(self.concurrency, thread_name_prefix="hop") as pool:
             while not stop.is_set():
                 try:
-                    self._consume(pool, stop)
-                    pause = 0.5
-                except self._connection_errors as exc:
+                    self._consume(pool, stop, backoff)
+                except Exception as exc:  # classified here: only a refusal ends the loop
+                    refused = broker_refusal(exc, self.url)
+                    if refused is not None:
+                        log.error("worker: %s", refused)  # noqa: TRY400 - one line, no traceback
+                        raise refused from None
                     # Messages not started yet are void with their connection.
                     self._cancel_queued()
                     self.stats.reconnects += 1
-                    log.warning("broker connection lost (%s); reconnecting in %.1fs", exc, pause)
+                    pause = backoff.next()
+                    if isinstance(exc, self._connection_errors):
+                        self.broker_outage.failed(self.url, exc, pause)
+                    else:
+                        log.exception("worker: unexpected error; reconnecting in %.1fs", pause)
                     stop.wait(pause)
-                    pause = min(pause * 2, 10.0)
 
-    def _consume(self, pool: ThreadPoolExecutor, stop: threading.Event) -> None:
+    def _consume(self, pool: ThreadPoolExecutor, stop: threading.Event, backoff: Backoff) -> None:
         # Results of handlers started on an earlier connection are dropped: their
         # delivery tags are void, and the broker redelivers those messages.
         self._generation += 1
         self._in_flight = 0
         self._submitted = set()
         with connect(self.url) as conn:
-            conn.ensure_connection(max_retries=1)
+            conn.connect()  # one try: run() backs off between tries
             channel = conn.channel()
             self.topology.declare(channel)
             publisher = Broker(self.url, self.topology, scheduler=self.scheduler)
+            settler = Settler(
+                publisher,
+                stats=self.stats,
+                retry_delays_s=self.retry_delays_s,
+                connection_errors=self._connection_errors,
+                database=self.database_outage,
+                dead_letter=DeadLetter,
+            )
             try:
                 # One limit for the channel (global), not one per consumer: with two
                 # queues a per-consumer prefetch would hold twice as many messages.
@@ -179,22 +213,28 @@ class HopWorker:
                 consumer = Consumer(
                     channel,
                     queues=[self.topology.hops, self.topology.commands],
-                    on_message=lambda m: self._received(m, pool, publisher),
+                    on_message=lambda m: self._received(m, pool, settler),
+                    # kombu raises a message's decode errors (a compression header
+                    # with junk) out of drain_events unless told where they go.
+                    on_decode_error=lambda m, _exc: self._received(m, pool, settler),
                     prefetch_count=None,
                     no_ack=False,
                 )
                 with consumer:
+                    self.broker_outage.up()
+                    backoff.reset()
                     self.ready.set()
                     while not stop.is_set():
-                        self._settle_finished(publisher)
+                        self._settle_finished(settler)
                         with contextlib.suppress(TimeoutError):
                             conn.drain_events(timeout=self._drain_timeout())
                         conn.heartbeat_check()
                     consumer.cancel()
                     self._cancel_queued()
-                    self._drain_in_flight(publisher)
+                    self._drain_in_flight(settler)
             finally:
-                publisher.close()
+                with contextlib.suppress(Exception):
+                    publisher.close()
 
     def _drain_timeout(self) -> float:
         """How long to wait for the broker before looking at finished hops again.
@@ -206,30 +246,32 @@ class HopWorker:
         """
         return SATURATED_DRAIN_S if self._in_flight >= self.prefetch else IDLE_DRAIN_S
 
-    def _received(self, message: Any, pool: ThreadPoolExecutor, publisher: Broker) -> None:
+    def _received(self, message: Any, pool: ThreadPoolExecutor, settler: Settler) -> None:
+        delivery = settler.read(message)  # None: dead-lettered already
+        if delivery is None:
+            return
+        generation = self._generation
         try:
-            decoded = decode(message.body)
-        except InvalidMessage as exc:
-            self._dead(publisher, message, exc.reason, exc.errors)
+            future = pool.submit(handle, self.service, delivery.message)
+        except RuntimeError:  # the pool is shutting down: leave it to another worker
+            settler.requeue(message)
             return
         self._in_flight += 1
-        generation = self._generation
-        future = pool.submit(handle, self.service, decoded)
         self._submitted.add(future)
-        future.add_done_callback(lambda f: self._finished.put((generation, message, decoded, f)))
+        future.add_done_callback(lambda f: self._finished.put((generation, message, delivery, f)))
 
     def _cancel_queued(self) -> None:
         """Cancel the handlers that have not started (prefetched, waiting for a thread)."""
         for future in list(self._submitted):
             future.cancel()
 
-    def _settle_finished(self, publisher: Broker, timeout: float | None = None) -> None:
+    def _settle_finished(self, settler: Settler, timeout: float | None = None) -> None:
         while True:
             try:
                 if timeout is None:
-                    generation, message, decoded, future = self._finished.get_nowait()
+                    generation, message, delivery, future = self._finished.get_nowait()
                 else:
-                    generation, message, decoded, future = self._finished.get(timeout=timeout)
+                    generation, message, delivery, future = self._finished.get(timeout=timeout)
             except queue.Empty:
                 return
             if generation != self._generation:
@@ -237,57 +279,23 @@ class HopWorker:
             self._in_flight -= 1
             self._submitted.discard(future)
             if future.cancelled():
-                message.requeue()  # never started: back to the queue for any worker
+                settler.requeue(message)  # never started: back to the queue for any worker
                 continue
-            self._settle(publisher, message, decoded, future)
+            settler.settle(message, delivery, future)
 
-    def _settle(
-        self, publisher: Broker, message: Any, decoded: Message, future: Future[str]
-    ) -> None:
-        try:
-            detail = future.result()
-        except DeadLetter as exc:
-            self._dead(publisher, message, exc.reason, exc.errors)
-            return
-        except Exception as exc:  # noqa: BLE001 - infrastructure failure: retry later
-            self._retry(publisher, message, decoded, exc)
-            return
-        message.ack()
-        metrics.HANDLED.labels(decoded.type).inc()
-        self.stats.handled += 1
-        self.stats.by_type[decoded.type] = self.stats.by_type.get(decoded.type, 0) + 1
-        log.debug("handled %s %s: %s", decoded.type, decoded.fields, detail)
-
-    def _retry(self, publisher: Broker, message: Any, decoded: Message, exc: Exception) -> None:
-        tries = int((message.headers or {}).get("x-retries", 0))
-        if tries >= len(self.retry_delays_s):
-            self._dead(publisher, message, "retries exhausted", {"error": repr(exc)[:300]})
-            return
-        delay = self.retry_delays_s[tries]
-        log.warning(
-            "%s failed (%s: %s); retry %d in %.0fs",
-            decoded.type,
-            type(exc).__name__,
-            str(exc)[:200],
-            tries + 1,
-            delay,
-        )
-        publisher.publish(decoded, delay_s=delay, headers={"x-retries": tries + 1})
-        message.ack()
-        metrics.RETRIED.inc()
-        self.stats.retried += 1
-
-    def _dead(self, publisher: Broker, message: Any, reason: str, errors: dict[str, Any]) -> None:
-        source = (message.delivery_info or {}).get("routing_key", "?")
-        body = message.body if isinstance(message.body, bytes) else str(message.body).encode()
-        publisher.publish_dead(body, reason, errors, source)
-        message.ack()
-        metrics.DEAD_LETTERED.labels(reason).inc()
-        self.stats.dead_lettered += 1
-        log.warning("dead-lettered a message from %s: %s %s", source, reason, errors)
-
-    def _drain_in_flight(self, publisher: Broker) -> None:
+    def _drain_in_flight(self, settler: Settler) -> None:
         """On stop: let the hops in flight finish, and ack them."""
         deadline = time.monotonic() + 60
         while self._in_flight > 0 and time.monotonic() < deadline:
-            self._settle_finished(publisher, timeout=0.5)
+            self._settle_finished(settler, timeout=0.5)
+
+
+def _database_of(service: Any) -> str:
+    """The event store's URL (no password), from its environment, for the log."""
+    env = getattr(getattr(service, "app", None), "env", None) or {}
+    if env.get("POSTGRES_DBNAME"):
+        host, port = env.get("POSTGRES_HOST", "?"), env.get("POSTGRES_PORT", "5432")
+        return f"postgresql://{env.get('POSTGRES_USER', '')}@{host}:{port}/{env['POSTGRES_DBNAME']}"
+    if env.get("SQLITE_DBNAME"):
+        return f"sqlite:///{env['SQLITE_DBNAME']}"
+    return "the event store"

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from prometheus_client import Counter, Gauge
 
 from infrastructure.eventstore import ProvisionerApplication, is_postgres
+from infrastructure.outages import Backoff, Outage, refusal
 from infrastructure.views import PROJECTIONS, LogSource, SqlViewStore
 from projections.core import Projection, catch_up, rebuild
 from worker.relay import _Poller, _PostgresListener
@@ -78,25 +79,29 @@ class Projector:
 
         Resuming is always safe: each batch committed its rows and its position
         together, so the runner starts again exactly where the last one ended.
+        A database outage is logged once, and its end once; a database that
+        refuses us for good (credentials, no such database) raises ServiceRefused.
         """
-        pause = 0.5
+        backoff = Backoff()
+        outage = Outage(log, "projections", self.database_url, announce_start=False)
         while not stop.is_set():
             try:
                 with SqlViewStore(self.views_url) as store, self._listener() as wait:
                     store.setup()
                     while not stop.is_set():
-                        if self.step(store) == 0:
+                        applied = self.step(store)
+                        outage.up()
+                        backoff.reset()
+                        if applied == 0:
                             wait(stop)
-                        pause = 0.5
-            except Exception as exc:  # noqa: BLE001 - supervise: log, back off, resume
-                log.warning(
-                    "projections interrupted (%s: %s); resuming in %.1fs",
-                    type(exc).__name__,
-                    exc,
-                    pause,
-                )
+            except Exception as exc:  # noqa: BLE001 - a refusal ends the runner, the rest waits
+                refused = refusal(exc, database_url=self.database_url)
+                if refused is not None:
+                    log.error("projections: %s", refused)  # noqa: TRY400 - one line
+                    raise refused from None
+                pause = backoff.next()
+                outage.failed(self.database_url, exc, pause)
                 stop.wait(pause)
-                pause = min(pause * 2, 10.0)
 
     def _listener(self) -> _PostgresListener | _Poller:
         if is_postgres(self.database_url):

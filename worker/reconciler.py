@@ -34,6 +34,7 @@ from prometheus_client import Counter
 
 from infrastructure import messages
 from infrastructure.broker import Broker
+from infrastructure.outages import Backoff, Outage, refusal, which_service
 from infrastructure.service import ProvisioningService
 from infrastructure.views import PROJECTIONS, SqlViewStore, list_attempts
 from projections.core import Row
@@ -92,6 +93,14 @@ class Reconciler:
         self._sent[(kind, key, hop)] = now
         return True
 
+    def _send(self, broker: Broker, message: messages.Message, key: tuple[str, str, int]) -> None:
+        """Publish; a message the broker did not take is not remembered as sent."""
+        try:
+            broker.publish(message)
+        except BaseException:
+            self._sent.pop(key, None)
+            raise
+
     def sweep(
         self, store: SqlViewStore, broker: Broker, now: datetime | None = None
     ) -> SweepReport:
@@ -107,11 +116,13 @@ class Reconciler:
             if row["attempt_id"] not in expired and self._fresh(
                 "hop", row["attempt_id"], row["next_hop"]
             ):
-                broker.publish(messages.hop(UUID(row["attempt_id"]), row["next_hop"]))
+                message = messages.hop(UUID(row["attempt_id"]), row["next_hop"])
+                self._send(broker, message, ("hop", row["attempt_id"], row["next_hop"]))
                 report.hops += 1
         for row in self._owing(store, now):
             if self._fresh("release", row["attempt_id"]):
-                broker.publish(messages.release(UUID(row["attempt_id"])))
+                message = messages.release(UUID(row["attempt_id"]))
+                self._send(broker, message, ("release", row["attempt_id"], 0))
                 report.releases += 1
         before = store.dialect.to_db("ts", now - timedelta(seconds=self.grace_s))
         bound = store.rows(
@@ -122,7 +133,8 @@ class Reconciler:
         )
         for row in bound:
             if self._fresh("decommission", row["brand_id"]):
-                broker.publish(messages.decommission(row["brand_id"]))
+                message = messages.decommission(row["brand_id"])
+                self._send(broker, message, ("decommission", row["brand_id"], 0))
                 report.decommissions += 1
         for kind, count in (("hop", report.hops), ("release", report.releases),
                             ("decommission", report.decommissions),
@@ -174,12 +186,26 @@ class Reconciler:
         )
 
     def run(self, stop: threading.Event, broker: Broker) -> None:
-        """Sweep every `interval_s` until `stop` is set; a failure is logged and retried."""
+        """Sweep every `interval_s` until `stop` is set. A failed sweep is tried again
+        after a backoff pause (at most `interval_s`), the outage logged once and its
+        end once; a service that refuses us for good raises ServiceRefused."""
+        backoff = Backoff()
+        outage = Outage(log, "reconciler", self.views_url, announce_start=False)
+        urls = {"broker_url": broker.url, "database_url": self.views_url}
         while not stop.is_set():
             try:
                 with SqlViewStore(self.views_url) as store:
                     store.check()
                     self.sweep(store, broker)
-            except Exception as exc:  # noqa: BLE001 - supervise: log, retry next interval
-                log.warning("reconciler sweep failed (%s: %s)", type(exc).__name__, exc)
+            except Exception as exc:  # noqa: BLE001 - a refusal ends the sweeps, the rest waits
+                refused = refusal(exc, **urls)
+                if refused is not None:
+                    log.error("reconciler: %s", refused)  # noqa: TRY400 - one line
+                    raise refused from None
+                pause = min(backoff.next(), self.interval_s)
+                outage.failed(which_service(exc, **urls), exc, pause)
+                stop.wait(pause)
+                continue
+            outage.up()
+            backoff.reset()
             stop.wait(self.interval_s)

@@ -30,6 +30,7 @@ from infrastructure.eventstore import (
     ProvisionerApplication,
     postgres_conninfo,
 )
+from infrastructure.outages import Backoff, Outage, refusal, which_service
 from infrastructure.outbox import (
     TOPICS,
     IntegrationEvent,
@@ -112,17 +113,23 @@ class Relay:
     def run(self, stop: threading.Event) -> None:
         """Pump until `stop` is set, sleeping on LISTEN/NOTIFY or polling when idle.
 
-        A failure (broker or database connection lost) never ends the relay: the
-        position is recorded only after a batch is published, so it waits, opens a
-        fresh listener and re-reads from the recorded position (re-publishing is
-        harmless).
+        A failure (broker or database down, restarting, or dropping the
+        connection) never ends the relay: the position is recorded only after a
+        batch is published, so it backs off, opens a fresh listener and re-reads
+        from the recorded position (re-publishing is harmless). It logs the
+        outage once and the recovery once. A broker or database that refuses us
+        for good (credentials, no such vhost or database) raises ServiceRefused.
         """
-        pause = 0.5
+        backoff = Backoff()
+        outage = Outage(log, "relay", self.broker.url, announce_start=False)
         while not stop.is_set():
             try:
                 with self._listener() as wait:
                     while not stop.is_set():
-                        if self.pump() < self.batch_size:
+                        published = self.pump()
+                        outage.up()
+                        backoff.reset()
+                        if published < self.batch_size:
                             # Caught up: sleep until a save notifies, then linger a
                             # moment so that one read and one batch of confirms
                             # covers the saves committing meanwhile (under load a
@@ -130,13 +137,15 @@ class Relay:
                             # confirm round trip each).
                             wait(stop)
                             stop.wait(self.linger_s)
-                        pause = 0.5
-            except Exception as exc:  # noqa: BLE001 - supervise: log, back off, resume
-                log.warning(
-                    "relay interrupted (%s: %s); resuming in %.1fs", type(exc).__name__, exc, pause
-                )
+            except Exception as exc:  # noqa: BLE001 - a refusal ends the relay, the rest waits
+                urls = {"broker_url": self.broker.url, "database_url": self.database_url}
+                refused = refusal(exc, **urls)
+                if refused is not None:
+                    log.error("relay: %s", refused)  # noqa: TRY400 - one line, no traceback
+                    raise refused from None
+                pause = backoff.next()
+                outage.failed(which_service(exc, **urls), exc, pause)
                 stop.wait(pause)
-                pause = min(pause * 2, 10.0)
 
     def _listener(self) -> Any:
         if self.database_url.startswith(("postgresql://", "postgres://")):

@@ -335,7 +335,7 @@ def pg_env(pg_database: str, rabbit_url: str, fake: FakeGateway) -> dict[str, st
 
 
 POISON: list[tuple[str, bytes, str]] = [
-    (WORK_KEY, b"\x80not json", "invalid JSON"),
+    (WORK_KEY, b"\x80not json", "not UTF-8"),
     (WORK_KEY, b"[1, 2]", "not a JSON object"),
     (WORK_KEY, b'{"hop": 1}', "missing type or version"),
     (WORK_KEY, b'{"type": "explode", "version": 1}', "unknown type"),

@@ -1,0 +1,128 @@
+"""Nothing a producer puts on a queue stops the worker (RabbitMQ): hostile bodies,
+encodings and headers on both queues are dead-lettered with their reason, and the
+good messages behind them are handled by the same, still running, worker."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+from uuid import uuid4
+
+import pytest
+from kombu import Connection, Queue
+
+from domain.errors import UnknownBrand
+from infrastructure import messages
+from infrastructure.broker import COMMAND_KEY, DEAD_QUEUE, EXCHANGE, WORK_KEY, Broker
+from infrastructure.fake_gateway import FakeGateway
+from infrastructure.settings import Settings
+from worker.runtime import build
+
+GOOD_HOP = messages.hop(uuid4(), 0).encode()
+JSON, UTF8 = "application/json", "utf-8"
+
+# (body, content type, content encoding, headers, reason)
+POISON: list[tuple[bytes, str, str, dict[str, Any], str]] = [
+    (b"[" * 1000 + b"]" * 1000, JSON, UTF8, {}, "too deeply nested"),
+    (b"[" * 100_000, JSON, UTF8, {}, "too large"),
+    (b'{"type": "hop", "version": 1, "x": "' + b"a" * 70_000 + b'"}', JSON, UTF8, {}, "too large"),
+    (b'{"type": "hop", "version": 1, "attempt_id": "\xff\xfe"}', JSON, UTF8, {}, "not UTF-8"),
+    (GOOD_HOP, JSON, "latin-1", {}, "unsupported encoding"),
+    (GOOD_HOP, "application/x-python-serialize", "binary", {}, "unsupported content type"),
+    (GOOD_HOP, JSON, UTF8, {"compression": "application/x-gzip"}, "undecodable"),
+    (GOOD_HOP, JSON, UTF8, {"x-retries": "abc"}, "bad header"),
+    (GOOD_HOP, JSON, UTF8, {"x-retries": [1, 2]}, "bad header"),
+    (
+        b'{"type": "hop", "version": 1, "attempt_id": 7, "hop": "1"}',
+        JSON,
+        UTF8,
+        {},
+        "schema errors",
+    ),
+]
+
+
+def wait_for(predicate: Callable[[], Any], what: str, timeout: float = 15.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while not (value := predicate()):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(0.05)
+    return value
+
+
+def publish_raw(
+    url: str, body: bytes, key: str, ctype: str, enc: str, headers: dict[str, Any]
+) -> None:
+    with Connection(url, transport_options={"confirm_publish": True}) as conn:
+        conn.Producer().publish(
+            body, exchange=EXCHANGE, routing_key=key, content_type=ctype, content_encoding=enc,
+            headers=headers, mandatory=True, retry=False,
+        )  # fmt: skip
+
+
+def workspace_of(service: Any, brand: str) -> Any:
+    try:
+        return service.brand(brand).workspace_id
+    except UnknownBrand:
+        return None
+
+
+def take_all(url: str, name: str) -> list[Any]:
+    taken = []
+    with Connection(url, connect_timeout=3) as conn:
+        queue = Queue(name, no_declare=True).bind(conn.channel())
+        while (message := queue.get(no_ack=True)) is not None:
+            taken.append(message)
+    return taken
+
+
+@pytest.mark.rabbitmq
+def test_poison_on_both_queues_is_dead_lettered_and_the_worker_carries_on(
+    rabbit_url: str, fake: FakeGateway, tmp_path: Path
+) -> None:
+    env = {
+        "PROVISIONER_DATABASE_URL": f"sqlite:///{tmp_path / 'events.sqlite'}",
+        "PROVISIONER_BROKER_URL": rabbit_url,
+        "PROVISIONER_GATEWAY_URL": fake.url,
+        "PROVISIONER_GATEWAY_TOKEN": "x",
+        "PROVISIONER_BACKOFF_BASE_S": "0.05",
+    }
+    brand = f"poison-{uuid4().hex[:8]}"
+    stop = threading.Event()
+    with build(Settings.from_env(env)) as runtime:
+        worker, relay = runtime.worker(2), runtime.relay()
+        threads = [
+            runtime.start(worker.run, "worker", stop),
+            runtime.start(relay.run, "relay", stop),
+        ]
+        try:
+            assert worker.ready.wait(10)
+            for key in (WORK_KEY, COMMAND_KEY):
+                for body, ctype, enc, headers, _ in POISON:
+                    publish_raw(rabbit_url, body, key, ctype, enc, headers)
+            # Good work behind the poison: a command, and a hop of a fresh attempt.
+            publisher = Broker(rabbit_url, runtime.topology, scheduler=None)
+            try:
+                publisher.publish(messages.provision(brand, f"Poison {brand}", "org-parent"))
+            finally:
+                publisher.close()
+            wait_for(lambda: worker.stats.dead_lettered >= 2 * len(POISON), "the dead letters")
+            wait_for(lambda: workspace_of(runtime.service, brand), "the good work: brand bound")
+            alive = [t.is_alive() for t in threads]
+        finally:
+            stop.set()
+            for thread in threads:
+                thread.join(20)
+            relay.broker.close()
+
+    assert alive == [True, True]
+    dead = take_all(rabbit_url, DEAD_QUEUE)
+    got = Counter((m.headers["x-dead-source"], m.headers["x-dead-reason"]) for m in dead)
+    want = Counter((key, reason) for key in (WORK_KEY, COMMAND_KEY) for *_, reason in POISON)
+    assert got == want
+    assert worker.stats.dead_lettered == 2 * len(POISON)

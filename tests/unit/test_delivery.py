@@ -1,0 +1,290 @@
+"""The worker's handling of one delivery, against fake messages and a fake publisher:
+nothing a producer puts on a queue, and no failure while settling, escapes."""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import threading
+from concurrent.futures import Future
+from typing import Any
+from uuid import uuid4
+
+import pytest
+from kombu import Connection
+
+from infrastructure import messages
+from infrastructure.broker import COMMANDS_QUEUE, DEAD_QUEUE, HOPS_QUEUE, Broker, Topology
+from infrastructure.outages import Outage
+from worker.consumer import DeadLetter, HopWorker, WorkerStats
+from worker.delivery import Delivery, Settler
+
+GOOD = messages.hop(uuid4(), 0).encode()
+
+
+class FakeMessage:
+    """The parts of a kombu message the worker uses."""
+
+    def __init__(
+        self,
+        body: Any = GOOD,
+        headers: Any = None,
+        *,
+        content_type: Any = "application/json",
+        content_encoding: Any = "utf-8",
+        errors: list[Any] | None = None,
+        ack_error: Exception | None = None,
+    ) -> None:
+        self.body = body
+        self.headers = headers if headers is not None else {}
+        self.content_type = content_type
+        self.content_encoding = content_encoding
+        self.delivery_info = {"routing_key": "work"}
+        self.errors = errors or []
+        self.ack_error = ack_error
+        self.state = "RECEIVED"
+
+    @property
+    def acknowledged(self) -> bool:
+        return self.state != "RECEIVED"
+
+    def ack(self) -> None:
+        if self.ack_error is not None:
+            raise self.ack_error
+        self.state = "ACK"
+
+    def reject(self, requeue: bool = False) -> None:
+        self.state = "REQUEUED" if requeue else "REJECTED"
+
+    def requeue(self) -> None:
+        self.state = "REQUEUED"
+
+
+class FakePublisher:
+    def __init__(self, *, fail_publish: int = 0, fail_dead: int = 0) -> None:
+        self.published: list[tuple[messages.Message, float, dict[str, Any] | None]] = []
+        self.dead: list[tuple[bytes, str, dict[str, Any], str]] = []
+        self.fail_publish = fail_publish
+        self.fail_dead = fail_dead
+
+    def publish(
+        self, message: messages.Message, delay_s: float = 0.0, headers: dict[str, Any] | None = None
+    ) -> None:
+        if self.fail_publish:
+            self.fail_publish -= 1
+            raise RuntimeError("the broker refused (nacked) a message")
+        self.published.append((message, delay_s, headers))
+
+    def publish_dead(self, body: bytes, reason: str, errors: dict[str, Any], source: str) -> None:
+        if self.fail_dead:
+            self.fail_dead -= 1
+            raise RuntimeError("no queue bound for provisioning/dead")
+        json.dumps(errors, default=str)  # the errors travel as JSON in a header
+        self.dead.append((body, reason, errors, source))
+
+
+class BrokerDown(ConnectionError):
+    pass
+
+
+def settler(publisher: FakePublisher, delays: tuple[float, ...] = (1.0, 5.0)) -> Settler:
+    return Settler(
+        publisher,  # type: ignore[arg-type]
+        stats=WorkerStats(),
+        retry_delays_s=delays,
+        connection_errors=(BrokerDown,),
+        database=Outage(logging.getLogger("test"), "worker", "db", announce_start=False),
+        dead_letter=DeadLetter,
+    )
+
+
+def finished(result: str | BaseException) -> Future[str]:
+    future: Future[str] = Future()
+    if isinstance(result, BaseException):
+        future.set_exception(result)
+    else:
+        future.set_result(result)
+    return future
+
+
+POISON: list[tuple[FakeMessage, str]] = [
+    (FakeMessage(b"[" * 1000 + b"]" * 1000), "too deeply nested"),
+    (FakeMessage(b"[" * 100_000), "too large"),
+    (FakeMessage(b'{"a": ' * 1000 + b"1" + b"}" * 1000), "too deeply nested"),
+    (FakeMessage(b" " * (64 * 1024 + 1)), "too large"),
+    (FakeMessage(b'{"type": "hop", "version": 1, "attempt_id": "\xff"}'), "not UTF-8"),
+    (FakeMessage("\ud800"), "not UTF-8"),  # a str body py-amqp could not encode back
+    (FakeMessage(GOOD, content_encoding="latin-1"), "unsupported encoding"),
+    (FakeMessage(GOOD, content_encoding=b"utf-8"), "unsupported encoding"),
+    (FakeMessage(GOOD, content_type="application/x-python-serialize"), "unsupported content type"),
+    (FakeMessage(GOOD, {"compression": "application/x-gzip"}), "unsupported encoding"),
+    (FakeMessage(GOOD, errors=[(ValueError, ValueError("bad zlib"), None)]), "undecodable"),
+    (FakeMessage(GOOD, {"x-retries": "abc"}), "bad header"),
+    (FakeMessage(GOOD, {"x-retries": True}), "bad header"),
+    (FakeMessage(GOOD, {"x-retries": -3}), "bad header"),
+    (FakeMessage(GOOD, {"x-retries": [1]}), "bad header"),
+    (FakeMessage(GOOD, "not a table"), "bad header"),
+    (FakeMessage(12345), "not a byte string"),
+    (FakeMessage(None), "not a byte string"),
+    (FakeMessage(b'{"type": "hop", "version": 1e999}'), "missing type or version"),
+    (FakeMessage(b'{"type": "hop", "version": 1, "hop": ' + b"9" * 5000 + b"}"), "invalid JSON"),
+]
+
+
+@pytest.mark.parametrize(("message", "reason"), POISON)
+def test_poison_is_dead_lettered_with_its_reason_and_acked(
+    message: FakeMessage, reason: str
+) -> None:
+    publisher = FakePublisher()
+
+    assert settler(publisher).read(message) is None
+
+    [(_, dead_reason, errors, source)] = publisher.dead
+    assert (dead_reason, source) == (reason, "work")
+    assert errors
+    assert message.state == "ACK"
+
+
+def test_random_bodies_and_headers_never_escape_the_reader() -> None:
+    rng = random.Random(9)
+    alphabet = b'[]{}",:0123456789.eE+-truefalsnl \\\x00\xff'
+    publisher = FakePublisher()
+    reader = settler(publisher)
+    for _ in range(2000):
+        body = bytes(rng.choice(alphabet) for _ in range(rng.randrange(0, 200)))
+        header = rng.choice([None, "1", 1.5, b"\x00", {"a": 1}, 2**70, 3])
+        message = FakeMessage(body, {"x-retries": header} if header is not None else {})
+        delivery = reader.read(message)
+        assert delivery is not None or message.state == "ACK"
+    assert publisher.dead
+
+
+def test_a_good_delivery_is_read_with_its_retry_count() -> None:
+    delivery = settler(FakePublisher()).read(FakeMessage(GOOD, {"x-retries": 2}))
+
+    assert delivery == Delivery(messages.decode(GOOD), 2)
+
+
+def test_a_failed_handler_is_retried_with_the_count_then_dead_lettered() -> None:
+    publisher = FakePublisher()
+    settle = settler(publisher, delays=(1.0, 5.0))
+    decoded = messages.decode(GOOD)
+    failure = RuntimeError("boom")
+
+    first, last = FakeMessage(), FakeMessage(GOOD, {"x-retries": 2})
+    settle.settle(first, Delivery(decoded, 0), finished(failure))
+    settle.settle(last, Delivery(decoded, 2), finished(failure))
+
+    assert publisher.published == [(decoded, 1.0, {"x-retries": 1})]
+    assert [d[1] for d in publisher.dead] == ["retries exhausted"]
+    assert first.state == last.state == "ACK"
+
+
+def test_a_dead_letter_from_the_handler_is_not_retried() -> None:
+    publisher = FakePublisher()
+    message = FakeMessage()
+
+    settler(publisher).settle(
+        message, Delivery(messages.decode(GOOD), 0), finished(DeadLetter("UnknownBrand"))
+    )
+
+    assert [d[1] for d in publisher.dead] == ["UnknownBrand"]
+    assert not publisher.published
+
+
+def test_a_retry_that_cannot_be_published_is_dead_lettered_instead() -> None:
+    publisher = FakePublisher(fail_publish=5)
+    message = FakeMessage()
+
+    settler(publisher).settle(
+        message, Delivery(messages.decode(GOOD), 0), finished(RuntimeError("db"))
+    )
+
+    assert [d[1] for d in publisher.dead] == ["unexpected error"]
+    assert message.state == "ACK"
+
+
+def test_a_dead_letter_that_cannot_be_published_is_rejected_to_the_queues_own_dead_lettering() -> (
+    None
+):
+    publisher = FakePublisher(fail_dead=5)
+    message = FakeMessage(b"[" * 100_000)
+
+    assert settler(publisher).read(message) is None
+
+    assert message.state == "REJECTED"
+
+
+def test_an_ack_that_fails_unexpectedly_is_contained() -> None:
+    publisher = FakePublisher()
+    message = FakeMessage(ack_error=RuntimeError("odd"))
+
+    settler(publisher).settle(message, Delivery(messages.decode(GOOD), 0), finished("ok"))
+
+    # Not acked: retried (a hop is idempotent), and the retry's own ack failed too,
+    # so it was dead-lettered, and that ack failing, rejected.
+    assert publisher.published
+    assert message.state == "REJECTED"
+
+
+def test_a_lost_connection_is_not_contained_it_reaches_the_reconnect_loop() -> None:
+    message = FakeMessage(ack_error=BrokerDown("connection reset"))
+
+    with pytest.raises(BrokerDown):
+        settler(FakePublisher()).settle(message, Delivery(messages.decode(GOOD), 0), finished("ok"))
+
+
+# ---------------------------------------------------------------- on kombu's memory transport
+
+
+class Handled:
+    """A service that records the hops it runs."""
+
+    def __init__(self) -> None:
+        self.hops: list[Any] = []
+
+    def run_hop(self, attempt_id: Any, hop: int) -> Any:
+        self.hops.append((attempt_id, hop))
+        raise DeadLetter("UnknownAttempt")
+
+
+def test_the_consuming_thread_survives_poison_on_both_queues_of_the_memory_transport() -> None:
+    url = "memory://"
+    with Connection(url) as conn:
+        channel = conn.channel()
+        Topology().declare(channel)
+        for name in (HOPS_QUEUE, COMMANDS_QUEUE, DEAD_QUEUE):
+            channel.queue_purge(name)
+        producer = conn.Producer(channel)
+        bodies = [b"[" * 100_000, b"[" * 1000 + b"]" * 1000, b"\xff", b"x" * 70_000]
+        for key in ("work", "command"):
+            for body in bodies:
+                producer.publish(body, exchange="provisioning", routing_key=key,
+                                 content_type="application/json",
+                                 content_encoding="utf-8")  # fmt: skip
+            producer.publish(GOOD, exchange="provisioning", routing_key=key,
+                             headers={"x-retries": "abc"}, content_type="application/json",
+                             content_encoding="utf-8")  # fmt: skip
+        good = messages.hop(uuid4(), 0)
+        Broker(url, scheduler=None).publish(good)
+
+    service = Handled()
+    worker = HopWorker(service, url, concurrency=2)  # type: ignore[arg-type]
+    stop = threading.Event()
+    thread = threading.Thread(target=worker.run, args=(stop,), daemon=True)
+    thread.start()
+    try:
+        assert worker.ready.wait(10)
+        deadline = threading.Event()
+        for _ in range(200):
+            if worker.stats.dead_lettered >= 11:
+                break
+            deadline.wait(0.05)
+        assert thread.is_alive()
+    finally:
+        stop.set()
+        thread.join(10)
+
+    assert service.hops == [(good.fields["attempt_id"], 0)]
+    assert worker.stats.dead_lettered == 11  # 2 x 5 poison, and the good hop's UnknownAttempt

@@ -1,0 +1,182 @@
+"""What the hop worker does with one delivery: read it, and settle it.
+
+Nothing a producer can put on a queue stops the worker, and no failure of one
+message ends its thread:
+
+- `Settler.read` refuses what is not a message we understand — kombu's
+  `message.errors` (a compression header with junk), a content type or
+  encoding we do not speak, a bad `x-retries` header, and every `decode`
+  refusal (too large, too deeply nested, not UTF-8, invalid JSON, schema
+  errors) — by dead-lettering it with the reason, then acking it.
+- `Settler.settle` acks a handled message, dead-letters a `DeadLetter`, and
+  re-publishes any other failure after a delay with `x-retries` + 1 (dead-
+  lettered as `retries exhausted` after the last delay).
+- An unexpected exception while doing any of that is contained (`_contain`):
+  the message is retried if it can be, else dead-lettered (`unexpected
+  error`), else rejected without requeue (the queue's own dead-lettering then
+  takes it), and the worker carries on. Broker connection errors alone pass
+  through: the consuming loop reconnects and the broker redelivers.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any
+
+from infrastructure.broker import Broker
+from infrastructure.messages import InvalidMessage, Message, decode, retries
+from infrastructure.outages import Outage, is_database_error, one_line
+from worker import metrics
+
+log = logging.getLogger("provisioner.worker")
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """A delivery that passed `read`: the message and its retry count so far."""
+
+    message: Message
+    tries: int
+
+
+def inspect(message: Any) -> Delivery:
+    """The delivery's message and retry count; InvalidMessage when it has none we accept."""
+    if message.errors:
+        exc = message.errors[0][1] if isinstance(message.errors[0], tuple) else message.errors[0]
+        raise InvalidMessage("undecodable", {"kombu": one_line(exc)})
+    headers = message.headers
+    tries = retries(headers)
+    if headers and headers.get("compression") is not None:
+        compression = repr(headers["compression"])[:50]
+        raise InvalidMessage("unsupported encoding", {"compression": compression})
+    decoded = decode(
+        message.body, content_type=message.content_type, content_encoding=message.content_encoding
+    )
+    return Delivery(decoded, tries)
+
+
+class Settler:
+    """Reads and settles deliveries on the consuming thread, through `publisher`."""
+
+    def __init__(
+        self,
+        publisher: Broker,
+        *,
+        stats: Any,
+        retry_delays_s: tuple[float, ...],
+        connection_errors: tuple[type[BaseException], ...],
+        database: Outage,
+        dead_letter: type[Exception],
+    ) -> None:
+        self.publisher = publisher
+        self.stats = stats
+        self.retry_delays_s = retry_delays_s
+        self.connection_errors = connection_errors
+        self.database = database
+        self.dead_letter = dead_letter  # raised by handlers: never retried
+
+    def read(self, message: Any) -> Delivery | None:
+        """The delivery to hand to a handler, or None once it has been dead-lettered."""
+        try:
+            return inspect(message)
+        except self.connection_errors:
+            raise
+        except InvalidMessage as exc:
+            reason, errors = exc.reason, exc.errors
+        except Exception as exc:  # noqa: BLE001 - whatever a delivery holds, it is refused
+            reason, errors = "undecodable", {"error": one_line(exc)}
+        self._guarded(message, lambda: self.dead(message, reason, errors), None)
+        return None
+
+    def settle(self, message: Any, delivery: Delivery, future: Future[str]) -> None:
+        try:
+            detail = future.result()
+        except Exception as exc:  # noqa: BLE001 - settled below, whatever it is
+            failure = exc
+        else:
+            self._guarded(message, lambda: self._handled(message, delivery, detail), delivery)
+            return
+        if isinstance(failure, self.dead_letter):
+            reason = str(getattr(failure, "reason", type(failure).__name__))
+            errors = getattr(failure, "errors", None) or {}
+            self._guarded(message, lambda: self.dead(message, reason, errors), delivery)
+        else:  # an infrastructure failure: retry later
+            self._guarded(message, lambda: self.retry(message, delivery, failure), delivery)
+
+    def requeue(self, message: Any) -> None:
+        """Hand a message not started back to the broker (for any worker)."""
+        self._guarded(message, message.requeue, None)
+
+    def _handled(self, message: Any, delivery: Delivery, detail: str) -> None:
+        message.ack()
+        self.database.up()
+        kind = delivery.message.type
+        metrics.HANDLED.labels(kind).inc()
+        self.stats.handled += 1
+        self.stats.by_type[kind] = self.stats.by_type.get(kind, 0) + 1
+        log.debug("handled %s %s: %s", kind, delivery.message.fields, detail)
+
+    def retry(self, message: Any, delivery: Delivery, exc: BaseException) -> None:
+        tries, decoded = delivery.tries, delivery.message
+        if tries >= len(self.retry_delays_s):
+            self.dead(message, "retries exhausted", {"error": repr(exc)[:300]})
+            return
+        delay = self.retry_delays_s[tries]
+        if is_database_error(exc):
+            self.database.failed(self.database.url, exc, delay)  # logged once per outage
+        else:
+            log.warning("%s failed (%s); retry %d in %.0fs",
+                        decoded.type, one_line(exc), tries + 1, delay)  # fmt: skip
+        self.publisher.publish(decoded, delay_s=delay, headers={"x-retries": tries + 1})
+        message.ack()
+        metrics.RETRIED.inc()
+        self.stats.retried += 1
+
+    def dead(self, message: Any, reason: str, errors: dict[str, Any]) -> None:
+        source = str((message.delivery_info or {}).get("routing_key", "?"))
+        body = message.body
+        if not isinstance(body, bytes):
+            body = str(body).encode("utf-8", "backslashreplace")
+        self.publisher.publish_dead(body, reason, errors, source)
+        message.ack()
+        metrics.DEAD_LETTERED.labels(reason).inc()
+        self.stats.dead_lettered += 1
+        log.warning("dead-lettered a message from %s: %s %s", source, reason, str(errors)[:300])
+
+    def _guarded(self, message: Any, action: Callable[[], None], delivery: Delivery | None) -> None:
+        try:
+            action()
+        except self.connection_errors:
+            raise
+        except Exception as exc:  # noqa: BLE001 - one message never stops the worker
+            self._contain(message, delivery, exc)
+
+    def _contain(self, message: Any, delivery: Delivery | None, exc: Exception) -> None:
+        """Settle a message whose settling failed unexpectedly: retry it if it can be,
+        else dead-letter it, else reject it (the queue dead-letters it itself)."""
+        log.error("settling a message failed unexpectedly (%s)", one_line(exc))
+        if _settled(message):
+            return
+        steps: list[Callable[[], None]] = []
+        if delivery is not None and delivery.tries < len(self.retry_delays_s):
+            steps.append(lambda: self.retry(message, delivery, exc))
+        steps.append(lambda: self.dead(message, "unexpected error", {"error": one_line(exc)}))
+        steps.append(lambda: message.reject(requeue=False))
+        for step in steps:
+            try:
+                step()
+            except self.connection_errors:
+                raise
+            except Exception as again:  # noqa: BLE001 - try the next way out
+                log.warning("and so did its fallback (%s)", one_line(again))
+                if _settled(message):
+                    return
+            else:
+                return
+
+
+def _settled(message: Any) -> bool:
+    return bool(getattr(message, "acknowledged", False))
