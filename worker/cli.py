@@ -1,4 +1,10 @@
-"""The `provisioner` command line: one composition root per command."""
+"""The `provisioner` command line: one composition root per command.
+
+Every failure a command lets escape is turned into one line on stderr and the
+exit code of infrastructure/failures.py, in one place (`_Main.invoke`); the
+global `--debug` shows the traceback instead. One-shot commands hold at most
+one database connection, opened per use.
+"""
 
 from __future__ import annotations
 
@@ -7,26 +13,53 @@ import sys
 from typing import Any, ClassVar
 
 import click
+from rich.markup import escape
 
-from infrastructure.eventstore import DatabaseNotInitialised, init_database, redact
-from infrastructure.settings import Settings, SettingsError
+from infrastructure.eventstore import init_database, redact
+from infrastructure.settings import Settings
 
 
 def _settings() -> Settings:
-    try:
-        return Settings.from_env()
-    except SettingsError as exc:
-        raise click.ClickException(str(exc)) from None
+    return Settings.from_env()
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _Failed(click.ClickException):
+    def __init__(self, message: str, exit_code: int) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+class _Main(click.Group):
+    """The command group; turns any failure of a command into one line and an exit code."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except (click.ClickException, click.exceptions.Exit, click.Abort):
+            raise
+        except Exception as exc:
+            if ctx.params.get("debug"):
+                raise
+            from worker.edges import describe
+
+            failure = describe(exc)
+            raise _Failed(str(failure), failure.exit_code) from None
+
+
+@click.group(cls=_Main, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("-v", "--verbose", is_flag=True, help="Log every hop.")
-def main(verbose: bool) -> None:
+@click.option("--debug", is_flag=True, help="Show the traceback of a failure.")
+def main(verbose: bool, debug: bool) -> None:
     """Event-sourced provisioning of brand sub-workspaces in the workspace gateway."""
     logging.basicConfig(
-        level=logging.INFO if verbose else logging.WARNING,
+        level=logging.DEBUG if debug else logging.INFO if verbose else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s %(message)s",
     )
+
+
+def _cell(value: Any) -> str:
+    """Text for a Rich table cell: whatever came from the wire or a producer, escaped."""
+    return escape("" if value is None else str(value))
 
 
 @main.group()
@@ -38,18 +71,15 @@ def db() -> None:
 @click.option("--database-url", envvar="PROVISIONER_DATABASE_URL", help="Overrides the setting.")
 def db_init(database_url: str | None) -> None:
     """Create the event tables if missing (idempotent, safe to run concurrently)."""
-    url = database_url or _settings().database_url
-    try:
-        init_database(url)
-        from infrastructure.views import init_read_models
+    from infrastructure.eventstore import check_database_url
+    from infrastructure.views import SqlViewStore
 
-        init_read_models(url)
-    except (ValueError, DatabaseNotInitialised) as exc:
-        raise click.ClickException(str(exc)) from None
-    except Exception as exc:  # noqa: BLE001 - one clear line instead of a traceback
-        raise click.ClickException(
-            f"could not initialise {redact(url)}: {type(exc).__name__}: {exc}"
-        ) from None
+    settings = _settings()
+    url = database_url or settings.database_url
+    check_database_url(url)
+    init_database(url, wait_s=settings.connect_wait_s)
+    with SqlViewStore(url, wait_s=settings.connect_wait_s) as store:
+        store.setup()
     click.echo(f"event store ready: {redact(url)}")
 
 
@@ -68,27 +98,27 @@ def broker_init(broker_url: str | None, queue_type: str | None) -> None:
     settings = _settings()
     url = broker_url or settings.broker_url
     topology = Topology(queue_type=queue_type or settings.queue_type)
+    publisher = Broker(url, topology, scheduler=None)
     try:
-        publisher = Broker(url, topology, scheduler=None)
         publisher.declare()
+    finally:
         publisher.close()
-    except Exception as exc:  # noqa: BLE001 - one clear line instead of a traceback
-        raise click.ClickException(f"could not declare the topology: {exc}") from None
     click.echo(f"broker topology declared ({topology.queue_type} queues)")
 
 
-def _service_only() -> Any:
-    """A service for the request path: no gateway call is made there."""
+def _service_only(*, read_only: bool = False) -> Any:
+    """A service for the request path (no gateway call is made there) on one
+    database connection at a time, opened per use. `read_only`: creates nothing."""
     from infrastructure.eventstore import open_event_store
     from infrastructure.gateway import HttpGateway
     from infrastructure.service import ProvisioningService
 
     settings = _settings()
-    try:
-        app = open_event_store(settings.database_url)
-    except (ValueError, DatabaseNotInitialised) as exc:
-        raise click.ClickException(str(exc)) from None
-    gateway = HttpGateway(settings.gateway_url or "http://127.0.0.1:9", "request-path")
+    app = open_event_store(
+        settings.database_url, one_shot=True, read_only=read_only,
+        wait_s=settings.connect_wait_s,
+    )  # fmt: skip
+    gateway = HttpGateway("http://127.0.0.1:9", "request-path")
     return ProvisioningService(app, gateway, settings=settings.engine())
 
 
@@ -117,7 +147,9 @@ def _wait_for(service: Any, attempt_id: Any, timeout: float) -> int:
 
     from domain.policies import AttemptState
 
-    deadline = time.monotonic() + timeout
+    # Each poll opens, uses and closes the process's one connection; the pause
+    # grows to 2 s so that hundreds of waiting commands stay light on the server.
+    deadline, pause = time.monotonic() + timeout, 0.25
     while time.monotonic() < deadline:
         attempt = service.attempt(attempt_id)
         if attempt.is_terminal:
@@ -125,7 +157,8 @@ def _wait_for(service: Any, attempt_id: Any, timeout: float) -> int:
                 f"attempt {attempt_id}: {attempt.state.value} {attempt.last_status}".rstrip()
             )
             return 0 if attempt.state is AttemptState.PROMOTED else 1
-        time.sleep(0.25)
+        time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
+        pause = min(pause * 1.5, 2.0)
     click.echo(
         f"attempt {attempt_id} still pending after {timeout:.0f}s: is a worker and a relay "
         "running (`provisioner run`)?",
@@ -165,17 +198,17 @@ def _print(data: Any, as_json: bool, render: Any) -> None:
 def _events_table(story: dict[str, Any]) -> Any:
     from rich.table import Table
 
-    table = Table(title=f"attempt {story['attempt_id']}: {story['state']}")
+    table = Table(title=_cell(f"attempt {story['attempt_id']}: {story['state']}"))
     for column in ("at", "event", "hop", "workspace", "provenance", "reason"):
         table.add_column(column)
     for e in story["events"]:
         table.add_row(
-            e["at"][:23],
-            e["type"],
-            "" if e["hop"] is None else str(e["hop"]),
-            e["workspace_id"] or "",
-            e["provenance"] or "",
-            (e["reason"] or "")[:60],
+            _cell(e["at"][:23]),
+            _cell(e["type"]),
+            _cell(e["hop"]),
+            _cell(e["workspace_id"]),
+            _cell(e["provenance"]),
+            _cell((e["reason"] or "")[:60]),
         )
     return table
 
@@ -183,10 +216,13 @@ def _events_table(story: dict[str, Any]) -> Any:
 def _audit(fetch: Any) -> Any:
     from domain.errors import ProvisionerError
 
+    service = _service_only(read_only=True)
     try:
-        return fetch(_service_only())
+        return fetch(service)
     except ProvisionerError as exc:
         raise click.ClickException(str(exc)) from None
+    finally:
+        service.app.close()
 
 
 @main.command()
@@ -275,16 +311,16 @@ def _jsonable(value: Any) -> Any:
 
 
 def _views() -> Any:
-    """The read models of the configured database, checked to exist."""
-    from infrastructure.views import SqlViewStore, ViewsNotInitialised
+    """The read models of the configured database, checked to exist (creating nothing)."""
+    from infrastructure.views import SqlViewStore
 
-    store = SqlViewStore(_settings().database_url)
+    settings = _settings()
+    store = SqlViewStore(settings.database_url, read_only=True, wait_s=settings.connect_wait_s)
     try:
         store.check()
-    except ViewsNotInitialised as exc:
-        raise click.ClickException(str(exc)) from None
-    except Exception as exc:  # noqa: BLE001 - one clear line instead of a traceback
-        raise click.ClickException(f"cannot read the projections: {exc}") from None
+    except BaseException:
+        store.close()
+        raise
     return store
 
 
@@ -346,7 +382,7 @@ def attempts(
             table.add_column(column)
         for row in found:
             cells = [row[c] for c in ATTEMPT_COLUMNS]
-            table.add_row(*("" if v is None else _jsonable(v)[:40] for v in cells))
+            table.add_row(*(_cell(None if v is None else _jsonable(v)[:40]) for v in cells))
         Console().print(table)
 
     _print(rows, as_json, render)
@@ -371,9 +407,11 @@ def projections_status(as_json: bool) -> None:
     from infrastructure.eventstore import open_event_store
     from infrastructure.views import LogSource
 
-    url = _settings().database_url
+    settings = _settings()
     with _views() as store:
-        app = open_event_store(url, pool_size=1)
+        app = open_event_store(
+            settings.database_url, one_shot=True, read_only=True, wait_s=settings.connect_wait_s
+        )
         try:
             data = store.status(LogSource(app, store))
         finally:
@@ -388,7 +426,7 @@ def projections_status(as_json: bool) -> None:
         for column in columns:
             table.add_column(column, no_wrap=column in ("projection", "copy"))
         for item in report:
-            table.add_row(*("" if item[c] is None else str(item[c]) for c in columns))
+            table.add_row(*(_cell(item[c]) for c in columns))
         Console().print(table)
 
     _print(data, as_json, render)
@@ -419,12 +457,14 @@ def projections_rebuild(name: str | None, batch: int) -> None:
         chosen = [projection(name)] if name else list(PROJECTIONS.values())
     except UnknownProjection as exc:
         raise click.ClickException(str(exc)) from None
-    url = _settings().database_url
+    settings = _settings()
     with _views() as store, Progress(
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
         TextColumn("{task.fields[rate]} ev/s"), TimeElapsedColumn(), TimeRemainingColumn(),
     ) as bar:  # fmt: skip
-        app = open_event_store(url, pool_size=1)
+        app = open_event_store(
+            settings.database_url, one_shot=True, wait_s=settings.connect_wait_s
+        )
         try:
             for proj in chosen:
                 task = bar.add_task(proj.name, total=None, rate="-")
@@ -464,33 +504,50 @@ def _serve(
     from worker.metrics import serve
 
     serve(settings.metrics_port)
+    # Start-up lines (waiting for the database, "connected to ...") show without -v.
+    logging.getLogger("provisioner.database").setLevel(logging.INFO)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
-    try:
-        # The projections alone need neither the gateway nor the broker.
-        context: Any = build_projector(settings) if parts == ("projections",) else build(settings)
-        with context as runtime:
-            if "worker" in parts:
-                runtime.start(runtime.worker(concurrency).run, "worker", stop)
-            if "relay" in parts:
-                runtime.start(runtime.relay().run, "relay", stop)
-            if "projections" in parts:
-                runtime.start(runtime.projector(batch).run, "projections", stop)
-            if "reconciler" in parts:
-                overdue, grace, interval, deadline = reconcile_every
-                reconciler, publisher = runtime.reconciler(
-                    overdue_s=overdue, grace_s=grace, interval_s=interval, deadline_s=deadline
-                )
-                runtime.start(lambda s: reconciler.run(s, publisher), "reconciler", stop)
-            click.echo(f"{' + '.join(parts)} running; Ctrl-C or SIGTERM stops")
-            while not stop.wait(0.5):
-                if not all(t.is_alive() for t in runtime.threads):
-                    raise click.ClickException("a component stopped unexpectedly; see the log")
-            for thread in runtime.threads:
-                thread.join(90)
-    except (ValueError, DatabaseNotInitialised) as exc:
-        raise click.ClickException(str(exc)) from None
+    # The projections alone need neither the gateway nor the broker.
+    context: Any = (
+        build_projector(settings, stop=stop)
+        if parts == ("projections",)
+        else build(settings, parts=parts, concurrency=concurrency, stop=stop)
+    )
+    with context as runtime:
+        if "worker" in parts:
+            runtime.start(runtime.worker(concurrency).run, "worker", stop)
+        if "relay" in parts:
+            runtime.start(runtime.relay().run, "relay", stop)
+        if "projections" in parts:
+            runtime.start(runtime.projector(batch).run, "projections", stop)
+        if "reconciler" in parts:
+            overdue, grace, interval, deadline = reconcile_every
+            reconciler, publisher = runtime.reconciler(
+                overdue_s=overdue, grace_s=grace, interval_s=interval, deadline_s=deadline
+            )
+            runtime.start(lambda s: reconciler.run(s, publisher), "reconciler", stop)
+        click.echo(f"{' + '.join(parts)} running; Ctrl-C or SIGTERM stops")
+        while not stop.wait(0.5):
+            if not all(t.is_alive() for t in runtime.threads):
+                stop.set()
+        for thread in runtime.threads:
+            thread.join(10 if runtime.failures else 90)
+        _stopped(runtime.failures)
+
+
+def _stopped(failures: dict[str, BaseException]) -> None:
+    """A component that raised stops the process: one line with its reason, its exit code."""
+    if not failures:
+        return
+    name, exc = next(iter(failures.items()))
+    if click.get_current_context().find_root().params.get("debug"):
+        raise exc
+    from worker.edges import describe
+
+    failure = describe(exc)
+    raise _Failed(f"{name} stopped: {failure}", failure.exit_code)
 
 
 @main.command()
@@ -536,11 +593,11 @@ def reconcile(
     if is_memory(settings.broker_url):
         raise click.ClickException("memory:// is in-process: the reconciler runs inside `run`")
     service = _service_only()
+    broker = Broker(settings.broker_url, Topology(queue_type=settings.queue_type), scheduler=None)
     reconciler = Reconciler(
         settings.database_url, overdue_s=overdue, grace_s=grace, deadline_s=deadline,
         service=service,
     )  # fmt: skip
-    broker = Broker(settings.broker_url, Topology(queue_type=settings.queue_type), scheduler=None)
     try:
         with _views() as store:
             report = reconciler.sweep(store, broker)

@@ -64,6 +64,7 @@ def run_demo(*, brands: int, seed: int, database_url: str) -> int:
             "PROVISIONER_DATABASE_URL": database_url,
             "PROVISIONER_BROKER_URL": "memory://",
             "PROVISIONER_BACKOFF_BASE_S": str(5.0 * TIME_SCALE),
+            "PROVISIONER_FAKE_GATEWAY": "1",  # the demo asks for the fake, always
         }
     )
     with build(settings, fake_config=FakeConfig(seed=seed)) as runtime:
