@@ -120,7 +120,8 @@ def _libpq_options(url: str) -> dict[str, str]:
     try:
         options = conninfo_to_dict(url)
     except psycopg.ProgrammingError as exc:
-        raise ConfigurationError(f"{exc} in the database URL {redact(url)}") from None
+        reason = " ".join(str(exc).split())
+        raise ConfigurationError(f"{reason} in the database URL {redact(url)}") from None
     options.setdefault("host", "127.0.0.1")
     options.setdefault("port", "5432")
     options.setdefault("user", "postgres")

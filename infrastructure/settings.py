@@ -133,8 +133,8 @@ class Settings:
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
         env = os.environ if env is None else env
         database_url = _raw(env, "PROVISIONER_DATABASE_URL") or DEFAULT_DATABASE_URL
+        check_url("PROVISIONER_DATABASE_URL", database_url, DATABASE_SCHEMES, host=False)
         try:
-            check_url("PROVISIONER_DATABASE_URL", database_url, DATABASE_SCHEMES, host=False)
             check_database_url(database_url)
         except ConfigurationError as exc:
             raise SettingsError(f"PROVISIONER_DATABASE_URL: {exc}") from None
