@@ -310,12 +310,13 @@ def _jsonable(value: Any) -> Any:
     return value.isoformat() if isinstance(value, datetime) else str(value)
 
 
-def _views() -> Any:
+def _views(*, read_only: bool = True) -> Any:
     """The read models of the configured database, checked to exist (creating nothing)."""
     from infrastructure.views import SqlViewStore
 
     settings = _settings()
-    store = SqlViewStore(settings.database_url, read_only=True, wait_s=settings.connect_wait_s)
+    url = settings.database_url
+    store = SqlViewStore(url, read_only=read_only, wait_s=settings.connect_wait_s)
     try:
         store.check()
     except BaseException:
@@ -458,13 +459,11 @@ def projections_rebuild(name: str | None, batch: int) -> None:
     except UnknownProjection as exc:
         raise click.ClickException(str(exc)) from None
     settings = _settings()
-    with _views() as store, Progress(
+    with _views(read_only=False) as store, Progress(
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
         TextColumn("{task.fields[rate]} ev/s"), TimeElapsedColumn(), TimeRemainingColumn(),
     ) as bar:  # fmt: skip
-        app = open_event_store(
-            settings.database_url, one_shot=True, wait_s=settings.connect_wait_s
-        )
+        app = open_event_store(settings.database_url, one_shot=True, wait_s=settings.connect_wait_s)
         try:
             for proj in chosen:
                 task = bar.add_task(proj.name, total=None, rate="-")
