@@ -10,23 +10,13 @@ from __future__ import annotations
 
 import logging
 import sys
-from typing import Any, ClassVar
+from typing import Any
 
 import click
-from rich.markup import escape
 
 from infrastructure.eventstore import init_database, redact
-from infrastructure.settings import Settings
-
-
-def _settings() -> Settings:
-    return Settings.from_env()
-
-
-class _Failed(click.ClickException):
-    def __init__(self, message: str, exit_code: int) -> None:
-        super().__init__(message)
-        self.exit_code = exit_code
+from worker import cli_read
+from worker.cli_support import Failed, load_settings, service_only, views
 
 
 class _Main(click.Group):
@@ -43,7 +33,7 @@ class _Main(click.Group):
             from worker.edges import describe
 
             failure = describe(exc)
-            raise _Failed(str(failure), failure.exit_code) from None
+            raise Failed(str(failure), failure.exit_code) from None
 
 
 @click.group(cls=_Main, context_settings={"help_option_names": ["-h", "--help"]})
@@ -55,11 +45,6 @@ def main(verbose: bool, debug: bool) -> None:
         level=logging.DEBUG if debug else logging.INFO if verbose else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s %(message)s",
     )
-
-
-def _cell(value: Any) -> str:
-    """Text for a Rich table cell: whatever came from the wire or a producer, escaped."""
-    return escape("" if value is None else str(value))
 
 
 @main.group()
@@ -74,7 +59,7 @@ def db_init(database_url: str | None) -> None:
     from infrastructure.eventstore import check_database_url
     from infrastructure.views import SqlViewStore
 
-    settings = _settings()
+    settings = load_settings()
     url = database_url or settings.database_url
     check_database_url(url)
     init_database(url, wait_s=settings.connect_wait_s)
@@ -95,7 +80,7 @@ def broker_init(broker_url: str | None, queue_type: str | None) -> None:
     """Declare exchanges and queues (idempotent)."""
     from infrastructure.broker import Broker, Topology
 
-    settings = _settings()
+    settings = load_settings()
     url = broker_url or settings.broker_url
     topology = Topology(queue_type=queue_type or settings.queue_type)
     publisher = Broker(url, topology, scheduler=None)
@@ -104,22 +89,6 @@ def broker_init(broker_url: str | None, queue_type: str | None) -> None:
     finally:
         publisher.close()
     click.echo(f"broker topology declared ({topology.queue_type} queues)")
-
-
-def _service_only(*, read_only: bool = False) -> Any:
-    """A service for the request path (no gateway call is made there) on one
-    database connection at a time, opened per use. `read_only`: creates nothing."""
-    from infrastructure.eventstore import open_event_store
-    from infrastructure.gateway import HttpGateway
-    from infrastructure.service import ProvisioningService
-
-    settings = _settings()
-    app = open_event_store(
-        settings.database_url, one_shot=True, read_only=read_only,
-        wait_s=settings.connect_wait_s,
-    )  # fmt: skip
-    gateway = HttpGateway("http://127.0.0.1:9", "request-path")
-    return ProvisioningService(app, gateway, settings=settings.engine())
 
 
 @main.command()
@@ -132,7 +101,7 @@ def provision(brand_id: str, title: str, parent: str, wait: bool, timeout: float
     """Request a workspace for BRAND_ID; a worker and a relay carry it out."""
     from domain.errors import ProvisionerError
 
-    service = _service_only()
+    service = service_only()
     try:
         attempt_id = service.request_provisioning(brand_id, title, parent)
     except ProvisionerError as exc:
@@ -173,7 +142,7 @@ def deactivate(brand_id: str) -> None:
     """Deactivate BRAND_ID: cancel its attempt; a worker then empties its workspace."""
     from domain.errors import ProvisionerError
 
-    service = _service_only()
+    service = service_only()
     try:
         result = service.deactivate(brand_id)
     except ProvisionerError as exc:
@@ -186,207 +155,9 @@ def deactivate(brand_id: str) -> None:
         )
 
 
-def _print(data: Any, as_json: bool, render: Any) -> None:
-    import json
-
-    if as_json:
-        click.echo(json.dumps(data, indent=2, default=_jsonable))
-    else:
-        render(data)
-
-
-def _events_table(story: dict[str, Any]) -> Any:
-    from rich.table import Table
-
-    table = Table(title=_cell(f"attempt {story['attempt_id']}: {story['state']}"))
-    for column in ("at", "event", "hop", "workspace", "provenance", "reason"):
-        table.add_column(column)
-    for e in story["events"]:
-        table.add_row(
-            _cell(e["at"][:23]),
-            _cell(e["type"]),
-            _cell(e["hop"]),
-            _cell(e["workspace_id"]),
-            _cell(e["provenance"]),
-            _cell((e["reason"] or "")[:60]),
-        )
-    return table
-
-
-def _audit(fetch: Any) -> Any:
-    from domain.errors import ProvisionerError
-
-    service = _service_only(read_only=True)
-    try:
-        return fetch(service)
-    except ProvisionerError as exc:
-        raise click.ClickException(str(exc)) from None
-    finally:
-        service.app.close()
-
-
-@main.command()
-@click.argument("brand_id")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-def status(brand_id: str, as_json: bool) -> None:
-    """The brand's current state and workspace."""
-    from infrastructure.audit import brand_status
-
-    data = _audit(lambda service: brand_status(service, brand_id))
-    _print(data, as_json, lambda d: click.echo("\n".join(f"{k}: {v}" for k, v in d.items())))
-
-
-@main.command()
-@click.argument("brand_id")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-def history(brand_id: str, as_json: bool) -> None:
-    """Every attempt of the brand, oldest first, with its events (from the event store)."""
-    from rich.console import Console
-
-    from infrastructure.audit import brand_history
-
-    data = _audit(lambda service: brand_history(service, brand_id))
-
-    def render(stories: list[dict[str, Any]]) -> None:
-        console = Console()
-        for story in stories:
-            console.print(_events_table(story))
-
-    _print(data, as_json, render)
-
-
-@main.command()
-@click.argument("attempt_id")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-def attempt(attempt_id: str, as_json: bool) -> None:
-    """One attempt in full."""
-    from uuid import UUID
-
-    from rich.console import Console
-
-    from infrastructure.audit import attempt_story
-
-    try:
-        parsed = UUID(attempt_id)
-    except ValueError:
-        raise click.ClickException(f"{attempt_id!r} is not an attempt id (a UUID)") from None
-    data = _audit(lambda service: attempt_story(service, parsed))
-    _print(data, as_json, lambda d: Console().print(_events_table(d)))
-
-
-class _Time(click.ParamType[Any]):
-    """An ISO 8601 time (UTC unless it says otherwise), `now`, or an age: 30s, 15m, 2h, 7d."""
-
-    name = "TIME"
-    _UNITS: ClassVar[dict[str, int]] = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-
-    def convert(self, value: Any, param: Any, ctx: Any) -> Any:
-        from datetime import UTC, datetime, timedelta
-
-        if isinstance(value, datetime):
-            return value
-        text = str(value).strip()
-        now = datetime.now(UTC)
-        if text == "now":
-            return now
-        unit = self._UNITS.get(text[-1:])
-        if unit and text[:-1].replace(".", "", 1).isdigit():
-            return now - timedelta(seconds=float(text[:-1]) * unit)
-        try:
-            parsed = datetime.fromisoformat(text)
-        except ValueError:
-            self.fail(
-                f"{text!r} is not a time: use ISO 8601 (2026-11-30T12:00:00Z), "
-                "now, or an age such as 15m, 2h, 7d",
-                param,
-                ctx,
-            )
-        return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
-
-
-def _jsonable(value: Any) -> Any:
-    from datetime import datetime
-
-    return value.isoformat() if isinstance(value, datetime) else str(value)
-
-
-def _views(*, read_only: bool = True) -> Any:
-    """The read models of the configured database, checked to exist (creating nothing)."""
-    from infrastructure.views import SqlViewStore
-
-    settings = _settings()
-    url = settings.database_url
-    store = SqlViewStore(url, read_only=read_only, wait_s=settings.connect_wait_s)
-    try:
-        store.check()
-    except BaseException:
-        store.close()
-        raise
-    return store
-
-
-@main.command()
-@click.argument("brand_id")
-@click.option("--at", "at", type=_Time(), required=True, help="When (ISO 8601, or an age: 2h).")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-def pointer(brand_id: str, at: Any, as_json: bool) -> None:
-    """The workspace the brand was bound to at a time (replayed from the event store)."""
-    from infrastructure.audit import pointer_at
-
-    data = _audit(lambda service: pointer_at(service, brand_id, at))
-    _print(data, as_json, lambda d: click.echo("\n".join(f"{k}: {v}" for k, v in d.items())))
-
-
-ATTEMPT_COLUMNS = ("attempt_id", "brand_id", "state", "hops_used", "candidate_id",
-                   "provenance", "started_at", "next_hop_due", "last_error")  # fmt: skip
-
-
-@main.command()
-@click.option(
-    "--state",
-    type=click.Choice(["pending", "promoted", "failed", "cancelled", "superseded"]),
-    help="Only attempts in this state.",
-)
-@click.option("--stuck", is_flag=True, help="Pending attempts whose next hop is overdue.")
-@click.option("--overdue", default=60.0, show_default=True, help="Seconds overdue for --stuck.")
-@click.option("--since", type=_Time(), help="Started at or after this time (or age: 1d).")
-@click.option("--brand", "brand_id", help="Only this brand's attempts.")
-@click.option("--limit", default=50, show_default=True, type=click.IntRange(1, 100_000))
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-def attempts(
-    *,
-    state: str | None,
-    stuck: bool,
-    overdue: float,
-    since: Any,
-    brand_id: str | None,
-    limit: int,
-    as_json: bool,
-) -> None:
-    """Attempts from the `attempts` projection, newest first (stuck: most overdue first)."""
-    from infrastructure.views import list_attempts
-
-    if stuck and state not in (None, "pending"):
-        raise click.UsageError("--stuck lists pending attempts; drop --state or use pending")
-    with _views() as store:
-        rows = list_attempts(
-            store, state=state, stuck=stuck, overdue_s=overdue, since=since,
-            brand_id=brand_id, limit=limit,
-        )  # fmt: skip
-
-    def render(found: list[dict[str, Any]]) -> None:
-        from rich.console import Console
-        from rich.table import Table
-
-        table = Table(title=f"{len(found)} attempts")
-        for column in ATTEMPT_COLUMNS:
-            table.add_column(column)
-        for row in found:
-            cells = [row[c] for c in ATTEMPT_COLUMNS]
-            table.add_row(*(_cell(None if v is None else _jsonable(v)[:40]) for v in cells))
-        Console().print(table)
-
-    _print(rows, as_json, render)
+for command in (cli_read.status, cli_read.history, cli_read.attempt, cli_read.pointer,
+                cli_read.attempts):  # fmt: skip
+    main.add_command(command)
 
 
 @main.group()
@@ -394,43 +165,14 @@ def projections() -> None:
     """The read models: run them, see their lag, rebuild them."""
 
 
+projections.add_command(cli_read.projections_status)
+
+
 @projections.command("run")
 @click.option("--batch", default=2000, show_default=True, type=click.IntRange(1, 100_000))
 def projections_run(batch: int) -> None:
     """Keep every projection caught up with the event log (also part of `run`)."""
     _serve(("projections",), None, batch=batch)
-
-
-@projections.command("status")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-def projections_status(as_json: bool) -> None:
-    """Per projection: position, head of the log, events behind, rows, rebuild."""
-    from infrastructure.eventstore import open_event_store
-    from infrastructure.views import LogSource
-
-    settings = _settings()
-    with _views() as store:
-        app = open_event_store(
-            settings.database_url, one_shot=True, read_only=True, wait_s=settings.connect_wait_s
-        )
-        try:
-            data = store.status(LogSource(app, store))
-        finally:
-            app.close()
-
-    def render(report: list[dict[str, Any]]) -> None:
-        from rich.console import Console
-        from rich.table import Table
-
-        table = Table()
-        columns = ("projection", "copy", "position", "head", "behind", "rows", "rebuilding")
-        for column in columns:
-            table.add_column(column, no_wrap=column in ("projection", "copy"))
-        for item in report:
-            table.add_row(*(_cell(item[c]) for c in columns))
-        Console().print(table)
-
-    _print(data, as_json, render)
 
 
 @projections.command("rebuild")
@@ -458,8 +200,8 @@ def projections_rebuild(name: str | None, batch: int) -> None:
         chosen = [projection(name)] if name else list(PROJECTIONS.values())
     except UnknownProjection as exc:
         raise click.ClickException(str(exc)) from None
-    settings = _settings()
-    with _views(read_only=False) as store, Progress(
+    settings = load_settings()
+    with views(read_only=False) as store, Progress(
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
         TextColumn("{task.fields[rate]} ev/s"), TimeElapsedColumn(), TimeRemainingColumn(),
     ) as bar:  # fmt: skip
@@ -494,7 +236,7 @@ def _serve(
     from infrastructure.broker import is_memory
     from worker.runtime import build, build_projector
 
-    settings = _settings()
+    settings = load_settings()
     if is_memory(settings.broker_url) and parts in (("worker",), ("relay",), ("reconciler",)):
         raise click.ClickException(
             "memory:// is an in-process broker: use `provisioner run`, or set "
@@ -546,7 +288,7 @@ def _stopped(failures: dict[str, BaseException]) -> None:
     from worker.edges import describe
 
     failure = describe(exc)
-    raise _Failed(f"{name} stopped: {failure}", failure.exit_code)
+    raise Failed(f"{name} stopped: {failure}", failure.exit_code)
 
 
 @main.command()
@@ -588,17 +330,17 @@ def reconcile(
     from infrastructure.broker import Broker, Topology, is_memory
     from worker.reconciler import Reconciler
 
-    settings = _settings()
+    settings = load_settings()
     if is_memory(settings.broker_url):
         raise click.ClickException("memory:// is in-process: the reconciler runs inside `run`")
-    service = _service_only()
+    service = service_only()
     broker = Broker(settings.broker_url, Topology(queue_type=settings.queue_type), scheduler=None)
     reconciler = Reconciler(
         settings.database_url, overdue_s=overdue, grace_s=grace, deadline_s=deadline,
         service=service,
     )  # fmt: skip
     try:
-        with _views() as store:
+        with views() as store:
             report = reconciler.sweep(store, broker)
     finally:
         broker.close()

@@ -93,9 +93,11 @@ def describe(exc: BaseException) -> EdgeFailure:
                 "PROVISIONER_GATEWAY_URL and that the gateway is up"
             )
         if isinstance(cause, sqlite3.Error):
-            return ServiceUnavailable(
-                f"the SQLite store {database} failed ({cause}): check the file, its folder "
-                "and the free disk space"
+            refused = any(s in str(cause) for s in ("unable to open", "readonly", "read-only"))
+            kind = ServiceRefused if refused else ServiceUnavailable
+            return kind(
+                f"the SQLite store {database} failed ({cause}): check the file, its folder, "
+                "their permissions and the free disk space"
             )
     for cause in _chain(exc):
         if isinstance(cause, OSError) and not isinstance(cause, ConnectionError):
