@@ -27,6 +27,7 @@ from pathlib import Path
 import pytest
 
 from infrastructure.fake_gateway import FakeConfig, FakeGateway
+from tests.conftest import unavailable
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -147,6 +148,8 @@ def crowd(
 def test_forty_waiting_commands_and_the_service_share_twenty_connections(
     rabbit_url: str, tmp_path: Path
 ) -> None:
+    if not (PG_BIN / "initdb").exists():
+        unavailable("PostgreSQL's server binaries", FileNotFoundError(PG_BIN / "initdb"))
     with (
         FakeGateway(FakeConfig(seed=5), parents=(PARENT,)) as fake,
         private_cluster(max_connections=20) as url,
