@@ -31,7 +31,7 @@ import psycopg
 
 from infrastructure.failures import EdgeFailure, ServiceRefused, ServiceUnavailable
 
-log = logging.getLogger("provisioner.database")
+log = logging.getLogger("provisioner.connect")
 
 # (pattern in the server's or libpq's message, sqlstate, refused for good?, what to do)
 _KNOWN: tuple[tuple[str, str, bool, str], ...] = (
@@ -107,20 +107,24 @@ def retrying(
     stop: threading.Event | None = None,
     first_pause_s: float = 0.1,
     max_pause_s: float = 5.0,
+    classify_as: Callable[[BaseException, str], EdgeFailure | None] | None = None,
+    service: str = "PostgreSQL",
 ) -> Any:
     """Run `attempt` until it succeeds, retrying unavailability with backoff.
 
     `wait_s` bounds the retrying (None: forever, for long-running processes,
     which log the outage once and the recovery once). Refusals and errors
-    that are no edge failure are raised at once.
+    that are no edge failure are raised at once. `classify_as` tells them
+    apart (PostgreSQL's `classify` unless given).
     """
+    classify_as = classify_as or classify
     deadline = None if wait_s is None else time.monotonic() + wait_s
     pause, outage = first_pause_s, None
     while True:
         try:
             result = attempt()
         except Exception as exc:
-            failure = classify(exc, where)
+            failure = classify_as(exc, where)
             if not isinstance(failure, ServiceUnavailable):
                 if failure is not None:
                     raise failure from exc
@@ -137,7 +141,7 @@ def retrying(
             pause = min(pause * 2, max_pause_s)
             continue
         if outage is not None and wait_s is None:
-            log.warning("PostgreSQL at %s is back", where)
+            log.warning("%s at %s is back", service, where)
         return result
 
 

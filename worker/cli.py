@@ -246,7 +246,7 @@ def _serve(
 
     serve(settings.metrics_port)
     # Start-up lines (waiting for the database, "connected to ...") show without -v.
-    logging.getLogger("provisioner.database").setLevel(logging.INFO)
+    logging.getLogger("provisioner.connect").setLevel(logging.INFO)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())

@@ -50,6 +50,16 @@ def _urls() -> tuple[str, str, str]:
     )
 
 
+def broker_failure(exc: BaseException, where: str) -> EdgeFailure | None:
+    """The edge failure a broker error (or one of its causes) means, or None."""
+    for cause in _chain(exc):
+        if (failure := _broker(cause, where)) is not None:
+            return failure
+    if isinstance(exc, OSError):
+        return ServiceUnavailable(f"RabbitMQ at {where} is unavailable ({exc})")
+    return None
+
+
 def _broker(exc: BaseException, where: str) -> EdgeFailure | None:
     if isinstance(exc, amqp.exceptions.AccessRefused):
         return ServiceRefused(

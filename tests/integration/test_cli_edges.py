@@ -65,11 +65,15 @@ def run_cli(
 
 
 def one_line(result: subprocess.CompletedProcess[str]) -> str:
-    """The failure's message: exactly one line on stderr, and no traceback."""
+    """The failure's message: one line on stderr (after any start-up log lines,
+    such as "connected to ..."), and no traceback."""
     assert "Traceback" not in result.stderr + result.stdout
     lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1, result.stderr
-    return lines[0]
+    assert lines, result.stderr
+    assert lines[-1].startswith("Error: "), result.stderr
+    logged = [line for line in lines[:-1] if " INFO " in line or " WARNING " in line]
+    assert len(logged) == len(lines) - 1, result.stderr
+    return lines[-1]
 
 
 def pg_url(dbname: str, *, user: str = "root", port: int = 5432, query: str = "") -> str:
@@ -361,3 +365,28 @@ def test_a_component_that_raises_stops_the_process_with_its_reason_and_code(
     assert result.exit_code == EXIT_REFUSED
     assert "projections stopped: RabbitMQ refused the login" in result.output
     assert "stopped unexpectedly" not in result.output
+
+
+@pytest.mark.rabbitmq
+def test_a_broker_that_refuses_stops_long_running_processes_at_start_up(
+    rabbit_url: str, tmp_path: Path, fake: FakeGateway
+) -> None:
+    """Wrong credentials or a missing vhost: one line and exit 4, not a retry forever."""
+    base = rabbit_url.rsplit("/", 1)[0]
+    cases = {
+        "worker": f"{base}/missing_{uuid.uuid4().hex[:8]}",
+        "relay": rabbit_url.replace("guest:guest@", "guest:wrong@"),
+    }
+    for command, broker_url in cases.items():
+        env = clean_env(
+            PROVISIONER_DATABASE_URL=f"sqlite:///{tmp_path / 'events.sqlite'}",
+            PROVISIONER_BROKER_URL=broker_url,
+            PROVISIONER_GATEWAY_URL=fake.url,
+            PROVISIONER_GATEWAY_TOKEN="t",
+        )
+        result = run_cli(env, command, timeout=30)
+        assert result.returncode == EXIT_REFUSED, (command, result.stderr)
+        line = one_line(result)
+        assert line.startswith("Error: RabbitMQ at")
+        assert "refused" in line
+        assert "wrong" not in line
