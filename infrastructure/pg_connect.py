@@ -42,7 +42,7 @@ _KNOWN: tuple[tuple[str, str, bool, str], ...] = (
     (r"database .* does not exist", "3D000", True,
      "create the database, or correct its name in PROVISIONER_DATABASE_URL"),
     ("permission denied", "42501", True, "grant the database user the privileges it needs"),
-    (r"SSL|certificate|TLS", "", True,
+    (r"does not support SSL|certificate|sslmode|sslrootcert|sslcert|sslkey", "", True,
      "check the sslmode/sslrootcert options of PROVISIONER_DATABASE_URL and the server's TLS"),
     (r"too many clients|remaining connection slots", "53300", False,
      "retry later, or raise max_connections (see docs/configuration.md)"),

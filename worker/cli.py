@@ -42,9 +42,11 @@ class _Main(click.Group):
 def main(verbose: bool, debug: bool) -> None:
     """Event-sourced provisioning of brand sub-workspaces in the workspace gateway."""
     logging.basicConfig(
-        level=logging.DEBUG if debug else logging.INFO if verbose else logging.WARNING,
+        level=logging.INFO if verbose else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s %(message)s",
     )
+    if debug:  # the project's own debug lines; a failure's traceback is `_Main.invoke`'s
+        logging.getLogger("provisioner").setLevel(logging.DEBUG)
 
 
 @main.group()

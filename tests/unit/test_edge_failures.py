@@ -30,6 +30,8 @@ def connect_error(server_says: str) -> psycopg.OperationalError:
         ('FATAL:  database "events" does not exist', ServiceRefused, "create the database"),
         ("server does not support SSL, but SSL was required", ServiceRefused, "sslmode"),
         ("FATAL:  sorry, too many clients already", ServiceUnavailable, "max_connections"),
+        ("SSL SYSCALL error: EOF detected", ServiceUnavailable, "check that the server"),
+        ("SSL error: certificate verify failed", ServiceRefused, "sslrootcert"),
         ("FATAL:  the database system is starting up", ServiceUnavailable, "retry"),
         (
             "Connection refused\n\tIs the server running on that host and accepting TCP/IP?",
