@@ -182,12 +182,6 @@ class Settings:
         settings.engine()  # the backoff's own limits, checked at start-up too
         return settings
 
-    @property
-    def embedded(self) -> bool:
-        """The embedded default: a SQLite (or in-memory) store and the in-process broker."""
-        scheme = urlsplit(self.database_url).scheme.lower()
-        return scheme in ("sqlite", "memory") and urlsplit(self.broker_url).scheme == "memory"
-
     def gateway(self) -> tuple[str, str] | None:
         """The real gateway's URL and token; None when the fake was asked for.
 

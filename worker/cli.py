@@ -81,9 +81,10 @@ def broker() -> None:
 def broker_init(broker_url: str | None, queue_type: str | None) -> None:
     """Declare exchanges and queues (idempotent)."""
     from infrastructure.broker import Broker, Topology
+    from infrastructure.settings import BROKER_SCHEMES, check_url
 
     settings = load_settings()
-    url = broker_url or settings.broker_url
+    url = check_url("--broker-url", broker_url or settings.broker_url, BROKER_SCHEMES)
     topology = Topology(queue_type=queue_type or settings.queue_type)
     publisher = Broker(url, topology, scheduler=None)
     try:
