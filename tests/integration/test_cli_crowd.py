@@ -94,7 +94,6 @@ def crowd(
         PROVISIONER_GATEWAY_TOKEN="crowd-token",
         PROVISIONER_BACKOFF_BASE_S="0.2",
         PROVISIONER_CONCURRENCY="4",
-        PROVISIONER_CONNECT_WAIT_S="120",
     )
     provisioner = str(BIN / "provisioner")
     for init in (["db", "init"], ["broker", "init"]):
