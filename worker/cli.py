@@ -235,13 +235,15 @@ def _serve(
     """Run the chosen parts until SIGTERM or SIGINT, then stop them cleanly."""
     import signal
     import threading
+    from contextlib import ExitStack
 
     from infrastructure.broker import is_memory
+    from infrastructure.failures import ConfigurationError, ServiceUnavailable
     from worker.runtime import build, build_projector
 
     settings = load_settings()
     if is_memory(settings.broker_url) and parts in (("worker",), ("relay",), ("reconciler",)):
-        raise click.ClickException(
+        raise ConfigurationError(
             "memory:// is an in-process broker: use `provisioner run`, or set "
             "PROVISIONER_BROKER_URL=amqp://... to run the worker and relay apart"
         )
@@ -259,7 +261,14 @@ def _serve(
         if parts == ("projections",)
         else build(settings, parts=parts, concurrency=concurrency, stop=stop)
     )
-    with context as runtime:
+    with ExitStack() as stack:
+        try:
+            runtime = stack.enter_context(context)
+        except ServiceUnavailable as exc:
+            if not stop.is_set():
+                raise
+            click.echo(f"stopped while waiting: {exc}", err=True)
+            return
         if "worker" in parts:
             runtime.start(runtime.worker(concurrency).run, "worker", stop)
         if "relay" in parts:
@@ -335,7 +344,9 @@ def reconcile(
 
     settings = load_settings()
     if is_memory(settings.broker_url):
-        raise click.ClickException("memory:// is in-process: the reconciler runs inside `run`")
+        from infrastructure.failures import ConfigurationError
+
+        raise ConfigurationError("memory:// is in-process: the reconciler runs inside `run`")
     service = service_only()
     broker = Broker(settings.broker_url, Topology(queue_type=settings.queue_type), scheduler=None)
     reconciler = Reconciler(
