@@ -20,6 +20,9 @@ events.
 
 from __future__ import annotations
 
+import json
+import re
+import sqlite3
 import threading
 from collections.abc import Mapping
 from pathlib import Path
@@ -31,16 +34,23 @@ from eventsourcing.application import Application, ProcessingEvent
 from eventsourcing.domain import Aggregate
 from eventsourcing.persistence import InfrastructureFactory, Recording, TrackingRecorder
 from eventsourcing.utils import Environment
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+from infrastructure.failures import ConfigurationError, EdgeFailure
+from infrastructure.pg_connect import connect, log, retrying
+from infrastructure.pg_factory import CONNECT_WAIT_S, LIBPQ_OPTIONS, POOLED, WHERE
 
 APP_NAME = "provisioner"
 EVENTS_TABLE = f"{APP_NAME}_events"
 RELAY_NAME = "provisioner_relay"  # its table: provisioner_relay_tracking
 # Any fixed 64-bit number; all processes of the project agree on it.
 SCHEMA_LOCK_KEY = 7_351_204_118
+DATABASE_SCHEMES = ("postgresql", "postgres", "sqlite", "memory")
+SQLITE_EVENTS_TABLE = "stored_events"  # the library's name for it on SQLite
 
 
-class DatabaseNotInitialised(RuntimeError):
-    """The event tables do not exist yet."""
+class DatabaseNotInitialised(EdgeFailure, RuntimeError):
+    """The event tables (or the SQLite file) do not exist yet: run `provisioner db init`."""
 
 
 class ProvisionerApplication(Application[Any]):
@@ -84,27 +94,78 @@ class ProvisionerApplication(Application[Any]):
         return recordings
 
 
-def persistence_env(url: str, *, pool_size: int = 5, create_table: bool = False) -> dict[str, str]:
-    """Translate a database URL into the library's environment keys."""
+def check_database_url(url: str) -> None:
+    """Raise ConfigurationError (one line) unless the URL can be used as it is."""
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower()
+    if scheme not in DATABASE_SCHEMES:
+        raise ConfigurationError(
+            f"unsupported database URL {redact(url)}: use postgresql://user@host:port/db, "
+            "sqlite:///path/file.sqlite or memory://"
+        )
+    if scheme in ("postgresql", "postgres"):
+        if not parts.hostname:
+            raise ConfigurationError(f"database URL names no host: {redact(url)}")
+        if not parts.path.lstrip("/"):
+            raise ConfigurationError(f"database URL names no database: {redact(url)}")
+        _libpq_options(url)
+
+
+def _libpq_options(url: str) -> dict[str, str]:
+    """Every connection parameter of a postgresql:// URL, parsed by libpq itself.
+
+    An option libpq does not know is refused here (one line) rather than
+    dropped; the ones it knows reach it unchanged.
+    """
+    try:
+        options = conninfo_to_dict(url)
+    except psycopg.ProgrammingError as exc:
+        reason = " ".join(str(exc).split())
+        raise ConfigurationError(f"{reason} in the database URL {redact(url)}") from None
+    options.setdefault("host", "127.0.0.1")
+    options.setdefault("port", "5432")
+    options.setdefault("user", "postgres")
+    options.setdefault("connect_timeout", "5")
+    return {key: str(value) for key, value in options.items()}
+
+
+def persistence_env(
+    url: str,
+    *,
+    pool_size: int = 5,
+    create_table: bool = False,
+    pooled: bool = True,
+    connect_wait_s: float = 30.0,
+) -> dict[str, str]:
+    """Translate a database URL into the library's environment keys.
+
+    `pooled=False` (one-shot commands): no pool, one connection at a time,
+    opened per use (see infrastructure/pg_factory.py).
+    """
+    check_database_url(url)
     parts = urlsplit(url)
     scheme = parts.scheme.lower()
     if scheme in ("postgresql", "postgres"):
-        dbname = parts.path.lstrip("/")
-        if not dbname:
-            raise ValueError(f"database URL names no database: {redact(url)}")
+        options = _libpq_options(url)
+        fixed = {key: options.pop(key, "") for key in ("dbname", "host", "port", "user")}
+        password = options.pop("password", "")
         return {
-            "PERSISTENCE_MODULE": "eventsourcing.postgres",
-            "POSTGRES_DBNAME": unquote(dbname),
-            "POSTGRES_HOST": parts.hostname or "127.0.0.1",
-            "POSTGRES_PORT": str(parts.port or 5432),
-            "POSTGRES_USER": unquote(parts.username or "postgres"),
-            "POSTGRES_PASSWORD": unquote(parts.password or ""),
+            "PERSISTENCE_MODULE": "infrastructure.pg_factory:ProvisionerPostgresFactory",
+            "POSTGRES_DBNAME": fixed["dbname"],
+            "POSTGRES_HOST": fixed["host"],
+            "POSTGRES_PORT": fixed["port"],
+            "POSTGRES_USER": fixed["user"],
+            "POSTGRES_PASSWORD": password,
             "POSTGRES_POOL_SIZE": str(pool_size),
-            "POSTGRES_MAX_OVERFLOW": str(pool_size),
-            "POSTGRES_CONNECT_TIMEOUT": "5",
+            "POSTGRES_MAX_OVERFLOW": "0",
+            "POSTGRES_CONNECT_TIMEOUT": options["connect_timeout"],
             "POSTGRES_ENABLE_DB_FUNCTIONS": "n",
             "APPLICATION_RECORDER_TOPIC": "infrastructure.pg_recorder:OneTripPostgresRecorder",
             "CREATE_TABLE": "y" if create_table else "n",
+            LIBPQ_OPTIONS: json.dumps(options),
+            POOLED: "y" if pooled else "n",
+            CONNECT_WAIT_S: str(connect_wait_s),
+            WHERE: redact(url),
         }
     if scheme == "sqlite":
         # As in SQLAlchemy: sqlite:///relative/path, sqlite:////absolute/path, sqlite://.
@@ -114,21 +175,17 @@ def persistence_env(url: str, *, pool_size: int = 5, create_table: bool = False)
             "SQLITE_DBNAME": unquote(path) if path else ":memory:",
             "CREATE_TABLE": "y" if create_table else "n",
         }
-    if scheme == "memory":
-        return {"PERSISTENCE_MODULE": "eventsourcing.popo"}
-    raise ValueError(
-        f"unsupported database URL {redact(url)}: use postgresql://user@host:port/db, "
-        "sqlite:///path/file.sqlite or memory://"
-    )
+    return {"PERSISTENCE_MODULE": "eventsourcing.popo"}
 
 
 def redact(url: str) -> str:
-    """The URL without its password, for messages and logs."""
+    """The URL without its password (in the user part or the query), for messages and logs."""
     parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = (parts.netloc or "").replace(f":{parts.password}@", ":***@")
-    return parts._replace(netloc=netloc).geturl()
+    if parts.password is not None:
+        url = url.replace(f":{parts.password}@", ":***@", 1)
+    if "password=" in parts.query.lower():
+        url = re.sub(r"(?i)([?&]password=)[^&#]*", r"\1***", url)
+    return url
 
 
 def is_postgres(url: str) -> bool:
@@ -152,16 +209,18 @@ def open_position_store(url: str, *, create_table: bool = False) -> TrackingReco
 
 
 def _create_tables(url: str) -> None:
-    ProvisionerApplication(persistence_env(url, pool_size=1, create_table=True)).close()
+    env = persistence_env(url, pool_size=1, create_table=True, pooled=False)
+    ProvisionerApplication(env).close()
     open_position_store(url, create_table=True)
 
 
-def init_database(url: str) -> None:
+def init_database(url: str, *, wait_s: float | None = 30.0) -> None:
     """Create the event and tracking tables if missing; idempotent and concurrency-safe."""
     if not is_postgres(url):
+        _sqlite_parent(url)
         _create_tables(url)
         return
-    with psycopg.connect(postgres_conninfo(url), autocommit=True) as conn:
+    with connect(postgres_conninfo(url), redact(url), wait_s=wait_s, autocommit=True) as conn:
         conn.execute("SELECT pg_advisory_lock(%s)", (SCHEMA_LOCK_KEY,))
         try:
             _create_tables(url)
@@ -169,33 +228,86 @@ def init_database(url: str) -> None:
             conn.execute("SELECT pg_advisory_unlock(%s)", (SCHEMA_LOCK_KEY,))
 
 
-def postgres_conninfo(url: str) -> str:
-    env = persistence_env(url)
-    return psycopg.conninfo.make_conninfo(
-        dbname=env["POSTGRES_DBNAME"],
-        host=env["POSTGRES_HOST"],
-        port=env["POSTGRES_PORT"],
-        user=env["POSTGRES_USER"],
-        password=env["POSTGRES_PASSWORD"] or None,
-        connect_timeout=5,
-    )
+def postgres_conninfo(url: str, *, options: str = "") -> str:
+    """libpq's connection string for the URL: every query option kept, unchanged.
+
+    `options` (server settings such as `-c TimeZone=UTC`) is added to the
+    URL's own `options`, never in place of it.
+    """
+    params: dict[str, Any] = _libpq_options(url)
+    if options:
+        params["options"] = f"{params.get('options', '')} {options}".strip()
+    return make_conninfo(**params)
 
 
-def open_event_store(url: str, *, pool_size: int = 5) -> ProvisionerApplication:
-    """Open the event store; in-memory and SQLite stores create their tables themselves."""
-    if _is_ephemeral(url) or not is_postgres(url):
-        env = persistence_env(url, create_table=True)
-        if env.get("SQLITE_DBNAME", ":memory:") != ":memory:":
-            Path(env["SQLITE_DBNAME"]).parent.mkdir(parents=True, exist_ok=True)
-        return ProvisionerApplication(env)
-    if not _tables_exist(url):
+def sqlite_path(url: str) -> Path | None:
+    """The SQLite file a URL names (None for in-memory stores and PostgreSQL)."""
+    name = persistence_env(url).get("SQLITE_DBNAME", ":memory:")
+    return None if name == ":memory:" else Path(name)
+
+
+def _sqlite_parent(url: str) -> None:
+    path = sqlite_path(url)
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+
+
+def no_sqlite_store(url: str) -> DatabaseNotInitialised | None:
+    """Why a read of this SQLite store cannot be served (None if it can), creating nothing."""
+    path = sqlite_path(url)
+    if path is None:
+        return None
+    if not path.is_file():
+        return DatabaseNotInitialised(f"no event store at {path}: run `provisioner db init`")
+    with sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True) as conn:
+        sql = "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = ?"
+        (found,) = conn.execute(sql, (SQLITE_EVENTS_TABLE,)).fetchone()
+    if not found:
+        return DatabaseNotInitialised(
+            f"the event tables are missing in {path}: run `provisioner db init`"
+        )
+    return None
+
+
+def open_event_store(
+    url: str,
+    *,
+    pool_size: int = 5,
+    one_shot: bool = False,
+    read_only: bool = False,
+    wait_s: float | None = 30.0,
+    stop: threading.Event | None = None,
+) -> ProvisionerApplication:
+    """Open the event store.
+
+    In-memory and SQLite stores create their tables themselves, unless
+    `read_only`: then a missing file or table is an error and nothing is
+    created. On PostgreSQL the tables must exist; the check's connection is
+    retried while the server is unavailable for `wait_s` seconds (None: until
+    `stop`), and a refusal (credentials, missing database) is raised at once.
+    `one_shot`: no pool, one connection at a time, none held between uses.
+    """
+    if not is_postgres(url):
+        if read_only and (missing := no_sqlite_store(url)):
+            raise missing
+        if not _is_ephemeral(url) and not read_only:
+            _sqlite_parent(url)
+        return ProvisionerApplication(persistence_env(url, create_table=not read_only))
+    if not _tables_exist(url, wait_s=wait_s, stop=stop):
         raise DatabaseNotInitialised(
             f"the event tables are missing in {redact(url)}: run `provisioner db init` first"
         )
-    return ProvisionerApplication(persistence_env(url, pool_size=pool_size))
+    log.info("connected to %s", redact(url))
+    env = persistence_env(
+        url, pool_size=pool_size, pooled=not one_shot, connect_wait_s=wait_s or 30.0
+    )
+    return ProvisionerApplication(env)
 
 
-def _tables_exist(url: str) -> bool:
-    with psycopg.connect(postgres_conninfo(url), autocommit=True) as conn:
-        row = conn.execute("SELECT to_regclass(%s)", (f"public.{EVENTS_TABLE}",)).fetchone()
-    return row is not None and row[0] is not None
+def _tables_exist(url: str, *, wait_s: float | None, stop: threading.Event | None) -> bool:
+    def check() -> bool:
+        with psycopg.connect(postgres_conninfo(url), autocommit=True) as conn:
+            row = conn.execute("SELECT to_regclass(%s)", (f"public.{EVENTS_TABLE}",)).fetchone()
+        return row is not None and row[0] is not None
+
+    return bool(retrying(check, redact(url), wait_s=wait_s, stop=stop))

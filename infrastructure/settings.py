@@ -1,18 +1,24 @@
-"""Settings, parsed once per process from the environment (flags override them).
+"""Settings, parsed and checked once per process from the environment (flags override them).
 
 | variable                       | default                          |
 |--------------------------------|----------------------------------|
 | PROVISIONER_DATABASE_URL       | sqlite:///var/provisioner.sqlite |
 | PROVISIONER_BROKER_URL         | memory:// (in-process)           |
 | PROVISIONER_QUEUE_TYPE         | classic (quorum on a cluster)    |
-| PROVISIONER_GATEWAY_URL        | (none: the embedded fake)        |
+| PROVISIONER_GATEWAY_URL        | (none)                           |
 | PROVISIONER_GATEWAY_TOKEN      | (none)                           |
+| PROVISIONER_FAKE_GATEWAY       | 0 (1: the in-process fake)       |
 | PROVISIONER_GATEWAY_TIMEOUT_S  | 10                               |
 | PROVISIONER_BACKOFF_BASE_S     | 5                                |
 | PROVISIONER_MAX_REQUEUES       | 5                                |
 | PROVISIONER_STALE_AFTER_S      | 600                              |
 | PROVISIONER_CONCURRENCY        | 8                                |
 | PROVISIONER_METRICS_PORT       | 0 (Prometheus /metrics off)      |
+| PROVISIONER_CONNECT_WAIT_S     | 30 (one-shot commands)           |
+
+Every value is checked here, before anything connects: a bad one raises
+`ConfigurationError` with one line naming the variable. A variable that is set
+but empty is an error, never a fallback to the default.
 """
 
 from __future__ import annotations
@@ -20,36 +26,91 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from urllib.parse import urlsplit
 
 from domain.policies import Backoff
+from infrastructure.eventstore import DATABASE_SCHEMES, check_database_url
+from infrastructure.failures import ConfigurationError
 from infrastructure.service import EngineSettings
 
 DEFAULT_DATABASE_URL = "sqlite:///var/provisioner.sqlite"
+BROKER_SCHEMES = ("amqp", "amqps", "pyamqp", "memory")
+GATEWAY_SCHEMES = ("http", "https")
+FAKE_SWITCH = "PROVISIONER_FAKE_GATEWAY"
 
 
-class SettingsError(ValueError):
+class SettingsError(ConfigurationError):
     """A setting has a value that cannot be used; the message names it."""
 
 
-def _number(env: Mapping[str, str], key: str, default: float, *, integer: bool = False) -> float:
+def _raw(env: Mapping[str, str], key: str) -> str | None:
+    """The variable's value, None when unset; set but empty is an error."""
     raw = env.get(key)
-    if raw is None or raw.strip() == "":
+    if raw is None:
+        return None
+    if raw.strip() == "":
+        raise SettingsError(f"{key} is set but empty: unset it for the default, or give a value")
+    return raw.strip()
+
+
+def _number(
+    env: Mapping[str, str],
+    key: str,
+    default: float,
+    *,
+    low: float,
+    high: float,
+    integer: bool = False,
+    above: bool = False,
+) -> float:
+    raw = _raw(env, key)
+    if raw is None:
         return default
+    kind = "an integer" if integer else "a number"
     try:
         value = int(raw) if integer else float(raw)
     except ValueError:
-        kind = "an integer" if integer else "a number"
         raise SettingsError(f"{key} must be {kind}, got {raw!r}") from None
-    if value < 0:
-        raise SettingsError(f"{key} must be >= 0, got {raw!r}")
+    if value != value or (value <= low if above else value < low) or value > high:  # noqa: PLR0124
+        bound = f"> {low:g}" if above else f">= {low:g}"
+        raise SettingsError(f"{key} must be {kind} {bound} and <= {high:g}, got {raw!r}")
     return value
 
 
 def _choice(env: Mapping[str, str], key: str, choices: tuple[str, ...]) -> str:
-    raw = (env.get(key) or choices[0]).strip().lower()
+    raw = (_raw(env, key) or choices[0]).lower()
     if raw not in choices:
         raise SettingsError(f"{key} must be one of {', '.join(choices)}, got {raw!r}")
     return raw
+
+
+def _flag(env: Mapping[str, str], key: str) -> bool:
+    return _choice(env, key, ("0", "1")) == "1"
+
+
+def check_url(key: str, url: str, schemes: tuple[str, ...], *, host: bool = True) -> str:
+    """Scheme, host and port of a URL; raise SettingsError naming `key`."""
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as exc:
+        raise SettingsError(f"{key} is not a usable URL ({exc})") from None
+    scheme = parts.scheme.lower()
+    if scheme not in schemes:
+        raise SettingsError(
+            f"{key} has scheme {scheme or '(none)'!r}: use one of {', '.join(schemes)}"
+        )
+    if host and scheme != "memory" and not parts.hostname:
+        raise SettingsError(f"{key} names no host")
+    if port == 0:
+        raise SettingsError(f"{key} has port 0: give a port from 1 to 65535")
+    return url
+
+
+def check_token(key: str, token: str) -> str:
+    if any(c.isspace() or not c.isprintable() for c in token):
+        raise SettingsError(f"{key} contains whitespace or control characters")
+    return token
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,33 +120,93 @@ class Settings:
     queue_type: str = "classic"
     gateway_url: str | None = None
     gateway_token: str | None = field(default=None, repr=False)
+    fake_gateway: bool = False
     gateway_timeout_s: float = 10.0
     backoff_base_s: float = 5.0
     max_requeues: int = 5
     stale_after_s: float = 600.0
     concurrency: int = 8
     metrics_port: int = 0
+    connect_wait_s: float = 30.0
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
         env = os.environ if env is None else env
-        return cls(
-            database_url=env.get("PROVISIONER_DATABASE_URL") or DEFAULT_DATABASE_URL,
-            broker_url=env.get("PROVISIONER_BROKER_URL") or "memory://",
+        database_url = _raw(env, "PROVISIONER_DATABASE_URL") or DEFAULT_DATABASE_URL
+        check_url("PROVISIONER_DATABASE_URL", database_url, DATABASE_SCHEMES, host=False)
+        try:
+            check_database_url(database_url)
+        except ConfigurationError as exc:
+            raise SettingsError(f"PROVISIONER_DATABASE_URL: {exc}") from None
+        gateway_url = _raw(env, "PROVISIONER_GATEWAY_URL")
+        if gateway_url is not None:
+            check_url("PROVISIONER_GATEWAY_URL", gateway_url, GATEWAY_SCHEMES)
+        token = _raw(env, "PROVISIONER_GATEWAY_TOKEN")
+        if token is not None:
+            check_token("PROVISIONER_GATEWAY_TOKEN", token)
+        settings = cls(
+            database_url=database_url,
+            broker_url=check_url(
+                "PROVISIONER_BROKER_URL",
+                _raw(env, "PROVISIONER_BROKER_URL") or "memory://",
+                BROKER_SCHEMES,
+            ),
             queue_type=_choice(env, "PROVISIONER_QUEUE_TYPE", ("classic", "quorum")),
-            gateway_url=env.get("PROVISIONER_GATEWAY_URL") or None,
-            gateway_token=env.get("PROVISIONER_GATEWAY_TOKEN") or None,
-            gateway_timeout_s=_number(env, "PROVISIONER_GATEWAY_TIMEOUT_S", 10.0),
-            backoff_base_s=_number(env, "PROVISIONER_BACKOFF_BASE_S", 5.0),
-            max_requeues=int(_number(env, "PROVISIONER_MAX_REQUEUES", 5, integer=True)),
-            stale_after_s=_number(env, "PROVISIONER_STALE_AFTER_S", 600.0),
-            concurrency=max(1, int(_number(env, "PROVISIONER_CONCURRENCY", 8, integer=True))),
-            metrics_port=int(_number(env, "PROVISIONER_METRICS_PORT", 0, integer=True)),
+            gateway_url=gateway_url,
+            gateway_token=token,
+            fake_gateway=_flag(env, FAKE_SWITCH),
+            gateway_timeout_s=_number(
+                env, "PROVISIONER_GATEWAY_TIMEOUT_S", 10.0, low=0, high=600, above=True
+            ),
+            backoff_base_s=_number(
+                env, "PROVISIONER_BACKOFF_BASE_S", 5.0, low=0, high=86400, above=True
+            ),
+            max_requeues=int(
+                _number(env, "PROVISIONER_MAX_REQUEUES", 5, low=0, high=1000, integer=True)
+            ),
+            stale_after_s=_number(
+                env, "PROVISIONER_STALE_AFTER_S", 600.0, low=0, high=10**7, above=True
+            ),
+            concurrency=int(
+                _number(env, "PROVISIONER_CONCURRENCY", 8, low=1, high=512, integer=True)
+            ),
+            metrics_port=int(
+                _number(env, "PROVISIONER_METRICS_PORT", 0, low=0, high=65535, integer=True)
+            ),
+            connect_wait_s=_number(env, "PROVISIONER_CONNECT_WAIT_S", 30.0, low=0, high=86400),
         )
+        if settings.fake_gateway and settings.gateway_url is not None:
+            raise SettingsError(
+                f"{FAKE_SWITCH}=1 and PROVISIONER_GATEWAY_URL are both set: choose one"
+            )
+        settings.engine()  # the backoff's own limits, checked at start-up too
+        return settings
+
+    def gateway(self) -> tuple[str, str] | None:
+        """The real gateway's URL and token; None when the fake was asked for.
+
+        Refuses (ConfigurationError) when neither a gateway nor the fake is
+        configured: a process that calls the gateway never runs against a fake
+        it was not asked to use.
+        """
+        if self.fake_gateway:
+            return None
+        if self.gateway_url is None:
+            raise SettingsError(
+                "PROVISIONER_GATEWAY_URL is not set: give the workspace gateway's URL and "
+                f"PROVISIONER_GATEWAY_TOKEN, or set {FAKE_SWITCH}=1 to use the in-process fake"
+            )
+        if self.gateway_token is None:
+            raise SettingsError(
+                "PROVISIONER_GATEWAY_TOKEN is not set: it is required with PROVISIONER_GATEWAY_URL"
+            )
+        return self.gateway_url, self.gateway_token
 
     def engine(self) -> EngineSettings:
         try:
             backoff = Backoff(base_s=self.backoff_base_s, max_requeues=self.max_requeues)
         except ValueError as exc:
-            raise SettingsError(str(exc)) from None
+            raise SettingsError(
+                f"PROVISIONER_BACKOFF_BASE_S, PROVISIONER_MAX_REQUEUES: {exc}"
+            ) from None
         return EngineSettings(backoff=backoff, stale_after_s=self.stale_after_s)

@@ -33,11 +33,14 @@ from psycopg.rows import dict_row
 
 from infrastructure.eventstore import (
     SCHEMA_LOCK_KEY,
+    DatabaseNotInitialised,
     ProvisionerApplication,
     is_postgres,
     persistence_env,
     postgres_conninfo,
+    redact,
 )
+from infrastructure.pg_connect import connect
 from projections.attempts import Attempts
 from projections.brand_workspaces import BrandWorkspaces
 from projections.core import INT, LIST, TS, PositionConflict, Projection, Row
@@ -54,7 +57,7 @@ def version_of(proj: Projection) -> int:
     return int(getattr(proj, "version", 1))
 
 
-class ViewsNotInitialised(RuntimeError):
+class ViewsNotInitialised(DatabaseNotInitialised):
     """The projection tables do not exist yet."""
 
 
@@ -135,11 +138,16 @@ def _copy_ddl(dialect: _Dialect, proj: Projection, copy: str) -> list[str]:
 class SqlViewStore:
     """The read models of one database: the `ViewStore` port, status, and queries.
 
-    Not thread-safe: each runner thread and each reader opens its own.
+    Not thread-safe: each runner thread and each reader opens its own. One
+    connection, opened on first use (retried while the server is unavailable
+    for `wait_s` seconds; None: until it is back). `read_only` readers create
+    nothing: a SQLite file that does not exist is an error, not a new file.
     """
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, *, read_only: bool = False, wait_s: float | None = 30.0) -> None:
         self.url = url
+        self.read_only = read_only
+        self.wait_s = wait_s
         self.dialect = _Dialect(is_postgres(url))
         self._pg: psycopg.Connection[Any] | None = None
         self._lite: sqlite3.Connection | None = None
@@ -149,8 +157,11 @@ class SqlViewStore:
     @property
     def pg(self) -> psycopg.Connection[Any]:
         if self._pg is None or self._pg.closed:
-            self._pg = psycopg.connect(
-                postgres_conninfo(self.url), row_factory=dict_row, options="-c TimeZone=UTC"
+            self._pg = connect(
+                postgres_conninfo(self.url, options="-c TimeZone=UTC"),
+                redact(self.url),
+                wait_s=self.wait_s,
+                row_factory=dict_row,
             )
         return self._pg
 
@@ -158,14 +169,15 @@ class SqlViewStore:
     def lite(self) -> sqlite3.Connection:
         if self._lite is None:
             self._lite = sqlite3.connect(
-                _sqlite_target(self.url),
+                _sqlite_target(self.url, read_only=self.read_only),
                 isolation_level=None,
                 timeout=30,
                 check_same_thread=False,
                 uri=True,
             )
             self._lite.row_factory = sqlite3.Row
-            self._lite.execute("PRAGMA journal_mode=WAL")
+            if not self.read_only:
+                self._lite.execute("PRAGMA journal_mode=WAL")
         return self._lite
 
     def close(self) -> None:
@@ -218,7 +230,8 @@ class SqlViewStore:
         several processes may run it at once.
         """
         if self.dialect.postgres:
-            with psycopg.connect(postgres_conninfo(self.url), autocommit=True) as conn:
+            conninfo, where = postgres_conninfo(self.url), redact(self.url)
+            with connect(conninfo, where, wait_s=self.wait_s, autocommit=True) as conn:
                 conn.execute("SELECT pg_advisory_lock(%s)", (SCHEMA_LOCK_KEY,))
                 try:
                     self._setup()
@@ -289,6 +302,10 @@ class SqlViewStore:
             sql = "SELECT count(*) AS n FROM sqlite_master WHERE type = 'view' AND name = ?"
             views = sum(self._one(cur, sql, name)["n"] for name in PROJECTIONS)
         if views < len(PROJECTIONS):
+            if self.read_only:
+                raise ViewsNotInitialised(
+                    "the projection tables are missing: run `provisioner db init` first"
+                )
             self.setup()  # SQLite and memory stores set themselves up
 
     def _registry(self, cur: Any, name: str, lock: str = "") -> dict[str, Any]:
@@ -532,7 +549,7 @@ class _SqlBatch:
         self.position = to
 
 
-def _sqlite_target(url: str) -> str:
+def _sqlite_target(url: str, *, read_only: bool = False) -> str:
     """A URI for sqlite3: the event store's own file, or a shared in-memory database."""
     if url.startswith("memory://"):
         # memory://TOKEN: rows live as long as one connection to it stays open.
@@ -541,6 +558,10 @@ def _sqlite_target(url: str) -> str:
     name = env.get("SQLITE_DBNAME", ":memory:")
     if name == ":memory:":
         raise ValueError(f"read models need a database file or a server, not {url}")
+    if read_only:
+        if not Path(name).is_file():
+            raise DatabaseNotInitialised(f"no event store at {name}: run `provisioner db init`")
+        return f"{Path(name).resolve().as_uri()}?mode=ro"
     return Path(name).resolve().as_uri()
 
 

@@ -1,32 +1,52 @@
-"""The `provisioner` command line: one composition root per command."""
+"""The `provisioner` command line: one composition root per command.
+
+Every failure a command lets escape is turned into one line on stderr and the
+exit code of infrastructure/failures.py, in one place (`_Main.invoke`); the
+global `--debug` shows the traceback instead. One-shot commands hold at most
+one database connection, opened per use.
+"""
 
 from __future__ import annotations
 
 import logging
 import sys
-from typing import Any, ClassVar
+from typing import Any
 
 import click
 
-from infrastructure.eventstore import DatabaseNotInitialised, init_database, redact
-from infrastructure.settings import Settings, SettingsError
+from infrastructure.eventstore import init_database, redact
+from worker import cli_read
+from worker.cli_support import Failed, load_settings, service_only, views
 
 
-def _settings() -> Settings:
-    try:
-        return Settings.from_env()
-    except SettingsError as exc:
-        raise click.ClickException(str(exc)) from None
+class _Main(click.Group):
+    """The command group; turns any failure of a command into one line and an exit code."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except (click.ClickException, click.exceptions.Exit, click.Abort):
+            raise
+        except Exception as exc:
+            if ctx.params.get("debug"):
+                raise
+            from worker.edges import describe
+
+            failure = describe(exc)
+            raise Failed(str(failure), failure.exit_code) from None
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=_Main, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("-v", "--verbose", is_flag=True, help="Log every hop.")
-def main(verbose: bool) -> None:
+@click.option("--debug", is_flag=True, help="Show the traceback of a failure.")
+def main(verbose: bool, debug: bool) -> None:
     """Event-sourced provisioning of brand sub-workspaces in the workspace gateway."""
     logging.basicConfig(
         level=logging.INFO if verbose else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s %(message)s",
     )
+    if debug:  # the project's own debug lines; a failure's traceback is `_Main.invoke`'s
+        logging.getLogger("provisioner").setLevel(logging.DEBUG)
 
 
 @main.group()
@@ -38,18 +58,15 @@ def db() -> None:
 @click.option("--database-url", envvar="PROVISIONER_DATABASE_URL", help="Overrides the setting.")
 def db_init(database_url: str | None) -> None:
     """Create the event tables if missing (idempotent, safe to run concurrently)."""
-    url = database_url or _settings().database_url
-    try:
-        init_database(url)
-        from infrastructure.views import init_read_models
+    from infrastructure.eventstore import check_database_url
+    from infrastructure.views import SqlViewStore
 
-        init_read_models(url)
-    except (ValueError, DatabaseNotInitialised) as exc:
-        raise click.ClickException(str(exc)) from None
-    except Exception as exc:  # noqa: BLE001 - one clear line instead of a traceback
-        raise click.ClickException(
-            f"could not initialise {redact(url)}: {type(exc).__name__}: {exc}"
-        ) from None
+    settings = load_settings()
+    url = database_url or settings.database_url
+    check_database_url(url)
+    init_database(url, wait_s=settings.connect_wait_s)
+    with SqlViewStore(url, wait_s=settings.connect_wait_s) as store:
+        store.setup()
     click.echo(f"event store ready: {redact(url)}")
 
 
@@ -64,32 +81,17 @@ def broker() -> None:
 def broker_init(broker_url: str | None, queue_type: str | None) -> None:
     """Declare exchanges and queues (idempotent)."""
     from infrastructure.broker import Broker, Topology
+    from infrastructure.settings import BROKER_SCHEMES, check_url
 
-    settings = _settings()
-    url = broker_url or settings.broker_url
+    settings = load_settings()
+    url = check_url("--broker-url", broker_url or settings.broker_url, BROKER_SCHEMES)
     topology = Topology(queue_type=queue_type or settings.queue_type)
+    publisher = Broker(url, topology, scheduler=None)
     try:
-        publisher = Broker(url, topology, scheduler=None)
         publisher.declare()
+    finally:
         publisher.close()
-    except Exception as exc:  # noqa: BLE001 - one clear line instead of a traceback
-        raise click.ClickException(f"could not declare the topology: {exc}") from None
     click.echo(f"broker topology declared ({topology.queue_type} queues)")
-
-
-def _service_only() -> Any:
-    """A service for the request path: no gateway call is made there."""
-    from infrastructure.eventstore import open_event_store
-    from infrastructure.gateway import HttpGateway
-    from infrastructure.service import ProvisioningService
-
-    settings = _settings()
-    try:
-        app = open_event_store(settings.database_url)
-    except (ValueError, DatabaseNotInitialised) as exc:
-        raise click.ClickException(str(exc)) from None
-    gateway = HttpGateway(settings.gateway_url or "http://127.0.0.1:9", "request-path")
-    return ProvisioningService(app, gateway, settings=settings.engine())
 
 
 @main.command()
@@ -102,7 +104,7 @@ def provision(brand_id: str, title: str, parent: str, wait: bool, timeout: float
     """Request a workspace for BRAND_ID; a worker and a relay carry it out."""
     from domain.errors import ProvisionerError
 
-    service = _service_only()
+    service = service_only()
     try:
         attempt_id = service.request_provisioning(brand_id, title, parent)
     except ProvisionerError as exc:
@@ -117,7 +119,9 @@ def _wait_for(service: Any, attempt_id: Any, timeout: float) -> int:
 
     from domain.policies import AttemptState
 
-    deadline = time.monotonic() + timeout
+    # Each poll opens, uses and closes the process's one connection; the pause
+    # grows to 2 s so that hundreds of waiting commands stay light on the server.
+    deadline, pause = time.monotonic() + timeout, 0.25
     while time.monotonic() < deadline:
         attempt = service.attempt(attempt_id)
         if attempt.is_terminal:
@@ -125,7 +129,8 @@ def _wait_for(service: Any, attempt_id: Any, timeout: float) -> int:
                 f"attempt {attempt_id}: {attempt.state.value} {attempt.last_status}".rstrip()
             )
             return 0 if attempt.state is AttemptState.PROMOTED else 1
-        time.sleep(0.25)
+        time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
+        pause = min(pause * 1.5, 2.0)
     click.echo(
         f"attempt {attempt_id} still pending after {timeout:.0f}s: is a worker and a relay "
         "running (`provisioner run`)?",
@@ -140,7 +145,7 @@ def deactivate(brand_id: str) -> None:
     """Deactivate BRAND_ID: cancel its attempt; a worker then empties its workspace."""
     from domain.errors import ProvisionerError
 
-    service = _service_only()
+    service = service_only()
     try:
         result = service.deactivate(brand_id)
     except ProvisionerError as exc:
@@ -153,203 +158,9 @@ def deactivate(brand_id: str) -> None:
         )
 
 
-def _print(data: Any, as_json: bool, render: Any) -> None:
-    import json
-
-    if as_json:
-        click.echo(json.dumps(data, indent=2, default=_jsonable))
-    else:
-        render(data)
-
-
-def _events_table(story: dict[str, Any]) -> Any:
-    from rich.table import Table
-
-    table = Table(title=f"attempt {story['attempt_id']}: {story['state']}")
-    for column in ("at", "event", "hop", "workspace", "provenance", "reason"):
-        table.add_column(column)
-    for e in story["events"]:
-        table.add_row(
-            e["at"][:23],
-            e["type"],
-            "" if e["hop"] is None else str(e["hop"]),
-            e["workspace_id"] or "",
-            e["provenance"] or "",
-            (e["reason"] or "")[:60],
-        )
-    return table
-
-
-def _audit(fetch: Any) -> Any:
-    from domain.errors import ProvisionerError
-
-    try:
-        return fetch(_service_only())
-    except ProvisionerError as exc:
-        raise click.ClickException(str(exc)) from None
-
-
-@main.command()
-@click.argument("brand_id")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-def status(brand_id: str, as_json: bool) -> None:
-    """The brand's current state and workspace."""
-    from infrastructure.audit import brand_status
-
-    data = _audit(lambda service: brand_status(service, brand_id))
-    _print(data, as_json, lambda d: click.echo("\n".join(f"{k}: {v}" for k, v in d.items())))
-
-
-@main.command()
-@click.argument("brand_id")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-def history(brand_id: str, as_json: bool) -> None:
-    """Every attempt of the brand, oldest first, with its events (from the event store)."""
-    from rich.console import Console
-
-    from infrastructure.audit import brand_history
-
-    data = _audit(lambda service: brand_history(service, brand_id))
-
-    def render(stories: list[dict[str, Any]]) -> None:
-        console = Console()
-        for story in stories:
-            console.print(_events_table(story))
-
-    _print(data, as_json, render)
-
-
-@main.command()
-@click.argument("attempt_id")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-def attempt(attempt_id: str, as_json: bool) -> None:
-    """One attempt in full."""
-    from uuid import UUID
-
-    from rich.console import Console
-
-    from infrastructure.audit import attempt_story
-
-    try:
-        parsed = UUID(attempt_id)
-    except ValueError:
-        raise click.ClickException(f"{attempt_id!r} is not an attempt id (a UUID)") from None
-    data = _audit(lambda service: attempt_story(service, parsed))
-    _print(data, as_json, lambda d: Console().print(_events_table(d)))
-
-
-class _Time(click.ParamType[Any]):
-    """An ISO 8601 time (UTC unless it says otherwise), `now`, or an age: 30s, 15m, 2h, 7d."""
-
-    name = "TIME"
-    _UNITS: ClassVar[dict[str, int]] = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-
-    def convert(self, value: Any, param: Any, ctx: Any) -> Any:
-        from datetime import UTC, datetime, timedelta
-
-        if isinstance(value, datetime):
-            return value
-        text = str(value).strip()
-        now = datetime.now(UTC)
-        if text == "now":
-            return now
-        unit = self._UNITS.get(text[-1:])
-        if unit and text[:-1].replace(".", "", 1).isdigit():
-            return now - timedelta(seconds=float(text[:-1]) * unit)
-        try:
-            parsed = datetime.fromisoformat(text)
-        except ValueError:
-            self.fail(
-                f"{text!r} is not a time: use ISO 8601 (2026-11-30T12:00:00Z), "
-                "now, or an age such as 15m, 2h, 7d",
-                param,
-                ctx,
-            )
-        return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
-
-
-def _jsonable(value: Any) -> Any:
-    from datetime import datetime
-
-    return value.isoformat() if isinstance(value, datetime) else str(value)
-
-
-def _views() -> Any:
-    """The read models of the configured database, checked to exist."""
-    from infrastructure.views import SqlViewStore, ViewsNotInitialised
-
-    store = SqlViewStore(_settings().database_url)
-    try:
-        store.check()
-    except ViewsNotInitialised as exc:
-        raise click.ClickException(str(exc)) from None
-    except Exception as exc:  # noqa: BLE001 - one clear line instead of a traceback
-        raise click.ClickException(f"cannot read the projections: {exc}") from None
-    return store
-
-
-@main.command()
-@click.argument("brand_id")
-@click.option("--at", "at", type=_Time(), required=True, help="When (ISO 8601, or an age: 2h).")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-def pointer(brand_id: str, at: Any, as_json: bool) -> None:
-    """The workspace the brand was bound to at a time (replayed from the event store)."""
-    from infrastructure.audit import pointer_at
-
-    data = _audit(lambda service: pointer_at(service, brand_id, at))
-    _print(data, as_json, lambda d: click.echo("\n".join(f"{k}: {v}" for k, v in d.items())))
-
-
-ATTEMPT_COLUMNS = ("attempt_id", "brand_id", "state", "hops_used", "candidate_id",
-                   "provenance", "started_at", "next_hop_due", "last_error")  # fmt: skip
-
-
-@main.command()
-@click.option(
-    "--state",
-    type=click.Choice(["pending", "promoted", "failed", "cancelled", "superseded"]),
-    help="Only attempts in this state.",
-)
-@click.option("--stuck", is_flag=True, help="Pending attempts whose next hop is overdue.")
-@click.option("--overdue", default=60.0, show_default=True, help="Seconds overdue for --stuck.")
-@click.option("--since", type=_Time(), help="Started at or after this time (or age: 1d).")
-@click.option("--brand", "brand_id", help="Only this brand's attempts.")
-@click.option("--limit", default=50, show_default=True, type=click.IntRange(1, 100_000))
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-def attempts(
-    *,
-    state: str | None,
-    stuck: bool,
-    overdue: float,
-    since: Any,
-    brand_id: str | None,
-    limit: int,
-    as_json: bool,
-) -> None:
-    """Attempts from the `attempts` projection, newest first (stuck: most overdue first)."""
-    from infrastructure.views import list_attempts
-
-    if stuck and state not in (None, "pending"):
-        raise click.UsageError("--stuck lists pending attempts; drop --state or use pending")
-    with _views() as store:
-        rows = list_attempts(
-            store, state=state, stuck=stuck, overdue_s=overdue, since=since,
-            brand_id=brand_id, limit=limit,
-        )  # fmt: skip
-
-    def render(found: list[dict[str, Any]]) -> None:
-        from rich.console import Console
-        from rich.table import Table
-
-        table = Table(title=f"{len(found)} attempts")
-        for column in ATTEMPT_COLUMNS:
-            table.add_column(column)
-        for row in found:
-            cells = [row[c] for c in ATTEMPT_COLUMNS]
-            table.add_row(*("" if v is None else _jsonable(v)[:40] for v in cells))
-        Console().print(table)
-
-    _print(rows, as_json, render)
+for command in (cli_read.status, cli_read.history, cli_read.attempt, cli_read.pointer,
+                cli_read.attempts):  # fmt: skip
+    main.add_command(command)
 
 
 @main.group()
@@ -357,41 +168,14 @@ def projections() -> None:
     """The read models: run them, see their lag, rebuild them."""
 
 
+projections.add_command(cli_read.projections_status)
+
+
 @projections.command("run")
 @click.option("--batch", default=2000, show_default=True, type=click.IntRange(1, 100_000))
 def projections_run(batch: int) -> None:
     """Keep every projection caught up with the event log (also part of `run`)."""
     _serve(("projections",), None, batch=batch)
-
-
-@projections.command("status")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-def projections_status(as_json: bool) -> None:
-    """Per projection: position, head of the log, events behind, rows, rebuild."""
-    from infrastructure.eventstore import open_event_store
-    from infrastructure.views import LogSource
-
-    url = _settings().database_url
-    with _views() as store:
-        app = open_event_store(url, pool_size=1)
-        try:
-            data = store.status(LogSource(app, store))
-        finally:
-            app.close()
-
-    def render(report: list[dict[str, Any]]) -> None:
-        from rich.console import Console
-        from rich.table import Table
-
-        table = Table()
-        columns = ("projection", "copy", "position", "head", "behind", "rows", "rebuilding")
-        for column in columns:
-            table.add_column(column, no_wrap=column in ("projection", "copy"))
-        for item in report:
-            table.add_row(*("" if item[c] is None else str(item[c]) for c in columns))
-        Console().print(table)
-
-    _print(data, as_json, render)
 
 
 @projections.command("rebuild")
@@ -419,12 +203,12 @@ def projections_rebuild(name: str | None, batch: int) -> None:
         chosen = [projection(name)] if name else list(PROJECTIONS.values())
     except UnknownProjection as exc:
         raise click.ClickException(str(exc)) from None
-    url = _settings().database_url
-    with _views() as store, Progress(
+    settings = load_settings()
+    with views(read_only=False) as store, Progress(
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
         TextColumn("{task.fields[rate]} ev/s"), TimeElapsedColumn(), TimeRemainingColumn(),
     ) as bar:  # fmt: skip
-        app = open_event_store(url, pool_size=1)
+        app = open_event_store(settings.database_url, one_shot=True, wait_s=settings.connect_wait_s)
         try:
             for proj in chosen:
                 task = bar.add_task(proj.name, total=None, rate="-")
@@ -451,46 +235,72 @@ def _serve(
     """Run the chosen parts until SIGTERM or SIGINT, then stop them cleanly."""
     import signal
     import threading
+    from contextlib import ExitStack
 
     from infrastructure.broker import is_memory
+    from infrastructure.failures import ConfigurationError, ServiceUnavailable
     from worker.runtime import build, build_projector
 
-    settings = _settings()
+    settings = load_settings()
     if is_memory(settings.broker_url) and parts in (("worker",), ("relay",), ("reconciler",)):
-        raise click.ClickException(
+        raise ConfigurationError(
             "memory:// is an in-process broker: use `provisioner run`, or set "
             "PROVISIONER_BROKER_URL=amqp://... to run the worker and relay apart"
         )
     from worker.metrics import serve
 
     serve(settings.metrics_port)
+    # Start-up lines (waiting for the database, "connected to ...") show without -v.
+    logging.getLogger("provisioner.connect").setLevel(logging.INFO)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
-    try:
-        # The projections alone need neither the gateway nor the broker.
-        context: Any = build_projector(settings) if parts == ("projections",) else build(settings)
-        with context as runtime:
-            if "worker" in parts:
-                runtime.start(runtime.worker(concurrency).run, "worker", stop)
-            if "relay" in parts:
-                runtime.start(runtime.relay().run, "relay", stop)
-            if "projections" in parts:
-                runtime.start(runtime.projector(batch).run, "projections", stop)
-            if "reconciler" in parts:
-                overdue, grace, interval, deadline = reconcile_every
-                reconciler, publisher = runtime.reconciler(
-                    overdue_s=overdue, grace_s=grace, interval_s=interval, deadline_s=deadline
-                )
-                runtime.start(lambda s: reconciler.run(s, publisher), "reconciler", stop)
-            click.echo(f"{' + '.join(parts)} running; Ctrl-C or SIGTERM stops")
-            while not stop.wait(0.5):
-                if not all(t.is_alive() for t in runtime.threads):
-                    raise click.ClickException("a component stopped unexpectedly; see the log")
-            for thread in runtime.threads:
-                thread.join(90)
-    except (ValueError, DatabaseNotInitialised) as exc:
-        raise click.ClickException(str(exc)) from None
+    # The projections alone need neither the gateway nor the broker.
+    context: Any = (
+        build_projector(settings, stop=stop)
+        if parts == ("projections",)
+        else build(settings, parts=parts, concurrency=concurrency, stop=stop)
+    )
+    with ExitStack() as stack:
+        try:
+            runtime = stack.enter_context(context)
+        except ServiceUnavailable as exc:
+            if not stop.is_set():
+                raise
+            click.echo(f"stopped while waiting: {exc}", err=True)
+            return
+        if "worker" in parts:
+            runtime.start(runtime.worker(concurrency).run, "worker", stop)
+        if "relay" in parts:
+            runtime.start(runtime.relay().run, "relay", stop)
+        if "projections" in parts:
+            runtime.start(runtime.projector(batch).run, "projections", stop)
+        if "reconciler" in parts:
+            overdue, grace, interval, deadline = reconcile_every
+            reconciler, publisher = runtime.reconciler(
+                overdue_s=overdue, grace_s=grace, interval_s=interval, deadline_s=deadline
+            )
+            runtime.start(lambda s: reconciler.run(s, publisher), "reconciler", stop)
+        click.echo(f"{' + '.join(parts)} running; Ctrl-C or SIGTERM stops")
+        while not stop.wait(0.5):
+            if not all(t.is_alive() for t in runtime.threads):
+                stop.set()
+        for thread in runtime.threads:
+            thread.join(10 if runtime.failures else 90)
+        _stopped(runtime.failures)
+
+
+def _stopped(failures: dict[str, BaseException]) -> None:
+    """A component that raised stops the process: one line with its reason, its exit code."""
+    if not failures:
+        return
+    name, exc = next(iter(failures.items()))
+    if click.get_current_context().find_root().params.get("debug"):
+        raise exc
+    from worker.edges import describe
+
+    failure = describe(exc)
+    raise Failed(f"{name} stopped: {failure}", failure.exit_code)
 
 
 @main.command()
@@ -532,17 +342,19 @@ def reconcile(
     from infrastructure.broker import Broker, Topology, is_memory
     from worker.reconciler import Reconciler
 
-    settings = _settings()
+    settings = load_settings()
     if is_memory(settings.broker_url):
-        raise click.ClickException("memory:// is in-process: the reconciler runs inside `run`")
-    service = _service_only()
+        from infrastructure.failures import ConfigurationError
+
+        raise ConfigurationError("memory:// is in-process: the reconciler runs inside `run`")
+    service = service_only()
+    broker = Broker(settings.broker_url, Topology(queue_type=settings.queue_type), scheduler=None)
     reconciler = Reconciler(
         settings.database_url, overdue_s=overdue, grace_s=grace, deadline_s=deadline,
         service=service,
     )  # fmt: skip
-    broker = Broker(settings.broker_url, Topology(queue_type=settings.queue_type), scheduler=None)
     try:
-        with _views() as store:
+        with views() as store:
             report = reconciler.sweep(store, broker)
     finally:
         broker.close()

@@ -17,6 +17,7 @@ from pathlib import Path
 from uuid import UUID
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -64,6 +65,7 @@ def run_demo(*, brands: int, seed: int, database_url: str) -> int:
             "PROVISIONER_DATABASE_URL": database_url,
             "PROVISIONER_BROKER_URL": "memory://",
             "PROVISIONER_BACKOFF_BASE_S": str(5.0 * TIME_SCALE),
+            "PROVISIONER_FAKE_GATEWAY": "1",  # the demo asks for the fake, always
         }
     )
     with build(settings, fake_config=FakeConfig(seed=seed)) as runtime:
@@ -162,11 +164,11 @@ def _summary(
         state = attempt.state.value if attempt else "none"
         tally[state] += 1
         table.add_row(
-            brand.brand_id,
+            escape(brand.brand_id),
             state if brand.is_active else f"{state} (deactivated)",
-            brand.workspace_id or "-",
+            escape(brand.workspace_id or "-"),  # ids from the gateway: text, not markup
             str(hops.get(attempt.id, 0)) if attempt else "0",
-            _describe(attempt) if attempt else "",
+            escape(_describe(attempt)) if attempt else "",
         )
     console.print(table)
     console.print(", ".join(f"{count} {state}" for state, count in sorted(tally.items())))
@@ -185,7 +187,7 @@ def _story(console: Console, service: ProvisioningService, brand_id: str) -> Non
     brand = service.brand(brand_id)
     if brand.current_attempt_id is None:
         return
-    table = Table(title=f"History of {brand_id} (attempt {brand.current_attempt_id})")
+    table = Table(title=escape(f"History of {brand_id} (attempt {brand.current_attempt_id})"))
     for column in ("time", "event", "details"):
         table.add_column(column)
     for event in service.attempt_history(brand.current_attempt_id):
@@ -198,6 +200,6 @@ def _story(console: Console, service: ProvisioningService, brand_id: str) -> Non
         table.add_row(
             f"{event.timestamp:%H:%M:%S.%f}"[:-3],
             type(event).__name__,
-            ", ".join(f"{k}={v}" for k, v in fields.items())[:90],
+            escape(", ".join(f"{k}={v}" for k, v in fields.items())[:90]),
         )
     console.print(table)

@@ -12,18 +12,24 @@ from urllib.parse import urlsplit
 
 from domain.ports import Gateway
 from infrastructure.broker import Broker, DelayScheduler, Topology, is_memory
+from infrastructure.broker import connect as broker_connection
 from infrastructure.eventstore import (
     ProvisionerApplication,
     is_postgres,
     open_event_store,
     open_position_store,
+    redact,
 )
+from infrastructure.failures import ConfigurationError
 from infrastructure.fake_gateway import FakeConfig, FakeGateway
 from infrastructure.gateway import HttpGateway
+from infrastructure.pg_connect import log as startup_log
+from infrastructure.pg_connect import retrying
 from infrastructure.service import ProvisioningService
 from infrastructure.settings import Settings
 from infrastructure.views import SqlViewStore, memory_views_url
 from worker.consumer import HopWorker
+from worker.edges import broker_failure
 from worker.projector import Projector
 from worker.reconciler import Reconciler
 from worker.relay import Relay
@@ -32,17 +38,41 @@ log = logging.getLogger("provisioner.runtime")
 
 
 class _Threads:
-    """Background parts of a process, each on a daemon thread, stopped by one event."""
+    """Background parts of a process, each on a daemon thread, stopped by one event.
+
+    A part that raises is recorded in `failures` (name -> exception), so the
+    process can say why it stopped and exit with the failure's own code.
+    """
 
     threads: list[threading.Thread]
+    failures: dict[str, BaseException]
 
     def start(
         self, target: Callable[[threading.Event], None], name: str, stop: threading.Event
     ) -> threading.Thread:
-        thread = threading.Thread(target=target, args=(stop,), name=name, daemon=True)
+        def run(stop: threading.Event) -> None:
+            try:
+                target(stop)
+            except BaseException as exc:
+                self.failures[name] = exc
+                log.debug("%s stopped", name, exc_info=True)
+                stop.set()
+
+        thread = threading.Thread(target=run, args=(stop,), name=name, daemon=True)
         thread.start()
         self.threads.append(thread)
         return thread
+
+
+ALL_PARTS = ("worker", "relay", "projections", "reconciler")
+
+
+def pool_size(parts: tuple[str, ...], concurrency: int) -> int:
+    """Event-store connections one process needs: one per hop thread, one more for the
+    worker's consumer, and one each for the relay's, the projections' and the
+    reconciler's reads of the log (docs/configuration.md has the arithmetic)."""
+    size = concurrency + 1 if "worker" in parts else 0
+    return size + sum(1 for part in ("relay", "projections", "reconciler") if part in parts)
 
 
 @dataclass
@@ -56,6 +86,7 @@ class Runtime(_Threads):
     views_url: str = ""
     fake: FakeGateway | None = None
     threads: list[threading.Thread] = field(default_factory=list)
+    failures: dict[str, BaseException] = field(default_factory=dict)
 
     def worker(self, concurrency: int | None = None) -> HopWorker:
         return HopWorker(
@@ -93,24 +124,54 @@ class Runtime(_Threads):
         return reconciler, broker
 
 
+def wait_for_broker(url: str, stop: threading.Event | None) -> None:
+    """Connect to the broker once at start-up: a refusal (credentials, a missing
+    vhost) raises ServiceRefused at once; unavailability is waited out with
+    backoff until `stop`, logged once, and the connection logged when it is up."""
+    if is_memory(url):
+        return
+
+    def attempt() -> None:
+        with broker_connection(url) as conn:
+            conn.connect()
+
+    where = redact(url)
+    retrying(
+        attempt, where, wait_s=None, stop=stop, classify_as=broker_failure, service="RabbitMQ"
+    )
+    startup_log.info("connected to %s", where)
+
+
 @contextmanager
-def build(settings: Settings, *, fake_config: FakeConfig | None = None) -> Iterator[Runtime]:
+def build(
+    settings: Settings,
+    *,
+    fake_config: FakeConfig | None = None,
+    parts: tuple[str, ...] = ALL_PARTS,
+    concurrency: int | None = None,
+    stop: threading.Event | None = None,
+) -> Iterator[Runtime]:
     """Everything one process needs; closes it all on exit.
 
-    Without PROVISIONER_GATEWAY_URL the fake gateway runs in-process (the
-    embedded default); with memory:// the in-process delay scheduler runs too.
+    A process that runs the worker calls the gateway: it needs
+    PROVISIONER_GATEWAY_URL and its token, or PROVISIONER_FAKE_GATEWAY=1 for
+    the in-process fake (ConfigurationError otherwise, before anything
+    connects). With memory:// the in-process delay scheduler runs too. The
+    database is waited for while it is unavailable (until `stop`).
     """
+    chosen = settings.gateway() if "worker" in parts else ("http://127.0.0.1:9", "no-calls")
+    wait_for_broker(settings.broker_url, stop)
     with ExitStack() as stack:
-        app = open_event_store(settings.database_url, pool_size=settings.concurrency + 2)
+        size = pool_size(parts, concurrency or settings.concurrency)
+        app = open_event_store(settings.database_url, pool_size=size, wait_s=None, stop=stop)
         stack.callback(app.close)
         fake = None
-        url, token = settings.gateway_url, settings.gateway_token
-        if url is None:
+        if chosen is None:
             fake = stack.enter_context(FakeGateway(fake_config or FakeConfig()))
             url, token = fake.url, "embedded-fake"
-            log.warning("no PROVISIONER_GATEWAY_URL: using the in-process fake gateway at %s", url)
-        if not token:
-            raise ValueError("PROVISIONER_GATEWAY_TOKEN is required with PROVISIONER_GATEWAY_URL")
+            log.info("PROVISIONER_FAKE_GATEWAY=1: the in-process fake gateway at %s", url)
+        else:
+            url, token = chosen
         gateway = stack.enter_context(
             HttpGateway(url, token, read_timeout=settings.gateway_timeout_s)
         )
@@ -135,6 +196,7 @@ class ProjectorRuntime(_Threads):
     settings: Settings
     app: ProvisionerApplication
     threads: list[threading.Thread] = field(default_factory=list)
+    failures: dict[str, BaseException] = field(default_factory=dict)
 
     def projector(self, batch: int = 2000) -> Projector:
         url = self.settings.database_url
@@ -142,10 +204,15 @@ class ProjectorRuntime(_Threads):
 
 
 @contextmanager
-def build_projector(settings: Settings) -> Iterator[ProjectorRuntime]:
+def build_projector(
+    settings: Settings, *, stop: threading.Event | None = None
+) -> Iterator[ProjectorRuntime]:
     if urlsplit(settings.database_url).scheme == "memory":
-        raise ValueError("a memory:// event store lives in one process: use `provisioner run`")
-    app = open_event_store(settings.database_url, pool_size=2)
+        raise ConfigurationError(
+            "a memory:// event store lives in one process: use `provisioner run`"
+        )
+    size = pool_size(("projections",), 0)
+    app = open_event_store(settings.database_url, pool_size=size, wait_s=None, stop=stop)
     try:
         yield ProjectorRuntime(settings, app)
     finally:

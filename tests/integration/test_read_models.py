@@ -382,6 +382,7 @@ def test_projections_status_and_rebuild_from_the_command_line(tmp_path: Path) ->
     app = open_event_store(url)
     seed_histories(app, 8)
     runner = CliRunner(env={"PROVISIONER_DATABASE_URL": url})
+    assert runner.invoke(main, ["db", "init"]).exit_code == 0  # read commands create nothing
 
     lagging = json.loads(runner.invoke(main, ["projections", "status", "--json"]).output)
     rebuilt = runner.invoke(main, ["projections", "rebuild", "attempts"])

@@ -15,7 +15,7 @@ from domain.policies import FailureReason, Provenance
 from projections.attempts import Attempts
 from projections.brand_workspaces import BrandWorkspaces, brand_status
 from projections.core import ReadAhead, RowCache
-from worker.cli import _Time
+from worker.cli_read import _Time
 
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 

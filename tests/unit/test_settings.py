@@ -1,8 +1,12 @@
 from __future__ import annotations
 
-import pytest
+import json
 
-from infrastructure.eventstore import persistence_env, redact
+import pytest
+from psycopg.conninfo import conninfo_to_dict
+
+from infrastructure.eventstore import persistence_env, postgres_conninfo, redact
+from infrastructure.failures import ConfigurationError
 from infrastructure.settings import DEFAULT_DATABASE_URL, Settings, SettingsError
 
 
@@ -52,3 +56,89 @@ def test_database_urls_map_onto_the_librarys_settings() -> None:
     with pytest.raises(ValueError, match="unsupported database URL"):
         persistence_env("mysql://x/y")
     assert "pw" not in redact("postgresql://alice:pw@db.example:6543/events")
+
+
+@pytest.mark.parametrize(
+    "key",
+    [
+        "PROVISIONER_DATABASE_URL",
+        "PROVISIONER_BROKER_URL",
+        "PROVISIONER_GATEWAY_URL",
+        "PROVISIONER_GATEWAY_TOKEN",
+        "PROVISIONER_CONCURRENCY",
+        "PROVISIONER_QUEUE_TYPE",
+    ],
+)
+def test_an_empty_variable_is_an_error_not_the_default(key: str) -> None:
+    with pytest.raises(ConfigurationError, match=f"^{key} is set but empty"):
+        Settings.from_env({key: " "})
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "says"),
+    [
+        ("PROVISIONER_DATABASE_URL", "mysql://db/x", "scheme 'mysql'"),
+        ("PROVISIONER_DATABASE_URL", "postgresql:///events", "names no host"),
+        ("PROVISIONER_DATABASE_URL", "postgresql://db:99999/events", "Port out of range"),
+        ("PROVISIONER_DATABASE_URL", "postgresql://db/events?sslmod=require", "sslmod"),
+        ("PROVISIONER_BROKER_URL", "http://rabbit/", "scheme 'http'"),
+        ("PROVISIONER_BROKER_URL", "amqp://:5672/", "names no host"),
+        ("PROVISIONER_GATEWAY_URL", "ftp://gw.example", "scheme 'ftp'"),
+        ("PROVISIONER_GATEWAY_URL", "https://gw.example:0", "port 0"),
+        ("PROVISIONER_GATEWAY_TOKEN", "abc def", "whitespace or control"),
+        ("PROVISIONER_GATEWAY_TOKEN", "abc\x07", "whitespace or control"),
+        ("PROVISIONER_CONCURRENCY", "0", ">= 1"),
+        ("PROVISIONER_METRICS_PORT", "70000", "<= 65535"),
+        ("PROVISIONER_GATEWAY_TIMEOUT_S", "0", "> 0"),
+        ("PROVISIONER_FAKE_GATEWAY", "yes", "one of 0, 1"),
+    ],
+)
+def test_each_setting_is_checked_at_start_up_in_one_line_naming_it(
+    key: str, value: str, says: str
+) -> None:
+    with pytest.raises(ConfigurationError) as raised:
+        Settings.from_env({key: value})
+    message = str(raised.value)
+    assert message.startswith(key)
+    assert says in message
+    assert "\n" not in message
+
+
+def test_a_gateway_caller_needs_the_gateway_or_the_fake_asked_for() -> None:
+    production = {
+        "PROVISIONER_DATABASE_URL": "postgresql://app@db.example/events",
+        "PROVISIONER_BROKER_URL": "amqp://app@rabbit.example/prod",
+    }
+    with pytest.raises(ConfigurationError, match=r"PROVISIONER_GATEWAY_URL is not set.*FAKE"):
+        Settings.from_env(production).gateway()
+    without_token = {**production, "PROVISIONER_GATEWAY_URL": "https://gw.example"}
+    with pytest.raises(ConfigurationError, match="PROVISIONER_GATEWAY_TOKEN is not set"):
+        Settings.from_env(without_token).gateway()
+    real = Settings.from_env({**without_token, "PROVISIONER_GATEWAY_TOKEN": "t0k"})
+    assert real.gateway() == ("https://gw.example", "t0k")
+    assert Settings.from_env({**production, "PROVISIONER_FAKE_GATEWAY": "1"}).gateway() is None
+    with pytest.raises(ConfigurationError, match="choose one"):
+        Settings.from_env({**without_token, "PROVISIONER_FAKE_GATEWAY": "1"})
+    # The embedded default does not fake the gateway silently either.
+    with pytest.raises(ConfigurationError, match="PROVISIONER_GATEWAY_URL is not set"):
+        Settings.from_env({}).gateway()
+
+
+def test_database_url_options_reach_libpq_unchanged() -> None:
+    url = (
+        "postgresql://alice:pw@db.example/events?sslmode=verify-full"
+        "&sslrootcert=/etc/ssl/root.crt&application_name=provisioner-7"
+    )
+    env = persistence_env(url)
+    options = json.loads(env["POSTGRES_LIBPQ_OPTIONS"])
+    assert options["sslmode"] == "verify-full"
+    assert options["sslrootcert"] == "/etc/ssl/root.crt"
+    assert options["application_name"] == "provisioner-7"
+    conninfo = conninfo_to_dict(postgres_conninfo(url, options="-c TimeZone=UTC"))
+    assert conninfo["sslmode"] == "verify-full"
+    assert conninfo["sslrootcert"] == "/etc/ssl/root.crt"
+    assert conninfo["options"] == "-c TimeZone=UTC"
+    assert "pw" not in redact(url)
+    assert "s3cret" not in redact("postgresql://db.example/events?password=s3cret&sslmode=require")
+    with pytest.raises(ConfigurationError, match='invalid URI query parameter: "sslmod"'):
+        persistence_env("postgresql://db.example/events?sslmod=require")

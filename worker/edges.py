@@ -1,0 +1,121 @@
+"""What the CLI says when something at the edge fails: one line, and an exit code.
+
+`describe` turns any exception a command let escape into an `EdgeFailure`
+whose message says what failed (credentials redacted) and what to do, and
+whose `exit_code` is the command's (infrastructure/failures.py). The CLI's
+one wrapper (worker/cli.py) prints it; `--debug` shows the traceback instead.
+"""
+
+from __future__ import annotations
+
+import errno
+import sqlite3
+from collections.abc import Iterator
+
+import amqp.exceptions
+import httpx
+import kombu.exceptions
+from eventsourcing.persistence import PersistenceError
+
+from infrastructure.eventstore import redact
+from infrastructure.failures import (
+    ConfigurationError,
+    EdgeFailure,
+    ServiceRefused,
+    ServiceUnavailable,
+)
+from infrastructure.pg_connect import classify
+from infrastructure.settings import Settings
+
+
+def _chain(exc: BaseException) -> Iterator[BaseException]:
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        yield current
+        current = current.__cause__ or current.__context__
+
+
+def _urls() -> tuple[str, str, str]:
+    """The configured database, broker and gateway, redacted, for the messages."""
+    try:
+        settings = Settings.from_env()
+    except ConfigurationError:
+        return "the configured database", "the configured broker", "the configured gateway"
+    return (
+        redact(settings.database_url),
+        redact(settings.broker_url),
+        settings.gateway_url or "the gateway",
+    )
+
+
+def broker_failure(exc: BaseException, where: str) -> EdgeFailure | None:
+    """The edge failure a broker error (or one of its causes) means, or None."""
+    for cause in _chain(exc):
+        if (failure := _broker(cause, where)) is not None:
+            return failure
+    if isinstance(exc, OSError):
+        return ServiceUnavailable(f"RabbitMQ at {where} is unavailable ({exc})")
+    return None
+
+
+def _broker(exc: BaseException, where: str) -> EdgeFailure | None:
+    if isinstance(exc, amqp.exceptions.AccessRefused):
+        return ServiceRefused(
+            f"RabbitMQ at {where} refused the login ({exc}): check the user and password "
+            "in PROVISIONER_BROKER_URL"
+        )
+    if isinstance(exc, amqp.exceptions.NotAllowed):
+        return ServiceRefused(
+            f"RabbitMQ at {where} refused the virtual host ({exc}): create it, or correct "
+            "PROVISIONER_BROKER_URL"
+        )
+    if isinstance(exc, (kombu.exceptions.OperationalError, amqp.exceptions.ConnectionError)):
+        return ServiceUnavailable(
+            f"RabbitMQ at {where} is unavailable ({exc}): check that it is running and "
+            "reachable, then run the command again"
+        )
+    return None
+
+
+def _os(exc: OSError) -> EdgeFailure:
+    what = f"{exc.strerror or exc}" + (f": {exc.filename}" if exc.filename else "")
+    if isinstance(exc, PermissionError) or exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return ServiceRefused(f"permission denied ({what}): fix the permissions or the path")
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return ServiceUnavailable(f"no space left ({what}): free disk space and run it again")
+    return EdgeFailure(f"operating system error ({what})")
+
+
+def describe(exc: BaseException) -> EdgeFailure:
+    """The one-line failure an exception escaping a command stands for."""
+    database, broker, gateway = _urls()
+    found = classify(exc, database)
+    if found is not None:
+        return found
+    for cause in _chain(exc):
+        if (failure := _broker(cause, broker)) is not None:
+            return failure
+        if isinstance(cause, httpx.HTTPError):
+            return ServiceUnavailable(
+                f"the gateway at {gateway} failed ({type(cause).__name__}: {cause}): check "
+                "PROVISIONER_GATEWAY_URL and that the gateway is up"
+            )
+        if isinstance(cause, sqlite3.Error):
+            refused = any(s in str(cause) for s in ("unable to open", "readonly", "read-only"))
+            kind = ServiceRefused if refused else ServiceUnavailable
+            return kind(
+                f"the SQLite store {database} failed ({cause}): check the file, its folder, "
+                "their permissions and the free disk space"
+            )
+    for cause in _chain(exc):
+        if isinstance(cause, OSError) and not isinstance(cause, ConnectionError):
+            return _os(cause)
+        if isinstance(cause, ConnectionError):
+            return ServiceUnavailable(f"a connection failed ({cause}): check the services")
+    if isinstance(exc, PersistenceError):
+        return ServiceUnavailable(f"the event store at {database} failed ({exc})")
+    return EdgeFailure(
+        f"unexpected {type(exc).__name__}: {exc} (run with --debug for the traceback)"
+    )
