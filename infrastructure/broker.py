@@ -20,12 +20,12 @@ integration events (an event nobody listens to yet is not an error).
 `publish_many` (the relay's batches) sends every message of a batch and then
 awaits the broker's confirms once, instead of one round trip per message.
 
-Failures are told apart here, in one place: `broker_refusal` says when the
+Failures are told apart here, in one place: `broker_failure` says when the
 broker refused us for good (403 ACCESS_REFUSED: credentials or permissions;
 530 NOT_ALLOWED: no such vhost, or no access to it), which long-running
-processes raise as `ServiceRefused` instead of retrying; `is_broker_error`
-says when a failure is the broker being unreachable or dropping us, which they
-ride out with backoff (infrastructure/outages.py).
+processes raise as `ServiceRefused` instead of retrying, and when it is
+unreachable or dropped us (`ServiceUnavailable`), which they ride out with
+backoff (infrastructure/outages.py) and one-shot commands report.
 
 `memory://` (kombu's in-memory transport) has no TTL, dead-lettering or
 confirms: delays are kept by `DelayScheduler`, a thread that publishes each
@@ -53,7 +53,7 @@ from kombu.exceptions import OperationalError
 from kombu.messaging import Producer
 
 from infrastructure.eventstore import redact
-from infrastructure.failures import ServiceRefused
+from infrastructure.failures import EdgeFailure, ServiceRefused, ServiceUnavailable, causes
 from infrastructure.messages import COMMAND_TYPES, Message
 
 log = logging.getLogger("provisioner.broker")
@@ -167,20 +167,30 @@ BROKER_ERRORS: tuple[type[BaseException], ...] = (
 )
 
 
-def broker_refusal(exc: BaseException, url: str) -> ServiceRefused | None:
-    """ServiceRefused when the broker refused us for good (see _REFUSED), else None."""
-    current: BaseException | None = exc
-    for _ in range(5):  # the error, or what kombu wrapped
-        if isinstance(current, amqp.exceptions.AMQPError) and current.code in _REFUSED:
-            text = " ".join(str(getattr(current, "reply_text", "") or current).split())[:200]
+def broker_failure(exc: BaseException, url: str) -> EdgeFailure | None:
+    """What a failure talking to the broker at `url` means: ServiceRefused when it
+    refused us for good (see _REFUSED), ServiceUnavailable when it is unreachable
+    or dropped us, None when it is no broker failure at all."""
+    for cause in causes(exc):
+        if isinstance(cause, amqp.exceptions.AMQPError) and cause.code in _REFUSED:
+            text = " ".join(str(getattr(cause, "reply_text", "") or cause).split())[:200]
             return ServiceRefused(
-                f"RabbitMQ at {redact(url)} refused us ({current.code} {text}): "
-                f"{_REFUSED[current.code]}"
+                f"RabbitMQ at {redact(url)} refused us ({cause.code} {text}): "
+                f"{_REFUSED[cause.code]}"
             )
-        if current is None:
-            break
-        current = current.__cause__ or current.__context__
+    if is_broker_error(exc):
+        text = " ".join(str(exc).split())[:200]
+        return ServiceUnavailable(
+            f"RabbitMQ at {redact(url)} is unavailable ({type(exc).__name__}: {text}): check "
+            "that it is running and reachable"
+        )
     return None
+
+
+def broker_refusal(exc: BaseException, url: str) -> ServiceRefused | None:
+    """ServiceRefused when the broker refused us for good, else None."""
+    failure = broker_failure(exc, url)
+    return failure if isinstance(failure, ServiceRefused) else None
 
 
 def is_broker_error(exc: BaseException) -> bool:

@@ -16,6 +16,9 @@ Every message names what failed (credentials redacted) and what to do.
 
 from __future__ import annotations
 
+import random
+from collections.abc import Callable, Iterator
+
 # Exit codes of the `provisioner` command (docs/configuration.md lists them).
 EXIT_OK = 0
 EXIT_ERROR = 1  # a clear error, or `provision --wait` ended other than promoted
@@ -47,3 +50,42 @@ class ServiceUnavailable(EdgeFailure, RuntimeError):
     """A service is down or unreachable for now: retrying may fix it."""
 
     exit_code = EXIT_UNAVAILABLE
+
+
+def causes(exc: BaseException) -> Iterator[BaseException]:
+    """`exc`, then what caused it (`__cause__`, else `__context__`), and so on:
+    libraries wrap a driver's error in their own, and the driver's says why."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        yield current
+        current = current.__cause__ or current.__context__
+
+
+FIRST_PAUSE_S = 0.5
+MAX_PAUSE_S = 15.0
+
+
+class Backoff:
+    """Pauses between reconnection tries: FIRST_PAUSE_S doubling to MAX_PAUSE_S, each
+    drawn between half and all of its nominal value (jitter)."""
+
+    def __init__(
+        self,
+        first_s: float = FIRST_PAUSE_S,
+        max_s: float = MAX_PAUSE_S,
+        rng: Callable[[], float] = random.random,
+    ) -> None:
+        self.first_s = first_s
+        self.max_s = max_s
+        self.rng = rng
+        self._nominal = first_s
+
+    def next(self) -> float:
+        pause = self._nominal * (0.5 + 0.5 * self.rng())
+        self._nominal = min(self._nominal * 2, self.max_s)
+        return pause
+
+    def reset(self) -> None:
+        self._nominal = self.first_s

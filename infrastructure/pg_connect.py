@@ -20,16 +20,21 @@ until its wait is spent; what is refused is raised at once.
 from __future__ import annotations
 
 import logging
-import random
 import re
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
 
-from infrastructure.failures import EdgeFailure, ServiceRefused, ServiceUnavailable
+from infrastructure.failures import (
+    Backoff,
+    EdgeFailure,
+    ServiceRefused,
+    ServiceUnavailable,
+    causes,
+)
 
 log = logging.getLogger("provisioner.connect")
 
@@ -50,15 +55,6 @@ _KNOWN: tuple[tuple[str, str, bool, str], ...] = (
 )  # fmt: skip
 
 
-def _chain(exc: BaseException) -> Iterator[BaseException]:
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        yield current
-        current = current.__cause__ or current.__context__
-
-
 def _reason(message: str) -> str:
     """The useful part of libpq's message: the server's FATAL text, or the last cause."""
     text = " ".join(message.split())
@@ -69,7 +65,7 @@ def _reason(message: str) -> str:
 
 def classify(exc: BaseException, where: str) -> EdgeFailure | None:
     """The edge failure `exc` means for the database `where` (redacted), or None."""
-    for cause in _chain(exc):
+    for cause in causes(exc):
         if isinstance(cause, EdgeFailure):
             return cause
         if not isinstance(cause, psycopg.Error):
@@ -107,24 +103,20 @@ def retrying(
     stop: threading.Event | None = None,
     first_pause_s: float = 0.1,
     max_pause_s: float = 5.0,
-    classify_as: Callable[[BaseException, str], EdgeFailure | None] | None = None,
-    service: str = "PostgreSQL",
 ) -> Any:
     """Run `attempt` until it succeeds, retrying unavailability with backoff.
 
     `wait_s` bounds the retrying (None: forever, for long-running processes,
     which log the outage once and the recovery once). Refusals and errors
-    that are no edge failure are raised at once. `classify_as` tells them
-    apart (PostgreSQL's `classify` unless given).
+    that are no edge failure are raised at once.
     """
-    classify_as = classify_as or classify
     deadline = None if wait_s is None else time.monotonic() + wait_s
-    pause, outage = first_pause_s, None
+    backoff, outage = Backoff(first_pause_s, max_pause_s), None
     while True:
         try:
             result = attempt()
         except Exception as exc:
-            failure = classify_as(exc, where)
+            failure = classify(exc, where)
             if not isinstance(failure, ServiceUnavailable):
                 if failure is not None:
                     raise failure from exc
@@ -135,13 +127,12 @@ def retrying(
             if outage is None and wait_s is None:
                 log.warning("%s; retrying with backoff", failure)
             outage = outage or failure
-            nap = random.uniform(pause / 2, pause)  # noqa: S311 - jitter, not security
+            nap = backoff.next()
             if _sleep(stop, nap if left is None else min(nap, left)):
                 raise failure from exc
-            pause = min(pause * 2, max_pause_s)
             continue
         if outage is not None and wait_s is None:
-            log.warning("%s at %s is back", service, where)
+            log.warning("PostgreSQL at %s is back", where)
         return result
 
 

@@ -56,8 +56,9 @@ from infrastructure.broker import (
     broker_refusal,
     connect,
 )
+from infrastructure.failures import Backoff
 from infrastructure.messages import Message
-from infrastructure.outages import Backoff, Outage
+from infrastructure.outages import Outage
 from infrastructure.service import ProvisioningService
 from worker import metrics
 from worker.delivery import Delivery, Settler
@@ -148,7 +149,7 @@ class HopWorker:
         self.stats = WorkerStats()
         self.ready = threading.Event()
         self.broker_outage = Outage(log, "worker", broker_url)
-        database = database_url or _database_of(service)
+        database = database_url or "the event store"
         self.database_outage = Outage(log, "worker", database, announce_start=False)
         # (connection generation, message, delivery, future) of finished handlers
         self._finished: queue.Queue[tuple[int, Any, Delivery, Future[str]]] = queue.Queue()
@@ -175,7 +176,6 @@ class HopWorker:
                 except Exception as exc:  # classified here: only a refusal ends the loop
                     refused = broker_refusal(exc, self.url)
                     if refused is not None:
-                        log.error("worker: %s", refused)  # noqa: TRY400 - one line, no traceback
                         raise refused from None
                     # Messages not started yet are void with their connection.
                     self._cancel_queued()
@@ -288,14 +288,3 @@ class HopWorker:
         deadline = time.monotonic() + 60
         while self._in_flight > 0 and time.monotonic() < deadline:
             self._settle_finished(settler, timeout=0.5)
-
-
-def _database_of(service: Any) -> str:
-    """The event store's URL (no password), from its environment, for the log."""
-    env = getattr(getattr(service, "app", None), "env", None) or {}
-    if env.get("POSTGRES_DBNAME"):
-        host, port = env.get("POSTGRES_HOST", "?"), env.get("POSTGRES_PORT", "5432")
-        return f"postgresql://{env.get('POSTGRES_USER', '')}@{host}:{port}/{env['POSTGRES_DBNAME']}"
-    if env.get("SQLITE_DBNAME"):
-        return f"sqlite:///{env['SQLITE_DBNAME']}"
-    return "the event store"

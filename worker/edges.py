@@ -10,31 +10,21 @@ from __future__ import annotations
 
 import errno
 import sqlite3
-from collections.abc import Iterator
 
-import amqp.exceptions
 import httpx
-import kombu.exceptions
 from eventsourcing.persistence import PersistenceError
 
+from infrastructure.broker import broker_failure
 from infrastructure.eventstore import redact
 from infrastructure.failures import (
     ConfigurationError,
     EdgeFailure,
     ServiceRefused,
     ServiceUnavailable,
+    causes,
 )
 from infrastructure.pg_connect import classify
 from infrastructure.settings import Settings
-
-
-def _chain(exc: BaseException) -> Iterator[BaseException]:
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        yield current
-        current = current.__cause__ or current.__context__
 
 
 def _urls() -> tuple[str, str, str]:
@@ -48,35 +38,6 @@ def _urls() -> tuple[str, str, str]:
         redact(settings.broker_url),
         settings.gateway_url or "the gateway",
     )
-
-
-def broker_failure(exc: BaseException, where: str) -> EdgeFailure | None:
-    """The edge failure a broker error (or one of its causes) means, or None."""
-    for cause in _chain(exc):
-        if (failure := _broker(cause, where)) is not None:
-            return failure
-    if isinstance(exc, OSError):
-        return ServiceUnavailable(f"RabbitMQ at {where} is unavailable ({exc})")
-    return None
-
-
-def _broker(exc: BaseException, where: str) -> EdgeFailure | None:
-    if isinstance(exc, amqp.exceptions.AccessRefused):
-        return ServiceRefused(
-            f"RabbitMQ at {where} refused the login ({exc}): check the user and password "
-            "in PROVISIONER_BROKER_URL"
-        )
-    if isinstance(exc, amqp.exceptions.NotAllowed):
-        return ServiceRefused(
-            f"RabbitMQ at {where} refused the virtual host ({exc}): create it, or correct "
-            "PROVISIONER_BROKER_URL"
-        )
-    if isinstance(exc, (kombu.exceptions.OperationalError, amqp.exceptions.ConnectionError)):
-        return ServiceUnavailable(
-            f"RabbitMQ at {where} is unavailable ({exc}): check that it is running and "
-            "reachable, then run the command again"
-        )
-    return None
 
 
 def _os(exc: OSError) -> EdgeFailure:
@@ -94,8 +55,10 @@ def describe(exc: BaseException) -> EdgeFailure:
     found = classify(exc, database)
     if found is not None:
         return found
-    for cause in _chain(exc):
-        if (failure := _broker(cause, broker)) is not None:
+    for cause in causes(exc):
+        if (failure := broker_failure(cause, broker)) is not None and not isinstance(
+            cause, OSError
+        ):
             return failure
         if isinstance(cause, httpx.HTTPError):
             return ServiceUnavailable(
@@ -109,7 +72,7 @@ def describe(exc: BaseException) -> EdgeFailure:
                 f"the SQLite store {database} failed ({cause}): check the file, its folder, "
                 "their permissions and the free disk space"
             )
-    for cause in _chain(exc):
+    for cause in causes(exc):
         if isinstance(cause, OSError) and not isinstance(cause, ConnectionError):
             return _os(cause)
         if isinstance(cause, ConnectionError):

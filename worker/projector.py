@@ -15,7 +15,8 @@ from collections.abc import Sequence
 from prometheus_client import Counter, Gauge
 
 from infrastructure.eventstore import ProvisionerApplication, is_postgres
-from infrastructure.outages import Backoff, Outage, refusal
+from infrastructure.failures import Backoff
+from infrastructure.outages import Outage, refusal
 from infrastructure.views import PROJECTIONS, LogSource, SqlViewStore
 from projections.core import Projection, catch_up, rebuild
 from worker.relay import _Poller, _PostgresListener
@@ -97,7 +98,6 @@ class Projector:
             except Exception as exc:  # noqa: BLE001 - a refusal ends the runner, the rest waits
                 refused = refusal(exc, database_url=self.database_url)
                 if refused is not None:
-                    log.error("projections: %s", refused)  # noqa: TRY400 - one line
                     raise refused from None
                 pause = backoff.next()
                 outage.failed(self.database_url, exc, pause)

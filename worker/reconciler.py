@@ -34,7 +34,8 @@ from prometheus_client import Counter
 
 from infrastructure import messages
 from infrastructure.broker import Broker
-from infrastructure.outages import Backoff, Outage, refusal, which_service
+from infrastructure.failures import Backoff
+from infrastructure.outages import Outage, refusal, which_service
 from infrastructure.service import ProvisioningService
 from infrastructure.views import PROJECTIONS, SqlViewStore, list_attempts
 from projections.core import Row
@@ -194,13 +195,13 @@ class Reconciler:
         urls = {"broker_url": broker.url, "database_url": self.views_url}
         while not stop.is_set():
             try:
+                broker.declare()  # a refusal is known at start, not when work is overdue
                 with SqlViewStore(self.views_url) as store:
                     store.check()
                     self.sweep(store, broker)
             except Exception as exc:  # noqa: BLE001 - a refusal ends the sweeps, the rest waits
                 refused = refusal(exc, **urls)
                 if refused is not None:
-                    log.error("reconciler: %s", refused)  # noqa: TRY400 - one line
                     raise refused from None
                 pause = min(backoff.next(), self.interval_s)
                 outage.failed(which_service(exc, **urls), exc, pause)

@@ -30,7 +30,8 @@ from infrastructure.eventstore import (
     ProvisionerApplication,
     postgres_conninfo,
 )
-from infrastructure.outages import Backoff, Outage, refusal, which_service
+from infrastructure.failures import Backoff
+from infrastructure.outages import Outage, refusal, which_service
 from infrastructure.outbox import (
     TOPICS,
     IntegrationEvent,
@@ -125,6 +126,9 @@ class Relay:
         while not stop.is_set():
             try:
                 with self._listener() as wait:
+                    # Connected before the first event needs it: a broker that
+                    # refuses us is known at start, not at the first publish.
+                    self.broker.declare()
                     while not stop.is_set():
                         published = self.pump()
                         outage.up()
@@ -141,7 +145,6 @@ class Relay:
                 urls = {"broker_url": self.broker.url, "database_url": self.database_url}
                 refused = refusal(exc, **urls)
                 if refused is not None:
-                    log.error("relay: %s", refused)  # noqa: TRY400 - one line, no traceback
                     raise refused from None
                 pause = backoff.next()
                 outage.failed(which_service(exc, **urls), exc, pause)

@@ -12,24 +12,19 @@ from urllib.parse import urlsplit
 
 from domain.ports import Gateway
 from infrastructure.broker import Broker, DelayScheduler, Topology, is_memory
-from infrastructure.broker import connect as broker_connection
 from infrastructure.eventstore import (
     ProvisionerApplication,
     is_postgres,
     open_event_store,
     open_position_store,
-    redact,
 )
 from infrastructure.failures import ConfigurationError
 from infrastructure.fake_gateway import FakeConfig, FakeGateway
 from infrastructure.gateway import HttpGateway
-from infrastructure.pg_connect import log as startup_log
-from infrastructure.pg_connect import retrying
 from infrastructure.service import ProvisioningService
 from infrastructure.settings import Settings
 from infrastructure.views import SqlViewStore, memory_views_url
 from worker.consumer import HopWorker
-from worker.edges import broker_failure
 from worker.projector import Projector
 from worker.reconciler import Reconciler
 from worker.relay import Relay
@@ -95,6 +90,7 @@ class Runtime(_Threads):
             topology=self.topology,
             concurrency=concurrency or self.settings.concurrency,
             scheduler=self.scheduler,
+            database_url=self.settings.database_url,
         )
 
     def relay(self) -> Relay:
@@ -124,24 +120,6 @@ class Runtime(_Threads):
         return reconciler, broker
 
 
-def wait_for_broker(url: str, stop: threading.Event | None) -> None:
-    """Connect to the broker once at start-up: a refusal (credentials, a missing
-    vhost) raises ServiceRefused at once; unavailability is waited out with
-    backoff until `stop`, logged once, and the connection logged when it is up."""
-    if is_memory(url):
-        return
-
-    def attempt() -> None:
-        with broker_connection(url) as conn:
-            conn.connect()
-
-    where = redact(url)
-    retrying(
-        attempt, where, wait_s=None, stop=stop, classify_as=broker_failure, service="RabbitMQ"
-    )
-    startup_log.info("connected to %s", where)
-
-
 @contextmanager
 def build(
     settings: Settings,
@@ -160,7 +138,6 @@ def build(
     database is waited for while it is unavailable (until `stop`).
     """
     chosen = settings.gateway() if "worker" in parts else ("http://127.0.0.1:9", "no-calls")
-    wait_for_broker(settings.broker_url, stop)
     with ExitStack() as stack:
         size = pool_size(parts, concurrency or settings.concurrency)
         app = open_event_store(settings.database_url, pool_size=size, wait_s=None, stop=stop)

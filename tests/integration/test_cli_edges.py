@@ -389,6 +389,6 @@ def test_a_broker_that_refuses_stops_long_running_processes_at_start_up(
         result = run_cli(env, command, timeout=30)
         assert result.returncode == EXIT_REFUSED, (command, result.stderr)
         line = one_line(result)
-        assert line.startswith("Error: RabbitMQ at")
+        assert line.startswith(f"Error: {command} stopped: RabbitMQ at")
         assert "refused" in line
         assert "wrong" not in line

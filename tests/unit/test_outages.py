@@ -13,9 +13,8 @@ from kombu.exceptions import OperationalError
 
 from infrastructure import messages
 from infrastructure.broker import broker_refusal, is_broker_error
-from infrastructure.failures import ServiceRefused
+from infrastructure.failures import Backoff, ServiceRefused
 from infrastructure.outages import (
-    Backoff,
     Outage,
     database_refusal,
     is_database_error,
@@ -79,7 +78,7 @@ def test_database_refusals_and_outages() -> None:
     shutting = psycopg.errors.AdminShutdown("terminating connection due to administrator command")
 
     assert isinstance(database_refusal(_wrapped(login), DATABASE), ServiceRefused)
-    assert "has no such database" in str(database_refusal(missing, DATABASE))
+    assert "does not exist" in str(database_refusal(missing, DATABASE))
     assert database_refusal(_wrapped(down), DATABASE) is None
     assert database_refusal(shutting, DATABASE) is None
     assert all(is_database_error(e) for e in (_wrapped(down), shutting, down))
