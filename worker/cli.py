@@ -250,8 +250,11 @@ def _serve(
     from worker.metrics import serve
 
     serve(settings.metrics_port)
-    # Start-up lines (waiting for the database, "connected to ...") show without -v.
-    logging.getLogger("provisioner.connect").setLevel(logging.INFO)
+    # Start-up and outage lines ("connected to ...", a recovery) show without -v;
+    # these loggers say nothing else at INFO (hops log on provisioner.engine).
+    if not logging.getLogger("provisioner").isEnabledFor(logging.INFO):
+        for name in ("connect", "worker", "relay", "projections", "reconciler"):
+            logging.getLogger(f"provisioner.{name}").setLevel(logging.INFO)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())

@@ -72,11 +72,14 @@ def command() -> list[str]:
 
 
 @contextmanager
-def process(env: dict[str, str], log: Path, *args: str) -> Iterator[subprocess.Popen[str]]:
-    """`provisioner -v ARGS` in a subprocess, its output in `log`; stopped on exit."""
+def process(
+    env: dict[str, str], log: Path, *args: str, verbose: bool = True
+) -> Iterator[subprocess.Popen[str]]:
+    """`provisioner [-v] ARGS` in a subprocess, its output in `log`; stopped on exit."""
+    flags = ["-v"] if verbose else []
     with log.open("w") as out:
         proc = subprocess.Popen(
-            [*command(), "-v", *args], cwd=ROOT, env=env, stdout=out,
+            [*command(), *flags, *args], cwd=ROOT, env=env, stdout=out,
             stderr=subprocess.STDOUT, text=True,
         )  # fmt: skip
         try:
@@ -242,7 +245,8 @@ def test_a_worker_started_before_the_broker_waits_for_it_then_works(
     log_path = tmp_path / "run.log"
     rabbit_node.stop_app()  # the node is there, its port refuses connections
     try:
-        with process(env, log_path, "run") as proc:
+        # Without -v: the outage and the recovery show at the default level.
+        with process(env, log_path, "run", verbose=False) as proc:
             wait_for(lambda: " unavailable (" in log_path.read_text(), "the outage line", 20)
             rabbit_node.start_app()
             provision_all(rabbit_node.url, [brand])
