@@ -178,14 +178,24 @@ def persistence_env(
     return {"PERSISTENCE_MODULE": "eventsourcing.popo"}
 
 
+# scheme://netloc of any URL in a text; a query key that names a password, and its value.
+_URL_NETLOC = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)([^/?#\s]*)")
+_PASSWORD_KEY = re.compile(r"(?i)([?&;][^=&#\s]*password[^=&#\s]*=)[^&#\s]*")
+
+
+def _hide_userinfo_password(match: re.Match[str]) -> str:
+    userinfo, at, hostport = match.group(2).rpartition("@")
+    if at and ":" in userinfo:
+        userinfo = userinfo.split(":", 1)[0] + ":***"
+    return f"{match.group(1)}{userinfo}{at}{hostport}"
+
+
 def redact(url: str) -> str:
-    """The URL without its password (in the user part or the query), for messages and logs."""
-    parts = urlsplit(url)
-    if parts.password is not None:
-        url = url.replace(f":{parts.password}@", ":***@", 1)
-    if "password=" in parts.query.lower():
-        url = re.sub(r"(?i)([?&]password=)[^&#]*", r"\1***", url)
-    return url
+    """The URL (or a text with URLs in it) without its passwords, for messages and
+    logs: the user-info password of any URL (`user:***@host`), and the value of
+    every query key that names a password (`password=`, `sslpassword=`, ...).
+    Lexical, so it also hides what a malformed URL holds."""
+    return _PASSWORD_KEY.sub(r"\1***", _URL_NETLOC.sub(_hide_userinfo_password, url))
 
 
 def is_postgres(url: str) -> bool:
