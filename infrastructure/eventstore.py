@@ -47,6 +47,8 @@ RELAY_NAME = "provisioner_relay"  # its table: provisioner_relay_tracking
 SCHEMA_LOCK_KEY = 7_351_204_118
 DATABASE_SCHEMES = ("postgresql", "postgres", "sqlite", "memory")
 SQLITE_EVENTS_TABLE = "stored_events"  # the library's name for it on SQLite
+# A one-shot connection's wait when the caller gives none; 0 means one try, no wait.
+CONNECT_WAIT_DEFAULT_S = 30.0
 
 
 class DatabaseNotInitialised(EdgeFailure, RuntimeError):
@@ -135,7 +137,7 @@ def persistence_env(
     pool_size: int = 5,
     create_table: bool = False,
     pooled: bool = True,
-    connect_wait_s: float = 30.0,
+    connect_wait_s: float = CONNECT_WAIT_DEFAULT_S,
 ) -> dict[str, str]:
     """Translate a database URL into the library's environment keys.
 
@@ -309,7 +311,10 @@ def open_event_store(
         )
     log.info("connected to %s", redact(url))
     env = persistence_env(
-        url, pool_size=pool_size, pooled=not one_shot, connect_wait_s=wait_s or 30.0
+        url,
+        pool_size=pool_size,
+        pooled=not one_shot,
+        connect_wait_s=CONNECT_WAIT_DEFAULT_S if wait_s is None else wait_s,
     )
     return ProvisionerApplication(env)
 
