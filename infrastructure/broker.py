@@ -22,7 +22,9 @@ awaits the broker's confirms once, instead of one round trip per message.
 
 Failures are told apart here, in one place: `broker_failure` says when the
 broker refused us for good (403 ACCESS_REFUSED: credentials or permissions;
-530 NOT_ALLOWED: no such vhost, or no access to it), which long-running
+530 NOT_ALLOWED: no such vhost, or no access to it; 406 PRECONDITION_FAILED
+"inequivalent arg": a queue exists with other arguments, such as another
+queue type; other 406s stay recoverable), which long-running
 processes raise as `ServiceRefused` instead of retrying, and when it is
 unreachable or dropped us (`ServiceUnavailable`), which they ride out with
 backoff (infrastructure/outages.py) and one-shot commands report.
@@ -158,6 +160,14 @@ _REFUSED = {
     403: "check the user and password (and the user's permissions) in PROVISIONER_BROKER_URL",
     530: "create the vhost and grant the user access to it, or fix PROVISIONER_BROKER_URL",
 }
+# A 406 PRECONDITION_FAILED is refused for good only when a declaration disagrees
+# with what exists ("inequivalent arg"); other 406s (an unknown delivery tag on a
+# stale channel) are the channel's, and a new channel recovers from them.
+_INEQUIVALENT = (
+    "a queue or exchange exists with other arguments than this process declares "
+    "(PROVISIONER_QUEUE_TYPE?): set PROVISIONER_QUEUE_TYPE to match the existing queues, "
+    "or delete and redeclare them (`provisioner broker init`) once they are drained"
+)
 # What an unreachable broker, or one that drops us, raises (besides OSError).
 BROKER_ERRORS: tuple[type[BaseException], ...] = (
     OSError,
@@ -172,11 +182,15 @@ def broker_failure(exc: BaseException, url: str) -> EdgeFailure | None:
     refused us for good (see _REFUSED), ServiceUnavailable when it is unreachable
     or dropped us, None when it is no broker failure at all."""
     for cause in causes(exc):
-        if isinstance(cause, amqp.exceptions.AMQPError) and cause.code in _REFUSED:
-            text = " ".join(str(getattr(cause, "reply_text", "") or cause).split())[:200]
+        if not isinstance(cause, amqp.exceptions.AMQPError):
+            continue
+        text = " ".join(str(getattr(cause, "reply_text", "") or cause).split())[:200]
+        todo = _REFUSED.get(cause.code)
+        if cause.code == 406 and "inequivalent arg" in text:
+            todo = _INEQUIVALENT
+        if todo is not None:
             return ServiceRefused(
-                f"RabbitMQ at {redact(url)} refused us ({cause.code} {text}): "
-                f"{_REFUSED[cause.code]}"
+                f"RabbitMQ at {redact(url)} refused us ({cause.code} {text}): {todo}"
             )
     if is_broker_error(exc):
         text = " ".join(str(exc).split())[:200]

@@ -47,6 +47,8 @@ RELAY_NAME = "provisioner_relay"  # its table: provisioner_relay_tracking
 SCHEMA_LOCK_KEY = 7_351_204_118
 DATABASE_SCHEMES = ("postgresql", "postgres", "sqlite", "memory")
 SQLITE_EVENTS_TABLE = "stored_events"  # the library's name for it on SQLite
+# A one-shot connection's wait when the caller gives none; 0 means one try, no wait.
+CONNECT_WAIT_DEFAULT_S = 30.0
 
 
 class DatabaseNotInitialised(EdgeFailure, RuntimeError):
@@ -135,7 +137,7 @@ def persistence_env(
     pool_size: int = 5,
     create_table: bool = False,
     pooled: bool = True,
-    connect_wait_s: float = 30.0,
+    connect_wait_s: float = CONNECT_WAIT_DEFAULT_S,
 ) -> dict[str, str]:
     """Translate a database URL into the library's environment keys.
 
@@ -178,14 +180,24 @@ def persistence_env(
     return {"PERSISTENCE_MODULE": "eventsourcing.popo"}
 
 
+# scheme://netloc of any URL in a text; a query key that names a password, and its value.
+_URL_NETLOC = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)([^/?#\s]*)")
+_PASSWORD_KEY = re.compile(r"(?i)([?&;][^=&#\s]*password[^=&#\s]*=)[^&#\s]*")
+
+
+def _hide_userinfo_password(match: re.Match[str]) -> str:
+    userinfo, at, hostport = match.group(2).rpartition("@")
+    if at and ":" in userinfo:
+        userinfo = userinfo.split(":", 1)[0] + ":***"
+    return f"{match.group(1)}{userinfo}{at}{hostport}"
+
+
 def redact(url: str) -> str:
-    """The URL without its password (in the user part or the query), for messages and logs."""
-    parts = urlsplit(url)
-    if parts.password is not None:
-        url = url.replace(f":{parts.password}@", ":***@", 1)
-    if "password=" in parts.query.lower():
-        url = re.sub(r"(?i)([?&]password=)[^&#]*", r"\1***", url)
-    return url
+    """The URL (or a text with URLs in it) without its passwords, for messages and
+    logs: the user-info password of any URL (`user:***@host`), and the value of
+    every query key that names a password (`password=`, `sslpassword=`, ...).
+    Lexical, so it also hides what a malformed URL holds."""
+    return _PASSWORD_KEY.sub(r"\1***", _URL_NETLOC.sub(_hide_userinfo_password, url))
 
 
 def is_postgres(url: str) -> bool:
@@ -299,7 +311,10 @@ def open_event_store(
         )
     log.info("connected to %s", redact(url))
     env = persistence_env(
-        url, pool_size=pool_size, pooled=not one_shot, connect_wait_s=wait_s or 30.0
+        url,
+        pool_size=pool_size,
+        pooled=not one_shot,
+        connect_wait_s=CONNECT_WAIT_DEFAULT_S if wait_s is None else wait_s,
     )
     return ProvisionerApplication(env)
 

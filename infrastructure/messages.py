@@ -142,8 +142,8 @@ MAX_DEPTH = 8  # our messages are flat objects (depth 1)
 MAX_RETRIES_HEADER = 1000
 CONTENT_TYPES = frozenset({"application/json"})
 CONTENT_ENCODINGS = frozenset({"utf-8", "utf8"})
-# JSON strings (skipped whole, so brackets inside them do not count) or brackets.
-_TOKENS = re.compile(rb'"(?:[^"\\]|\\.)*"|[\[\]{}]', re.DOTALL)
+# The bytes that change the nesting or the string state; everything else is skipped.
+_SPECIAL = re.compile(rb'[\[\]{}"\\]')
 
 
 def decode(
@@ -208,16 +208,34 @@ def _raw_bytes(body: object, content_type: object, content_encoding: object) -> 
 
 
 def _depth(raw: bytes) -> int:
-    """How deeply the JSON in `raw` nests (brackets inside strings do not count)."""
+    """How deeply the JSON in `raw` nests (brackets inside strings do not count).
+
+    One pass over the special bytes, in linear time whatever the body: a
+    backtracking pattern for whole strings would rescan from every `"` of an
+    unterminated string (quadratic: seconds for 64 KiB, on the consuming thread).
+    """
     depth = deepest = 0
-    for token in _TOKENS.finditer(raw):
-        char = token.group()
-        if char in (b"[", b"{"):
+    in_string = False
+    escaped_at = -1  # the offset of the byte a backslash escapes
+    for match in _SPECIAL.finditer(raw):
+        at = match.start()
+        char = raw[at]
+        if in_string:
+            if at == escaped_at:
+                continue
+            if char == 0x5C:  # backslash
+                escaped_at = at + 1
+            elif char == 0x22:  # quote
+                in_string = False
+        elif char == 0x22:
+            in_string = True
+        elif char in (0x5B, 0x7B):  # [ {
             depth += 1
-            deepest = max(deepest, depth)
-            if deepest > MAX_DEPTH:
-                return deepest
-        elif char in (b"]", b"}"):
+            if depth > deepest:
+                deepest = depth
+                if deepest > MAX_DEPTH:
+                    return deepest
+        elif char in (0x5D, 0x7D):  # ] }
             depth -= 1
     return deepest
 

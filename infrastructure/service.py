@@ -115,9 +115,16 @@ class ContentionError(RuntimeError):
     """Too many concurrent writers on one aggregate; retry the step later."""
 
 
-def _require_text(name: str, value: object) -> str:
+MIN_SECRET_CHARS = 8
+
+
+def _require_text(name: str, value: object, secrets: tuple[str, ...] = ()) -> str:
+    """`value`, checked; a text holding one of `secrets` (the gateway token) is refused
+    without echoing it, so it is never stored in an event or logged."""
     if not isinstance(value, str) or not value.strip():
         raise InvalidRequest(f"{name} must be a non-empty string")
+    if any(secret and secret in value for secret in secrets):
+        raise InvalidRequest(f"{name} contains the gateway token: refused, not stored")
     if value != value.strip() or any(ord(c) < 32 for c in value):
         raise InvalidRequest(f"{name} must not have surrounding spaces or control characters")
     if len(value) > MAX_ID_CHARS:
@@ -137,9 +144,14 @@ class ProvisioningService:
         gateway: Gateway,
         clock: Clock | None = None,
         settings: EngineSettings | None = None,
+        secrets: tuple[str, ...] = (),
     ) -> None:
         self.app = app
         self.gateway = gateway
+        # Texts that must never reach an event or a log line (the gateway token);
+        # one shorter than MIN_SECRET_CHARS would refuse ordinary ids, so it is not
+        # looked for (a real bearer token is far longer).
+        self.secrets = tuple(s for s in secrets if len(s) >= MIN_SECRET_CHARS)
         self.clock: Clock = clock or SystemClock()
         self.settings = settings or EngineSettings()
         # What an attempt started with (brand, parent, title) never changes: once
@@ -283,9 +295,9 @@ class ProvisioningService:
         command at or after `requested_at`, RetryLater while its workspace is
         being emptied.
         """
-        _require_text("brand_id", brand_id)
-        _require_text("title", title)
-        _require_text("parent_workspace_id", parent_workspace_id)
+        _require_text("brand_id", brand_id, self.secrets)
+        _require_text("title", title, self.secrets)
+        _require_text("parent_workspace_id", parent_workspace_id, self.secrets)
         _require_aware(requested_at)
         for _ in range(self.settings.max_rounds):
             try:
@@ -361,7 +373,7 @@ class ProvisioningService:
         StaleCommand (after recording it) if the brand already applied a command
         at or after `requested_at`.
         """
-        _require_text("brand_id", brand_id)
+        _require_text("brand_id", brand_id, self.secrets)
         _require_aware(requested_at)
         for _ in range(self.settings.max_rounds):
             try:

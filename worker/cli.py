@@ -18,6 +18,9 @@ from infrastructure.eventstore import init_database, redact
 from worker import cli_read
 from worker.cli_support import Failed, load_settings, service_only, views
 
+# As PROVISIONER_CONCURRENCY (infrastructure/settings.py): 0 or less would run nothing.
+CONCURRENCY = click.IntRange(1, 512)
+
 
 class _Main(click.Group):
     """The command group; turns any failure of a command into one line and an exit code."""
@@ -307,7 +310,12 @@ def _stopped(failures: dict[str, BaseException]) -> None:
 
 
 @main.command()
-@click.option("--concurrency", type=int, default=None, help="Hops in flight (default 8).")
+@click.option(
+    "--concurrency",
+    type=CONCURRENCY,
+    default=None,
+    help="Hops in flight, 1 to 512 (default: PROVISIONER_CONCURRENCY, 8).",
+)
 def worker(concurrency: int | None) -> None:
     """Consume hop and command messages from RabbitMQ."""
     _serve(("worker",), concurrency)
@@ -320,7 +328,12 @@ def relay() -> None:
 
 
 @main.command()
-@click.option("--concurrency", type=int, default=None, help="Hops in flight (default 8).")
+@click.option(
+    "--concurrency",
+    type=CONCURRENCY,
+    default=None,
+    help="Hops in flight, 1 to 512 (default: PROVISIONER_CONCURRENCY, 8).",
+)
 def run(concurrency: int | None) -> None:
     """Worker, relay, projections and reconciler in one process: the small-deployment mode."""
     _serve(("worker", "relay", "projections", "reconciler"), concurrency)

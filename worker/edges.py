@@ -36,7 +36,7 @@ def _urls() -> tuple[str, str, str]:
     return (
         redact(settings.database_url),
         redact(settings.broker_url),
-        settings.gateway_url or "the gateway",
+        redact(settings.gateway_url) if settings.gateway_url else "the gateway",
     )
 
 
@@ -62,8 +62,8 @@ def describe(exc: BaseException) -> EdgeFailure:
             return failure
         if isinstance(cause, httpx.HTTPError):
             return ServiceUnavailable(
-                f"the gateway at {gateway} failed ({type(cause).__name__}: {cause}): check "
-                "PROVISIONER_GATEWAY_URL and that the gateway is up"
+                f"the gateway at {gateway} failed ({type(cause).__name__}: "
+                f"{redact(str(cause))}): check PROVISIONER_GATEWAY_URL and that the gateway is up"
             )
         if isinstance(cause, sqlite3.Error):
             refused = any(s in str(cause) for s in ("unable to open", "readonly", "read-only"))
@@ -80,5 +80,5 @@ def describe(exc: BaseException) -> EdgeFailure:
     if isinstance(exc, PersistenceError):
         return ServiceUnavailable(f"the event store at {database} failed ({exc})")
     return EdgeFailure(
-        f"unexpected {type(exc).__name__}: {exc} (run with --debug for the traceback)"
+        f"unexpected {type(exc).__name__}: {redact(str(exc))} (run with --debug for the traceback)"
     )

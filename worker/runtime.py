@@ -157,7 +157,9 @@ def build(
         if is_memory(settings.broker_url):
             scheduler = DelayScheduler(settings.broker_url, topology)
             stack.callback(scheduler.stop)
-        service = ProvisioningService(app, gateway, settings=settings.engine())
+        # The configured token never reaches an event or a log through a producer's text.
+        secrets = (settings.gateway_token,) if settings.gateway_token else ()
+        service = ProvisioningService(app, gateway, settings=settings.engine(), secrets=secrets)
         views_url = settings.database_url
         if urlsplit(views_url).scheme == "memory":
             views_url = memory_views_url()

@@ -392,3 +392,28 @@ def test_a_broker_that_refuses_stops_long_running_processes_at_start_up(
         assert line.startswith(f"Error: {command} stopped: RabbitMQ at")
         assert "refused" in line
         assert "wrong" not in line
+
+
+@pytest.mark.rabbitmq
+@pytest.mark.parametrize("command", ["worker", "relay"])
+def test_queues_declared_with_other_arguments_stop_long_running_processes_at_start_up(
+    rabbit_url: str, tmp_path: Path, fake: FakeGateway, command: str
+) -> None:
+    """406 "inequivalent arg" (quorum asked for, classic queues there): retrying cannot
+    fix it, so one line and exit 4, not an outage retried forever."""
+    # The fixture has declared the project's queues as classic queues in this vhost.
+    env = clean_env(
+        PROVISIONER_DATABASE_URL=f"sqlite:///{tmp_path / 'events.sqlite'}",
+        PROVISIONER_BROKER_URL=rabbit_url,
+        PROVISIONER_QUEUE_TYPE="quorum",
+        PROVISIONER_GATEWAY_URL=fake.url,
+        PROVISIONER_GATEWAY_TOKEN="t",
+    )
+    result = run_cli(env, command, timeout=30)
+
+    assert result.returncode == EXIT_REFUSED, result.stderr
+    line = one_line(result)
+    assert line.startswith(f"Error: {command} stopped: RabbitMQ at")
+    assert "406" in line
+    assert "inequivalent arg" in line
+    assert "PROVISIONER_QUEUE_TYPE" in line

@@ -1,6 +1,9 @@
 from __future__ import annotations
 
 import json
+import random
+import re
+from collections.abc import Iterator
 from uuid import uuid4
 
 import pytest
@@ -119,3 +122,98 @@ def test_a_bad_retry_header_is_refused(value: object) -> None:
 def test_the_retry_header_is_read() -> None:
     assert messages.retries({}) == messages.retries(None) == 0
     assert messages.retries({"x-retries": 3, "x-death": [{"count": 1}]}) == 3
+
+
+# The nesting scan (`_depth`) runs on the consuming thread before JSON parsing:
+# it must stay linear whatever the body (a backtracking pattern for whole JSON
+# strings rescanned from every quote of an unterminated string: ~9 s for 64 KiB).
+_QUOTE_THEN_ESCAPED_QUOTES = (b'"' + b'\\"' * messages.MAX_BODY_BYTES)[: messages.MAX_BODY_BYTES]
+
+
+@pytest.mark.parametrize(
+    ("body", "reason"),
+    [
+        (_QUOTE_THEN_ESCAPED_QUOTES, "invalid JSON"),
+        (b'"' * messages.MAX_BODY_BYTES, "invalid JSON"),
+        (b'"\\' * (messages.MAX_BODY_BYTES // 2), "invalid JSON"),
+        (b'{"a": "' + b"\\\\" * 30_000 + b"[" * 20, "invalid JSON"),
+        (b'["' + b'\\"' * 30_000 + b'"' + b"[" * 20, "too deeply nested"),
+        (b'{"a": "\\\\"' + b"[" * 20, "too deeply nested"),  # the string ends after \\
+        (b"\\" * 1000 + b"[" * 20, "too deeply nested"),  # a backslash outside a string
+    ],
+    ids=[
+        "quote-escaped-quotes",
+        "quotes",
+        "quote-backslash",
+        "escaped-backslashes",
+        "escaped-quotes-then-nesting",
+        "string-ends-after-backslashes",
+        "bare-backslashes",
+    ],
+)
+def test_adversarial_strings_are_refused_with_the_right_reason(body: bytes, reason: str) -> None:
+    with pytest.raises(InvalidMessage) as caught:
+        decode(body)
+    assert caught.value.reason == reason
+
+
+def test_escaped_quotes_and_brackets_inside_strings_decode() -> None:
+    title = 'a \\" [[[[[[[[[[ \\\\ "{{{{{{{{{{ \\'
+    message = messages.provision("b1", title, "p")
+    assert decode(message.encode()) == message
+
+
+def test_the_nesting_scan_looks_at_each_special_byte_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[int] = []
+    pattern = messages._SPECIAL
+
+    class Counting:
+        def finditer(self, raw: bytes) -> Iterator[re.Match[bytes]]:
+            for match in pattern.finditer(raw):
+                seen.append(match.start())
+                yield match
+
+    monkeypatch.setattr(messages, "_SPECIAL", Counting())
+    with pytest.raises(InvalidMessage):
+        decode(_QUOTE_THEN_ESCAPED_QUOTES)
+    assert len(seen) == len(set(seen)) <= len(_QUOTE_THEN_ESCAPED_QUOTES)
+
+
+def _backtracking_depth(raw: bytes) -> int:
+    """The former scan (a regex over whole JSON strings): the oracle on ordinary bodies."""
+    tokens = re.compile(rb'"(?:[^"\\]|\\.)*"|[\[\]{}]', re.DOTALL)
+    depth = deepest = 0
+    for token in tokens.finditer(raw):
+        char = token.group()
+        if char in (b"[", b"{"):
+            depth += 1
+            deepest = max(deepest, depth)
+        elif char in (b"]", b"}"):
+            depth -= 1
+    return deepest
+
+
+def _json_value(rng: random.Random, depth: int) -> object:
+    alphabet = 'ab[]{}"\\/ \u00e9\n\t,:'
+    kind = rng.randrange(6 if depth < 11 else 3)
+    if kind == 0:
+        return "".join(rng.choice(alphabet) for _ in range(rng.randrange(12)))
+    if kind == 1:
+        return rng.choice([0, -1.5, True, None, 10**20])
+    if kind == 2:
+        return rng.choice(["", "\\", '"', "]]]", "{{"])
+    if kind in (3, 4):
+        return [_json_value(rng, depth + 1) for _ in range(rng.randrange(4))]
+    return {
+        "".join(rng.choice(alphabet) for _ in range(rng.randrange(5))): _json_value(rng, depth + 1)
+        for _ in range(rng.randrange(4))
+    }
+
+
+def test_the_nesting_depth_is_the_former_scans_on_ordinary_bodies() -> None:
+    rng = random.Random(9)
+    for _ in range(2000):
+        value = _json_value(rng, 0)
+        raw = json.dumps(value, ensure_ascii=rng.random() < 0.5).encode()
+        cap = messages.MAX_DEPTH + 1  # the scan stops as soon as it is too deep
+        assert min(messages._depth(raw), cap) == min(_backtracking_depth(raw), cap), raw

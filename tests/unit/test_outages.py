@@ -58,6 +58,40 @@ def test_an_unreachable_broker_is_an_outage_not_a_refusal(exc: Exception) -> Non
     assert is_broker_error(exc)
 
 
+_INEQUIVALENT = (
+    "PRECONDITION_FAILED - inequivalent arg 'x-queue-type' for queue 'provisioning.hops' "
+    "in vhost 'prov': received the value 'quorum' of type 'longstr' but current is none"
+)
+
+
+def test_a_queue_declared_with_other_arguments_is_refused_for_good() -> None:
+    exc = amqp.exceptions.PreconditionFailed(_INEQUIVALENT, (50, 10), "Queue.declare")
+    wrapped = OperationalError("declare failed")
+    wrapped.__cause__ = exc
+
+    for raised in (exc, wrapped):
+        refused = broker_refusal(raised, BROKER)
+        assert isinstance(refused, ServiceRefused)
+        assert "406" in str(refused)
+        assert "inequivalent arg" in str(refused)
+        assert "PROVISIONER_QUEUE_TYPE" in str(refused)
+        assert "s3cret" not in str(refused)
+        assert refusal(raised, broker_url=BROKER) is not None
+
+
+@pytest.mark.parametrize(
+    "reply_text",
+    [
+        "PRECONDITION_FAILED - unknown delivery tag 7",
+        "PRECONDITION_FAILED - delivery acknowledgement on channel 1 timed out",
+    ],
+)
+def test_other_precondition_failures_stay_recoverable(reply_text: str) -> None:
+    exc = amqp.exceptions.PreconditionFailed(reply_text, (60, 80), "Basic.ack")
+    assert broker_refusal(exc, BROKER) is None
+    assert is_broker_error(exc)
+
+
 def test_a_refusal_wrapped_by_kombu_is_still_found() -> None:
     wrapped = OperationalError("NOT_ALLOWED")
     wrapped.__cause__ = amqp.exceptions.NotAllowed(530, "NOT_ALLOWED - vhost x not found")
