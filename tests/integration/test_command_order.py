@@ -115,6 +115,7 @@ def test_a_provision_during_a_decommission_is_retried_and_then_applied(
             concurrency=2,
             scheduler=runtime.scheduler,
             retry_delays_s=(0.2, 0.2, 0.5, 1.0, 2.0),
+            wait_delays_s=(0.2, 0.2, 0.5, 1.0, 2.0),
         )
         publisher = Broker(rabbit_url, runtime.topology, scheduler=None)
         try:
@@ -130,6 +131,53 @@ def test_a_provision_during_a_decommission_is_retried_and_then_applied(
             publisher.close()
         brand = service.brand(brand_id)
         assert brand.current_attempt_id != attempt_id  # a new attempt
+        assert worker.stats.dead_lettered == 0
+
+
+def test_a_provision_moving_a_deactivated_brand_waits_for_its_decommission(
+    pg_env: dict[str, str], rabbit_url: str, fake: FakeGateway, brand_id: str
+) -> None:
+    """Sent in order (provision, deactivate, provision under another parent), the
+    last one arrives while the brand is deactivated and still bound, before its
+    decommission started: retried, beyond the infrastructure schedule, until the
+    decommission unbinds it; then applied."""
+    title = title_of(brand_id)
+    with build(Settings.from_env(pg_env)) as runtime:
+        service = runtime.service
+        service.request_provisioning(brand_id, title, PARENT)
+        attempt_id = service.brand(brand_id).current_attempt_id
+        assert attempt_id is not None
+        for hop in range(5):  # run the hops here: no relay, no worker yet
+            if service.run_hop(attempt_id, hop).outcome.value != "scheduled":
+                break
+        assert service.brand(brand_id).workspace_id is not None
+        service.deactivate(brand_id)
+
+        worker = HopWorker(
+            service,
+            rabbit_url,
+            topology=runtime.topology,
+            concurrency=2,
+            scheduler=runtime.scheduler,
+            retry_delays_s=(0.1,),  # one infrastructure retry: the waits go further
+            wait_delays_s=(0.1,) * 100,
+        )
+        publisher = Broker(rabbit_url, runtime.topology, scheduler=None)
+        moved = f"{PARENT}-moved"
+        try:
+            with consuming(worker):
+                publisher.publish(messages.provision(brand_id, title, moved, datetime.now(UTC)))
+                wait_for(lambda: worker.stats.retried >= 3, "the provision to be retried")
+                assert service.brand(brand_id).lifecycle == DEACTIVATED
+                assert service.decommission(brand_id) is not None  # unbinds it
+                wait_for(
+                    lambda: service.brand(brand_id).is_active, "the retried provision to apply"
+                )
+        finally:
+            publisher.close()
+        brand = service.brand(brand_id)
+        assert brand.parent_workspace_id == moved
+        assert brand.workspace_id is None
         assert worker.stats.dead_lettered == 0
 
 
