@@ -8,11 +8,14 @@ from uuid import uuid4
 
 import pytest
 
-from domain.brand import DEACTIVATED, Brand
-from domain.errors import UnknownBrand
+from domain.brand import ACTIVE, DEACTIVATED, Brand
+from domain.errors import StaleCommand, UnknownBrand
+from domain.outcomes import StandDown
+from domain.policies import AttemptState
 from infrastructure import messages
 from infrastructure.broker import DEAD_QUEUE, Broker
 from infrastructure.fake_gateway import FakeGateway
+from infrastructure.service import ProvisioningService
 from infrastructure.settings import Settings
 from tests.conftest import PARENT
 from tests.integration.test_messaging import (
@@ -207,3 +210,32 @@ def test_a_late_provision_after_a_deactivate_does_not_reactivate(
     assert brand.current_attempt_id is None
     assert names == ["Registered", "Deactivated", "CommandIgnored"]
     assert dead == 0
+
+
+def test_a_newer_provision_for_another_title_supersedes_and_what_it_created_is_released(
+    service: ProvisioningService, fake: FakeGateway, brand_id: str, title: str
+) -> None:
+    fake.configure(settle_polls=3)  # not ready at the first polls
+    sent = datetime.now(UTC)
+    first = service.request_provisioning(brand_id, title, PARENT, sent)
+    service.run_hop(first, 0)  # creates the workspace: the attempt's candidate, pending
+    created = service.attempt(first).candidate_id
+    assert created is not None
+
+    second = service.request_provisioning(brand_id, f"{title}-b", PARENT, sent + timedelta(0, 2))
+    with pytest.raises(StaleCommand):  # sent between the two: older than the second
+        service.deactivate(brand_id, sent + timedelta(seconds=1))
+    late = service.run_hop(first, 1)  # the first attempt's next hop
+
+    assert late.stand_down is StandDown.SUPERSEDED
+    attempt = service.attempt(first)
+    assert attempt.state is AttemptState.SUPERSEDED
+    assert created in attempt.released_ids  # emptied and on record
+    claim = service.claim(created)
+    assert claim is None or claim.brand_id is None
+    brand = service.brand(brand_id)
+    assert (brand.lifecycle, brand.title, brand.current_attempt_id) == (
+        ACTIVE,
+        f"{title}-b",
+        second,
+    )
