@@ -5,8 +5,9 @@ mutate state (they re-run on every replay).
 
 Command ordering: `provision` and `deactivate` carry their producer's time
 (`requested_at`). The brand remembers the newest one it applied
-(`last_command_at`) and ignores, on record (`CommandIgnored`), any command
-that is not newer: a late or redelivered command never undoes a later one, so
+(`last_command_at`) and its kind (`last_command_kind`), and ignores, on record
+(`CommandIgnored`), any command that is older, a redelivery, or loses a tie
+(`stale_because`): a late or redelivered command never undoes a later one, so
 whatever order they run in, the brand ends as its producer's last command says.
 """
 
@@ -91,6 +92,7 @@ class Brand(Aggregate):
         self.workspace_id: str | None = None
         self.decommissioning: str | None = None
         self.last_command_at: datetime | None = None  # newest command time applied
+        self.last_command_kind: str | None = None  # provision | deactivate, at that time
 
     @classmethod
     def create_id(cls, brand_id: str) -> UUID:
@@ -129,28 +131,65 @@ class Brand(Aggregate):
             return self.last_command_at + TICK
         return now
 
-    def ignore_if_stale(self, command: str, requested_at: datetime) -> str | None:
-        """Record and return why the command is ignored, if it is not newer than the
-        last command the brand applied (a late or redelivered one); else None."""
-        last = self.last_command_at
+    def stale_because(
+        self, command: str, requested_at: datetime, title: str = "", parent: str = ""
+    ) -> str | None:
+        """Why the command is stale (not applied), or None if it is newer than the
+        last command the brand applied or wins a tie with it.
+
+        Ties (equal times): the same command again is a redelivery; a `deactivate`
+        wins over a `provision` whichever runs first; of two provisions with
+        different titles or parents, the greater (title, parent) wins. So every
+        order of a producer's commands ends the same way.
+        """
+        last, kind = self.last_command_at, self.last_command_kind
         if last is None or requested_at > last:
             return None
-        what = "a redelivery of" if requested_at == last else "older than"
-        reason = (
+        if requested_at < last:
+            what = "older than"
+        elif command == DEACTIVATE and kind == PROVISION:
+            return None  # a deactivate wins a tie
+        elif command == PROVISION and kind == PROVISION:
+            key, applied = (title, parent), (self.title, self.parent_workspace_id)
+            if key > applied:
+                return None
+            what = "a redelivery of" if key == applied else "a tie it loses with"
+        elif command == kind:
+            what = "a redelivery of"
+        else:
+            what = "a tie it loses with (a deactivate wins)"
+        return (
             f"{command} requested at {requested_at.isoformat()} is {what} the brand's "
-            f"last applied command ({last.isoformat()})"
+            f"last applied command ({kind} at {last.isoformat()})"
         )
-        self._command_ignored(command, requested_at, reason)
+
+    def ignore_if_stale(
+        self, command: str, requested_at: datetime, title: str = "", parent: str = ""
+    ) -> str | None:
+        """Record and return why the command is ignored, if it is stale (a late or
+        redelivered one, or the loser of a tie); else None."""
+        reason = self.stale_because(command, requested_at, title, parent)
+        if reason is not None:
+            self._command_ignored(command, requested_at, reason)
         return reason
 
     # Commands.
 
-    def check_provision_possible(self) -> None:
-        """Raise RetryLater while the workspace is being emptied after a deactivation."""
+    def check_provision_possible(self, parent_workspace_id: str | None = None) -> None:
+        """Raise RetryLater while the workspace is being emptied after a deactivation,
+        and while a deactivated brand is still bound under another parent than the
+        provision's (its decommission, already owed, unbinds it)."""
         if self.decommissioning is not None:
             raise RetryLater(
                 f"brand {self.brand_id}'s workspace {self.decommissioning} is being emptied "
                 "after its deactivation; retry in a moment"
+            )
+        moving = parent_workspace_id not in (None, self.parent_workspace_id)
+        if not self.is_active and self.workspace_id is not None and moving:
+            raise RetryLater(
+                f"brand {self.brand_id} is deactivated and still bound to {self.workspace_id} "
+                f"under parent {self.parent_workspace_id}; it moves to {parent_workspace_id} "
+                "once that workspace is decommissioned: retry in a moment"
             )
 
     def note_provision(self, attempt_id: UUID, requested_at: datetime) -> None:
@@ -159,7 +198,7 @@ class Brand(Aggregate):
         arrives later is stale."""
         if attempt_id != self.current_attempt_id:
             raise CommandRefused(f"attempt {attempt_id} is not brand {self.brand_id}'s current")
-        if self.last_command_at is not None and requested_at <= self.last_command_at:
+        if self.stale_because(PROVISION, requested_at, self.title, self.parent_workspace_id):
             raise CommandRefused(f"brand {self.brand_id}: provision at {requested_at} is stale")
         self._provision_noted(attempt_id, requested_at)
 
@@ -168,7 +207,7 @@ class Brand(Aggregate):
     ) -> None:
         if not self.is_active:
             raise BrandDeactivated(f"brand {self.brand_id} is deactivated; reactivate it first")
-        self.check_provision_possible()
+        self.check_provision_possible(parent_workspace_id)
         if self.workspace_id is not None and parent_workspace_id != self.parent_workspace_id:
             raise CommandRefused(
                 f"brand {self.brand_id} is bound to a workspace under parent "
@@ -203,7 +242,7 @@ class Brand(Aggregate):
 
     def deactivate(self, requested_at: datetime) -> None:
         """Deactivate, or (already deactivated) record the newer deactivation's time."""
-        if self.last_command_at is not None and requested_at <= self.last_command_at:
+        if self.stale_because(DEACTIVATE, requested_at) is not None:
             raise CommandRefused(
                 f"brand {self.brand_id}: deactivate at {requested_at.isoformat()} is stale"
             )
@@ -223,7 +262,7 @@ class Brand(Aggregate):
         self.current_attempt_id = attempt_id
         self.title = title
         self.parent_workspace_id = parent_workspace_id
-        self._applied(requested_at)
+        self._applied(PROVISION, requested_at)
 
     @event(WorkspaceBound)
     def _workspace_bound(self, workspace_id: str, attempt_id: UUID) -> None:
@@ -241,19 +280,22 @@ class Brand(Aggregate):
     @event(Deactivated)
     def _deactivated(self, requested_at: datetime) -> None:
         self.lifecycle = DEACTIVATED
-        self._applied(requested_at)
+        self._applied(DEACTIVATE, requested_at)
 
     @event(ProvisionNoted)
     def _provision_noted(self, attempt_id: UUID, requested_at: datetime) -> None:
-        self._applied(requested_at)
+        self._applied(PROVISION, requested_at)
 
     @event(CommandIgnored)
     def _command_ignored(self, command: str, requested_at: datetime, reason: str) -> None:
         pass
 
-    def _applied(self, requested_at: datetime) -> None:
-        if self.last_command_at is None or requested_at > self.last_command_at:
+    def _applied(self, kind: str, requested_at: datetime) -> None:
+        """Remember the newest command applied and its kind (derived from the events
+        alone, so a log written before kinds were remembered loads the same way)."""
+        if self.last_command_at is None or requested_at >= self.last_command_at:
             self.last_command_at = requested_at
+            self.last_command_kind = kind
 
     @event(Reactivated)
     def _reactivated(self) -> None:

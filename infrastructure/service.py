@@ -5,9 +5,12 @@ Request path (fast, no gateway calls):
     deactivate(brand_id, requested_at=None)
 
 Both are ordered by `requested_at` (the producer's time; default: now): a
-command not newer than one the brand already applied is recorded as ignored
-and raises `StaleCommand`; a provision while the brand's workspace is being
-emptied raises `RetryLater` (nothing recorded).
+command older than the last one the brand applied, a redelivery of it, or the
+loser of a tie with it (a deactivate wins a tie) is recorded as ignored and
+raises `StaleCommand`; a newer provision for another title or parent supersedes
+the pending attempt; a provision while the brand's workspace is being emptied,
+or while a deactivated brand is still bound under another parent, raises
+`RetryLater` (nothing recorded).
 
 Off the request path (what the worker runs, one short step at a time):
     run_hop(attempt_id, hop) -> HopOutcome
@@ -291,9 +294,11 @@ class ProvisioningService:
     ) -> UUID:
         """Begin an attempt for the brand; registers or reactivates the brand as needed.
 
-        Raises StaleCommand (after recording it) if the brand already applied a
-        command at or after `requested_at`, RetryLater while its workspace is
-        being emptied.
+        A pending attempt for another title or parent is superseded; one for the
+        same title and parent serves the request (AttemptInProgress, the time
+        noted). Raises StaleCommand (after recording it) if the command is stale
+        (see `Brand.stale_because`), RetryLater while its workspace is being
+        emptied or a deactivated brand is still bound under another parent.
         """
         _require_text("brand_id", brand_id, self.secrets)
         _require_text("title", title, self.secrets)
@@ -318,23 +323,25 @@ class ProvisioningService:
         except UnknownBrand:
             brand = Brand.register(brand_id, title, parent_workspace_id)
         at = brand.command_time(requested_at, self.clock.now())
-        self._refuse_if_stale(brand, PROVISION, at)
-        brand.check_provision_possible()
+        self._refuse_if_stale(brand, PROVISION, at, title, parent_workspace_id)
+        brand.check_provision_possible(parent_workspace_id)
         if not brand.is_active:
             brand.reactivate()
         touched: list[Aggregate] = [brand]
         old = self.attempt(brand.current_attempt_id) if brand.current_attempt_id else None
         if old is not None and not old.is_terminal:
-            if not old.is_stale(self.clock.now(), self.settings.stale_after_s):
-                if (old.title, old.parent_workspace_id) == (title, parent_workspace_id):
-                    brand.note_provision(old.id, at)  # served by the pending attempt
-                    self.app.save(brand)
+            served = (old.title, old.parent_workspace_id) == (title, parent_workspace_id)
+            if served and not old.is_stale(self.clock.now(), self.settings.stale_after_s):
+                brand.note_provision(old.id, at)  # the pending attempt serves it
+                self.app.save(brand)
                 retry_at = old.modified_on + timedelta(seconds=self.settings.stale_after_s)
                 raise AttemptInProgress(
                     f"brand {brand_id} already has attempt {old.id} pending (hop "
-                    f"{old.expected_hop}); wait for it, or retry after "
-                    f"{retry_at.isoformat(timespec='seconds')} when it counts as stale"
+                    f"{old.expected_hop}) for this title and parent; wait for it, or retry "
+                    f"after {retry_at.isoformat(timespec='seconds')} when it counts as stale"
                 )
+            # Another title or parent (the newer command wins), or a stale attempt:
+            # superseded in the same save; what it created is released after it.
             touched.append(old)
         same_parent = parent_workspace_id == brand.parent_workspace_id
         new = ProvisioningAttempt.start(
@@ -357,9 +364,11 @@ class ProvisioningService:
         )
         return new.id
 
-    def _refuse_if_stale(self, brand: Brand, command: str, at: datetime) -> None:
+    def _refuse_if_stale(
+        self, brand: Brand, command: str, at: datetime, title: str = "", parent: str = ""
+    ) -> None:
         """Record a stale command on the brand and raise StaleCommand; else nothing."""
-        reason = brand.ignore_if_stale(command, at)
+        reason = brand.ignore_if_stale(command, at, title, parent)
         if reason is None:
             return
         self.app.save(brand)  # IntegrityError: the caller decides again
@@ -370,8 +379,9 @@ class ProvisioningService:
         """Record the deactivation and cancel a pending attempt, in one save.
 
         A brand never seen is recorded as deactivated (a tombstone). Raises
-        StaleCommand (after recording it) if the brand already applied a command
-        at or after `requested_at`.
+        StaleCommand (after recording it) if the command is stale (older than the
+        last command applied, or a redelivery of it; a deactivate at the same time
+        as a provision wins the tie and applies).
         """
         _require_text("brand_id", brand_id, self.secrets)
         _require_aware(requested_at)

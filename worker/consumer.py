@@ -14,6 +14,8 @@ consuming thread empties between drains.
 - An infrastructure failure (database down, too much contention) is not the
   brand's fault: the message is re-published after a delay with a retry count
   and the attempt stays untouched; after the last retry it is dead-lettered.
+  A command refused only for now (RetryLater: a decommission in progress) is
+  re-published on its own schedule, for about an hour (worker/delivery.py).
 - Prefetch is the concurrency plus a little headroom (a quarter, at least 2):
   a pool thread that finishes a hop starts the next message at once instead
   of waiting for its ack to reach the broker and a new delivery to come back.
@@ -61,7 +63,7 @@ from infrastructure.messages import Message
 from infrastructure.outages import Outage
 from infrastructure.service import ProvisioningService
 from worker import metrics
-from worker.delivery import Delivery, Settler
+from worker.delivery import WAIT_DELAYS_S, Delivery, Settler
 
 log = logging.getLogger("provisioner.worker")
 
@@ -97,7 +99,7 @@ def handle(service: ProvisioningService, message: Message) -> str:
 
 def _handle(service: ProvisioningService, message: Message) -> str:
     """Stale commands are acked (recorded on the brand); RetryLater propagates, so
-    the consumer's infrastructure-failure path re-publishes it with backoff."""
+    the settler re-publishes it on its own, longer schedule (worker/delivery.py)."""
     f = message.fields
     try:
         if message.type == "hop":
@@ -135,6 +137,7 @@ class HopWorker:
         concurrency: int = 8,
         scheduler: DelayScheduler | None = None,
         retry_delays_s: tuple[float, ...] = RETRY_DELAYS_S,
+        wait_delays_s: tuple[float, ...] = WAIT_DELAYS_S,
         prefetch_headroom: int | None = None,
         database_url: str | None = None,
     ) -> None:
@@ -146,6 +149,7 @@ class HopWorker:
         self.prefetch = concurrency + headroom
         self.scheduler = scheduler
         self.retry_delays_s = retry_delays_s
+        self.wait_delays_s = wait_delays_s
         self.stats = WorkerStats()
         self.ready = threading.Event()
         self.broker_outage = Outage(log, "worker", broker_url)
@@ -202,6 +206,7 @@ class HopWorker:
                 publisher,
                 stats=self.stats,
                 retry_delays_s=self.retry_delays_s,
+                wait_delays_s=self.wait_delays_s,
                 connection_errors=self._connection_errors,
                 database=self.database_outage,
                 dead_letter=DeadLetter,

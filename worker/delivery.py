@@ -10,7 +10,11 @@ message ends its thread:
   errors) — by dead-lettering it with the reason, then acking it.
 - `Settler.settle` acks a handled message, dead-letters a `DeadLetter`, and
   re-publishes any other failure after a delay with `x-retries` + 1 (dead-
-  lettered as `retries exhausted` after the last delay).
+  lettered as `retries exhausted` after the last delay: about 200 s). A
+  command refused only for now (`RetryLater`: a decommission in progress)
+  has its own, longer schedule and count (`x-waits`, `WAIT_DELAYS_S`: 5, 15,
+  60 s, then every 120 s, about an hour in all), so only a decommission
+  stuck that long dead-letters it.
 - An unexpected exception while doing any of that is contained (`_contain`):
   the message is retried if it can be, else dead-lettered (`unexpected
   error`), else rejected without requeue (the queue's own dead-lettering then
@@ -21,11 +25,12 @@ message ends its thread:
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
+from domain.errors import RetryLater
 from infrastructure.broker import Broker
 from infrastructure.messages import InvalidMessage, Message, decode, retries
 from infrastructure.outages import Outage, is_database_error, one_line
@@ -33,13 +38,32 @@ from worker import metrics
 
 log = logging.getLogger("provisioner.worker")
 
+# Retries of a command refused only for now (RetryLater), counted apart from
+# infrastructure failures (`x-retries`, worker.consumer.RETRY_DELAYS_S: about
+# 200 s) in `x-waits`: 5, 15, 60 s, then every 120 s; 3,560 s (about an hour)
+# in all. Delays the infrastructure schedule uses too: no new wait queues.
+WAIT_DELAYS_S = (5.0, 15.0, 60.0) + (120.0,) * 29
+MAX_WAITS_HEADER = 1000
+
+
+def waits(headers: object) -> int:
+    """The delivery's `x-waits` count (0 when absent); InvalidMessage when malformed."""
+    value = headers.get("x-waits", 0) if isinstance(headers, Mapping) else 0
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidMessage("bad header", {"x-waits": repr(value)[:50]})
+    if not 0 <= value <= MAX_WAITS_HEADER:
+        raise InvalidMessage("bad header", {"x-waits": value})
+    return value
+
 
 @dataclass(frozen=True, slots=True)
 class Delivery:
-    """A delivery that passed `read`: the message and its retry count so far."""
+    """A delivery that passed `read`: the message and its retry counts so far
+    (infrastructure failures; refusals for now)."""
 
     message: Message
     tries: int
+    waits: int = 0
 
 
 def inspect(message: Any) -> Delivery:
@@ -49,13 +73,14 @@ def inspect(message: Any) -> Delivery:
         raise InvalidMessage("undecodable", {"kombu": one_line(exc)})
     headers = message.headers
     tries = retries(headers)
+    waited = waits(headers)
     if headers and headers.get("compression") is not None:
         compression = repr(headers["compression"])[:50]
         raise InvalidMessage("unsupported encoding", {"compression": compression})
     decoded = decode(
         message.body, content_type=message.content_type, content_encoding=message.content_encoding
     )
-    return Delivery(decoded, tries)
+    return Delivery(decoded, tries, waited)
 
 
 class Settler:
@@ -70,6 +95,8 @@ class Settler:
         connection_errors: tuple[type[BaseException], ...],
         database: Outage,
         dead_letter: type[Exception],
+        wait_delays_s: tuple[float, ...] = WAIT_DELAYS_S,
+        refused_for_now: type[Exception] = RetryLater,
     ) -> None:
         self.publisher = publisher
         self.stats = stats
@@ -77,6 +104,8 @@ class Settler:
         self.connection_errors = connection_errors
         self.database = database
         self.dead_letter = dead_letter  # raised by handlers: never retried
+        self.wait_delays_s = wait_delays_s
+        self.refused_for_now = refused_for_now  # raised by handlers: retried on its own schedule
 
     def read(self, message: Any) -> Delivery | None:
         """The delivery to hand to a handler, or None once it has been dead-lettered."""
@@ -120,6 +149,9 @@ class Settler:
         log.debug("handled %s %s: %s", kind, delivery.message.fields, detail)
 
     def retry(self, message: Any, delivery: Delivery, exc: BaseException) -> None:
+        if isinstance(exc, self.refused_for_now):
+            self._wait(message, delivery, exc)
+            return
         tries, decoded = delivery.tries, delivery.message
         if tries >= len(self.retry_delays_s):
             self.dead(message, "retries exhausted", {"error": repr(exc)[:300]})
@@ -130,7 +162,27 @@ class Settler:
         else:
             log.warning("%s failed (%s); retry %d in %.0fs",
                         decoded.type, one_line(exc), tries + 1, delay)  # fmt: skip
-        self.publisher.publish(decoded, delay_s=delay, headers={"x-retries": tries + 1})
+        self._republish(message, delivery, delay, {"x-retries": tries + 1})
+
+    def _wait(self, message: Any, delivery: Delivery, exc: BaseException) -> None:
+        """A command refused only for now: re-published on the longer schedule."""
+        if delivery.waits >= len(self.wait_delays_s):
+            waited = sum(self.wait_delays_s)
+            self.dead(message, "retries exhausted", {"error": repr(exc)[:300], "waited_s": waited})
+            return
+        delay = self.wait_delays_s[delivery.waits]
+        log.info("%s refused for now (%s); retry in %.0fs",
+                 delivery.message.type, one_line(exc), delay)  # fmt: skip
+        self._republish(message, delivery, delay, {"x-waits": delivery.waits + 1})
+
+    def _republish(
+        self, message: Any, delivery: Delivery, delay: float, counts: dict[str, int]
+    ) -> None:
+        headers = {"x-retries": delivery.tries}
+        if delivery.waits:
+            headers["x-waits"] = delivery.waits
+        headers.update(counts)
+        self.publisher.publish(delivery.message, delay_s=delay, headers=headers)
         message.ack()
         metrics.RETRIED.inc()
         self.stats.retried += 1

@@ -8,11 +8,14 @@ from uuid import uuid4
 
 import pytest
 
-from domain.brand import DEACTIVATED, Brand
-from domain.errors import UnknownBrand
+from domain.brand import ACTIVE, DEACTIVATED, Brand
+from domain.errors import StaleCommand, UnknownBrand
+from domain.outcomes import StandDown
+from domain.policies import AttemptState
 from infrastructure import messages
 from infrastructure.broker import DEAD_QUEUE, Broker
 from infrastructure.fake_gateway import FakeGateway
+from infrastructure.service import ProvisioningService
 from infrastructure.settings import Settings
 from tests.conftest import PARENT
 from tests.integration.test_messaging import (
@@ -115,6 +118,7 @@ def test_a_provision_during_a_decommission_is_retried_and_then_applied(
             concurrency=2,
             scheduler=runtime.scheduler,
             retry_delays_s=(0.2, 0.2, 0.5, 1.0, 2.0),
+            wait_delays_s=(0.2, 0.2, 0.5, 1.0, 2.0),
         )
         publisher = Broker(rabbit_url, runtime.topology, scheduler=None)
         try:
@@ -130,6 +134,53 @@ def test_a_provision_during_a_decommission_is_retried_and_then_applied(
             publisher.close()
         brand = service.brand(brand_id)
         assert brand.current_attempt_id != attempt_id  # a new attempt
+        assert worker.stats.dead_lettered == 0
+
+
+def test_a_provision_moving_a_deactivated_brand_waits_for_its_decommission(
+    pg_env: dict[str, str], rabbit_url: str, fake: FakeGateway, brand_id: str
+) -> None:
+    """Sent in order (provision, deactivate, provision under another parent), the
+    last one arrives while the brand is deactivated and still bound, before its
+    decommission started: retried, beyond the infrastructure schedule, until the
+    decommission unbinds it; then applied."""
+    title = title_of(brand_id)
+    with build(Settings.from_env(pg_env)) as runtime:
+        service = runtime.service
+        service.request_provisioning(brand_id, title, PARENT)
+        attempt_id = service.brand(brand_id).current_attempt_id
+        assert attempt_id is not None
+        for hop in range(5):  # run the hops here: no relay, no worker yet
+            if service.run_hop(attempt_id, hop).outcome.value != "scheduled":
+                break
+        assert service.brand(brand_id).workspace_id is not None
+        service.deactivate(brand_id)
+
+        worker = HopWorker(
+            service,
+            rabbit_url,
+            topology=runtime.topology,
+            concurrency=2,
+            scheduler=runtime.scheduler,
+            retry_delays_s=(0.1,),  # one infrastructure retry: the waits go further
+            wait_delays_s=(0.1,) * 100,
+        )
+        publisher = Broker(rabbit_url, runtime.topology, scheduler=None)
+        moved = f"{PARENT}-moved"
+        try:
+            with consuming(worker):
+                publisher.publish(messages.provision(brand_id, title, moved, datetime.now(UTC)))
+                wait_for(lambda: worker.stats.retried >= 3, "the provision to be retried")
+                assert service.brand(brand_id).lifecycle == DEACTIVATED
+                assert service.decommission(brand_id) is not None  # unbinds it
+                wait_for(
+                    lambda: service.brand(brand_id).is_active, "the retried provision to apply"
+                )
+        finally:
+            publisher.close()
+        brand = service.brand(brand_id)
+        assert brand.parent_workspace_id == moved
+        assert brand.workspace_id is None
         assert worker.stats.dead_lettered == 0
 
 
@@ -159,3 +210,32 @@ def test_a_late_provision_after_a_deactivate_does_not_reactivate(
     assert brand.current_attempt_id is None
     assert names == ["Registered", "Deactivated", "CommandIgnored"]
     assert dead == 0
+
+
+def test_a_newer_provision_for_another_title_supersedes_and_what_it_created_is_released(
+    service: ProvisioningService, fake: FakeGateway, brand_id: str, title: str
+) -> None:
+    fake.configure(settle_polls=3)  # not ready at the first polls
+    sent = datetime.now(UTC)
+    first = service.request_provisioning(brand_id, title, PARENT, sent)
+    service.run_hop(first, 0)  # creates the workspace: the attempt's candidate, pending
+    created = service.attempt(first).candidate_id
+    assert created is not None
+
+    second = service.request_provisioning(brand_id, f"{title}-b", PARENT, sent + timedelta(0, 2))
+    with pytest.raises(StaleCommand):  # sent between the two: older than the second
+        service.deactivate(brand_id, sent + timedelta(seconds=1))
+    late = service.run_hop(first, 1)  # the first attempt's next hop
+
+    assert late.stand_down is StandDown.SUPERSEDED
+    attempt = service.attempt(first)
+    assert attempt.state is AttemptState.SUPERSEDED
+    assert created in attempt.released_ids  # emptied and on record
+    claim = service.claim(created)
+    assert claim is None or claim.brand_id is None
+    brand = service.brand(brand_id)
+    assert (brand.lifecycle, brand.title, brand.current_attempt_id) == (
+        ACTIVE,
+        f"{title}-b",
+        second,
+    )

@@ -16,8 +16,12 @@ from eventsourcing.persistence import StoredEvent
 from domain.attempt import ProvisioningAttempt
 from domain.brand import ACTIVE, DEACTIVATED, Brand
 from domain.errors import AttemptInProgress, RetryLater, StaleCommand
+from domain.policies import AttemptState
+from infrastructure import messages
 from infrastructure.eventstore import open_event_store
 from infrastructure.service import ProvisioningService
+from tests.unit.test_delivery import FakeMessage, FakePublisher, finished, settler
+from worker.delivery import WAIT_DELAYS_S, Delivery
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
 P, D = "provision", "deactivate"
@@ -31,11 +35,17 @@ def new_service() -> ProvisioningService:
     return ProvisioningService(open_event_store("memory://"), gateway=None)  # type: ignore[arg-type]
 
 
-def run(service: ProvisioningService, brand_id: str, command: str, seconds: float) -> str:
+# A command: (kind, its time in seconds[, title[, parent]]); a provision's title
+# defaults to "Acme" and its parent to "parent".
+Command = tuple[Any, ...]
+
+
+def run(service: ProvisioningService, brand_id: str, command: Command) -> str:
     """Run one command as the consumer does; say what happened."""
+    kind, seconds, title, parent = (*command, "Acme", "parent")[:4]
     try:
-        if command == P:
-            service.request_provisioning(brand_id, "Acme", "parent", at(seconds))
+        if kind == P:
+            service.request_provisioning(brand_id, title, parent, at(seconds))
         else:
             service.deactivate(brand_id, at(seconds))
     except StaleCommand:
@@ -45,8 +55,19 @@ def run(service: ProvisioningService, brand_id: str, command: str, seconds: floa
     return "applied"
 
 
-# Each: the commands a producer sent (kind, its time); a repeated entry is a redelivery.
-SEQUENCES = [
+def winner(commands: tuple[Command, ...]) -> Command:
+    """The producer's last command: the newest; at a tie a deactivate, else the
+    provision with the greatest (title, parent)."""
+
+    def rank(command: Command) -> tuple[Any, ...]:
+        kind, seconds, title, parent = (*command, "Acme", "parent")[:4]
+        return (seconds, kind == D, title, parent)
+
+    return max(commands, key=rank)
+
+
+# Each: the commands a producer sent; a repeated entry is a redelivery.
+SEQUENCES: list[list[Command]] = [
     [(P, 1), (D, 2)],
     [(D, 1), (P, 2)],
     [(P, 1), (D, 2), (P, 3)],
@@ -56,33 +77,147 @@ SEQUENCES = [
     [(D, 1), (P, 2), (D, 3), (P, 4)],
     [(P, 1), (P, 1), (D, 2)],  # the provision redelivered
     [(P, 1), (D, 2), (D, 2)],  # the deactivate redelivered
+    # Another title or parent while an attempt is pending: the newer one wins.
+    [(P, 1, "A"), (D, 2), (P, 3, "B")],
+    [(P, 1, "A"), (P, 2, "B"), (D, 3)],
+    [(P, 1, "A"), (P, 2, "B")],
+    [(P, 1, "A"), (P, 2, "B"), (P, 3, "A")],
+    [(P, 1, "A"), (D, 2), (P, 3, "A", "other parent")],
+    [(D, 1), (P, 2, "A"), (P, 3, "B", "other parent")],
+    # Ties (timestamps of one second): a deactivate wins; the same command again is
+    # a redelivery; of two provisions, the greater (title, parent).
+    [(P, 1), (D, 1)],
+    [(P, 1), (D, 1), (D, 1)],
+    [(P, 1), (P, 1), (D, 1)],
+    [(P, 1, "A"), (D, 1), (P, 2, "B")],
+    [(D, 1), (P, 2), (D, 2)],
+    [(P, 1, "A"), (P, 1, "B")],
+    [(P, 1, "A"), (P, 1, "A", "other parent"), (D, 1)],
+    [(D, 1), (P, 2, "A"), (P, 2, "B")],
 ]
 CASES = [
-    pytest.param(order, id="-".join(f"{kind[0]}{t}" for kind, t in order))
+    pytest.param(order, id="-".join(f"{c[0][0]}{c[1]}{''.join(c[2:])}" for c in order))
     for sequence in SEQUENCES
     for order in sorted(set(permutations(sequence)))
 ]
 
 
 @pytest.mark.parametrize("order", CASES)
-def test_every_order_ends_as_the_newest_command_says(order: tuple[tuple[str, int], ...]) -> None:
+def test_every_order_ends_as_the_newest_command_says(order: tuple[Command, ...]) -> None:
     service = new_service()
     brand_id = f"b-{uuid4().hex[:8]}"
 
-    for command, seconds in order:
-        run(service, brand_id, command, seconds)
+    for command in order:
+        run(service, brand_id, command)
 
-    last_kind, last_time = max(order, key=lambda c: c[1])
+    last_kind, last_time, title, parent = (*winner(order), "Acme", "parent")[:4]
     brand = service.brand(brand_id)
     assert brand.last_command_at == at(last_time)
+    assert brand.last_command_kind == last_kind
     current = service.attempt(brand.current_attempt_id) if brand.current_attempt_id else None
     if last_kind == P:
         assert brand.lifecycle == ACTIVE
         assert current is not None
         assert not current.is_terminal  # an attempt is on its way
+        assert (current.title, current.parent_workspace_id) == (title, parent)
     else:
         assert brand.lifecycle == DEACTIVATED
         assert current is None or current.is_terminal
+
+
+def test_a_newer_provision_for_another_title_supersedes_the_pending_attempt() -> None:
+    service = new_service()
+    first = service.request_provisioning("b1", "A", "parent", at(1))
+    service.deactivate("b1", at(2))
+    second = service.request_provisioning("b1", "B", "parent", at(3))
+    # The reverse run (P1, P3, D2): the newer provision's time is on record.
+    other = new_service()
+    pending = other.request_provisioning("b1", "A", "parent", at(1))
+
+    superseding = other.request_provisioning("b1", "B", "parent", at(3))
+    with pytest.raises(StaleCommand):
+        other.deactivate("b1", at(2))
+
+    assert other.attempt(pending).state is AttemptState.SUPERSEDED
+    assert other.attempt(superseding).state is AttemptState.PENDING
+    for svc, attempt_id in ((service, second), (other, superseding)):
+        brand = svc.brand("b1")
+        assert (brand.lifecycle, brand.title, brand.current_attempt_id) == (
+            ACTIVE,
+            "B",
+            attempt_id,
+        )
+    assert service.attempt(first).state is AttemptState.CANCELLED
+
+
+def test_a_newer_provision_for_the_same_title_is_served_by_the_pending_attempt() -> None:
+    service = new_service()
+    first = service.request_provisioning("b1", "A", "parent", at(1))
+
+    with pytest.raises(AttemptInProgress, match=str(first)):
+        service.request_provisioning("b1", "A", "parent", at(3))
+    with pytest.raises(StaleCommand):
+        service.deactivate("b1", at(2))
+
+    assert service.brand("b1").current_attempt_id == first
+    assert service.attempt(first).state is AttemptState.PENDING
+
+
+def _bound(service: ProvisioningService, brand_id: str, parent: str) -> None:
+    """The brand provisioned at 1 s under `parent` and bound to its workspace."""
+    attempt_id = service.request_provisioning(brand_id, "Acme", parent, at(1))
+    brand = service.brand(brand_id)
+    brand.bind(f"ws-{brand_id}", attempt_id)
+    service.app.save(brand)
+
+
+def test_a_provision_for_a_new_parent_waits_for_the_deactivated_brands_decommission() -> None:
+    service = new_service()
+    _bound(service, "b1", "parent-x")
+    service.deactivate("b1", at(2))
+
+    # Deactivated, still bound, its decommission not started yet: refused for now.
+    with pytest.raises(RetryLater, match="retry in a moment"):
+        service.request_provisioning("b1", "Acme", "parent-y", at(3))
+    brand = service.brand("b1")
+    brand.start_decommission()
+    service.app.save(brand)
+    with pytest.raises(RetryLater):
+        service.request_provisioning("b1", "Acme", "parent-y", at(3))
+    brand = service.brand("b1")
+    brand.unbind("decommissioned")
+    service.app.save(brand)
+
+    attempt_id = service.request_provisioning("b1", "Acme", "parent-y", at(3))  # the retry
+
+    brand = service.brand("b1")
+    assert (brand.lifecycle, brand.parent_workspace_id) == (ACTIVE, "parent-y")
+    assert service.attempt(attempt_id).candidate_id is None
+
+
+def test_a_provision_for_the_same_parent_reactivates_a_brand_still_bound() -> None:
+    service = new_service()
+    _bound(service, "b1", "parent-x")
+    service.deactivate("b1", at(2))
+
+    attempt_id = service.request_provisioning("b1", "Acme", "parent-x", at(3))
+
+    assert service.brand("b1").lifecycle == ACTIVE
+    assert service.attempt(attempt_id).candidate_id == "ws-b1"  # re-confirmed
+
+
+def test_ties_deactivate_wins_and_the_same_command_again_is_a_redelivery() -> None:
+    service = new_service()
+    service.request_provisioning("b1", "Acme", "parent", at(1))
+
+    service.deactivate("b1", at(1))  # a different command at the same time: applied
+    with pytest.raises(StaleCommand, match="redelivery"):
+        service.deactivate("b1", at(1))
+    with pytest.raises(StaleCommand, match="tie"):
+        service.request_provisioning("b1", "Acme", "parent", at(1))
+
+    brand = service.brand("b1")
+    assert (brand.lifecycle, brand.last_command_kind) == (DEACTIVATED, D)
 
 
 def test_a_late_provision_is_refused_and_recorded_on_the_brand() -> None:
@@ -168,9 +303,48 @@ def test_a_log_written_before_commands_carried_a_time_still_loads() -> None:
     loaded = service.brand("b1")
 
     assert loaded.lifecycle == DEACTIVATED
-    # An old event's command time is the time it was recorded.
+    # An old event's command time is the time it was recorded; its kind, its event's.
     assert loaded.last_command_at == events[-1].timestamp
+    assert loaded.last_command_kind == D
     with pytest.raises(StaleCommand):
         service.request_provisioning("b1", "Acme", "parent", events[-1].timestamp)
     service.request_provisioning("b1", "Acme", "parent")  # now: newer
     assert service.brand("b1").lifecycle == ACTIVE
+
+
+def test_a_command_refused_for_now_is_retried_for_about_an_hour_on_its_own_count() -> None:
+    publisher = FakePublisher()
+    settle = settler(publisher, delays=(1.0, 5.0))  # the infrastructure schedule
+    body = messages.provision("b1", "Acme", "parent", at(1)).encode()
+    decoded = messages.decode(body)
+    refused = RetryLater("retry in a moment")
+    waits = [
+        FakeMessage(body, headers={"x-retries": 2, "x-waits": n}) for n in range(len(WAIT_DELAYS_S))
+    ]
+    last = FakeMessage(body, headers={"x-retries": 2, "x-waits": len(WAIT_DELAYS_S)})
+
+    for n, message in enumerate(waits):  # the infrastructure retries are all used up
+        settle.settle(message, Delivery(decoded, 2, n), finished(refused))
+    settle.settle(last, Delivery(decoded, 2, len(WAIT_DELAYS_S)), finished(refused))
+
+    assert [(d, h) for _, d, h in publisher.published] == [
+        (delay, {"x-retries": 2, "x-waits": n + 1}) for n, delay in enumerate(WAIT_DELAYS_S)
+    ]
+    assert 3000 <= sum(WAIT_DELAYS_S) <= 3600  # about an hour, as documented
+    assert all(60 <= d <= 120 for d in WAIT_DELAYS_S[2:])
+    assert [d[1] for d in publisher.dead] == ["retries exhausted"]  # only after that
+    assert all(m.state == "ACK" for m in (*waits, last))
+
+
+def test_an_infrastructure_failure_after_waits_still_gets_its_own_retries() -> None:
+    publisher = FakePublisher()
+    body = messages.provision("b1", "Acme", "parent", at(1)).encode()
+    decoded = messages.decode(body)
+    message = FakeMessage(body, headers={"x-waits": 7})
+
+    settler(publisher, delays=(1.0, 5.0)).settle(
+        message, Delivery(decoded, 0, 7), finished(RuntimeError("database down"))
+    )
+
+    assert [(d, h) for _, d, h in publisher.published] == [(1.0, {"x-retries": 1, "x-waits": 7})]
+    assert settler(FakePublisher()).read(message) == Delivery(decoded, 0, 7)
