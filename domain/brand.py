@@ -209,10 +209,12 @@ class Brand(Aggregate):
             raise BrandDeactivated(f"brand {self.brand_id} is deactivated; reactivate it first")
         self.check_provision_possible(parent_workspace_id)
         if self.workspace_id is not None and parent_workspace_id != self.parent_workspace_id:
-            raise CommandRefused(
+            # Refused for now, not for good: the deactivate that must come first
+            # may have been sent before this provision and not have run yet.
+            raise RetryLater(
                 f"brand {self.brand_id} is bound to a workspace under parent "
                 f"{self.parent_workspace_id}; deactivate it before moving it to "
-                f"{parent_workspace_id}"
+                f"{parent_workspace_id} (retried for a while in case a deactivate is on its way)"
             )
         self._attempt_begun(attempt_id, title, parent_workspace_id, requested_at)
 

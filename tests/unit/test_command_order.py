@@ -195,6 +195,26 @@ def test_a_provision_for_a_new_parent_waits_for_the_deactivated_brands_decommiss
     assert service.attempt(attempt_id).candidate_id is None
 
 
+def test_a_move_that_runs_before_the_deactivate_sent_first_waits_for_it() -> None:
+    """Producer: deactivate at 2, provision under another parent at 3. The worker runs
+    the provision first: refused for now (retried), never for good; once the
+    deactivate and the decommission have run, the retry moves the brand."""
+    service = new_service()
+    _bound(service, "b1", "parent-x")
+
+    with pytest.raises(RetryLater, match="deactivate it before moving it"):
+        service.request_provisioning("b1", "Acme", "parent-y", at(3))
+    service.deactivate("b1", at(2))
+    brand = service.brand("b1")
+    brand.start_decommission()
+    brand.unbind("decommissioned")
+    service.app.save(brand)
+    service.request_provisioning("b1", "Acme", "parent-y", at(3))  # the retry
+
+    brand = service.brand("b1")
+    assert (brand.lifecycle, brand.parent_workspace_id) == (ACTIVE, "parent-y")
+
+
 def test_a_provision_for_the_same_parent_reactivates_a_brand_still_bound() -> None:
     service = new_service()
     _bound(service, "b1", "parent-x")
