@@ -69,12 +69,15 @@ def test_forty_provisions_each_followed_by_a_deactivate_all_end_deactivated(
             publisher.close()
         with components(runtime, relay=True, concurrency=8) as running:
             assert running.worker is not None
-            wait_for(
-                lambda: all(settled_deactivated(runtime, b) for b in brand_ids),
-                "every brand to end deactivated and unbound",
-                timeout=60,
-            )
             stats = running.worker.stats
+
+            def done() -> bool:  # every command handled and acked, every brand settled
+                handled = (stats.by_type.get("provision", 0), stats.by_type.get("deactivate", 0))
+                return handled == (BRANDS, BRANDS) and all(
+                    settled_deactivated(runtime, b) for b in brand_ids
+                )
+
+            wait_for(done, "every command acked and every brand deactivated", timeout=60)
             dead = stats.dead_lettered
             by_type = dict(stats.by_type)
         for brand_id in brand_ids:
