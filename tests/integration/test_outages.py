@@ -16,7 +16,6 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
@@ -28,6 +27,7 @@ from infrastructure.failures import ServiceRefused
 from infrastructure.fake_gateway import FakeGateway
 from infrastructure.views import PROJECTIONS, SqlViewStore, init_read_models
 from tests.conftest import PARENT, TOKEN
+from tests.integration.test_messaging import wait_for
 from tests.services import PgCluster, RabbitNode, pg_cluster, rabbit_node
 from worker.projector import Projector
 from worker.reconciler import Reconciler
@@ -39,17 +39,6 @@ PROVISIONER = ROOT / ".venv" / "bin" / "provisioner"
 # 60 in `make test`; the 300 by hand: PROVISIONER_TEST_OUTAGE_BRANDS=300.
 BRANDS = int(os.environ.get("PROVISIONER_TEST_OUTAGE_BRANDS", "60"))
 COMPONENTS = ("worker", "relay", "projections", "reconciler")
-
-
-def wait_for(predicate: Callable[[], Any], what: str, timeout: float) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(0.1)
 
 
 def env_of(database_url: str, broker_url: str, fake: FakeGateway) -> dict[str, str]:

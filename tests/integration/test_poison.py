@@ -5,9 +5,7 @@ good messages behind them are handled by the same, still running, worker."""
 from __future__ import annotations
 
 import threading
-import time
 from collections import Counter
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 from uuid import uuid4
@@ -20,6 +18,7 @@ from infrastructure import messages
 from infrastructure.broker import COMMAND_KEY, DEAD_QUEUE, EXCHANGE, WORK_KEY, Broker
 from infrastructure.fake_gateway import FakeGateway
 from infrastructure.settings import Settings
+from tests.integration.test_messaging import wait_for
 from worker.runtime import build
 
 GOOD_HOP = messages.hop(uuid4(), 0).encode()
@@ -44,15 +43,6 @@ POISON: list[tuple[bytes, str, str, dict[str, Any], str]] = [
         "schema errors",
     ),
 ]
-
-
-def wait_for(predicate: Callable[[], Any], what: str, timeout: float = 15.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while not (value := predicate()):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(0.05)
-    return value
 
 
 def publish_raw(
@@ -111,8 +101,8 @@ def test_poison_on_both_queues_is_dead_lettered_and_the_worker_carries_on(
                 publisher.publish(messages.provision(brand, f"Poison {brand}", "org-parent"))
             finally:
                 publisher.close()
-            wait_for(lambda: worker.stats.dead_lettered >= 2 * len(POISON), "the dead letters")
-            wait_for(lambda: workspace_of(runtime.service, brand), "the good work: brand bound")
+            wait_for(lambda: worker.stats.dead_lettered >= 2 * len(POISON), "the dead letters", 15)
+            wait_for(lambda: workspace_of(runtime.service, brand), "the good work: brand bound", 15)
             alive = [t.is_alive() for t in threads]
         finally:
             stop.set()
