@@ -16,7 +16,7 @@ import click
 
 from infrastructure.eventstore import init_database, redact
 from worker import cli_read
-from worker.cli_support import Failed, load_settings, service_only, views
+from worker.cli_support import Failed, declared_broker, load_settings, service_only, views
 
 # As PROVISIONER_CONCURRENCY (infrastructure/settings.py): 0 or less would run nothing.
 CONCURRENCY = click.IntRange(1, 512)
@@ -83,17 +83,14 @@ def broker() -> None:
 @click.option("--queue-type", type=click.Choice(["classic", "quorum"]), default=None)
 def broker_init(broker_url: str | None, queue_type: str | None) -> None:
     """Declare exchanges and queues (idempotent)."""
-    from infrastructure.broker import Broker, Topology
+    from infrastructure.broker import Topology
     from infrastructure.settings import BROKER_SCHEMES, check_url
 
     settings = load_settings()
     url = check_url("--broker-url", broker_url or settings.broker_url, BROKER_SCHEMES)
     topology = Topology(queue_type=queue_type or settings.queue_type)
-    publisher = Broker(url, topology, scheduler=None)
-    try:
-        publisher.declare()
-    finally:
-        publisher.close()
+    with declared_broker(url, topology):
+        pass
     click.echo(f"broker topology declared ({topology.queue_type} queues)")
 
 
@@ -355,7 +352,7 @@ def reconcile(
     if not once:
         _serve(("reconciler",), None, reconcile_every=(overdue, grace, interval, deadline))
         return
-    from infrastructure.broker import Broker, Topology, is_memory
+    from infrastructure.broker import Topology, is_memory
     from worker.reconciler import Reconciler
 
     settings = load_settings()
@@ -364,16 +361,15 @@ def reconcile(
 
         raise ConfigurationError("memory:// is in-process: the reconciler runs inside `run`")
     service = service_only()
-    broker = Broker(settings.broker_url, Topology(queue_type=settings.queue_type), scheduler=None)
     reconciler = Reconciler(
         settings.database_url, overdue_s=overdue, grace_s=grace, deadline_s=deadline,
         service=service,
     )  # fmt: skip
+    topology = Topology(queue_type=settings.queue_type)
     try:
-        with views() as store:
+        with declared_broker(settings.broker_url, topology) as broker, views() as store:
             report = reconciler.sweep(store, broker)
     finally:
-        broker.close()
         service.app.close()
     click.echo(
         f"re-published {report.hops} hops, {report.releases} releases, "

@@ -3,11 +3,14 @@ models, and text made safe for Rich."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import click
 from rich.markup import escape
 
+from infrastructure.broker import Broker, Topology, broker_failure
 from infrastructure.settings import Settings
 
 
@@ -61,3 +64,21 @@ def views(*, read_only: bool = True) -> Any:
         store.close()
         raise
     return store
+
+
+@contextmanager
+def declared_broker(url: str, topology: Topology) -> Iterator[Broker]:
+    """A publisher on the broker, connected and the topology declared first, so a
+    one-shot command says at once, in one line, which broker failed and why."""
+    publisher = Broker(url, topology, scheduler=None)
+    try:
+        try:
+            publisher.declare()
+        except Exception as exc:
+            failure = broker_failure(exc, url)
+            if failure is None:
+                raise
+            raise failure from exc
+        yield publisher
+    finally:
+        publisher.close()

@@ -244,6 +244,54 @@ def test_a_database_that_is_down_fails_a_one_shot_command_with_the_unavailable_c
     assert "Connection refused" in one_line(result)
 
 
+ONE_SHOT_COMMANDS = [
+    ["db", "init"],
+    ["provision", "b1", "--title", "T", "--parent", "p"],
+    ["provision", "b1", "--title", "T", "--parent", "p", "--wait"],
+    ["deactivate", "b1"],
+    *READ_COMMANDS,
+    ["projections", "rebuild"],
+    ["reconcile", "--once"],
+]
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("args", ONE_SHOT_COMMANDS, ids=lambda a: "-".join(a[:2]))
+def test_every_one_shot_command_on_a_database_that_is_down_says_so_in_one_line(
+    args: list[str],
+) -> None:
+    env = clean_env(
+        PROVISIONER_DATABASE_URL=pg_url("x", port=free_port()),
+        PROVISIONER_BROKER_URL=f"amqp://guest:guest@127.0.0.1:{free_port()}//",
+        PROVISIONER_CONNECT_WAIT_S="0",
+    )
+
+    result = run_cli(env, *args, timeout=30)
+
+    assert result.returncode == EXIT_UNAVAILABLE, result.stderr
+    line = one_line(result)
+    assert "unavailable" in line
+    assert ":pw@" not in line
+
+
+@pytest.mark.parametrize("args", [["broker", "init"], ["reconcile", "--once"]])
+def test_a_broker_that_is_down_fails_a_one_shot_command_in_one_line(
+    args: list[str], tmp_path: Path
+) -> None:
+    env = clean_env(
+        PROVISIONER_DATABASE_URL=f"sqlite:///{tmp_path / 'events.sqlite'}",
+        PROVISIONER_BROKER_URL=f"amqp://guest:secret@127.0.0.1:{free_port()}//",
+    )
+    assert run_cli(env, "db", "init").returncode == 0
+
+    result = run_cli(env, *args, timeout=30)
+
+    assert result.returncode == EXIT_UNAVAILABLE, result.stderr
+    line = one_line(result)
+    assert "RabbitMQ" in line
+    assert "secret" not in line
+
+
 @pytest.mark.postgres
 def test_debug_shows_the_traceback(pg_database: str) -> None:
     env = clean_env(PROVISIONER_DATABASE_URL=pg_url("x", user="nobody_here"))
