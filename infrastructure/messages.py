@@ -163,16 +163,26 @@ def decode(
 
 
 def retries(headers: object) -> int:
-    """The delivery's `x-retries` count (0 when absent); InvalidMessage when malformed."""
+    """The delivery's `x-retries` count (infrastructure failures so far)."""
+    return _count(headers, "x-retries")
+
+
+def waits(headers: object) -> int:
+    """The delivery's `x-waits` count (refusals for now so far)."""
+    return _count(headers, "x-waits")
+
+
+def _count(headers: object, name: str) -> int:
+    """A count header of the delivery (0 when absent); InvalidMessage when malformed."""
     if headers is None:
         return 0
     if not isinstance(headers, Mapping):
         raise InvalidMessage("bad header", {"headers": type(headers).__name__})
-    value = headers.get("x-retries", 0)
+    value = headers.get(name, 0)
     if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidMessage("bad header", {"x-retries": repr(value)[:50]})
+        raise InvalidMessage("bad header", {name: repr(value)[:50]})
     if not 0 <= value <= MAX_RETRIES_HEADER:
-        raise InvalidMessage("bad header", {"x-retries": value})
+        raise InvalidMessage("bad header", {name: value})
     return value
 
 

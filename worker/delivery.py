@@ -25,14 +25,14 @@ message ends its thread:
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
 from domain.errors import RetryLater
 from infrastructure.broker import Broker
-from infrastructure.messages import InvalidMessage, Message, decode, retries
+from infrastructure.messages import InvalidMessage, Message, decode, retries, waits
 from infrastructure.outages import Outage, is_database_error, one_line
 from worker import metrics
 
@@ -43,17 +43,6 @@ log = logging.getLogger("provisioner.worker")
 # 200 s) in `x-waits`: 5, 15, 60 s, then every 120 s; 3,560 s (about an hour)
 # in all. Delays the infrastructure schedule uses too: no new wait queues.
 WAIT_DELAYS_S = (5.0, 15.0, 60.0) + (120.0,) * 29
-MAX_WAITS_HEADER = 1000
-
-
-def waits(headers: object) -> int:
-    """The delivery's `x-waits` count (0 when absent); InvalidMessage when malformed."""
-    value = headers.get("x-waits", 0) if isinstance(headers, Mapping) else 0
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidMessage("bad header", {"x-waits": repr(value)[:50]})
-    if not 0 <= value <= MAX_WAITS_HEADER:
-        raise InvalidMessage("bad header", {"x-waits": value})
-    return value
 
 
 @dataclass(frozen=True, slots=True)
