@@ -47,12 +47,12 @@ from domain.policies import FailureReason, Provenance
 from infrastructure.audit import attempt_story, brand_history
 from infrastructure.eventstore import ProvisionerApplication, init_database, open_event_store
 from infrastructure.service import ProvisioningService
+from infrastructure.view_queries import list_attempts
 from infrastructure.views import (
     PROJECTIONS,
     LogSource,
     SqlViewStore,
     init_read_models,
-    list_attempts,
 )
 from projections.core import rebuild
 

@@ -14,17 +14,17 @@ SQLite has one writer at a time anyway); a switch takes it exclusively, so the
 live runner never writes to a copy that is being retired, and readers move to
 the new copy in the same transaction that retires the old one.
 
-`memory://` stores keep their rows in an in-process SQLite database.
+`memory://` stores keep their rows in an in-process SQLite database. The SQL
+of the tables and of one batch is in `infrastructure/view_sql.py`; what readers
+ask, in `infrastructure/view_queries.py`.
 """
 
 from __future__ import annotations
 
-import json
 import sqlite3
 import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -41,24 +41,27 @@ from infrastructure.eventstore import (
     redact,
 )
 from infrastructure.pg_connect import connect
+from infrastructure.view_sql import (
+    POSITIONS,
+    Dialect,
+    SqlBatch,
+    ViewsNotInitialised,
+    all_rows,
+    copy_ddl,
+    one,
+)
 from projections.attempts import Attempts
 from projections.brand_workspaces import BrandWorkspaces
-from projections.core import INT, LIST, TS, PositionConflict, Projection, Row
+from projections.core import PositionConflict, Projection, Row
 
 PROJECTIONS: dict[str, Projection] = {p.name: p for p in (BrandWorkspaces(), Attempts())}
 REGISTRY = "provisioner_projections"
-COPY_FROM = 64  # rows per batch from which PostgreSQL writes go through COPY
-POSITIONS = "provisioner_projection_positions"
 VERSIONS = "provisioner_projection_versions"
 
 
 def version_of(proj: Projection) -> int:
     """What a projection's rows mean, as a number (1 unless it says otherwise)."""
     return int(getattr(proj, "version", 1))
-
-
-class ViewsNotInitialised(DatabaseNotInitialised):
-    """The projection tables do not exist yet."""
 
 
 class UnknownProjection(ValueError):
@@ -71,68 +74,6 @@ def projection(name: str) -> Projection:
     except KeyError:
         names = ", ".join(PROJECTIONS)
         raise UnknownProjection(f"no projection named {name!r}; known: {names}") from None
-
-
-class _Dialect:
-    """What differs between PostgreSQL and SQLite: placeholders, types, values."""
-
-    postgres: bool
-
-    def __init__(self, postgres: bool) -> None:
-        self.postgres = postgres
-        self.p = "%s" if postgres else "?"
-
-    def sql_type(self, kind: str) -> str:
-        if kind == TS:
-            return "timestamptz" if self.postgres else "text"
-        if kind == INT:
-            return "bigint" if self.postgres else "integer"
-        return "text"
-
-    def converts(self, kind: str) -> bool:
-        """Whether values of this kind need `to_db` (the rest pass as they are)."""
-        return kind == LIST or (kind == TS and not self.postgres)
-
-    def to_db(self, kind: str, value: Any) -> Any:
-        if value is None:
-            return None
-        if kind == LIST:
-            return json.dumps(value)
-        if kind == TS and not self.postgres:
-            # One offset for every stored time, so that text order is time order.
-            return value.astimezone(UTC).isoformat(timespec="microseconds")
-        return value
-
-    def from_db(self, kind: str, value: Any) -> Any:
-        if value is None:
-            return None
-        if kind == LIST:
-            return json.loads(value)
-        if kind == TS and not self.postgres:
-            return datetime.fromisoformat(value)
-        return value
-
-
-def _copy_ddl(dialect: _Dialect, proj: Projection, copy: str) -> list[str]:
-    columns = ", ".join(
-        f"{name} {dialect.sql_type(kind)}" + (" PRIMARY KEY" if name == proj.key else "")
-        for name, kind in proj.columns.items()
-    )
-    statements = [f"CREATE TABLE IF NOT EXISTS {copy} ({columns})"]
-    for index in proj.indexes:
-        cols = ", ".join(index.columns)
-        name = f"{copy}_{index.suffix}"
-        if index.unique and dialect.postgres:
-            # Deferred: within one batch a workspace may pass from one row to another.
-            statements.append(
-                f"ALTER TABLE {copy} ADD CONSTRAINT {name} UNIQUE ({cols}) "
-                "DEFERRABLE INITIALLY DEFERRED"
-            )
-            continue
-        unique = "UNIQUE " if index.unique else ""
-        where = f" WHERE {index.where}" if index.where else ""
-        statements.append(f"CREATE {unique}INDEX IF NOT EXISTS {name} ON {copy} ({cols}){where}")
-    return statements
 
 
 class SqlViewStore:
@@ -148,7 +89,7 @@ class SqlViewStore:
         self.url = url
         self.read_only = read_only
         self.wait_s = wait_s
-        self.dialect = _Dialect(is_postgres(url))
+        self.dialect = Dialect(is_postgres(url))
         self._pg: psycopg.Connection[Any] | None = None
         self._lite: sqlite3.Connection | None = None
 
@@ -212,15 +153,6 @@ class SqlViewStore:
             raise
         conn.execute("COMMIT")
 
-    def _one(self, cur: Any, sql: str, *params: Any) -> Any:
-        row = cur.execute(sql, params).fetchone()
-        if row is None:
-            return None
-        return dict(row)
-
-    def _all(self, cur: Any, sql: str, *params: Any) -> list[dict[str, Any]]:
-        return [dict(row) for row in cur.execute(sql, params).fetchall()]
-
     # Schema.
 
     def setup(self) -> None:
@@ -256,10 +188,10 @@ class SqlViewStore:
                 "(name text PRIMARY KEY, version integer NOT NULL)"
             )
             for proj in PROJECTIONS.values():
-                if self._one(cur, f"SELECT name FROM {REGISTRY} WHERE name = {p}", proj.name):
+                if one(cur, f"SELECT name FROM {REGISTRY} WHERE name = {p}", proj.name):
                     continue
                 copy = f"{proj.name}_g1"
-                for statement in _copy_ddl(self.dialect, proj, copy):
+                for statement in copy_ddl(self.dialect, proj, copy):
                     cur.execute(statement)
                 cur.execute(f"INSERT INTO {POSITIONS} VALUES ({p}, 0)", (copy,))
                 cur.execute(f"INSERT INTO {REGISTRY} VALUES ({p}, {p}, NULL, 1)", (proj.name, copy))
@@ -278,7 +210,7 @@ class SqlViewStore:
         """Projections whose live copy was built by older code (a copy from before
         versions were recorded counts as version 1): rebuild them."""
         with self._tx(immediate=False) as cur:
-            stored = {r["name"]: r["version"] for r in self._all(cur, f"SELECT * FROM {VERSIONS}")}
+            stored = {r["name"]: r["version"] for r in all_rows(cur, f"SELECT * FROM {VERSIONS}")}
         return [p for p in PROJECTIONS.values() if stored.get(p.name, 1) < version_of(p)]
 
     def _point_view(self, cur: Any, name: str, copy: str) -> None:
@@ -292,7 +224,7 @@ class SqlViewStore:
         """Raise ViewsNotInitialised with what to do if the tables are missing."""
         if self.dialect.postgres:
             with self._tx() as cur:
-                found = self._one(cur, "SELECT to_regclass(%s) AS t", f"public.{REGISTRY}")
+                found = one(cur, "SELECT to_regclass(%s) AS t", f"public.{REGISTRY}")
             if found and found["t"]:
                 return
             raise ViewsNotInitialised(
@@ -300,7 +232,7 @@ class SqlViewStore:
             )
         with self._tx(immediate=False) as cur:
             sql = "SELECT count(*) AS n FROM sqlite_master WHERE type = 'view' AND name = ?"
-            views = sum(self._one(cur, sql, name)["n"] for name in PROJECTIONS)
+            views = sum(one(cur, sql, name)["n"] for name in PROJECTIONS)
         if views < len(PROJECTIONS):
             if self.read_only:
                 raise ViewsNotInitialised(
@@ -311,7 +243,7 @@ class SqlViewStore:
     def _registry(self, cur: Any, name: str, lock: str = "") -> dict[str, Any]:
         p = self.dialect.p
         lock = lock if self.dialect.postgres else ""
-        entry = self._one(cur, f"SELECT * FROM {REGISTRY} WHERE name = {p} {lock}", name)
+        entry = one(cur, f"SELECT * FROM {REGISTRY} WHERE name = {p} {lock}", name)
         if entry is None:
             raise ViewsNotInitialised(
                 f"projection {name} is not set up: run `provisioner db init` first"
@@ -325,21 +257,21 @@ class SqlViewStore:
         with self._tx(immediate=False) as cur:
             if copy is None:
                 copy = str(self._registry(cur, proj.name)["live"])
-            found = self._one(cur, f"SELECT position FROM {POSITIONS} WHERE copy = {p}", copy)
+            found = one(cur, f"SELECT position FROM {POSITIONS} WHERE copy = {p}", copy)
         if found is None:
             raise ViewsNotInitialised(f"copy {copy} has no position: was it dropped?")
         return copy, int(found["position"])
 
     @contextmanager
-    def live_batch(self, proj: Projection) -> Iterator[_SqlBatch]:
+    def live_batch(self, proj: Projection) -> Iterator[SqlBatch]:
         with self._tx() as cur:
             entry = self._registry(cur, proj.name, "FOR SHARE")
-            yield _SqlBatch(self, cur, proj, entry["live"])
+            yield SqlBatch(self.dialect, cur, proj, entry["live"])
 
     @contextmanager
-    def copy_batch(self, proj: Projection, copy: str) -> Iterator[_SqlBatch]:
+    def copy_batch(self, proj: Projection, copy: str) -> Iterator[SqlBatch]:
         with self._tx() as cur:
-            yield _SqlBatch(self, cur, proj, copy)
+            yield SqlBatch(self.dialect, cur, proj, copy)
 
     def begin_rebuild(self, proj: Projection) -> str:
         p = self.dialect.p
@@ -350,7 +282,7 @@ class SqlViewStore:
             generation = entry["generation"] + 1
             copy = f"{proj.name}_g{generation}"
             cur.execute(f"DROP TABLE IF EXISTS {copy}")
-            for statement in _copy_ddl(self.dialect, proj, copy):
+            for statement in copy_ddl(self.dialect, proj, copy):
                 cur.execute(statement)
             cur.execute(f"DELETE FROM {POSITIONS} WHERE copy = {p}", (copy,))
             cur.execute(f"INSERT INTO {POSITIONS} VALUES ({p}, 0)", (copy,))
@@ -361,13 +293,13 @@ class SqlViewStore:
         return copy
 
     @contextmanager
-    def switch(self, proj: Projection, copy: str) -> Iterator[_SqlBatch]:
+    def switch(self, proj: Projection, copy: str) -> Iterator[SqlBatch]:
         p = self.dialect.p
         with self._tx() as cur:
             entry = self._registry(cur, proj.name, "FOR UPDATE")
             if entry["building"] != copy:
                 raise PositionConflict(f"{copy} is no longer being built for {proj.name}")
-            yield _SqlBatch(self, cur, proj, copy)
+            yield SqlBatch(self.dialect, cur, proj, copy)
             old = entry["live"]
             cur.execute(
                 f"UPDATE {REGISTRY} SET live = {p}, building = NULL WHERE name = {p}",
@@ -386,12 +318,12 @@ class SqlViewStore:
         report = []
         with self._tx(immediate=False) as cur:
             positions = {
-                r["copy"]: r["position"] for r in self._all(cur, f"SELECT * FROM {POSITIONS}")
+                r["copy"]: r["position"] for r in all_rows(cur, f"SELECT * FROM {POSITIONS}")
             }
             for proj in PROJECTIONS.values():
                 entry = self._registry(cur, proj.name)
                 # Through the view: a switch may drop the copy named in `entry`.
-                rows = self._one(cur, f"SELECT count(*) AS n FROM {proj.name}")["n"]
+                rows = one(cur, f"SELECT count(*) AS n FROM {proj.name}")["n"]
                 position = positions.get(entry["live"], 0)
                 item = {
                     "projection": proj.name,
@@ -414,7 +346,7 @@ class SqlViewStore:
         column = "notification_id" if self.dialect.postgres else "rowid"
         sql = f"SELECT count(*) AS n FROM {table} WHERE {column} > {p} AND topic IN ({marks})"
         with self._tx(immediate=False) as cur:
-            return int(self._one(cur, sql, after, *topics)["n"])
+            return int(one(cur, sql, after, *topics)["n"])
 
     def rows(
         self,
@@ -434,119 +366,8 @@ class SqlViewStore:
         if limit is not None:
             sql += f" LIMIT {int(limit)}"
         with self._tx(immediate=False) as cur:
-            found = self._all(cur, sql.replace("?", self.dialect.p), *params)
-        return [self._decode(proj, row) for row in found]
-
-    def _decode(self, proj: Projection, row: dict[str, Any]) -> Row:
-        return {name: self.dialect.from_db(kind, row[name]) for name, kind in proj.columns.items()}
-
-
-class _SqlBatch:
-    def __init__(self, store: SqlViewStore, cur: Any, proj: Projection, copy: str) -> None:
-        self.store = store
-        self.cur = cur
-        self.proj = proj
-        self.copy = copy
-        p = store.dialect.p
-        found = store._one(cur, f"SELECT position FROM {POSITIONS} WHERE copy = {p}", copy)
-        if found is None:
-            raise ViewsNotInitialised(f"copy {copy} has no position: was it dropped?")
-        self.position: int = int(found["position"])
-        cols = list(proj.columns)
-        updates = ", ".join(f"{c} = excluded.{c}" for c in cols if c != proj.key)
-        self._upsert = (
-            f"INSERT INTO {copy} ({', '.join(cols)}) VALUES ({', '.join([p] * len(cols))}) "
-            f"ON CONFLICT ({proj.key}) DO UPDATE SET {updates}"
-        )
-        self._upsert_from = (
-            f"INSERT INTO {copy} ({', '.join(cols)}) SELECT {', '.join(cols)} FROM {{stage}} "
-            f"ON CONFLICT ({proj.key}) DO UPDATE SET {updates}"
-        )
-        self._unique = [c for i in proj.indexes if i.unique for c in i.columns]
-
-    def load(self, column: str, values: set[str]) -> list[Row]:
-        store, found = self.store, []
-        if store.dialect.postgres:
-            sql = f"SELECT * FROM {self.copy} WHERE {column} = ANY(%s)"
-            found = store._all(self.cur, sql, list(values))
-        else:
-            ordered = list(values)
-            for start in range(0, len(ordered), 500):
-                chunk = ordered[start : start + 500]
-                marks = ", ".join("?" * len(chunk))
-                sql = f"SELECT * FROM {self.copy} WHERE {column} IN ({marks})"
-                found += store._all(self.cur, sql, *chunk)
-        return [store._decode(self.proj, row) for row in found]
-
-    def write(self, rows: list[Row]) -> None:
-        if not rows:
-            return
-        if not self.store.dialect.postgres:
-            self._release_unique_values(rows)
-        to_db = self.store.dialect.to_db
-        names = list(self.proj.columns)
-        convert = [
-            (i, kind)
-            for i, kind in enumerate(self.proj.columns.values())
-            if self.store.dialect.converts(kind)
-        ]
-        params = []
-        for row in rows:
-            values = [row.get(name) for name in names]
-            for i, kind in convert:
-                values[i] = to_db(kind, values[i]) if values[i] is not None else None
-            params.append(tuple(values))
-        if self.store.dialect.postgres and len(params) >= COPY_FROM:
-            self._copy_upsert(params)
-        else:
-            self.cur.executemany(self._upsert, params)
-
-    def _release_unique_values(self, rows: list[Row]) -> None:
-        """SQLite checks a unique index row by row, not at commit: a workspace passing
-        from one stored row to another within the batch would collide with the
-        value the other row still holds. Clearing the batch's rows' unique values
-        first (in the same transaction) lets the upserts set them in any order."""
-        if not self._unique:
-            return
-        keys = [row[self.proj.key] for row in rows]
-        clear = ", ".join(f"{column} = NULL" for column in self._unique)
-        for start in range(0, len(keys), 500):
-            chunk = keys[start : start + 500]
-            marks = ", ".join("?" * len(chunk))
-            self.cur.execute(
-                f"UPDATE {self.copy} SET {clear} WHERE {self.proj.key} IN ({marks})", chunk
-            )
-
-    def _copy_upsert(self, params: list[tuple[Any, ...]]) -> None:
-        """Many rows: COPY them into a session-local staging table, upsert from there.
-
-        Several times cheaper for the server than one upsert statement per row.
-        """
-        stage = f"stage_{self.copy}"
-        cols = ", ".join(self.proj.columns)
-        # Dropped at commit; emptied first, since one transaction (the switch)
-        # may write several batches.
-        self.cur.execute(
-            f"CREATE TEMP TABLE IF NOT EXISTS {stage} "
-            f"(LIKE {self.copy} INCLUDING DEFAULTS) ON COMMIT DROP"
-        )
-        self.cur.execute(f"TRUNCATE {stage}")
-        with self.cur.copy(f"COPY {stage} ({cols}) FROM STDIN") as copy:
-            for row in params:
-                copy.write_row(row)
-        self.cur.execute(self._upsert_from.format(stage=stage))
-
-    def advance(self, to: int) -> None:
-        p = self.store.dialect.p
-        result = self.cur.execute(
-            f"UPDATE {POSITIONS} SET position = {p} WHERE copy = {p} AND position = {p}",
-            (to, self.copy, self.position),
-        )
-        if result.rowcount != 1:
-            raise PositionConflict(
-                f"{self.copy} moved past {self.position} meanwhile (another runner?)"
-            )
-        self.position = to
+            found = all_rows(cur, sql.replace("?", self.dialect.p), *params)
+        return [self.dialect.decode(proj, row) for row in found]
 
 
 def _sqlite_target(url: str, *, read_only: bool = False) -> str:
@@ -600,50 +421,3 @@ def init_read_models(url: str) -> None:
 def memory_views_url() -> str:
     """Read models for a memory:// event store: an in-process SQLite database."""
     return f"memory://{uuid.uuid4().hex}"
-
-
-def brand_workspace(store: SqlViewStore, brand_id: str) -> Row | None:
-    """The brand's row of `brand_workspaces` (the pointer the host platform reads)."""
-    found = store.rows(PROJECTIONS["brand_workspaces"], "brand_id = ?", [brand_id])
-    return found[0] if found else None
-
-
-def list_attempts(
-    store: SqlViewStore,
-    *,
-    state: str | None = None,
-    stuck: bool = False,
-    overdue_s: float = 60.0,
-    since: datetime | None = None,
-    brand_id: str | None = None,
-    limit: int = 100,
-    now: datetime | None = None,
-    stuck_after: tuple[datetime, str] | None = None,
-) -> list[Row]:
-    """Rows of `attempts`, newest first. Stuck = pending with the next hop overdue
-    by more than `overdue_s`, most overdue first; `stuck_after` (the last row's
-    next_hop_due and attempt_id) pages through them."""
-    where: list[str] = []
-    params: list[Any] = []
-    to_db = store.dialect.to_db
-    if stuck:
-        cutoff = (now or datetime.now(UTC)) - timedelta(seconds=overdue_s)
-        where += ["state = 'pending'", "next_hop_due < ?"]
-        params.append(to_db(TS, cutoff))
-        if stuck_after is not None:
-            due = to_db(TS, stuck_after[0])
-            where.append("(next_hop_due > ? OR (next_hop_due = ? AND attempt_id > ?))")
-            params += [due, due, stuck_after[1]]
-    elif state:
-        where.append("state = ?")
-        params.append(state)
-    if since is not None:
-        where.append("started_at >= ?")
-        params.append(to_db(TS, since))
-    if brand_id is not None:
-        where.append("brand_id = ?")
-        params.append(brand_id)
-    order = "next_hop_due, attempt_id" if stuck else "started_at DESC"
-    return store.rows(
-        PROJECTIONS["attempts"], " AND ".join(where), params, order=order, limit=limit
-    )

@@ -167,7 +167,7 @@ def attempts(
     as_json: bool,
 ) -> None:
     """Attempts from the `attempts` projection, newest first (stuck: most overdue first)."""
-    from infrastructure.views import list_attempts
+    from infrastructure.view_queries import list_attempts
 
     if stuck and state not in (None, "pending"):
         raise click.UsageError("--stuck lists pending attempts; drop --state or use pending")

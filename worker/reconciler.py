@@ -37,7 +37,8 @@ from infrastructure.broker import Broker
 from infrastructure.failures import Backoff
 from infrastructure.outages import Outage, refusal, which_service
 from infrastructure.service import ProvisioningService
-from infrastructure.views import PROJECTIONS, SqlViewStore, list_attempts
+from infrastructure.view_queries import list_attempts
+from infrastructure.views import PROJECTIONS, SqlViewStore
 from projections.core import Row
 
 log = logging.getLogger("provisioner.reconciler")

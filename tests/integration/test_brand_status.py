@@ -14,12 +14,12 @@ from infrastructure.eventstore import ProvisionerApplication, open_event_store
 from infrastructure.fake_gateway import FakeGateway
 from infrastructure.gateway import HttpGateway
 from infrastructure.service import ProvisioningService
+from infrastructure.view_queries import brand_workspace
 from infrastructure.views import (
     PROJECTIONS,
     VERSIONS,
     LogSource,
     SqlViewStore,
-    brand_workspace,
 )
 from projections.core import catch_up, rebuild
 from tests.conftest import PARENT, ManualClock

@@ -30,14 +30,14 @@ from infrastructure.eventstore import ProvisionerApplication, open_event_store
 from infrastructure.fake_gateway import FakeGateway
 from infrastructure.gateway import HttpGateway
 from infrastructure.service import ProvisioningService
+from infrastructure.view_queries import brand_workspace, list_attempts
+from infrastructure.view_sql import all_rows, one
 from infrastructure.views import (
     POSITIONS,
     PROJECTIONS,
     REGISTRY,
     LogSource,
     SqlViewStore,
-    brand_workspace,
-    list_attempts,
 )
 from projections.core import PositionConflict, catch_up, rebuild
 from tests.conftest import PARENT, ManualClock
@@ -72,7 +72,7 @@ def live_copy(store: SqlViewStore, name: str) -> str:
 
 def _registry(store: SqlViewStore) -> list[dict[str, Any]]:
     with store._tx(immediate=False) as cur:
-        return store._all(cur, f"SELECT * FROM {REGISTRY}")
+        return all_rows(cur, f"SELECT * FROM {REGISTRY}")
 
 
 def test_rebuild_reproduces_the_live_projection_row_for_row(
@@ -266,7 +266,7 @@ def test_a_projection_process_killed_mid_batch_resumes_without_double_applying(
     def positions() -> dict[str, int]:
         with SqlViewStore(pg_database) as views, views._tx(immediate=False) as cur:
             return {
-                name: int(views._one(cur, f"SELECT position FROM {POSITIONS} WHERE copy = %s",
+                name: int(one(cur, f"SELECT position FROM {POSITIONS} WHERE copy = %s",
                                      live_copy(views, name))["position"])
                 for name in PROJECTIONS
             }  # fmt: skip

@@ -15,7 +15,8 @@ from infrastructure.eventstore import open_event_store
 from infrastructure.fake_gateway import FakeGateway
 from infrastructure.service import ProvisioningService
 from infrastructure.settings import Settings
-from infrastructure.views import PROJECTIONS, LogSource, SqlViewStore, list_attempts
+from infrastructure.view_queries import list_attempts
+from infrastructure.views import PROJECTIONS, LogSource, SqlViewStore
 from projections.core import catch_up
 from tests.conftest import PARENT
 from tests.readmodels import FATES, seed_histories

@@ -1,0 +1,57 @@
+"""What readers ask the read models (docs/read-models.md, "Queries"): a brand's
+pointer, and attempts by state, brand, age or overdue hop."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from infrastructure.views import PROJECTIONS, SqlViewStore
+from projections.core import TS, Row
+
+
+def brand_workspace(store: SqlViewStore, brand_id: str) -> Row | None:
+    """The brand's row of `brand_workspaces` (the pointer the host platform reads)."""
+    found = store.rows(PROJECTIONS["brand_workspaces"], "brand_id = ?", [brand_id])
+    return found[0] if found else None
+
+
+def list_attempts(
+    store: SqlViewStore,
+    *,
+    state: str | None = None,
+    stuck: bool = False,
+    overdue_s: float = 60.0,
+    since: datetime | None = None,
+    brand_id: str | None = None,
+    limit: int = 100,
+    now: datetime | None = None,
+    stuck_after: tuple[datetime, str] | None = None,
+) -> list[Row]:
+    """Rows of `attempts`, newest first. Stuck = pending with the next hop overdue
+    by more than `overdue_s`, most overdue first; `stuck_after` (the last row's
+    next_hop_due and attempt_id) pages through them."""
+    where: list[str] = []
+    params: list[Any] = []
+    to_db = store.dialect.to_db
+    if stuck:
+        cutoff = (now or datetime.now(UTC)) - timedelta(seconds=overdue_s)
+        where += ["state = 'pending'", "next_hop_due < ?"]
+        params.append(to_db(TS, cutoff))
+        if stuck_after is not None:
+            due = to_db(TS, stuck_after[0])
+            where.append("(next_hop_due > ? OR (next_hop_due = ? AND attempt_id > ?))")
+            params += [due, due, stuck_after[1]]
+    elif state:
+        where.append("state = ?")
+        params.append(state)
+    if since is not None:
+        where.append("started_at >= ?")
+        params.append(to_db(TS, since))
+    if brand_id is not None:
+        where.append("brand_id = ?")
+        params.append(brand_id)
+    order = "next_hop_due, attempt_id" if stuck else "started_at DESC"
+    return store.rows(
+        PROJECTIONS["attempts"], " AND ".join(where), params, order=order, limit=limit
+    )
