@@ -18,7 +18,7 @@ import sqlite3
 import psycopg
 from eventsourcing import persistence
 
-from infrastructure.broker import broker_refusal, is_broker_error
+from infrastructure.broker_failures import broker_refusal, is_broker_error
 from infrastructure.eventstore import redact
 from infrastructure.failures import ServiceRefused, causes
 from infrastructure.pg_connect import classify

@@ -10,7 +10,8 @@ from typing import Any
 import click
 from rich.markup import escape
 
-from infrastructure.broker import Broker, Topology, broker_failure
+from infrastructure.broker import Broker, Topology
+from infrastructure.broker_failures import broker_failure
 from infrastructure.settings import Settings
 
 

@@ -50,14 +50,8 @@ from domain.errors import (
     UnknownAttempt,
     UnknownBrand,
 )
-from infrastructure.broker import (
-    BROKER_ERRORS,
-    Broker,
-    DelayScheduler,
-    Topology,
-    broker_refusal,
-    connect,
-)
+from infrastructure.broker import Broker, DelayScheduler, Topology, connect
+from infrastructure.broker_failures import BROKER_ERRORS, broker_refusal
 from infrastructure.failures import Backoff
 from infrastructure.messages import Message
 from infrastructure.outages import Outage

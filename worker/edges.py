@@ -14,7 +14,7 @@ import sqlite3
 import httpx
 from eventsourcing.persistence import PersistenceError
 
-from infrastructure.broker import broker_failure
+from infrastructure.broker_failures import broker_failure
 from infrastructure.eventstore import redact
 from infrastructure.failures import (
     ConfigurationError,

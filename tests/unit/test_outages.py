@@ -12,7 +12,7 @@ from eventsourcing import persistence
 from kombu.exceptions import OperationalError
 
 from infrastructure import messages
-from infrastructure.broker import broker_refusal, is_broker_error
+from infrastructure.broker_failures import broker_refusal, is_broker_error
 from infrastructure.failures import Backoff, ServiceRefused
 from infrastructure.outages import (
     Outage,
