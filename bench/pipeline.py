@@ -1,6 +1,6 @@
 """Pipeline benchmark: N brands through RabbitMQ + PostgreSQL + the fake gateway over HTTP.
 
-    .venv/bin/python bench/pipeline.py [--brands 1000] [--concurrency 32] [--workers 2]
+    .venv/bin/python bench/pipeline.py [--brands 1000] [--concurrency 16] [--workers 2]
                                        [--latency-ms 0] [--json]
 
 Runs the real processes: the fake gateway, `provisioner relay` and
@@ -361,8 +361,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--brands", type=int, default=1000)
-    parser.add_argument("--concurrency", type=int, default=32)
-    parser.add_argument("--workers", type=int, default=2, help="worker processes")
+    parser.add_argument("--concurrency", type=int, default=16, help="hop threads per worker")
+    parser.add_argument("--workers", type=int, default=2, help="worker processes (one a core)")
     parser.add_argument("--latency-ms", type=float, default=0.0)
     parser.add_argument("--brands-per-parent", type=int, default=100)
     parser.add_argument("--timeout", type=float, default=300.0)
