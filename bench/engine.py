@@ -54,19 +54,19 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import httpx
+from common import cpu_since, machine_busy_s, postgres_cpu, proc_cpu_s, start_fake
 from eventsourcing.domain import Aggregate, event
+from inprocess import InProcessEngine
 
 from domain.outcomes import Outcome
 from infrastructure.eventstore import init_database, open_event_store
 from infrastructure.gateway import HttpGateway
 from infrastructure.service import ProvisioningService
-from worker.inprocess import InProcessEngine
 
 DEFAULT_URL = "postgresql://root@127.0.0.1:5432/test"
 TARGET_TX_PER_ATTEMPT = 4.0
 TARGET_RATIO = 0.8
 NOISY_SHARE = 0.1  # machine CPU share used by other processes above which a run is noisy
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 Brand = tuple[str, str, str]  # brand id, title, parent workspace id
 Message = tuple[Any, ...]
@@ -85,41 +85,6 @@ class Stand_in(Aggregate):  # noqa: N801 - reads as what it is
 
 
 # --------------------------------------------------------------------------- CPU accounting
-
-
-def _proc_cpu_s(pid: int | str) -> float:
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK
-
-
-def _postgres_cpu_s() -> dict[str, float]:
-    """CPU seconds of each live process named postgres (server, backends), by pid."""
-    found: dict[str, float] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if (entry / "comm").read_text().strip() == "postgres":
-                    found[entry.name] = _proc_cpu_s(entry.name)
-            except OSError:
-                continue
-    return found
-
-
-def _postgres_cpu_since(before: dict[str, float]) -> float:
-    """CPU the postgres processes used since `before` (a backend gone meanwhile counts 0)."""
-    return sum(cpu - before.get(pid, 0.0) for pid, cpu in _postgres_cpu_s().items())
-
-
-def _machine_busy_s() -> float:
-    """CPU seconds the machine spent busy, all cores (/proc/stat, idle and iowait excluded)."""
-    try:
-        ticks = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
-    except OSError:
-        return 0.0
-    return (sum(ticks) - ticks[3] - ticks[4]) / CLK_TCK
 
 
 def _self_cpu_s() -> float:
@@ -314,7 +279,7 @@ class Workers:
         for index, order in orders.items():
             self.commands[index].put(order)
         self.collect("armed", len(orders))
-        fake, pg, busy = _proc_cpu_s(self.fake.pid), _postgres_cpu_s(), _machine_busy_s()
+        fake, pg, busy = proc_cpu_s(self.fake.pid), postgres_cpu(), machine_busy_s()
         started = time.perf_counter()
         self.go.set()
         reports = self.collect("done", len(orders))
@@ -322,9 +287,9 @@ class Workers:
         return Phase(
             seconds,
             [r[2] for r in reports],
-            _proc_cpu_s(self.fake.pid) - fake,
-            _postgres_cpu_since(pg),
-            _machine_busy_s() - busy,
+            proc_cpu_s(self.fake.pid) - fake,
+            cpu_since(pg, postgres_cpu()),
+            machine_busy_s() - busy,
         )
 
     def collect(self, kind: str, count: int) -> list[Message]:
@@ -341,21 +306,6 @@ class Workers:
                 raise SystemExit(f"unexpected message from a worker: {message!r}")
             got.append(message)
         return got
-
-
-def start_fake(parents: Sequence[str]) -> tuple[subprocess.Popen[str], str]:
-    args = [sys.executable, "-m", "infrastructure.fake_gateway", "--port", "0"]
-    for parent in parents:
-        args += ["--parent", parent]
-    args += ["--seed", str(uuid.uuid4().int % 2**31)]
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, text=True, cwd=ROOT)
-    assert proc.stdout is not None
-    line = proc.stdout.readline()
-    url = line.strip().rsplit(" ", 1)[-1]
-    if not url.startswith("http"):
-        proc.kill()
-        raise SystemExit(f"fake gateway did not start: {line!r}")
-    return proc, url
 
 
 def engine_phase(workers: Workers, attempts: int, per_parent: int, kind: str = "engine") -> Phase:

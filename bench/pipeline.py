@@ -1,6 +1,6 @@
 """Pipeline benchmark: N brands through RabbitMQ + PostgreSQL + the fake gateway over HTTP.
 
-    .venv/bin/python bench/pipeline.py [--brands 1000] [--concurrency 32] [--workers 2]
+    .venv/bin/python bench/pipeline.py [--brands 1000] [--concurrency 16] [--workers 2]
                                        [--latency-ms 0] [--json]
 
 Runs the real processes: the fake gateway, `provisioner relay` and
@@ -42,6 +42,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import psycopg
+from common import cpu_by_name, machine_busy_s, postgres_cpu, proc_cpu_s, start_fake
 from eventsourcing.application import Application
 from eventsourcing.domain import Aggregate
 from kombu.connection import Connection
@@ -53,7 +54,6 @@ from infrastructure.gateway import HttpGateway
 from infrastructure.service import ProvisioningService
 
 LOCAL_PG = "postgresql://root@127.0.0.1:5432"
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 LOCAL_AMQP = "amqp://guest:guest@127.0.0.1:5672//"
 
 
@@ -86,60 +86,6 @@ def spawn(args: list[str], env: dict[str, str]) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, *args], cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True
     )
-
-
-def start_fake(latency_ms: float, parents: list[str]) -> tuple[subprocess.Popen[str], str]:
-    args = ["-m", "infrastructure.fake_gateway", "--port", "0", "--latency-ms", str(latency_ms)]
-    args += ["--seed", str(uuid.uuid4().int % 2**31)]
-    for parent in parents:
-        args += ["--parent", parent]
-    proc = spawn(args, dict(os.environ))
-    assert proc.stdout is not None
-    line = proc.stdout.readline()
-    return proc, line.strip().rsplit(" ", 1)[-1]
-
-
-def proc_cpu_s(pid: int | str) -> float:
-    """CPU seconds (user + system, all threads) of one live process; 0 when gone."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK
-
-
-def cpu_by_name(*names: str) -> dict[str, float]:
-    """CPU seconds of every live process whose comm is one of `names`, by pid."""
-    found: dict[str, float] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if (entry / "comm").read_text().strip() in names:
-                    found[entry.name] = proc_cpu_s(entry.name)
-            except OSError:
-                continue
-    return found
-
-
-def postgres_cpu(database: str) -> dict[str, float]:
-    """CPU seconds of the server's own processes and of the backends serving `database`
-    (not of other databases' backends: the machine may be shared)."""
-    found: dict[str, float] = {}
-    for pid in cpu_by_name("postgres"):
-        try:
-            title = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-        except OSError:
-            continue
-        backend = "127.0.0.1(" in title or "[local]" in title or "autovacuum worker" in title
-        if not backend or f" {database} " in title:
-            found[pid] = proc_cpu_s(pid)
-    return found
-
-
-def machine_busy_s() -> float:
-    """CPU seconds the machine spent busy, all cores (idle and iowait excluded)."""
-    ticks = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
-    return (sum(ticks) - ticks[3] - ticks[4]) / CLK_TCK
 
 
 class CpuMeter:
@@ -304,7 +250,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     publisher.declare()
     publisher.close()
     parents = [f"org-{n}" for n in range(max(1, args.brands // args.brands_per_parent))]
-    fake, gateway_url = start_fake(args.latency_ms, parents)
+    fake, gateway_url = start_fake(parents, latency_ms=args.latency_ms)
     env = dict(os.environ)
     env.update(
         {
@@ -415,8 +361,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--brands", type=int, default=1000)
-    parser.add_argument("--concurrency", type=int, default=32)
-    parser.add_argument("--workers", type=int, default=2, help="worker processes")
+    parser.add_argument("--concurrency", type=int, default=16, help="hop threads per worker")
+    parser.add_argument("--workers", type=int, default=2, help="worker processes (one a core)")
     parser.add_argument("--latency-ms", type=float, default=0.0)
     parser.add_argument("--brands-per-parent", type=int, default=100)
     parser.add_argument("--timeout", type=float, default=300.0)

@@ -39,6 +39,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 
+from common import percentile
 from pipeline import drop_database, fresh_database  # the same fresh-database helpers
 
 from domain.attempt import ProvisioningAttempt
@@ -115,11 +116,6 @@ def scan_rate(app: ProvisionerApplication, batch: int, *, decode: bool) -> tuple
         count += len(notes)
         start = notes[-1].id + 1
     return count, count / (time.perf_counter() - started)
-
-
-def percentile(samples: list[float], q: float) -> float:
-    ordered = sorted(samples)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 def timed_ms(call: Any) -> float:

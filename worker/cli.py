@@ -15,6 +15,7 @@ from typing import Any
 import click
 
 from infrastructure.eventstore import init_database, redact
+from infrastructure.fake_gateway.cli import serve as serve_fake_gateway
 from worker import cli_read
 from worker.cli_support import Failed, declared_broker, load_settings, service_only, views
 
@@ -378,17 +379,7 @@ def reconcile(
     )
 
 
-@main.command(
-    "fake-gateway",
-    context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
-    add_help_option=False,
-)
-@click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def fake_gateway(args: tuple[str, ...]) -> None:
-    """Serve the fake workspace gateway (see `provisioner fake-gateway --help`)."""
-    from infrastructure.fake_gateway import main as fake_main
-
-    sys.exit(fake_main(list(args)))
+main.add_command(serve_fake_gateway, "fake-gateway")
 
 
 @main.command()

@@ -451,3 +451,19 @@ def test_scripted_titles_get_their_fate_instead_of_a_random_draw() -> None:
             answer = client.post("/_fake/scripts", json={"S": ""})
         assert polls == ["not ready", "not ready", "created"]
         assert answer.json() == {"Z": "zombie"}
+
+
+def test_provisioner_fake_gateway_takes_every_knob_and_refuses_a_bad_one() -> None:
+    from click.testing import CliRunner
+
+    from infrastructure.fake_gateway import KNOB_NAMES
+    from worker.cli import main
+
+    runner = CliRunner()
+    shown = runner.invoke(main, ["fake-gateway", "--help"])
+    assert shown.exit_code == 0
+    for name in KNOB_NAMES:
+        assert "--" + name.replace("_", "-") in shown.output
+    refused = runner.invoke(main, ["fake-gateway", "--port", "0", "--zombie-rate", "2"])
+    assert refused.exit_code == 2
+    assert "zombie_rate is a rate between 0 and 1" in refused.output

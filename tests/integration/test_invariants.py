@@ -17,6 +17,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+from bench.inprocess import InProcessEngine
 from domain.policies import AttemptState, Backoff, FailureReason
 from domain.ports import TransientGatewayError
 from infrastructure.eventstore import ProvisionerApplication
@@ -24,7 +25,6 @@ from infrastructure.fake_gateway import FakeGateway
 from infrastructure.gateway import HttpGateway
 from infrastructure.service import EngineSettings, ProvisioningService
 from tests.conftest import PARENT, TOKEN
-from worker.inprocess import InProcessEngine
 
 FAULTS = {
     "settle_polls": 2,

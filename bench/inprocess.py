@@ -5,8 +5,9 @@ hops scheduled for later, keyed by their due time, and releases each when it
 is due. A hop that raises (database unreachable, too much contention) is
 retried later like an unacknowledged message, never recorded as a failure.
 
-Used by the demo, the engine benchmark, and tests; the RabbitMQ worker drives
-the same `ProvisioningService.run_hop`.
+Used by the engine benchmark (bench/engine.py) and an integration test
+(tests/integration/test_invariants.py); the RabbitMQ worker drives the same
+`ProvisioningService.run_hop`. Not part of the product: it lives with its users.
 """
 
 from __future__ import annotations

@@ -1,7 +1,6 @@
 """Measure the fake gateway alone: status calls from concurrent keep-alive httpx clients.
 
-Starts ``python -m infrastructure.fake_gateway --port 0`` in a subprocess, reads
-the URL from its "listening" line, seeds one workspace, then runs THREADS
+Starts the fake in a subprocess (bench/common.py), seeds one workspace, then runs THREADS
 threads, each with its own ``httpx.Client`` (or, with ``--client raw``, a
 minimal keep-alive socket client), doing CALLS status GETs each.
 Prints p50/p99/max latency in ms, calls/s, and (on Linux) the fake's CPU time
@@ -9,52 +8,21 @@ per call, which separates the server's cost from the client's: with several
 client threads in one Python process the client's own GIL shows up in the
 latency figures.
 
-    PYTHONPATH=. python bench/fake_gateway.py [--threads 8] [--calls 2000] [--client raw]
+    PYTHONPATH=. python bench/fake_gateway_load.py [--threads 8] [--calls 2000] [--client raw]
 """
 
 from __future__ import annotations
 
 import argparse
-import os
-import re
 import socket
 import statistics
-import subprocess
-import sys
 import threading
 import time
-from pathlib import Path
 
 import httpx
+from common import percentile, proc_cpu_s, start_fake
 
-ROOT = Path(__file__).resolve().parent.parent
 AUTH = {"Authorization": "Bearer bench"}
-
-
-def start_fake() -> tuple[subprocess.Popen[str], str]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "infrastructure.fake_gateway", "--port", "0"],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    assert proc.stdout is not None
-    line = proc.stdout.readline()
-    match = re.search(r"listening on (http://\S+)", line)
-    if match is None:
-        proc.kill()
-        raise SystemExit(f"unexpected first line from the fake: {line!r}")
-    return proc, match.group(1)
-
-
-def cpu_seconds(pid: int) -> float | None:
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def httpx_worker(
@@ -103,11 +71,6 @@ def raw_worker(url: str, path: str, calls: int, start: threading.Barrier, out: l
 WORKERS = {"httpx": httpx_worker, "raw": raw_worker}
 
 
-def percentile(sorted_values: list[float], q: float) -> float:
-    index = min(len(sorted_values) - 1, round(q * (len(sorted_values) - 1)))
-    return sorted_values[index]
-
-
 def run(threads: int, calls: int, client: str) -> None:
     proc, url = start_fake()
     try:
@@ -125,11 +88,11 @@ def run(threads: int, calls: int, client: str) -> None:
         for thread in pool:
             thread.start()
         barrier.wait()
-        cpu_before, began = cpu_seconds(proc.pid), time.perf_counter()
+        cpu_before, began = proc_cpu_s(proc.pid), time.perf_counter()
         client_cpu = time.process_time()
         for thread in pool:
             thread.join()
-        elapsed, cpu_after = time.perf_counter() - began, cpu_seconds(proc.pid)
+        elapsed, cpu_after = time.perf_counter() - began, proc_cpu_s(proc.pid)
         client_cpu = time.process_time() - client_cpu
         latencies = sorted(x for r in results for x in r)
         print(f"{threads} threads x {calls} status GETs, keep-alive {client} clients")
@@ -144,8 +107,8 @@ def run(threads: int, calls: int, client: str) -> None:
 def report(
     latencies: list[float],
     elapsed: float,
-    cpu_before: float | None,
-    cpu_after: float | None,
+    cpu_before: float,
+    cpu_after: float,
 ) -> None:
     total = len(latencies)
     print(
@@ -154,7 +117,7 @@ def report(
         f"  max {1000 * latencies[-1]:.3f}  mean {1000 * statistics.fmean(latencies):.3f}"
     )
     print(f"throughput: {total / elapsed:,.0f} calls/s over {elapsed:.2f} s")
-    if cpu_before is not None and cpu_after is not None:
+    if cpu_after > 0:  # 0 where /proc is not there
         print(f"fake CPU per call: {1000 * (cpu_after - cpu_before) / total:.3f} ms")
 
 

@@ -1,0 +1,99 @@
+"""What the benchmarks share: starting the fake gateway, reading CPU time, percentiles.
+
+Imported by the scripts in bench/ (which put the project root on sys.path first).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def start_fake(
+    parents: Sequence[str] = (), *, latency_ms: float = 0.0, seed: int | None = None
+) -> tuple[subprocess.Popen[str], str]:
+    """`provisioner fake-gateway` in a subprocess on a free port: (process, base URL).
+
+    A random seed unless one is given, so that runs do not replay one draw.
+    """
+    args = [sys.executable, "-m", "infrastructure.fake_gateway", "--port", "0"]
+    for parent in parents:
+        args += ["--parent", parent]
+    args += ["--latency-ms", str(latency_ms)]
+    args += ["--seed", str(uuid.uuid4().int % 2**31 if seed is None else seed)]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    match = re.search(r"listening on (http://\S+)", line)
+    if match is None:
+        proc.kill()
+        raise SystemExit(f"the fake gateway did not start: {line!r}")
+    return proc, match.group(1)
+
+
+def proc_cpu_s(pid: int | str) -> float:
+    """CPU seconds (user + system, all threads) of one live process; 0 when gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def cpu_by_name(*names: str) -> dict[str, float]:
+    """CPU seconds of every live process whose comm is one of `names`, by pid."""
+    found: dict[str, float] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if (entry / "comm").read_text().strip() in names:
+                    found[entry.name] = proc_cpu_s(entry.name)
+            except OSError:
+                continue
+    return found
+
+
+def postgres_cpu(database: str | None = None) -> dict[str, float]:
+    """CPU seconds of PostgreSQL's processes by pid: with `database`, only the server's
+    own processes and the backends serving that database (the machine may be shared)."""
+    found: dict[str, float] = {}
+    for pid, cpu in cpu_by_name("postgres").items():
+        if database is not None:
+            try:
+                title = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+            except OSError:
+                continue
+            backend = "127.0.0.1(" in title or "[local]" in title or "autovacuum worker" in title
+            if backend and f" {database} " not in title:
+                continue
+        found[pid] = cpu
+    return found
+
+
+def cpu_since(before: dict[str, float], now: dict[str, float]) -> float:
+    """CPU used between two samples by pid (a process gone meanwhile counts 0)."""
+    return sum(cpu - before.get(pid, 0.0) for pid, cpu in now.items())
+
+
+def machine_busy_s() -> float:
+    """CPU seconds the machine spent busy, all cores (idle and iowait excluded)."""
+    try:
+        ticks = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+    except OSError:
+        return 0.0
+    return (sum(ticks) - ticks[3] - ticks[4]) / CLK_TCK
+
+
+def percentile(samples: Sequence[float], q: float) -> float:
+    """The q-quantile (0..1) of the samples, nearest rank."""
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]

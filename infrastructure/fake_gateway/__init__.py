@@ -1,0 +1,75 @@
+"""A fake of the SaaS workspace gateway: a real HTTP server on loopback.
+
+It speaks the calls of the gateway contract (docs/gateway.md) so that the
+demo, the tests, the benchmarks and the reliability suite all exercise the real
+HTTP adapter, and it adds admin endpoints under ``/_fake/`` to read, reset and
+reconfigure it. Standard library only (`http.server` parses the requests).
+
+Modules: `config` (the knobs), `state` (what the fake knows and answers),
+`routes` (gateway and admin routes, latency and faults), `server` (HTTP and
+`FakeGateway`), `cli` (the `provisioner fake-gateway` command).
+
+Gateway calls (need ``Authorization: Bearer <non-empty>``, else 401)::
+
+    POST   /v2/workspaces/{parent}/child          {"title": T, "resources": {...}}
+    GET    /v1/workspaces/{id}/status             {"status": S}
+    GET    /v1/workspaces/{parent}/family         [{"id","title","status"}, ...] parent first
+    GET    /v1/workspaces/{id}/projects?type=ai   {"items": [{"id": P}, ...]}
+    DELETE /v1/workspaces/{id}/projects/{pid}     204, 404 when gone
+
+Admin calls (JSON in and out, no auth, no faults, not counted)::
+
+    GET  /_fake/state                     workspaces, creates per title, calls per operation
+    POST /_fake/reset                     forget everything but the configured parents
+    POST /_fake/config                    set knobs (a subset), answer the whole config
+    POST /_fake/workspaces                seed {"title","parent","status","projects": n}
+    POST /_fake/workspaces/{id}/projects  add a project, answer {"id": P}
+    POST /_fake/scripts                   {"title": "fate"}: fix what creates of that
+                                          title do (zombie, creation_failed,
+                                          timeout_after_create, timeout_without_create,
+                                          slow:N polls; "" clears); for demos and tests
+
+Behaviour worth knowing:
+
+* A created child answers ``not ready`` until it settles: after ``settle_polls``
+  status polls answered ``not ready`` AND ``settle_s`` seconds since creation.
+  It then becomes ``created`` (or ``creation_failed`` if it was drawn terminal
+  at creation time); a zombie stays ``not ready`` forever. The family listing
+  and the admin state show what a poll would answer now, without counting as one.
+* Seeded workspaces (admin, ``same_title_others``) and the parents keep the
+  status they were given. ``status_case`` re-cases the status strings of gateway
+  answers only; the admin state always shows them as stored.
+* A create "timeout" either closes the connection unanswered (``hang_s`` = 0)
+  or holds the request ``hang_s`` seconds (past the client's read timeout), then
+  sends the real answer (timeout after create) or closes unanswered (timeout
+  without create). Every create received is counted in ``creates``, including
+  those that time out or are refused.
+* ``same_title_others`` = n: on a create of title T under a parent that has no
+  child titled T yet, n ready children titled T with one project each are
+  seeded first. They stand for same-title workspaces of OTHER brands.
+* Random draws come from one ``random.Random(seed)`` under the state lock, and
+  only for knobs whose rate is strictly between 0 and 1, so a fake started with
+  the same seed and fed the same calls in the same order behaves the same.
+  Ids are never reused within one fake's lifetime, even across resets.
+* ``POST /_fake/reset`` keeps the configuration and the parents given at start
+  (with their projects untouched); workspaces seeded with ``parent`` null are
+  dropped like any other.
+"""
+
+from infrastructure.fake_gateway.config import (
+    KNOB_NAMES,
+    STATUS_CASES,
+    FakeConfig,
+    InvalidKnobError,
+    JsonObject,
+)
+from infrastructure.fake_gateway.server import FakeGateway
+
+__all__ = [
+    "KNOB_NAMES",
+    "STATUS_CASES",
+    "FakeConfig",
+    "FakeGateway",
+    "InvalidKnobError",
+    "JsonObject",
+]

@@ -1,0 +1,249 @@
+"""The fake gateway's HTTP server (the standard library's `http.server`) and
+`FakeGateway`, which starts and stops it and offers the admin calls in process."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import socket
+import socketserver
+import sys
+import threading
+from collections.abc import Sequence
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from types import TracebackType
+from typing import Any, Self
+from urllib.parse import parse_qs, urlsplit
+
+from infrastructure.fake_gateway.config import FakeConfig, JsonObject
+from infrastructure.fake_gateway.routes import Dispatcher
+from infrastructure.fake_gateway.state import FakeState, NotFoundError, Reply, Request
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    request_queue_size = 128
+
+    def __init__(self, address: tuple[str, int], dispatcher: Dispatcher) -> None:
+        self.dispatcher = dispatcher
+        self.connections: set[socket.socket] = set()
+        self.connections_lock = threading.Lock()
+        super().__init__(address, _RequestHandler)
+
+    def server_bind(self) -> None:
+        """Bind without ``socket.getfqdn`` (a DNS lookup the fake has no use for)."""
+        socketserver.TCPServer.server_bind(self)
+        host, port = self.server_address[:2]
+        self.server_name, self.server_port = str(host), int(port)
+
+    def track(self, connection: socket.socket, *, add: bool) -> None:
+        with self.connections_lock:
+            if add:
+                self.connections.add(connection)
+            else:
+                self.connections.discard(connection)
+
+    def drop_connections(self) -> None:
+        """Shut down every open keep-alive connection so its thread ends."""
+        with self.connections_lock:
+            open_connections = list(self.connections)
+        for connection in open_connections:
+            with contextlib.suppress(OSError):
+                connection.shutdown(socket.SHUT_RDWR)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        if isinstance(sys.exc_info()[1], OSError):
+            return  # the client went away; nothing to report
+        super().handle_error(request, client_address)
+
+
+class _RequestHandler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True
+    server_version = "fake-gateway/1"
+    server: _Server
+
+    def setup(self) -> None:
+        super().setup()
+        self.server.track(self.connection, add=True)
+
+    def finish(self) -> None:
+        self.server.track(self.connection, add=False)
+        super().finish()
+
+    def log_message(self, format: str, *args: Any) -> None:
+        """Stay quiet: the fake serves thousands of calls in a benchmark."""
+
+    def do_GET(self) -> None:
+        self._serve()
+
+    def do_POST(self) -> None:
+        self._serve()
+
+    def do_DELETE(self) -> None:
+        self._serve()
+
+    def do_PUT(self) -> None:
+        self._serve()
+
+    def do_PATCH(self) -> None:
+        self._serve()
+
+    def _serve(self) -> None:
+        request = self._read_request()
+        if request is None:
+            return
+        reply = self.server.dispatcher.dispatch(request)
+        if reply.timeout:
+            self._play_timeout(reply)
+        else:
+            self._send(reply.status, reply.body)
+
+    def _read_request(self) -> Request | None:
+        if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
+            self.close_connection = True
+            self._send(411, {"error": "send a Content-Length"})
+            return None
+        try:
+            length = int(self.headers.get("Content-Length") or 0)
+        except ValueError:
+            length = -1
+        if length < 0:
+            self.close_connection = True
+            self._send(400, {"error": "bad Content-Length"})
+            return None
+        body = self.rfile.read(length) if length else b""
+        parts = urlsplit(self.path)
+        return Request(
+            self.command,
+            parts.path,
+            parse_qs(parts.query),
+            self.headers.get("Authorization", ""),
+            body,
+        )
+
+    def _play_timeout(self, reply: Reply) -> None:
+        if reply.hold_s > 0:
+            self.server.dispatcher.state.stopping.wait(reply.hold_s)
+            if reply.answer_after_hold:
+                self._send(reply.status, reply.body)
+                return
+        self.close_connection = True  # close unanswered: nothing is written
+
+    def _send(self, status: int, body: object) -> None:
+        payload = b"" if status == 204 else json.dumps(body, separators=(",", ":")).encode()
+        try:
+            self.send_response(status)
+            if status != 204:
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(payload)))
+            if self.close_connection:
+                self.send_header("Connection", "close")
+            self.end_headers()
+            self.wfile.write(payload)
+        except OSError:
+            self.close_connection = True
+
+
+class FakeGateway:
+    """The fake gateway: start it, point the adapter at ``url``, inspect ``state()``."""
+
+    def __init__(
+        self,
+        config: FakeConfig | None = None,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        parents: Sequence[str] = ("org-parent",),
+    ) -> None:
+        self._state = FakeState(config if config is not None else FakeConfig(), parents)
+        self._address = (host, port)
+        self._server: _Server | None = None
+        self._thread: threading.Thread | None = None
+
+    # ---- lifecycle
+
+    def start(self) -> Self:
+        """Bind and serve in a daemon thread; return self."""
+        if self._server is not None:
+            return self
+        self._state.stopping.clear()
+        self._server = _Server(self._address, Dispatcher(self._state))
+        self._thread = threading.Thread(
+            target=self._server.serve_forever,
+            kwargs={"poll_interval": 0.05},
+            name="fake-gateway",
+            daemon=True,
+        )
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop serving, end held requests and open connections, free the port."""
+        server, thread = self._server, self._thread
+        if server is None or thread is None:
+            return
+        self._state.stopping.set()
+        server.shutdown()
+        server.drop_connections()
+        server.server_close()
+        thread.join()
+        self._server = self._thread = None
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    @property
+    def url(self) -> str:
+        """Base URL, e.g. ``http://127.0.0.1:43117`` (only once started)."""
+        if self._server is None:
+            raise RuntimeError("the fake gateway is not started")
+        host, port = self._server.server_address[:2]
+        return f"http://{host!s}:{port}"
+
+    # ---- admin, in process
+
+    @property
+    def parents(self) -> tuple[str, ...]:
+        return self._state.parent_ids
+
+    def configure(self, **knobs: object) -> JsonObject:
+        """Set knobs (ValueError on an unknown knob or bad value); return the whole config."""
+        return self._state.configure(knobs)
+
+    def reset(self) -> None:
+        """Forget every workspace but the parents, and the call counts; keep the config."""
+        self._state.reset()
+
+    def state(self) -> JsonObject:
+        """The same document as ``GET /_fake/state``."""
+        return self._state.snapshot()
+
+    def seed_workspace(
+        self, title: str, parent: str | None, status: str = "created", projects: int = 0
+    ) -> JsonObject:
+        """Add a workspace with a fixed status; ``parent=None`` adds a top-level parent."""
+        try:
+            return self._state.seed_workspace(title, parent, status, projects)
+        except NotFoundError as exc:
+            raise KeyError(str(exc)) from None
+
+    def add_project(self, workspace_id: str) -> str:
+        """Add a project to a workspace; return its id (KeyError if unknown)."""
+        try:
+            return self._state.add_project(workspace_id)
+        except NotFoundError as exc:
+            raise KeyError(str(exc)) from None
+
+    def script(self, title: str, fate: str) -> dict[str, str]:
+        """Fix the fate of creates titled ``title``: zombie, creation_failed,
+        timeout_after_create, timeout_without_create, slow:N ('' clears it)."""
+        return self._state.script(title, fate)

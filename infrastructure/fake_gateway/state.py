@@ -1,0 +1,372 @@
+"""What the fake gateway knows (workspaces, projects, counts, scripts) and the
+gateway calls it answers, as plain requests and replies: no HTTP here."""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import threading
+import time
+import typing
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Literal
+
+from infrastructure.fake_gateway.config import FakeConfig, JsonObject
+
+OPERATIONS = ("create", "status", "family", "list_projects", "delete_project")
+NOT_READY = "not ready"
+
+
+@dataclass
+class Workspace:
+    id: str
+    title: str
+    parent: str | None
+    created_at: str
+    born: float
+    projects: list[str] = field(default_factory=list)
+    fixed_status: str | None = None
+    fate: Literal["created", "creation_failed", "zombie"] = "created"
+    settled: bool = False
+    not_ready_polls: int = 0
+    settle_polls: int | None = None  # a scripted title's own settle time
+    resources: JsonObject = field(default_factory=dict)
+
+
+@dataclass
+class Reply:
+    """What to do with a request: answer it, or play a timeout."""
+
+    status: int = 200
+    body: object = None
+    timeout: bool = False
+    hold_s: float = 0.0
+    answer_after_hold: bool = False
+
+
+@dataclass
+class Request:
+    method: str
+    path: str
+    query: dict[str, list[str]]
+    authorization: str
+    body: bytes
+
+    def json(self) -> object:
+        if not self.body:
+            return {}
+        return json.loads(self.body)
+
+
+class NotFoundError(LookupError):
+    """A workspace or project the fake does not know."""
+
+
+class BadRequestError(ValueError):
+    """A request the fake refuses, with its status code."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def error_reply(status: int, message: str) -> Reply:
+    return Reply(status, {"error": message})
+
+
+def _now_iso() -> str:
+    return datetime.now(UTC).isoformat()
+
+
+def _recase(status: str, mode: str) -> str:
+    if mode == "upper":
+        return status.upper()
+    if mode == "title":
+        return status.title()
+    return status
+
+
+Handler = Callable[[Request, tuple[str, ...]], Reply]
+
+
+_SCRIPT = re.compile(
+    r"|zombie|creation_failed|timeout_after_create|timeout_without_create|slow:\d{1,6}"
+)
+
+
+class FakeState:
+    """Everything the fake knows, guarded by one lock."""
+
+    def __init__(self, config: FakeConfig, parents: Sequence[str]) -> None:
+        self.lock = threading.Lock()
+        self.stopping = threading.Event()
+        self.config = config
+        self.rng = random.Random(config.seed)  # noqa: S311 - reproducible fake, not crypto
+        self._issued: set[str] = set()
+        self.workspaces: dict[str, Workspace] = {}
+        self.creates: dict[str, int] = {}
+        self.calls: dict[str, int] = dict.fromkeys(OPERATIONS, 0)
+        self.scripts: dict[str, str] = {}
+        self.parent_ids = tuple(parents)
+        for parent in self.parent_ids:
+            self._add_parent(parent)
+
+    # ---- helpers (caller holds the lock)
+
+    def _new_id(self, prefix: str) -> str:
+        while True:
+            candidate = f"{prefix}-{self.rng.getrandbits(48):012x}"
+            if candidate not in self._issued:
+                self._issued.add(candidate)
+                return candidate
+
+    def _chance(self, rate: float) -> bool:
+        if rate <= 0:
+            return False
+        if rate >= 1:
+            return True
+        return self.rng.random() < rate
+
+    def _add_parent(self, parent_id: str) -> None:
+        self._issued.add(parent_id)
+        ws = Workspace(
+            parent_id,
+            f"Organisation {parent_id}",
+            None,
+            _now_iso(),
+            time.monotonic(),
+            fixed_status="active",
+        )
+        ws.projects.append(self._new_id("prj"))
+        self.workspaces[parent_id] = ws
+
+    def _get(self, workspace_id: str) -> Workspace:
+        try:
+            return self.workspaces[workspace_id]
+        except KeyError:
+            raise NotFoundError(f"workspace {workspace_id} not found") from None
+
+    def _seed(self, title: str, parent: str | None, status: str, projects: int) -> Workspace:
+        if parent is not None:
+            self._get(parent)
+        ws = Workspace(
+            self._new_id("ws"), title, parent, _now_iso(), time.monotonic(), fixed_status=status
+        )
+        ws.projects.extend(self._new_id("prj") for _ in range(projects))
+        self.workspaces[ws.id] = ws
+        return ws
+
+    def _settles_now(self, ws: Workspace) -> bool:
+        cfg = self.config
+        aged = time.monotonic() - ws.born >= cfg.settle_s
+        polls = cfg.settle_polls if ws.settle_polls is None else ws.settle_polls
+        return ws.fate != "zombie" and aged and ws.not_ready_polls >= polls
+
+    def _peek(self, ws: Workspace) -> str:
+        """The status a poll would answer now, without counting as a poll."""
+        if ws.fixed_status is not None:
+            return ws.fixed_status
+        if not ws.settled and self._settles_now(ws):
+            ws.settled = True
+        return ws.fate if ws.settled else NOT_READY
+
+    def _poll(self, ws: Workspace) -> str:
+        status = self._peek(ws)
+        if ws.fixed_status is None and not ws.settled:
+            ws.not_ready_polls += 1
+        return status
+
+    def _show(self, ws: Workspace) -> JsonObject:
+        return {
+            "id": ws.id,
+            "title": ws.title,
+            "parent": ws.parent,
+            "status": self._peek(ws),
+            "projects": list(ws.projects),
+            "created_at": ws.created_at,
+            "resources": dict(ws.resources),
+        }
+
+    # ---- admin operations (take the lock)
+
+    def snapshot(self) -> JsonObject:
+        with self.lock:
+            return {
+                "workspaces": [self._show(ws) for ws in self.workspaces.values()],
+                "creates": dict(self.creates),
+                "calls": dict(self.calls),
+            }
+
+    def reset(self) -> None:
+        with self.lock:
+            self.workspaces = {
+                wid: ws for wid, ws in self.workspaces.items() if wid in self.parent_ids
+            }
+            self.creates.clear()
+            self.scripts.clear()
+            self.calls = dict.fromkeys(OPERATIONS, 0)
+
+    def configure(self, knobs: typing.Mapping[str, object]) -> JsonObject:
+        with self.lock:
+            self.config.update(knobs)
+            if "seed" in knobs:
+                self.rng.seed(self.config.seed)
+            return self.config.to_dict()
+
+    def script(self, title: str, fate: str) -> dict[str, str]:
+        """Fix what creates of this title do, instead of drawing it at random."""
+        if not _SCRIPT.fullmatch(fate):
+            raise ValueError(
+                f"fate must be one of zombie, creation_failed, timeout_after_create, "
+                f"timeout_without_create, slow:N or '' (to clear), got {fate!r}"
+            )
+        with self.lock:
+            if fate:
+                self.scripts[title] = fate
+            else:
+                self.scripts.pop(title, None)
+            return dict(self.scripts)
+
+    def seed_workspace(
+        self, title: str, parent: str | None, status: str, projects: int
+    ) -> JsonObject:
+        with self.lock:
+            return self._show(self._seed(title, parent, status, projects))
+
+    def add_project(self, workspace_id: str) -> str:
+        with self.lock:
+            ws = self._get(workspace_id)
+            project = self._new_id("prj")
+            ws.projects.append(project)
+            return project
+
+    # ---- gateway operations
+
+    def begin_call(self, operation: str, request: Request) -> tuple[float, Reply | None]:
+        """Count the call, draw its faults; return (latency in s, fault reply or None)."""
+        with self.lock:
+            self.calls[operation] += 1
+            if operation == "create":
+                self._count_create(request)
+            fault = self._draw_fault(request)
+            return self.config.latency_ms / 1000.0, fault
+
+    def _count_create(self, request: Request) -> None:
+        try:
+            title = _title_of(request.json())
+        except ValueError:  # not JSON, or no title: nothing to count it under
+            return
+        self.creates[title] = self.creates.get(title, 0) + 1
+
+    def _draw_fault(self, request: Request) -> Reply | None:
+        scheme, _, token = request.authorization.partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            return error_reply(401, "missing or malformed bearer token")
+        cfg = self.config
+        if self._chance(cfg.unauthorized_rate):
+            return error_reply(401, "invalid credentials")
+        if request.method == "GET" and self._chance(cfg.throttle_rate):
+            return error_reply(429, "too many requests")
+        if request.method == "GET" and self._chance(cfg.server_error_rate):
+            return error_reply(503, "service unavailable")
+        return None
+
+    def create(self, request: Request, params: tuple[str, ...]) -> Reply:
+        body = request.json()
+        with self.lock:
+            parent = self._get(params[0])
+            title = _title_of(body)
+            resources = _resources_of(body)
+            self._seed_same_title_others(parent.id, title)
+            cfg = self.config
+            script = self.scripts.get(title, "")
+            if script:
+                after = script == "timeout_after_create"
+                without = script == "timeout_without_create"
+            else:
+                after = self._chance(cfg.create_timeout_after_create_rate)
+                without = not after and self._chance(cfg.create_timeout_without_create_rate)
+            answer: object = None
+            if not without:
+                ws = self._create_child(parent.id, title, resources, script)
+                answer = {"id": ws.id, "status": _recase(NOT_READY, cfg.status_case)}
+            if after or without:
+                return Reply(200, answer, timeout=True, hold_s=cfg.hang_s, answer_after_hold=after)
+            return Reply(200, answer)
+
+    def _seed_same_title_others(self, parent: str, title: str) -> None:
+        count = self.config.same_title_others
+        if count <= 0:
+            return
+        if any(ws.parent == parent and ws.title == title for ws in self.workspaces.values()):
+            return
+        for _ in range(count):
+            self._seed(title, parent, "created", 1)
+
+    def _create_child(
+        self, parent: str, title: str, resources: JsonObject, script: str = ""
+    ) -> Workspace:
+        ws = Workspace(self._new_id("ws"), title, parent, _now_iso(), time.monotonic())
+        ws.resources = resources
+        if script:
+            if script in ("zombie", "creation_failed"):
+                ws.fate = "zombie" if script == "zombie" else "creation_failed"
+            elif script.startswith("slow:"):
+                ws.settle_polls = int(script.split(":", 1)[1])
+        elif self._chance(self.config.zombie_rate):
+            ws.fate = "zombie"
+        elif self._chance(self.config.terminal_rate):
+            ws.fate = "creation_failed"
+        self.workspaces[ws.id] = ws
+        return ws
+
+    def status(self, _request: Request, params: tuple[str, ...]) -> Reply:
+        with self.lock:
+            status = self._poll(self._get(params[0]))
+            return Reply(200, {"status": _recase(status, self.config.status_case)})
+
+    def family(self, _request: Request, params: tuple[str, ...]) -> Reply:
+        with self.lock:
+            parent = self._get(params[0])
+            members = [parent, *(ws for ws in self.workspaces.values() if ws.parent == parent.id)]
+            mode = self.config.status_case
+            listing = [
+                {"id": ws.id, "title": ws.title, "status": _recase(self._peek(ws), mode)}
+                for ws in members
+            ]
+            return Reply(200, listing)
+
+    def list_projects(self, request: Request, params: tuple[str, ...]) -> Reply:
+        if request.query.get("type") != ["ai"]:
+            return error_reply(400, "query parameter type=ai is required")
+        with self.lock:
+            ws = self._get(params[0])
+            return Reply(200, {"items": [{"id": project} for project in ws.projects]})
+
+    def delete_project(self, _request: Request, params: tuple[str, ...]) -> Reply:
+        workspace_id, project_id = params
+        with self.lock:
+            ws = self._get(workspace_id)
+            if project_id not in ws.projects:
+                raise NotFoundError(f"project {project_id} not found")
+            ws.projects.remove(project_id)
+            return Reply(204)
+
+
+def _title_of(body: object) -> str:
+    title = body.get("title") if isinstance(body, dict) else None
+    if not isinstance(title, str) or not title.strip():
+        raise BadRequestError(422, "title is required")
+    return title
+
+
+def _resources_of(body: object) -> JsonObject:
+    resources = body.get("resources", {}) if isinstance(body, dict) else {}
+    if resources is None:
+        return {}
+    if not isinstance(resources, dict):
+        raise BadRequestError(422, "resources must be an object")
+    return resources
