@@ -82,9 +82,7 @@ class HopRun:
 
     def _forget_round(self) -> None:
         log.info(
-            "hop raced another writer; deciding again attempt=%s hop=%d",
-            self.attempt_id,
-            self.hop,
+            "hop raced another writer; deciding again attempt=%s hop=%d", self.attempt_id, self.hop
         )
         self._family = None
         self.pending = []
@@ -132,16 +130,7 @@ class HopRun:
         return self._poll(attempt)
 
     def _release_owed(self, attempt: ProvisioningAttempt) -> None:
-        """Empty what the attempt owes (a surplus, or an ended attempt's candidate)."""
-        try:
-            if attempt.is_terminal:
-                self.released.extend(releases.discharge(self.svc, attempt))
-            else:
-                for workspace_id in attempt.owed_releases:
-                    if releases.release_workspace(self.svc, attempt, workspace_id):
-                        self.released.append(workspace_id)
-        except GatewayError as exc:
-            log.warning("release deferred attempt=%s: %s", attempt.id, exc)
+        releases.release_owed(self.svc, attempt, self.released)
 
     # Create or adopt.
 

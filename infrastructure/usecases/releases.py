@@ -24,7 +24,7 @@ from domain.attempt import ProvisioningAttempt
 from domain.claim import WorkspaceClaim
 from domain.ids import claim_aggregate_id
 from domain.policies import AttemptState, FailureReason, Provenance, new_since
-from domain.ports import FamilyMember, WorkspaceGone
+from domain.ports import FamilyMember, GatewayError, WorkspaceGone
 from domain.slot import TitleSlot
 from infrastructure.usecases.reads import ServiceReads
 from infrastructure.usecases.retry import retry_on_conflict
@@ -230,6 +230,21 @@ def release_workspace(svc: ServiceReads, attempt: ProvisioningAttempt, workspace
         deleted,
     )
     return True
+
+
+def release_owed(svc: ServiceReads, attempt: ProvisioningAttempt, released: list[str]) -> None:
+    """Empty what the attempt owes now (an ended attempt: `discharge`; a pending one:
+    its surplus creates), appending each workspace emptied to `released`. A gateway
+    failure defers the rest: it stays owed for the next hop, release or reconciler."""
+    try:
+        if attempt.is_terminal:
+            released.extend(discharge(svc, attempt))
+        else:
+            for workspace_id in attempt.owed_releases:
+                if release_workspace(svc, attempt, workspace_id):
+                    released.append(workspace_id)
+    except GatewayError as exc:
+        log.warning("release deferred attempt=%s: %s", attempt.id, exc)
 
 
 def discharge(svc: ServiceReads, attempt: ProvisioningAttempt) -> tuple[str, ...]:
