@@ -292,6 +292,12 @@ def created_takes_candidate(candidate_id: str | None, state: AttemptState) -> bo
     return candidate_id is None and state is not AttemptState.PROMOTED
 
 
+def created_is_claimed(claimed_because: str) -> Fail:
+    """The create answered an id another brand holds: a gateway bug; never bind it,
+    and it is not ours to release."""
+    return Fail(FailureReason.GATEWAY_BUG, f"create answered {claimed_because}")
+
+
 # Polling the candidate.
 
 

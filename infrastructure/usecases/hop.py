@@ -21,7 +21,7 @@ from domain.brand import Brand
 from domain.claim import WorkspaceClaim
 from domain.errors import AlreadyClaimed, BrandDeactivated, CommandRefused
 from domain.outcomes import HopOutcome, Outcome, StandDown
-from domain.policies import FailureReason, Provenance, adoption_shortlist, same_title
+from domain.policies import Provenance, adoption_shortlist, same_title
 from domain.ports import FamilyMember, GatewayError, WorkspaceGone
 from domain.slot import TitleSlot
 from infrastructure.usecases import releases
@@ -287,8 +287,7 @@ class HopRun:
                 log.error(  # noqa: TRY400 - an expected condition; a traceback adds nothing
                     "create answered a claimed workspace attempt=%s: %s", attempt.id, exc
                 )
-                bug = decide.Fail(FailureReason.GATEWAY_BUG, f"create answered {exc}")
-                return self._fail(attempt, bug)
+                return self._fail(attempt, decide.created_is_claimed(str(exc)))
         slot = self._slot(attempt)
         slot.free(attempt.id)
         attempt.record_created(workspace_id, self.hop)

@@ -283,6 +283,16 @@ table(
     itertools.product([None, "ws-1"], AttemptState),
 )
 
+# What a run created is held by another brand: (claimed_because,).
+CLAIMED: list[Row] = [
+    (
+        "another brand holds it",
+        lambda c: True,
+        lambda c: Fail(FailureReason.GATEWAY_BUG, f"create answered {c}"),
+    ),
+]
+table("created_is_claimed", CLAIMED, decide.created_is_claimed, [("ws-1 is claimed by b2",)])
+
 # The candidate's status: (answer, provenance, workspace_id).
 READY = ["created", "active", "ready", " Ready ", "ACTIVE"]
 TERMINAL = [
