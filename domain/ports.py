@@ -63,7 +63,7 @@ class FamilyMember:
 
 
 class Gateway(Protocol):
-    """The calls the provisioner makes upstream (see GATEWAY.md)."""
+    """The calls the provisioner makes upstream (docs/gateway.md)."""
 
     def create_child(self, parent_id: str, title: str) -> str:
         """Create a child workspace; return the id the gateway answered with.

@@ -1,0 +1,347 @@
+"""What one hop decides, as pure functions of plain values.
+
+The service observes (the attempt, its title slot, the gateway's answers) and
+asks these functions what to do; it then records and performs the step they
+return. No I/O, no clock reads, no exceptions for control flow: a gateway
+failure reaches here as a `Failure` value, the time as an argument.
+
+Steps (what the service does next):
+    Stand(why, detail, outcome)   do nothing to the attempt: report why
+    Wait(status)                  not yet: schedule the next hop, or fail exhausted
+                                  when out of hops (`schedule_or_exhaust`)
+    Schedule(hop, not_before, delay_s, status)   record it, and stop
+    Fail(reason, message)         fail the attempt (then release what it owes)
+    Refused(detail, then)         record the create as refused, then `then`
+    Accept(workspace_id, provenance)   make it the attempt's candidate, then poll
+    Record(workspace_id)          record what the create made, then poll
+    Promote()                     bind the candidate to the brand; promote
+    DropExisting(raw)             unbind the brand's terminal workspace; then Wait
+    Create()                      request a create (reserving the title), call it
+    Recover()                     the create is unconfirmed: look for it in the family
+    Proceed()                     nothing decided here: go on to the next question
+
+The table of situations and decisions is in docs/architecture.md ("One hop").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from enum import StrEnum
+
+from domain.outcomes import Outcome, StandDown
+from domain.policies import AttemptState, Backoff, FailureReason, Provenance, StatusClass
+from domain.policies import classify_status as _classify
+from domain.ports import (
+    AmbiguousCreate,
+    GatewayError,
+    MalformedAnswer,
+    RequestRejected,
+    TransientGatewayError,
+    Unauthorized,
+    WorkspaceGone,
+)
+
+
+class Failure(StrEnum):
+    """Every failure kind of the gateway port, as a value."""
+
+    AMBIGUOUS = "ambiguous"  # a create that may or may not have happened
+    TRANSIENT = "transient"  # timeout, 429, 5xx after retries, never sent
+    GONE = "gone"  # 404 for a workspace
+    REJECTED = "rejected"  # refused for good (409, 422, other 4xx)
+    UNAUTHORIZED = "unauthorized"  # 401, 403
+    MALFORMED = "malformed"  # an answer not shaped as the contract says
+
+
+_KINDS: tuple[tuple[type[GatewayError], Failure], ...] = (
+    (AmbiguousCreate, Failure.AMBIGUOUS),
+    (TransientGatewayError, Failure.TRANSIENT),
+    (WorkspaceGone, Failure.GONE),
+    (RequestRejected, Failure.REJECTED),
+    (Unauthorized, Failure.UNAUTHORIZED),
+    (MalformedAnswer, Failure.MALFORMED),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Failed:
+    """What the gateway answered instead of an answer."""
+
+    kind: Failure
+    message: str
+
+
+def failed(exc: GatewayError) -> Failed:
+    """The port's exception as a value (an unknown subclass counts as transient)."""
+    for cls, kind in _KINDS:
+        if isinstance(exc, cls):
+            return Failed(kind, str(exc))
+    return Failed(Failure.TRANSIENT, str(exc))
+
+
+# Steps.
+
+
+@dataclass(frozen=True, slots=True)
+class Stand:
+    why: StandDown
+    detail: str
+    outcome: Outcome = Outcome.STOOD_DOWN
+
+
+@dataclass(frozen=True, slots=True)
+class Wait:
+    status: str
+
+
+@dataclass(frozen=True, slots=True)
+class Schedule:
+    hop: int
+    not_before: datetime
+    delay_s: float
+    status: str
+
+
+@dataclass(frozen=True, slots=True)
+class Fail:
+    reason: FailureReason
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class Refused:
+    detail: str
+    then: Fail | Wait
+
+
+@dataclass(frozen=True, slots=True)
+class Accept:
+    workspace_id: str
+    provenance: Provenance
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    workspace_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Promote:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class DropExisting:
+    raw: str
+
+
+@dataclass(frozen=True, slots=True)
+class Create:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class Recover:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class Proceed:
+    pass
+
+
+Step = (
+    Stand
+    | Wait
+    | Schedule
+    | Fail
+    | Refused
+    | Accept
+    | Record
+    | Promote
+    | DropExisting
+    | Create
+    | Recover
+    | Proceed
+)
+
+STAND_DOWN_BY_STATE = {
+    AttemptState.PROMOTED: StandDown.REDELIVERY_OF_PROMOTED,
+    AttemptState.CANCELLED: StandDown.CANCELLED,
+    AttemptState.SUPERSEDED: StandDown.SUPERSEDED,
+    AttemptState.FAILED: StandDown.FAILED,
+}
+
+
+# The gate: terminal, duplicate and out-of-order deliveries.
+
+
+def gate(state: AttemptState, expected_hop: int, hop: int, placed_late: bool) -> Stand | Proceed:
+    """Whether this delivery of `hop` may act on the attempt.
+
+    `placed_late`: this run has just recorded a create an earlier round of it
+    made; a duplicate then means a concurrent delivery moved the attempt on.
+    """
+    if state.is_terminal:
+        return Stand(STAND_DOWN_BY_STATE[state], f"attempt is {state.value}")
+    if hop < expected_hop:
+        if placed_late:
+            return Stand(StandDown.CONCURRENT_DELIVERY, "next hop polls")
+        return Stand(
+            StandDown.STALE_HOP,
+            f"hop {hop} already done; attempt expects hop {expected_hop}",
+            Outcome.DUPLICATE,
+        )
+    if hop > expected_hop:
+        return Stand(StandDown.FUTURE_HOP, f"attempt expects hop {expected_hop}")
+    return Proceed()
+
+
+def lost_create_race(
+    requested_hop: int | None, candidate_id: str | None, hop: int
+) -> Stand | Proceed:
+    """Our `CreateRequested` save conflicted: is another delivery of this hop creating?"""
+    if requested_hop == hop and candidate_id is None:
+        return Stand(StandDown.CONCURRENT_DELIVERY, "another delivery is creating")
+    return Proceed()
+
+
+# Acquiring a candidate.
+
+
+def slot_gate(busy: bool, title: str) -> Wait | Proceed:
+    """Before reading the family: another attempt's create of this title may be in flight."""
+    if busy:
+        return Wait(f"another create titled {title!r} in flight")
+    return Proceed()
+
+
+def acquire_failed(failure: Failed) -> Fail | Wait:
+    """A gateway call while acquiring a candidate failed (family, list projects, create)."""
+    if failure.kind is Failure.UNAUTHORIZED:
+        return Fail(FailureReason.UNAUTHORIZED, f"gateway refused: {failure.message}")
+    if failure.kind is Failure.GONE:
+        return Fail(FailureReason.REJECTED, f"parent workspace not found: {failure.message}")
+    return Wait(f"gateway unavailable: {failure.message}")
+
+
+def recover(
+    new_ids: Sequence[str],
+    title: str,
+    *,
+    requested_hop: int | None,
+    hop: int,
+    waited_s: float,
+    grace_s: float,
+) -> Accept | Fail | Wait | Proceed:
+    """An unconfirmed create: what is new since it and not taken elsewhere is ours.
+
+    None yet: wait while it may still appear (the hop that requested it, or
+    within the grace); after that it did not happen (Proceed: adopt or create).
+    """
+    if len(new_ids) == 1:
+        return Accept(new_ids[0], Provenance.CREATED)
+    if len(new_ids) > 1:
+        return Fail(
+            FailureReason.AMBIGUOUS,
+            f"{len(new_ids)} new workspaces titled {title!r} after an unconfirmed create",
+        )
+    if requested_hop == hop or waited_s <= grace_s:
+        return Wait("create unconfirmed; not in the family yet")
+    return Proceed()
+
+
+def adopt_or_create(eligible_ids: Sequence[str], title: str) -> Accept | Fail | Create:
+    """Exactly one adoptable workspace (ready, empty, not another brand's): adopt it."""
+    if len(eligible_ids) == 1:
+        return Accept(eligible_ids[0], Provenance.ADOPTED)
+    if len(eligible_ids) > 1:
+        return Fail(
+            FailureReason.AMBIGUOUS,
+            f"{len(eligible_ids)} adoptable workspaces titled {title!r}: "
+            + ", ".join(sorted(eligible_ids)),
+        )
+    return Create()
+
+
+def create_answered(answer: str | Failed, parent_id: str) -> Step:
+    """What a create call answered: an id to record, or a failure."""
+    if isinstance(answer, str):
+        if not answer or answer == parent_id:
+            what = "the parent's id" if answer else "no id"
+            return Fail(FailureReason.GATEWAY_BUG, f"create answered {what}")
+        return Record(answer)
+    kind, message = answer.kind, answer.message
+    if kind is Failure.AMBIGUOUS:
+        return Recover()
+    if kind is Failure.REJECTED:  # refused outright: nothing was made
+        return Refused(message, Fail(FailureReason.REJECTED, f"create rejected: {message}"))
+    if kind is Failure.UNAUTHORIZED:
+        return Refused(message, acquire_failed(answer))
+    if kind is Failure.TRANSIENT:  # throttled (429) or never sent
+        return Refused(message, acquire_failed(answer))
+    if kind is Failure.MALFORMED:
+        return Fail(FailureReason.GATEWAY_BUG, f"create answer: {message}")
+    return acquire_failed(answer)  # GONE: the parent
+
+
+def created_takes_candidate(candidate_id: str | None, state: AttemptState) -> bool:
+    """What this run created becomes the candidate; else it is a surplus, owed a release."""
+    return candidate_id is None and state is not AttemptState.PROMOTED
+
+
+def created_is_claimed(claimed_because: str) -> Fail:
+    """The create answered an id another brand holds: a gateway bug; never bind it,
+    and it is not ours to release."""
+    return Fail(FailureReason.GATEWAY_BUG, f"create answered {claimed_because}")
+
+
+# Polling the candidate.
+
+
+def status_answered(
+    answer: str | Failed, provenance: Provenance | None, workspace_id: str
+) -> Promote | Wait | DropExisting | Fail:
+    """What the candidate's status says: promote, wait, drop the bound one, or fail."""
+    if isinstance(answer, Failed):
+        if answer.kind is Failure.UNAUTHORIZED:
+            return Fail(FailureReason.UNAUTHORIZED, f"gateway refused: {answer.message}")
+        if answer.kind is not Failure.GONE:  # transient or malformed: still settling
+            return Wait(f"unknown ({answer.message})")
+        raw, status_class = "gone (404)", StatusClass.TERMINAL
+    else:
+        raw, status_class = answer, _classify(answer)
+    if status_class is StatusClass.READY:
+        return Promote()
+    if status_class is StatusClass.SETTLING:
+        return Wait(raw)
+    if provenance is Provenance.EXISTING:
+        return DropExisting(raw)
+    return Fail(FailureReason.TERMINAL_STATUS, f"workspace {workspace_id} reported status {raw!r}")
+
+
+def drop_existing_status(raw: str) -> Wait:
+    """After unbinding a terminal bound workspace: the next hop creates or adopts."""
+    return Wait(f"bound workspace reported {raw!r}")
+
+
+# Endings.
+
+
+def schedule_or_exhaust(
+    hop: int, max_hop: int, backoff: Backoff, now: datetime, status: str
+) -> Schedule | Fail:
+    """Not yet: the next hop after the backoff, or failed when out of hops."""
+    if hop < max_hop and backoff.can_requeue(hop):
+        delay = backoff.delay_after(hop)
+        return Schedule(hop + 1, now + timedelta(seconds=delay), delay, status)
+    return Fail(FailureReason.EXHAUSTED, f"not confirmed after {hop + 1} hops; last: {status}")
+
+
+def ended(step: Fail | Schedule) -> tuple[Outcome, str]:
+    """The outcome a hop reports for its last step."""
+    if isinstance(step, Fail):
+        return Outcome.FAILED, f"{step.reason.value}: {step.message}"
+    return Outcome.SCHEDULED, step.status

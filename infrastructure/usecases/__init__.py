@@ -1,0 +1,1 @@
+"""The use cases of `infrastructure.service.ProvisioningService`, one module each group."""

@@ -1,0 +1,290 @@
+"""Off the request path: what ended attempts and deactivated brands still owe.
+
+    release(attempt_id)        the owed release of an attempt that ended unpromoted
+    expire(attempt_id, t)      fail an attempt still pending past its deadline
+    decommission(brand_id)     empty, unbind and unclaim a deactivated brand's workspace
+
+`discharge` is what an ended attempt still owes (releases, the workspace of an
+unresolved create, an adopted claim, its title slot); a hop that finds its
+attempt ended performs it too.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+from eventsourcing.domain import Aggregate
+
+from domain import hop as decide
+from domain.attempt import ProvisioningAttempt
+from domain.claim import WorkspaceClaim
+from domain.ids import claim_aggregate_id
+from domain.policies import AttemptState, FailureReason, Provenance, new_since
+from domain.ports import FamilyMember, GatewayError, WorkspaceGone
+from domain.slot import TitleSlot
+from infrastructure.usecases.reads import ServiceReads
+from infrastructure.usecases.retry import retry_on_conflict
+
+log = logging.getLogger("provisioner.engine")
+
+
+def _attempt_contended(attempt_id: UUID) -> str:
+    return f"attempt {attempt_id} is being changed concurrently; retry"
+
+
+def release(svc: ServiceReads, attempt_id: UUID) -> tuple[str, ...]:
+    """Perform what an attempt that ended unpromoted still owes; safe to repeat."""
+
+    def step() -> tuple[str, ...]:
+        attempt = svc.attempt(attempt_id)
+        return discharge(svc, attempt) if attempt.is_terminal else ()
+
+    return retry_on_conflict(svc.settings.max_rounds, step, _attempt_contended(attempt_id))
+
+
+def expire(svc: ServiceReads, attempt_id: UUID, started_before: datetime) -> bool:
+    """Fail a pending attempt that started before `started_before`: its deadline.
+
+    The reconciler's last resort, for an attempt whose hops cannot run (its
+    message dead-lettered again and again). Saved like any failure, version
+    checked: a hop that commits first wins, one that commits later finds the
+    attempt failed and stands down. What it owes is released by the release
+    message the relay publishes for every `Failed`. Returns whether it failed it.
+    """
+
+    def step() -> bool:
+        attempt = svc.attempt(attempt_id)
+        if attempt.is_terminal or attempt.created_on >= started_before:
+            return False
+        age_s = (svc.clock.now() - attempt.created_on).total_seconds()
+        attempt.fail(
+            FailureReason.DEADLINE,
+            f"still pending {age_s:.0f} s after it started (hop {attempt.expected_hop})",
+            attempt.expected_hop,
+        )
+        svc.app.save(attempt)
+        log.warning("attempt failed at its deadline attempt=%s", attempt_id)
+        return True
+
+    return retry_on_conflict(svc.settings.max_rounds, step, _attempt_contended(attempt_id))
+
+
+def decommission(svc: ServiceReads, brand_id: str) -> int | None:
+    """Empty a deactivated brand's workspace, then unbind it and release its claim.
+
+    Returns the number of projects deleted, or None when there was nothing
+    to do (brand active again, or no workspace bound). Safe to repeat.
+    """
+
+    def step() -> int | None:
+        brand = svc.brand(brand_id)
+        if brand.is_active or brand.workspace_id is None:
+            return None
+        workspace_id = brand.workspace_id
+        if brand.decommissioning != workspace_id:
+            # On record before any delete: a reactivation now waits for us.
+            brand.start_decommission()
+            svc.app.save(brand)
+        deleted = empty_workspace(svc, workspace_id)
+        brand.unbind("decommissioned", deleted)
+        touched: list[Aggregate] = [brand]
+        claim = svc.claim(workspace_id)
+        if claim is not None and claim.brand_id == brand_id:
+            claim.release("decommissioned")
+            touched.append(claim)
+        svc.app.save(*touched)
+        log.info(
+            "workspace decommissioned brand=%s workspace=%s projects_deleted=%d",
+            brand_id,
+            workspace_id,
+            deleted,
+        )
+        return deleted
+
+    return retry_on_conflict(
+        svc.settings.max_rounds, step, f"brand {brand_id} is being changed concurrently; retry"
+    )
+
+
+# Shared steps.
+
+
+def empty_workspace(svc: ServiceReads, workspace_id: str) -> int:
+    """Delete every project of the workspace (404 = already gone); never the workspace."""
+    try:
+        project_ids = svc.gateway.list_projects(workspace_id)
+    except WorkspaceGone:
+        return 0
+    for project_id in project_ids:
+        svc.gateway.delete_project(workspace_id, project_id)
+    return len(project_ids)
+
+
+def claimed_by_other(svc: ServiceReads, workspace_id: str, brand_id: str) -> bool:
+    claim = svc.claim(workspace_id)
+    return claim is not None and claim.held_by_other_than(brand_id)
+
+
+def taken_elsewhere(svc: ServiceReads, workspace_id: str, attempt: ProvisioningAttempt) -> bool:
+    """Cannot be what the attempt's unresolved create made: another brand holds it,
+    or another attempt has it on record as made by its own create.
+
+    The second covers a shell that attempt created and released (unclaimed
+    now) and the workspace of the brand's own next attempt (claimed by the
+    same brand): both are new to an older create's baseline, and counted as
+    candidates they would make the search ambiguous for good, so the orphan
+    would never be recorded. The attempts the claim ever named are read.
+    """
+    claim: Any = None
+    named: set[UUID] = set()
+    for domain_event in svc.app.events.get(claim_aggregate_id(workspace_id)):
+        event: Any = domain_event
+        claim = event.mutate(claim)
+        by = getattr(event, "attempt_id", None)
+        if isinstance(by, UUID) and by != attempt.id:
+            named.add(by)
+    if claim is None:
+        return False
+    assert isinstance(claim, WorkspaceClaim)
+    if claim.held_by_other_than(attempt.brand_id):
+        return True
+    return bool(named) and any(
+        isinstance(other, ProvisioningAttempt) and workspace_id in other.created_ids
+        for other in svc.load(*named)
+    )
+
+
+def made_by_unresolved_create(
+    svc: ServiceReads, attempt: ProvisioningAttempt, family: list[FamilyMember]
+) -> list[str]:
+    """What the attempt's unconfirmed create may have made: same-title children new
+    since it was requested and not taken elsewhere."""
+    return [
+        m.id
+        for m in new_since(
+            family, attempt.title, attempt.parent_workspace_id, attempt.create_known_ids
+        )
+        if not taken_elsewhere(svc, m.id, attempt)
+    ]
+
+
+def claim_for(
+    svc: ServiceReads, workspace_id: str, brand_id: str, attempt_id: UUID
+) -> WorkspaceClaim:
+    """The claim, opened if new, with the brand's claim pending on it."""
+    claim = svc.claim(workspace_id) or WorkspaceClaim.open(workspace_id)
+    claim.claim(brand_id, attempt_id)
+    return claim
+
+
+def adopted_claim_to_release(
+    svc: ServiceReads,
+    attempt: ProvisioningAttempt,
+    lookup: Callable[[str], WorkspaceClaim | None] | None = None,
+) -> WorkspaceClaim | None:
+    """An adopted candidate's claim goes back when the attempt ends unpromoted."""
+    if attempt.provenance is not Provenance.ADOPTED or attempt.candidate_id is None:
+        return None
+    claim = (lookup or svc.claim)(attempt.candidate_id)
+    if claim is None or claim.attempt_id != attempt.id:
+        return None
+    claim.release(f"attempt {attempt.state.value}")
+    return claim
+
+
+def release_workspace(svc: ServiceReads, attempt: ProvisioningAttempt, workspace_id: str) -> bool:
+    """Empty one workspace the attempt owes a release of, and record it.
+
+    The claim is marked `Releasing` in its own version-checked save before
+    any delete, so nobody adopts the workspace while it is being emptied. If
+    a later attempt already holds the claim, the workspace was handed over:
+    that is recorded and nothing is deleted. Returns True if it was emptied.
+    """
+    claim = svc.claim(workspace_id)
+    if (
+        claim is not None
+        and claim.releasing_by != attempt.id
+        and claim.attempt_id not in (None, attempt.id)
+    ):
+        assert claim.attempt_id is not None
+        attempt.record_hand_over(workspace_id, claim.attempt_id)
+        svc.app.save(attempt)
+        return False
+    claim = claim or WorkspaceClaim.open(workspace_id)
+    if claim.releasing_by != attempt.id:
+        claim.begin_release(attempt.brand_id, attempt.id)
+        svc.app.save(claim)
+    deleted = empty_workspace(svc, workspace_id)
+    attempt.record_release(workspace_id, deleted)
+    claim.release("emptied")
+    svc.app.save(attempt, claim)
+    log.info(
+        "released brand=%s attempt=%s workspace=%s projects_deleted=%d",
+        attempt.brand_id,
+        attempt.id,
+        workspace_id,
+        deleted,
+    )
+    return True
+
+
+def release_owed(svc: ServiceReads, attempt: ProvisioningAttempt, released: list[str]) -> None:
+    """Empty what the attempt owes now (an ended attempt: `discharge`; a pending one:
+    its surplus creates), appending each workspace emptied to `released`. A gateway
+    failure defers the rest: it stays owed for the next hop, release or reconciler."""
+    try:
+        if attempt.is_terminal:
+            released.extend(discharge(svc, attempt))
+        else:
+            for workspace_id in attempt.owed_releases:
+                if release_workspace(svc, attempt, workspace_id):
+                    released.append(workspace_id)
+    except GatewayError as exc:
+        log.warning("release deferred attempt=%s: %s", attempt.id, exc)
+
+
+def discharge(svc: ServiceReads, attempt: ProvisioningAttempt) -> tuple[str, ...]:
+    """What an ended attempt still owes: releases, an unresolved create, claims, slot."""
+    released = [ws for ws in attempt.owed_releases if release_workspace(svc, attempt, ws)]
+    if attempt.create_unresolved and attempt.state is not AttemptState.PROMOTED:
+        found = _find_orphan(svc, attempt)
+        if found is not None:
+            orphan, slot = found
+            attempt.record_created(orphan, attempt.expected_hop)
+            slot.note_adoption(attempt.id, orphan)
+            svc.app.save(attempt, slot)
+            if release_workspace(svc, attempt, orphan):
+                released.append(orphan)
+    touched: list[Aggregate] = []
+    if attempt.state is not AttemptState.PROMOTED:
+        claim = adopted_claim_to_release(svc, attempt)
+        if claim is not None:
+            touched.append(claim)
+    slot = svc.slot(attempt.parent_workspace_id, attempt.title)
+    if slot.holder == attempt.id and not attempt.create_unresolved:
+        slot.free(attempt.id)
+        touched.append(slot)
+    if touched:
+        svc.app.save(*touched)
+    return tuple(released)
+
+
+def _find_orphan(svc: ServiceReads, attempt: ProvisioningAttempt) -> tuple[str, TitleSlot] | None:
+    """The workspace an unresolved create made, if the family shows exactly one,
+    with the title slot as read before the family.
+
+    Not while another attempt holds the slot afresh: its create of the same
+    title may be in flight and would look like ours. Saved with the slot
+    bumped, so a reservation taken after this read makes the save conflict.
+    """
+    slot = svc.slot(attempt.parent_workspace_id, attempt.title)
+    busy = slot.busy_for(attempt.id, svc.clock.now(), svc.settings.create_grace_s)
+    if isinstance(decide.slot_gate(busy, attempt.title), decide.Wait):
+        return None
+    family = svc.gateway.family(attempt.parent_workspace_id, attempt.title)
+    new = made_by_unresolved_create(svc, attempt, family)
+    return (new[0], slot) if len(new) == 1 else None

@@ -1,0 +1,435 @@
+"""The hop's decision table (docs/architecture.md, "One hop"), row by row, without I/O.
+
+Each table below is the documented table as data: rows of (name, situation,
+decision), first match wins. Every combination of the inputs is decided by
+`domain.hop` and compared with the first row whose situation holds; every row
+must be reached by some case.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterable
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from domain import hop as decide
+from domain.hop import (
+    Accept,
+    Create,
+    DropExisting,
+    Fail,
+    Failed,
+    Failure,
+    Proceed,
+    Promote,
+    Record,
+    Recover,
+    Refused,
+    Schedule,
+    Stand,
+    Wait,
+)
+from domain.outcomes import Outcome, StandDown
+from domain.policies import AttemptState, Backoff, FailureReason, Provenance
+from domain.ports import (
+    AmbiguousCreate,
+    GatewayError,
+    MalformedAnswer,
+    RequestRejected,
+    TransientGatewayError,
+    Unauthorized,
+    WorkspaceGone,
+)
+
+Row = tuple[str, Callable[..., bool], Callable[..., object]]
+NOW = datetime(2026, 1, 1, tzinfo=UTC)
+PARENT = "parent-1"
+TITLE = "Acme"
+FAILURES = [Failed(kind, f"{kind.value} answer") for kind in Failure]
+CASES: list[tuple[str, Callable[..., object], tuple[Any, ...], list[Row]]] = []
+REACHED: set[str] = set()
+
+
+def table(
+    name: str, rows: list[Row], fn: Callable[..., object], inputs: Iterable[tuple[Any, ...]]
+) -> None:
+    for args in inputs:
+        CASES.append((name, fn, args, rows))
+
+
+def expected(rows: list[Row], args: tuple[Any, ...]) -> tuple[str, object]:
+    for row_name, holds, decision in rows:
+        if holds(*args):
+            return row_name, decision(*args)
+    raise AssertionError(f"no row of the table covers {args}")
+
+
+# Gate: (state, expected_hop, hop, placed_late).
+GATE: list[Row] = [
+    (
+        "ended attempt",
+        lambda s, e, h, p: s.is_terminal,
+        lambda s, e, h, p: Stand(decide.STAND_DOWN_BY_STATE[s], f"attempt is {s.value}"),
+    ),
+    (
+        "hop done; our late create just recorded",
+        lambda s, e, h, p: h < e and p,
+        lambda s, e, h, p: Stand(StandDown.CONCURRENT_DELIVERY, "next hop polls"),
+    ),
+    (
+        "hop already done",
+        lambda s, e, h, p: h < e,
+        lambda s, e, h, p: Stand(
+            StandDown.STALE_HOP, f"hop {h} already done; attempt expects hop {e}", Outcome.DUPLICATE
+        ),
+    ),
+    (
+        "hop not due yet",
+        lambda s, e, h, p: h > e,
+        lambda s, e, h, p: Stand(StandDown.FUTURE_HOP, f"attempt expects hop {e}"),
+    ),
+    ("the expected hop of a pending attempt", lambda *a: True, lambda *a: Proceed()),
+]
+table(
+    "gate",
+    GATE,
+    decide.gate,
+    itertools.product(AttemptState, [0, 2, 5], [0, 1, 2, 3, 5, 6], [False, True]),
+)
+
+# Another delivery's create: (requested_hop, candidate_id, hop).
+LOST_RACE: list[Row] = [
+    (
+        "another delivery of this hop is creating",
+        lambda r, c, h: r == h and c is None,
+        lambda *a: Stand(StandDown.CONCURRENT_DELIVERY, "another delivery is creating"),
+    ),
+    ("anything else: decide again", lambda *a: True, lambda *a: Proceed()),
+]
+table(
+    "lost_create_race",
+    LOST_RACE,
+    decide.lost_create_race,
+    itertools.product([None, 0, 1, 2], [None, "ws-1"], [0, 1, 2]),
+)
+
+# The title slot before any family read: (busy, title).
+SLOT: list[Row] = [
+    (
+        "another attempt's create of the title may be in flight",
+        lambda b, t: b,
+        lambda b, t: Wait(f"another create titled {t!r} in flight"),
+    ),
+    ("slot free, ours, or its reservation lapsed", lambda *a: True, lambda *a: Proceed()),
+]
+table("slot_gate", SLOT, decide.slot_gate, itertools.product([False, True], [TITLE, "Other"]))
+
+# A gateway failure while acquiring: (failure,).
+ACQUIRE_FAILED: list[Row] = [
+    (
+        "401/403",
+        lambda f: f.kind is Failure.UNAUTHORIZED,
+        lambda f: Fail(FailureReason.UNAUTHORIZED, f"gateway refused: {f.message}"),
+    ),
+    (
+        "404: the parent",
+        lambda f: f.kind is Failure.GONE,
+        lambda f: Fail(FailureReason.REJECTED, f"parent workspace not found: {f.message}"),
+    ),
+    (
+        "anything else (transient, malformed, refused read)",
+        lambda f: True,
+        lambda f: Wait(f"gateway unavailable: {f.message}"),
+    ),
+]
+table("acquire_failed", ACQUIRE_FAILED, decide.acquire_failed, [(f,) for f in FAILURES])
+
+# Recovering an unconfirmed create: (new_ids, title, requested_hop, hop, waited_s, grace_s).
+RECOVER: list[Row] = [
+    (
+        "exactly one new workspace not taken elsewhere",
+        lambda n, *a: len(n) == 1,
+        lambda n, *a: Accept(n[0], Provenance.CREATED),
+    ),
+    (
+        "several",
+        lambda n, *a: len(n) > 1,
+        lambda n, t, *a: Fail(
+            FailureReason.AMBIGUOUS,
+            f"{len(n)} new workspaces titled {t!r} after an unconfirmed create",
+        ),
+    ),
+    (
+        "none yet, requested by this hop",
+        lambda n, t, r, h, w, g: r == h,
+        lambda *a: Wait("create unconfirmed; not in the family yet"),
+    ),
+    (
+        "none yet, within the grace",
+        lambda n, t, r, h, w, g: w <= g,
+        lambda *a: Wait("create unconfirmed; not in the family yet"),
+    ),
+    ("none after the grace: it did not happen", lambda *a: True, lambda *a: Proceed()),
+]
+table(
+    "recover",
+    RECOVER,
+    lambda n, t, r, h, w, g: decide.recover(n, t, requested_hop=r, hop=h, waited_s=w, grace_s=g),
+    itertools.product(
+        [(), ("ws-1",), ("ws-1", "ws-2"), ("ws-1", "ws-2", "ws-3")],
+        [TITLE],
+        [None, 0, 1, 2],
+        [1, 2],
+        [0.0, 59.9, 60.0, 60.1, 3600.0],
+        [0.0, 60.0],
+    ),
+)
+
+# Adopt or create: (eligible_ids, title).
+ADOPT: list[Row] = [
+    (
+        "one ready, empty, unclaimed same-title child",
+        lambda e, t: len(e) == 1,
+        lambda e, t: Accept(e[0], Provenance.ADOPTED),
+    ),
+    (
+        "several",
+        lambda e, t: len(e) > 1,
+        lambda e, t: Fail(
+            FailureReason.AMBIGUOUS,
+            f"{len(e)} adoptable workspaces titled {t!r}: " + ", ".join(sorted(e)),
+        ),
+    ),
+    ("none: create", lambda *a: True, lambda *a: Create()),
+]
+table(
+    "adopt_or_create",
+    ADOPT,
+    decide.adopt_or_create,
+    itertools.product([(), ("b",), ("b", "a"), ("c", "a", "b")], [TITLE, "Other"]),
+)
+
+# What the create answered: (answer, parent_id).
+CREATE: list[Row] = [
+    (
+        "no id",
+        lambda a, p: a == "",
+        lambda a, p: Fail(FailureReason.GATEWAY_BUG, "create answered no id"),
+    ),
+    (
+        "the parent's id",
+        lambda a, p: a == p,
+        lambda a, p: Fail(FailureReason.GATEWAY_BUG, "create answered the parent's id"),
+    ),
+    ("an id", lambda a, p: isinstance(a, str), lambda a, p: Record(a)),
+    (
+        "timeout, dropped connection, 5xx on the POST",
+        lambda a, p: a.kind is Failure.AMBIGUOUS,
+        lambda a, p: Recover(),
+    ),
+    (
+        "409/422, other 4xx",
+        lambda a, p: a.kind is Failure.REJECTED,
+        lambda a, p: Refused(
+            a.message, Fail(FailureReason.REJECTED, f"create rejected: {a.message}")
+        ),
+    ),
+    (
+        "401/403",
+        lambda a, p: a.kind is Failure.UNAUTHORIZED,
+        lambda a, p: Refused(
+            a.message, Fail(FailureReason.UNAUTHORIZED, f"gateway refused: {a.message}")
+        ),
+    ),
+    (
+        "429 or never sent",
+        lambda a, p: a.kind is Failure.TRANSIENT,
+        lambda a, p: Refused(a.message, Wait(f"gateway unavailable: {a.message}")),
+    ),
+    (
+        "an answer off the contract",
+        lambda a, p: a.kind is Failure.MALFORMED,
+        lambda a, p: Fail(FailureReason.GATEWAY_BUG, f"create answer: {a.message}"),
+    ),
+    (
+        "404: the parent",
+        lambda a, p: a.kind is Failure.GONE,
+        lambda a, p: Fail(FailureReason.REJECTED, f"parent workspace not found: {a.message}"),
+    ),
+]
+table(
+    "create_answered",
+    CREATE,
+    decide.create_answered,
+    itertools.product(["", PARENT, "ws-9", *FAILURES], [PARENT]),
+)
+
+# Where what a run created goes: (candidate_id, state).
+PLACE: list[Row] = [
+    (
+        "no candidate, not promoted: the candidate",
+        lambda c, s: c is None and s is not AttemptState.PROMOTED,
+        lambda *a: True,
+    ),
+    ("otherwise: a surplus, owed a release", lambda *a: True, lambda *a: False),
+]
+table(
+    "created_takes_candidate",
+    PLACE,
+    decide.created_takes_candidate,
+    itertools.product([None, "ws-1"], AttemptState),
+)
+
+# What a run created is held by another brand: (claimed_because,).
+CLAIMED: list[Row] = [
+    (
+        "another brand holds it",
+        lambda c: True,
+        lambda c: Fail(FailureReason.GATEWAY_BUG, f"create answered {c}"),
+    ),
+]
+table("created_is_claimed", CLAIMED, decide.created_is_claimed, [("ws-1 is claimed by b2",)])
+
+# The candidate's status: (answer, provenance, workspace_id).
+READY = ["created", "active", "ready", " Ready ", "ACTIVE"]
+TERMINAL = [
+    "creation_failed",
+    "creation failed",
+    "failed",
+    "error",
+    "invalid subscription",
+    "Creation  Failed",
+    " ERROR",
+]
+SETTLING = ["not ready", "", "creating", "pending", "readyish"]
+STATUS: list[Row] = [
+    (
+        "401/403",
+        lambda a, p, w: isinstance(a, Failed) and a.kind is Failure.UNAUTHORIZED,
+        lambda a, p, w: Fail(FailureReason.UNAUTHORIZED, f"gateway refused: {a.message}"),
+    ),
+    (
+        "timeout, 429, 5xx, malformed",
+        lambda a, p, w: isinstance(a, Failed) and a.kind is not Failure.GONE,
+        lambda a, p, w: Wait(f"unknown ({a.message})"),
+    ),
+    (
+        "404 on the bound workspace",
+        lambda a, p, w: isinstance(a, Failed) and p is Provenance.EXISTING,
+        lambda a, p, w: DropExisting("gone (404)"),
+    ),
+    (
+        "404",
+        lambda a, p, w: isinstance(a, Failed),
+        lambda a, p, w: Fail(
+            FailureReason.TERMINAL_STATUS, f"workspace {w} reported status 'gone (404)'"
+        ),
+    ),
+    ("ready", lambda a, p, w: a in READY, lambda *a: Promote()),
+    (
+        "terminal, the bound workspace",
+        lambda a, p, w: a in TERMINAL and p is Provenance.EXISTING,
+        lambda a, p, w: DropExisting(a),
+    ),
+    (
+        "terminal",
+        lambda a, p, w: a in TERMINAL,
+        lambda a, p, w: Fail(FailureReason.TERMINAL_STATUS, f"workspace {w} reported status {a!r}"),
+    ),
+    ("anything else: still settling", lambda *a: True, lambda a, p, w: Wait(a)),
+]
+table(
+    "status_answered",
+    STATUS,
+    decide.status_answered,
+    itertools.product([*READY, *TERMINAL, *SETTLING, *FAILURES], [*Provenance, None], ["ws-1"]),
+)
+
+# Not yet: (hop, max_hop, backoff, now, status).
+BACKOFFS = [Backoff(5.0, 5), Backoff(0.0, 0), Backoff(1.5, 3)]
+ENDINGS: list[Row] = [
+    (
+        "hops left",
+        lambda h, m, b, n, s: h < m and b.can_requeue(h),
+        lambda h, m, b, n, s: Schedule(
+            h + 1, n + timedelta(seconds=b.base_s * 2**h), b.base_s * 2**h, s
+        ),
+    ),
+    (
+        "out of hops",
+        lambda *a: True,
+        lambda h, m, b, n, s: Fail(
+            FailureReason.EXHAUSTED, f"not confirmed after {h + 1} hops; last: {s}"
+        ),
+    ),
+]
+table(
+    "schedule_or_exhaust",
+    ENDINGS,
+    decide.schedule_or_exhaust,
+    itertools.product(range(8), [0, 3, 5, 8], BACKOFFS, [NOW], ["not ready"]),
+)
+
+# Port failures as values: (exception,).
+EXCEPTIONS: list[Row] = [
+    (cls.__name__, lambda e, cls=cls: type(e) is cls, lambda e, kind=kind: Failed(kind, str(e)))
+    for cls, kind in [
+        (AmbiguousCreate, Failure.AMBIGUOUS),
+        (TransientGatewayError, Failure.TRANSIENT),
+        (WorkspaceGone, Failure.GONE),
+        (RequestRejected, Failure.REJECTED),
+        (Unauthorized, Failure.UNAUTHORIZED),
+        (MalformedAnswer, Failure.MALFORMED),
+    ]
+] + [("another GatewayError", lambda e: True, lambda e: Failed(Failure.TRANSIENT, str(e)))]
+table(
+    "failed",
+    EXCEPTIONS,
+    decide.failed,
+    [
+        (cls(f"said {n}"),)
+        for n, cls in enumerate(
+            [
+                AmbiguousCreate,
+                TransientGatewayError,
+                WorkspaceGone,
+                RequestRejected,
+                Unauthorized,
+                MalformedAnswer,
+                GatewayError,
+            ]
+        )
+    ],
+)
+
+
+@pytest.mark.parametrize(
+    ("name", "fn", "args", "rows"), CASES, ids=[f"{c[0]}-{i}" for i, c in enumerate(CASES)]
+)
+def test_the_decision_is_the_tables(
+    name: str, fn: Callable[..., object], args: tuple[Any, ...], rows: list[Row]
+) -> None:
+    row, want = expected(rows, args)
+    REACHED.add(f"{name}: {row}")
+    assert fn(*args) == want, f"{name} row {row!r} for {args}"
+
+
+def test_every_row_is_reached_and_there_are_hundreds_of_cases() -> None:
+    every = {f"{name}: {row[0]}" for name, _, _, rows in CASES for row in rows}
+    reached = set()
+    for name, _, args, rows in CASES:
+        reached.add(f"{name}: {expected(rows, args)[0]}")
+    assert every == reached, sorted(every - reached)
+    assert len(CASES) >= 300
+
+
+def test_the_ending_reports_its_outcome() -> None:
+    assert decide.ended(Fail(FailureReason.AMBIGUOUS, "2 new")) == (
+        Outcome.FAILED,
+        "ambiguous: 2 new",
+    )
+    schedule = Schedule(1, NOW, 5.0, "not ready")
+    assert decide.ended(schedule) == (Outcome.SCHEDULED, "not ready")

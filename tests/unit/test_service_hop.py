@@ -1,0 +1,265 @@
+"""The service's use cases on an in-memory event store and an in-memory gateway
+(no sockets, no database): each hop step's shell loads, asks the port, decides
+with `domain.hop` and saves; `retry_on_conflict` retries a lost race."""
+
+from __future__ import annotations
+
+from uuid import UUID
+
+import pytest
+from eventsourcing.persistence import IntegrityError
+
+from domain.outcomes import Outcome, StandDown
+from domain.policies import AttemptState, Backoff, FailureReason, Provenance
+from domain.ports import RequestRejected, TransientGatewayError, Unauthorized
+from infrastructure.eventstore import open_event_store
+from infrastructure.service import ContentionError, EngineSettings, ProvisioningService
+from infrastructure.usecases.retry import retry_on_conflict
+from tests.conftest import ManualClock
+from tests.memory_gateway import MemoryGateway
+
+PARENT = "parent-1"
+TITLE = "Acme"
+
+
+@pytest.fixture
+def gateway() -> MemoryGateway:
+    return MemoryGateway(PARENT)
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    return ManualClock()
+
+
+@pytest.fixture
+def service(gateway: MemoryGateway, clock: ManualClock) -> ProvisioningService:
+    settings = EngineSettings(backoff=Backoff(5.0, 3))
+    return ProvisioningService(open_event_store("memory://"), gateway, clock, settings)
+
+
+def names(service: ProvisioningService, attempt_id: UUID) -> list[str]:
+    return [type(e).__name__ for e in service.attempt_history(attempt_id)]
+
+
+def test_a_create_ready_at_once_is_promoted_in_one_hop(
+    service: ProvisioningService, gateway: MemoryGateway
+) -> None:
+    attempt_id = service.request_provisioning("b1", TITLE, PARENT)
+
+    outcome = service.run_hop(attempt_id, 0)
+
+    assert outcome.outcome is Outcome.PROMOTED
+    [made] = gateway.children(PARENT, TITLE)
+    assert service.brand("b1").workspace_id == made.id == outcome.workspace_id
+    assert names(service, attempt_id) == [
+        "Started",
+        "CreateRequested",
+        "CandidateAccepted",
+        "Promoted",
+    ]
+    claim = service.claim(made.id)
+    assert claim is not None
+    assert claim.brand_id == "b1"
+
+
+def test_a_settling_workspace_is_polled_on_the_backoff_then_promoted(
+    service: ProvisioningService, gateway: MemoryGateway, clock: ManualClock
+) -> None:
+    gateway.new_statuses = ["not ready", "not ready", "created"]
+    attempt_id = service.request_provisioning("b1", TITLE, PARENT)
+
+    first = service.run_hop(attempt_id, 0)
+    clock.advance(5)
+    second = service.run_hop(attempt_id, 1)
+    clock.advance(10)
+    third = service.run_hop(attempt_id, 2)
+
+    assert [first.outcome, second.outcome, third.outcome] == [
+        Outcome.SCHEDULED,
+        Outcome.SCHEDULED,
+        Outcome.PROMOTED,
+    ]
+    assert (first.next_hop, first.delay_s, second.delay_s) == (1, 5.0, 10.0)
+    assert gateway.calls["create_child"] == 1
+
+
+def test_out_of_hops_fails_exhausted_and_releases_what_it_created(
+    service: ProvisioningService, gateway: MemoryGateway
+) -> None:
+    gateway.new_statuses = ["not ready"]
+    attempt_id = service.request_provisioning("b1", TITLE, PARENT)
+    outcomes = [service.run_hop(attempt_id, hop) for hop in range(4)]
+
+    assert [o.outcome for o in outcomes] == [Outcome.SCHEDULED] * 3 + [Outcome.FAILED]
+    attempt = service.attempt(attempt_id)
+    assert attempt.failure_reason is FailureReason.EXHAUSTED
+    assert outcomes[-1].released == (attempt.candidate_id,)
+
+
+def test_one_ready_empty_same_title_child_is_adopted(
+    service: ProvisioningService, gateway: MemoryGateway
+) -> None:
+    existing = gateway.add(PARENT, TITLE, "active")
+    gateway.add(PARENT, TITLE, "active", projects=1)  # not empty: not adoptable
+    attempt_id = service.request_provisioning("b1", TITLE, PARENT)
+
+    outcome = service.run_hop(attempt_id, 0)
+
+    assert outcome.outcome is Outcome.PROMOTED
+    assert outcome.workspace_id == existing
+    assert service.attempt(attempt_id).provenance is Provenance.ADOPTED
+    assert gateway.calls["create_child"] == 0
+
+
+def test_two_adoptable_children_fail_ambiguous(
+    service: ProvisioningService, gateway: MemoryGateway
+) -> None:
+    gateway.add(PARENT, TITLE, "ready")
+    gateway.add(PARENT, TITLE, "ready")
+    attempt_id = service.request_provisioning("b1", TITLE, PARENT)
+
+    outcome = service.run_hop(attempt_id, 0)
+
+    assert outcome.outcome is Outcome.FAILED
+    assert service.attempt(attempt_id).failure_reason is FailureReason.AMBIGUOUS
+
+
+def test_a_create_whose_answer_was_lost_is_found_in_the_family_at_once(
+    service: ProvisioningService, gateway: MemoryGateway
+) -> None:
+    gateway.add(PARENT, TITLE, "not ready")  # a zombie from before: never confused with ours
+    gateway.creates = ["lost"]
+    attempt_id = service.request_provisioning("b1", TITLE, PARENT)
+
+    outcome = service.run_hop(attempt_id, 0)
+
+    assert outcome.outcome is Outcome.PROMOTED
+    [_, ours] = gateway.children(PARENT, TITLE)
+    assert outcome.workspace_id == ours.id
+    assert service.attempt(attempt_id).provenance is Provenance.CREATED
+
+
+def test_a_create_that_did_not_happen_is_not_repeated_within_the_grace(
+    service: ProvisioningService, gateway: MemoryGateway, clock: ManualClock
+) -> None:
+    gateway.creates = ["none"]
+    attempt_id = service.request_provisioning("b1", TITLE, PARENT)
+
+    first = service.run_hop(attempt_id, 0)
+    clock.advance(5)
+    second = service.run_hop(attempt_id, 1)
+    clock.advance(60)
+    third = service.run_hop(attempt_id, 2)
+
+    assert first.detail == second.detail == "create unconfirmed; not in the family yet"
+    assert [first.outcome, second.outcome] == [Outcome.SCHEDULED] * 2
+    assert third.outcome is Outcome.PROMOTED
+    assert gateway.calls["create_child"] == 2
+
+
+@pytest.mark.parametrize(
+    ("error", "outcome", "reason"),
+    [
+        (RequestRejected("409 quota"), Outcome.FAILED, FailureReason.REJECTED),
+        (Unauthorized("401"), Outcome.FAILED, FailureReason.UNAUTHORIZED),
+        (TransientGatewayError("429"), Outcome.SCHEDULED, None),
+    ],
+)
+def test_a_refused_create_is_recorded_as_refused(
+    service: ProvisioningService,
+    gateway: MemoryGateway,
+    error: Exception,
+    outcome: Outcome,
+    reason: FailureReason | None,
+) -> None:
+    gateway.creates = [error]  # type: ignore[list-item]
+    attempt_id = service.request_provisioning("b1", TITLE, PARENT)
+
+    result = service.run_hop(attempt_id, 0)
+
+    assert result.outcome is outcome
+    attempt = service.attempt(attempt_id)
+    assert attempt.failure_reason is reason
+    assert "CreateRefused" in names(service, attempt_id)
+    assert not attempt.create_unresolved
+
+
+def test_credentials_refused_on_the_family_fail_the_attempt(
+    service: ProvisioningService, gateway: MemoryGateway
+) -> None:
+    gateway.fail["family"] = [Unauthorized("403")]
+    attempt_id = service.request_provisioning("b1", TITLE, PARENT)
+
+    outcome = service.run_hop(attempt_id, 0)
+
+    assert outcome.outcome is Outcome.FAILED
+    assert outcome.detail == "unauthorized: gateway refused: 403"
+
+
+def test_a_terminal_status_fails_without_releasing_the_candidate(
+    service: ProvisioningService, gateway: MemoryGateway
+) -> None:
+    gateway.new_statuses = ["creation_failed"]
+    attempt_id = service.request_provisioning("b1", TITLE, PARENT)
+
+    outcome = service.run_hop(attempt_id, 0)
+
+    assert outcome.outcome is Outcome.FAILED
+    assert service.attempt(attempt_id).failure_reason is FailureReason.TERMINAL_STATUS
+    assert outcome.released == ()
+
+
+def test_the_gate_answers_duplicates_future_hops_and_ended_attempts(
+    service: ProvisioningService, gateway: MemoryGateway
+) -> None:
+    gateway.new_statuses = ["not ready", "created"]
+    attempt_id = service.request_provisioning("b1", TITLE, PARENT)
+    service.run_hop(attempt_id, 0)
+
+    again = service.run_hop(attempt_id, 0)
+    early = service.run_hop(attempt_id, 2)
+    service.run_hop(attempt_id, 1)
+    late = service.run_hop(attempt_id, 1)
+
+    assert (again.outcome, again.stand_down) == (Outcome.DUPLICATE, StandDown.STALE_HOP)
+    assert (early.outcome, early.stand_down) == (Outcome.STOOD_DOWN, StandDown.FUTURE_HOP)
+    assert late.stand_down is StandDown.REDELIVERY_OF_PROMOTED
+
+
+def test_a_cancelled_attempt_releases_what_it_created_when_released(
+    service: ProvisioningService, gateway: MemoryGateway
+) -> None:
+    gateway.new_statuses = ["not ready"]
+    attempt_id = service.request_provisioning("b1", TITLE, PARENT)
+    first = service.run_hop(attempt_id, 0)
+    assert first.workspace_id is not None
+    gateway.workspaces[first.workspace_id].projects = ["p-1"]
+
+    service.deactivate("b1")
+    released = service.release(attempt_id)
+
+    assert released == (first.workspace_id,)
+    assert gateway.workspaces[first.workspace_id].projects == []
+    assert service.attempt(attempt_id).state is AttemptState.CANCELLED
+    assert service.release(attempt_id) == ()  # safe to repeat
+
+
+def test_retry_on_conflict_decides_again_then_gives_up() -> None:
+    rounds: list[int] = []
+    forgotten: list[int] = []
+
+    def step() -> str:
+        rounds.append(1)
+        if len(rounds) < 3:
+            raise IntegrityError("lost a race")
+        return "done"
+
+    assert retry_on_conflict(6, step, "busy", lambda: forgotten.append(1)) == "done"
+    assert (len(rounds), len(forgotten)) == (3, 2)
+
+    def always() -> str:
+        raise IntegrityError("lost a race")
+
+    with pytest.raises(ContentionError, match="busy"):
+        retry_on_conflict(4, always, "busy")
