@@ -16,6 +16,8 @@ Steps (what the service does next):
     Record(workspace_id)          record what the create made, then poll
     Promote()                     bind the candidate to the brand; promote
     DropExisting(raw)             unbind the brand's terminal workspace; then Wait
+    DropCandidate(raw)            the candidate's creation failed: drop it (a created one
+                                  is then owed a release); then Wait: the next hop creates
     Create()                      request a create (reserving the title), call it
     Recover()                     the create is unconfirmed: look for it in the family
     Proceed()                     nothing decided here: go on to the next question
@@ -138,6 +140,11 @@ class DropExisting:
 
 
 @dataclass(frozen=True, slots=True)
+class DropCandidate:
+    raw: str
+
+
+@dataclass(frozen=True, slots=True)
 class Create:
     pass
 
@@ -162,6 +169,7 @@ Step = (
     | Record
     | Promote
     | DropExisting
+    | DropCandidate
     | Create
     | Recover
     | Proceed
@@ -303,28 +311,46 @@ def created_is_claimed(claimed_because: str) -> Fail:
 
 def status_answered(
     answer: str | Failed, provenance: Provenance | None, workspace_id: str
-) -> Promote | Wait | DropExisting | Fail:
-    """What the candidate's status says: promote, wait, drop the bound one, or fail."""
+) -> Promote | Wait | DropExisting | DropCandidate | Fail:
+    """What the candidate's status says: promote, wait, drop it, or fail.
+
+    `creation failed` means nothing usable was made: a new create is safe, so
+    the candidate is dropped and the next hop creates (or adopts) afresh.
+    `failed`, `error`, `invalid subscription` mean a new create is not safe:
+    the attempt fails naming the status and creates nothing more.
+    """
     if isinstance(answer, Failed):
         if answer.kind is Failure.UNAUTHORIZED:
             return Fail(FailureReason.UNAUTHORIZED, f"gateway refused: {answer.message}")
         if answer.kind is not Failure.GONE:  # transient or malformed: still settling
             return Wait(f"unknown ({answer.message})")
-        raw, status_class = "gone (404)", StatusClass.TERMINAL
-    else:
-        raw, status_class = answer, _classify(answer)
+        if provenance is Provenance.EXISTING:
+            return DropExisting("gone (404)")
+        return _terminal(workspace_id, "gone (404)")
+    status_class = _classify(answer)
     if status_class is StatusClass.READY:
         return Promote()
     if status_class is StatusClass.SETTLING:
-        return Wait(raw)
-    if provenance is Provenance.EXISTING:
-        return DropExisting(raw)
+        return Wait(answer)
+    if status_class is StatusClass.CREATION_FAILED:
+        if provenance is Provenance.EXISTING:
+            return DropExisting(answer)
+        return DropCandidate(answer)
+    return _terminal(workspace_id, answer)
+
+
+def _terminal(workspace_id: str, raw: str) -> Fail:
     return Fail(FailureReason.TERMINAL_STATUS, f"workspace {workspace_id} reported status {raw!r}")
 
 
 def drop_existing_status(raw: str) -> Wait:
     """After unbinding a terminal bound workspace: the next hop creates or adopts."""
     return Wait(f"bound workspace reported {raw!r}")
+
+
+def drop_candidate_status(raw: str) -> Wait:
+    """After dropping a candidate whose creation failed: the next hop creates again."""
+    return Wait(f"candidate reported {raw!r}; creating again")
 
 
 # Endings.

@@ -13,15 +13,21 @@ from enum import Enum, StrEnum
 from domain.ports import FamilyMember
 
 READY_STATUSES = frozenset({"created", "active", "ready"})
-TERMINAL_STATUSES = frozenset(
-    {"creation_failed", "creation failed", "failed", "error", "invalid subscription"}
-)
+# Terminal, and nothing usable was made: a new create is safe.
+CREATION_FAILED_STATUSES = frozenset({"creation_failed", "creation failed"})
+# Terminal, and a new create is not safe (it would meet the same fate, or worse).
+TERMINAL_STATUSES = frozenset({"failed", "error", "invalid subscription"})
 
 
 class StatusClass(Enum):
     READY = "ready"
-    TERMINAL = "terminal"
+    CREATION_FAILED = "creation_failed"  # terminal; creating again is safe
+    TERMINAL = "terminal"  # terminal; creating again is not
     SETTLING = "settling"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self in (StatusClass.CREATION_FAILED, StatusClass.TERMINAL)
 
 
 def normalise_status(raw: str | None) -> str:
@@ -30,10 +36,13 @@ def normalise_status(raw: str | None) -> str:
 
 
 def classify_status(raw: str | None) -> StatusClass:
-    """Map a gateway status onto ready / terminal / settling (unknown = settling)."""
+    """Map a gateway status onto ready / creation failed / terminal / settling
+    (unknown = settling)."""
     status = normalise_status(raw)
     if status in READY_STATUSES:
         return StatusClass.READY
+    if status in CREATION_FAILED_STATUSES:
+        return StatusClass.CREATION_FAILED
     if status in TERMINAL_STATUSES:
         return StatusClass.TERMINAL
     return StatusClass.SETTLING
@@ -94,7 +103,7 @@ def new_since(
     return [
         m
         for m in same_title(family, title, parent_id)
-        if m.id not in known and classify_status(m.status) is not StatusClass.TERMINAL
+        if m.id not in known and not classify_status(m.status).is_terminal
     ]
 
 

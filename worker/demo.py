@@ -4,7 +4,8 @@ SQLite file, the in-process broker (memory://, with the in-process delay
 scheduler), the worker and the relay on threads, the fake gateway in-process
 over real HTTP, and the backoff schedule compressed 50 times. Some brands
 settle slowly, one create times out after creating, one create leaves a zombie
-stub, one fails terminally, one brand adopts a workspace that already exists,
+stub, one's creates fail every time (each shell released, created again until
+out of hops), one brand adopts a workspace that already exists,
 and one brand is deactivated mid-flight.
 """
 

@@ -326,6 +326,8 @@ class HopRun:
             return self._promote(attempt)
         if isinstance(step, decide.DropExisting):
             return self._drop_existing(attempt, step.raw)
+        if isinstance(step, decide.DropCandidate):
+            return self._drop_candidate(attempt, step.raw)
         return self._end(attempt, step)
 
     def _promote(self, attempt: ProvisioningAttempt) -> HopOutcome:
@@ -353,6 +355,21 @@ class HopRun:
             touched.append(claim)
         attempt.drop_candidate(raw, self.hop)
         return self._end(attempt, decide.drop_existing_status(raw), touched)
+
+    def _drop_candidate(self, attempt: ProvisioningAttempt, raw: str) -> HopOutcome:
+        """The candidate's creation failed: drop it; the next hop creates again.
+
+        A created candidate is then owed a release (performed at the start of
+        the next hop, or when the attempt ends); an adopted one's claim goes back.
+        """
+        touched: list[Aggregate] = []
+        if attempt.provenance is Provenance.ADOPTED:
+            claim = self._claim(attempt.candidate_id or "")
+            if claim is not None and claim.attempt_id == attempt.id:
+                claim.release(f"status {raw!r}")
+                touched.append(claim)
+        attempt.drop_candidate(raw, self.hop)
+        return self._end(attempt, decide.drop_candidate_status(raw), touched)
 
     # Endings.
 

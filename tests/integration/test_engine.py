@@ -140,20 +140,24 @@ def drive_from(
         hop = outcome.next_hop
 
 
-def test_terminal_status_fails_terminal_without_release(
+def test_creation_failed_shells_are_released_and_created_again_until_out_of_hops(
     service: ProvisioningService, fake: FakeGateway, brand_id: str, title: str
 ) -> None:
     fake.configure(terminal_rate=1.0)
     attempt_id = service.request_provisioning(brand_id, title, PARENT)
 
-    outcome = service.run_hop(attempt_id, 0)
+    hop, outcome = 0, service.run_hop(attempt_id, 0)
+    while outcome.outcome is Outcome.SCHEDULED:
+        assert outcome.next_hop is not None
+        hop = outcome.next_hop
+        outcome = service.run_hop(attempt_id, hop)
 
     assert outcome.outcome is Outcome.FAILED
     attempt = service.attempt(attempt_id)
-    assert attempt.failure_reason is FailureReason.TERMINAL_STATUS
+    assert attempt.failure_reason is FailureReason.EXHAUSTED
+    assert len(attempt.created_ids) == hop + 1  # one create per hop: each was safe
+    assert set(attempt.released_ids) == set(attempt.created_ids)
     assert not attempt.release_owed
-    assert "CandidateReleased" not in event_names(service.app, attempt_id)
-    assert fake.state()["calls"].get("list_projects", 0) == 0
     assert service.release(attempt_id) == ()
 
 

@@ -19,6 +19,7 @@ from domain import hop as decide
 from domain.hop import (
     Accept,
     Create,
+    DropCandidate,
     DropExisting,
     Fail,
     Failed,
@@ -295,15 +296,8 @@ table("created_is_claimed", CLAIMED, decide.created_is_claimed, [("ws-1 is claim
 
 # The candidate's status: (answer, provenance, workspace_id).
 READY = ["created", "active", "ready", " Ready ", "ACTIVE"]
-TERMINAL = [
-    "creation_failed",
-    "creation failed",
-    "failed",
-    "error",
-    "invalid subscription",
-    "Creation  Failed",
-    " ERROR",
-]
+CREATION_FAILED = ["creation_failed", "creation failed", "Creation  Failed"]
+TERMINAL = ["failed", "error", "invalid subscription", " ERROR", "Invalid Subscription"]
 SETTLING = ["not ready", "", "creating", "pending", "readyish"]
 STATUS: list[Row] = [
     (
@@ -330,12 +324,17 @@ STATUS: list[Row] = [
     ),
     ("ready", lambda a, p, w: a in READY, lambda *a: Promote()),
     (
-        "terminal, the bound workspace",
-        lambda a, p, w: a in TERMINAL and p is Provenance.EXISTING,
+        "creation failed, the bound workspace",
+        lambda a, p, w: a in CREATION_FAILED and p is Provenance.EXISTING,
         lambda a, p, w: DropExisting(a),
     ),
     (
-        "terminal",
+        "creation failed: drop the candidate, create again",
+        lambda a, p, w: a in CREATION_FAILED,
+        lambda a, p, w: DropCandidate(a),
+    ),
+    (
+        "failed, error, invalid subscription (whatever the provenance): not safe to create again",
         lambda a, p, w: a in TERMINAL,
         lambda a, p, w: Fail(FailureReason.TERMINAL_STATUS, f"workspace {w} reported status {a!r}"),
     ),
@@ -345,7 +344,7 @@ table(
     "status_answered",
     STATUS,
     decide.status_answered,
-    itertools.product([*READY, *TERMINAL, *SETTLING, *FAILURES], [*Provenance, None], ["ws-1"]),
+    itertools.product([*READY, *CREATION_FAILED, *TERMINAL, *SETTLING, *FAILURES], [*Provenance, None], ["ws-1"]),
 )
 
 # Not yet: (hop, max_hop, backoff, now, status).

@@ -21,17 +21,17 @@ def test_ready_statuses_whatever_their_case_and_spacing(raw: str) -> None:
 
 @pytest.mark.parametrize(
     "raw",
-    [
-        "creation_failed",
-        "Creation Failed",
-        "creation  failed",
-        "FAILED",
-        "error",
-        "Invalid Subscription",
-    ],
+    ["creation_failed", "Creation Failed", "creation  failed", "CREATION_FAILED"],
 )
-def test_terminal_statuses(raw: str) -> None:
+def test_creation_failed_is_terminal_and_safe_to_create_again(raw: str) -> None:
+    assert classify_status(raw) is StatusClass.CREATION_FAILED
+    assert classify_status(raw).is_terminal
+
+
+@pytest.mark.parametrize("raw", ["FAILED", "error", "Invalid Subscription", " Error "])
+def test_terminal_statuses_not_safe_to_create_again(raw: str) -> None:
     assert classify_status(raw) is StatusClass.TERMINAL
+    assert classify_status(raw).is_terminal
 
 
 @pytest.mark.parametrize("raw", ["not ready", "locked", "", None, "mystery"])

@@ -197,17 +197,69 @@ def test_credentials_refused_on_the_family_fail_the_attempt(
     assert outcome.detail == "unauthorized: gateway refused: 403"
 
 
-def test_a_terminal_status_fails_without_releasing_the_candidate(
-    service: ProvisioningService, gateway: MemoryGateway
+@pytest.mark.parametrize("status", ["failed", "error", "invalid subscription", "Failed"])
+def test_a_status_unsafe_to_create_again_fails_naming_it_and_creates_no_more(
+    service: ProvisioningService, gateway: MemoryGateway, clock: ManualClock, status: str
 ) -> None:
-    gateway.new_statuses = ["creation_failed"]
+    gateway.new_statuses = [status]
     attempt_id = service.request_provisioning("b1", TITLE, PARENT)
 
     outcome = service.run_hop(attempt_id, 0)
+    clock.advance(5)
+    later = service.run_hop(attempt_id, 1)
 
     assert outcome.outcome is Outcome.FAILED
-    assert service.attempt(attempt_id).failure_reason is FailureReason.TERMINAL_STATUS
-    assert outcome.released == ()
+    attempt = service.attempt(attempt_id)
+    assert attempt.failure_reason is FailureReason.TERMINAL_STATUS
+    assert repr(status) in outcome.detail
+    assert outcome.released == ()  # a terminal candidate is not released
+    assert later.stand_down is StandDown.FAILED
+    assert gateway.calls["create_child"] == 1
+
+
+@pytest.mark.parametrize("status", ["creation_failed", "Creation Failed"])
+def test_creation_failed_drops_the_candidate_releases_it_and_creates_again(
+    service: ProvisioningService, gateway: MemoryGateway, clock: ManualClock, status: str
+) -> None:
+    gateway.new_statuses = [status]
+    attempt_id = service.request_provisioning("b1", TITLE, PARENT)
+
+    first = service.run_hop(attempt_id, 0)
+    [shell] = [w.id for w in gateway.children(PARENT, TITLE)]
+    gateway.new_statuses = ["created"]
+    clock.advance(5)
+    second = service.run_hop(attempt_id, 1)
+
+    assert first.outcome is Outcome.SCHEDULED
+    assert first.workspace_id is None  # dropped
+    assert second.outcome is Outcome.PROMOTED
+    assert gateway.calls["create_child"] == 2
+    assert second.released == (shell,)
+    assert second.workspace_id != shell
+    attempt = service.attempt(attempt_id)
+    assert attempt.released_ids == (shell,)
+    assert attempt.owed_releases == ()
+    assert service.brand("b1").workspace_id == second.workspace_id
+    claim = service.claim(shell)
+    assert claim is not None
+    assert claim.brand_id is None
+
+
+def test_the_bound_workspace_that_failed_is_kept_and_the_attempt_fails(
+    service: ProvisioningService, gateway: MemoryGateway, clock: ManualClock
+) -> None:
+    service.run_hop(service.request_provisioning("b1", TITLE, PARENT), 0)
+    bound = service.brand("b1").workspace_id
+    assert bound is not None
+    gateway.workspaces[bound].statuses = ["error"]
+
+    attempt_id = service.request_provisioning("b1", TITLE, PARENT)
+    outcome = service.run_hop(attempt_id, 0)
+
+    assert outcome.outcome is Outcome.FAILED
+    assert "'error'" in outcome.detail
+    assert service.brand("b1").workspace_id == bound
+    assert gateway.calls["create_child"] == 1
 
 
 def test_the_gate_answers_duplicates_future_hops_and_ended_attempts(
