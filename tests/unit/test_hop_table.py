@@ -344,7 +344,9 @@ table(
     "status_answered",
     STATUS,
     decide.status_answered,
-    itertools.product([*READY, *CREATION_FAILED, *TERMINAL, *SETTLING, *FAILURES], [*Provenance, None], ["ws-1"]),
+    itertools.product(
+        [*READY, *CREATION_FAILED, *TERMINAL, *SETTLING, *FAILURES], [*Provenance, None], ["ws-1"]
+    ),
 )
 
 # Not yet: (hop, max_hop, backoff, now, status).
