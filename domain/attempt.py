@@ -111,6 +111,11 @@ class ProvisioningAttempt(Aggregate):
         self.create_known_ids: tuple[str, ...] = ()
         self.failure_reason: FailureReason | None = None
         self.created_ids: tuple[str, ...] = ()  # every workspace our creates made
+        # An earlier create was given up unconfirmed (after its grace a new create
+        # was requested, or a workspace adopted): what it made may still appear
+        # upstream, so the search for it goes on after the attempt ends, whatever
+        # the later create did.
+        self.create_lost = False
         self.released_ids: tuple[str, ...] = ()  # emptied, or handed to a later attempt
 
     @classmethod
@@ -145,6 +150,12 @@ class ProvisioningAttempt(Aggregate):
     def create_unresolved(self) -> bool:
         """A create was requested and no candidate came of it yet."""
         return self.create_requested_hop is not None
+
+    @property
+    def orphan_search(self) -> bool:
+        """Whether a create's workspace may still appear upstream: ours to find and release."""
+        unresolved = self.create_unresolved and self.state is not AttemptState.PROMOTED
+        return unresolved or self.create_lost
 
     @property
     def owed_releases(self) -> tuple[str, ...]:
@@ -254,6 +265,8 @@ class ProvisioningAttempt(Aggregate):
 
     @event(CreateRequested)
     def _create_requested(self, hop: int, known_ids: list[str], requested_at: datetime) -> None:
+        if self.create_requested_hop is not None:  # the one before was given up unconfirmed
+            self.create_lost = True
         self.create_requested_hop = hop
         self.create_requested_at = requested_at
         self.create_known_ids = tuple(known_ids)
@@ -269,6 +282,8 @@ class ProvisioningAttempt(Aggregate):
 
     @event(CandidateAccepted)
     def _candidate_accepted(self, workspace_id: str, provenance: str, hop: int) -> None:
+        if provenance == Provenance.ADOPTED.value and self.create_requested_hop is not None:
+            self.create_lost = True  # adopted after giving an unconfirmed create up
         self.candidate_id = workspace_id
         self.provenance = Provenance(provenance)
         if self.provenance is Provenance.CREATED:

@@ -10,6 +10,9 @@ Definitions:
 - `last_error`: the last status or failure message the attempt recorded.
 - `create_unresolved`: 1 while a create was requested and nothing came of it
   yet (the workspace may still appear upstream: ours to find and release).
+- `create_lost`: 1 once an earlier create was given up unconfirmed (a new
+  create requested, or a workspace adopted, after its grace): what it made may
+  still appear upstream, whatever later creates did; searched for after the end.
 - `release_owed` / `released`: how many created workspaces are owed a release
   (decided by `domain.policies.owed_releases`, as the aggregate decides) and
   how many were released or handed over.
@@ -70,6 +73,7 @@ class Attempts:
         "release_owed": INT,
         "released": INT,
         "create_unresolved": INT,
+        "create_lost": INT,
         "updated_at": TS,
     }
     indexes: tuple[Index, ...] = (
@@ -78,6 +82,7 @@ class Attempts:
         Index("due", ("next_hop_due",), where="state = 'pending'"),
     )
     topics = tuple(get_topic(cls) for cls in _EVENTS)
+    version = 2  # 2: create_lost
 
     def prefetch(self, events: Sequence[Any], rows: RowCache) -> dict[str, set[str]]:
         started = {e.originator_id for e in events if isinstance(e, A.Started)}
@@ -128,7 +133,17 @@ class Attempts:
             "created_ids": [],
             "released_ids": [],
             "create_unresolved": 0,
+            "create_lost": 0,
         }
+
+    @staticmethod
+    def _note_lost(event: Any, row: Row) -> None:
+        """An unconfirmed create given up: a new create requested, or a workspace adopted."""
+        gave_up = isinstance(event, A.CreateRequested) or (
+            isinstance(event, A.CandidateAccepted) and event.provenance == "adopted"
+        )
+        if gave_up and row["create_unresolved"]:
+            row["create_lost"] = 1
 
     @staticmethod
     def _change(event: Any, row: Row) -> None:
@@ -136,6 +151,7 @@ class Attempts:
         if hop is not None:
             ran = hop if isinstance(event, A.HopScheduled) else hop + 1
             row["hops_used"] = max(row["hops_used"], ran)
+        Attempts._note_lost(event, row)
         if isinstance(event, A.CreateRequested):
             row["create_unresolved"] = 1
         elif isinstance(event, A.CreateRefused):

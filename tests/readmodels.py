@@ -89,6 +89,7 @@ def expected_attempt_row(app: ProvisionerApplication, attempt_id: UUID) -> dict[
         "release_owed": len(attempt.owed_releases),
         "released": len(attempt.released_ids),
         "create_unresolved": int(attempt.create_unresolved),
+        "create_lost": int(attempt.create_lost),
         "updated_at": attempt.modified_on,
     }
 

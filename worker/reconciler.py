@@ -180,9 +180,11 @@ class Reconciler:
         window = store.dialect.to_db("ts", now - timedelta(seconds=self.orphan_window_s))
         return store.rows(
             PROJECTIONS["attempts"],
-            # A pending attempt's surplus is released when the attempt ends.
-            "state NOT IN ('pending', 'promoted') AND updated_at < ? AND "
-            "(release_owed > 0 OR (create_unresolved = 1 AND finished_at > ?))",
+            # A pending attempt's surplus is released when the attempt ends; a
+            # promoted one's (a create that lost its race, a lost create found
+            # late) until its release is on record.
+            "state <> 'pending' AND updated_at < ? AND (release_owed > 0 OR "
+            "((create_unresolved = 1 OR create_lost = 1) AND finished_at > ?))",
             [before, window],
             limit=self.limit,
         )

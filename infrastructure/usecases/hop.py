@@ -357,19 +357,11 @@ class HopRun:
         return self._end(attempt, decide.drop_existing_status(raw), touched)
 
     def _drop_candidate(self, attempt: ProvisioningAttempt, raw: str) -> HopOutcome:
-        """The candidate's creation failed: drop it; the next hop creates again.
-
-        A created candidate is then owed a release (performed at the start of
-        the next hop, or when the attempt ends); an adopted one's claim goes back.
-        """
-        touched: list[Aggregate] = []
-        if attempt.provenance is Provenance.ADOPTED:
-            claim = self._claim(attempt.candidate_id or "")
-            if claim is not None and claim.attempt_id == attempt.id:
-                claim.release(f"status {raw!r}")
-                touched.append(claim)
+        """The candidate's creation failed: drop it; the next hop creates again. A
+        created one is then owed a release; an adopted one's claim goes back."""
+        claim = releases.adopted_claim_to_release(self.svc, attempt, self._claim)
         attempt.drop_candidate(raw, self.hop)
-        return self._end(attempt, decide.drop_candidate_status(raw), touched)
+        return self._end(attempt, decide.drop_candidate_status(raw), [claim] if claim else [])
 
     # Endings.
 

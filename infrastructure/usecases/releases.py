@@ -162,13 +162,14 @@ def made_by_unresolved_create(
     svc: ServiceReads, attempt: ProvisioningAttempt, family: list[FamilyMember]
 ) -> list[str]:
     """What the attempt's unconfirmed create may have made: same-title children new
-    since it was requested and not taken elsewhere."""
+    since it was requested, not already the attempt's own, not taken elsewhere."""
+    own = {*attempt.created_ids, attempt.candidate_id}
     return [
         m.id
         for m in new_since(
             family, attempt.title, attempt.parent_workspace_id, attempt.create_known_ids
         )
-        if not taken_elsewhere(svc, m.id, attempt)
+        if m.id not in own and not taken_elsewhere(svc, m.id, attempt)
     ]
 
 
@@ -250,7 +251,7 @@ def release_owed(svc: ServiceReads, attempt: ProvisioningAttempt, released: list
 def discharge(svc: ServiceReads, attempt: ProvisioningAttempt) -> tuple[str, ...]:
     """What an ended attempt still owes: releases, an unresolved create, claims, slot."""
     released = [ws for ws in attempt.owed_releases if release_workspace(svc, attempt, ws)]
-    if attempt.create_unresolved and attempt.state is not AttemptState.PROMOTED:
+    if attempt.orphan_search:
         found = _find_orphan(svc, attempt)
         if found is not None:
             orphan, slot = found

@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from domain.policies import AttemptState, FailureReason
+from domain.attempt import ProvisioningAttempt
+from domain.policies import AttemptState, FailureReason, Provenance
 from infrastructure.eventstore import open_event_store
 from infrastructure.fake_gateway import FakeGateway
 from infrastructure.service import ProvisioningService
@@ -165,4 +166,58 @@ def test_a_sweep_with_the_service_fails_the_attempts_past_their_deadline(
         "exhausted",
         "exhausted",
     ]
+    app.close()
+
+
+def test_a_promoted_attempt_owing_a_surplus_release_is_swept_until_it_is_recorded(
+    tmp_path: Path,
+) -> None:
+    url = f"sqlite:///{tmp_path / 'events.sqlite'}"
+    app = open_event_store(url)
+    attempt = ProvisioningAttempt.start("b-surplus", "Surplus", PARENT, None, 5)
+    attempt.accept_candidate("ws-kept", Provenance.CREATED, 0)
+    attempt.promote(0)
+    attempt.record_created("ws-surplus", 0)  # a create that lost its race: owed a release
+    app.save(attempt)
+    later = datetime.now(UTC) + timedelta(hours=1)
+    broker = RecordingBroker()
+    with SqlViewStore(url) as store:
+        caught_up(app, store)
+        owing = Reconciler(url).sweep(store, broker, now=later)  # type: ignore[arg-type]
+        attempt.record_release("ws-surplus", 0)
+        app.save(attempt)
+        caught_up(app, store)
+        settled = Reconciler(url).sweep(store, broker, now=later)  # type: ignore[arg-type]
+
+    assert owing.releases == 1
+    assert [(m.type, m.fields["attempt_id"]) for m in broker.sent] == [
+        ("release", attempt.id)
+    ]
+    assert settled.releases == 0
+    app.close()
+
+
+def test_a_promoted_attempt_with_a_lost_create_is_searched_for_its_hour(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'events.sqlite'}"
+    app = open_event_store(url)
+    attempt = ProvisioningAttempt.start("b-lost", "Lost", PARENT, None, 5)
+    attempt.request_create(0, [], datetime.now(UTC))  # timed out, never confirmed
+    attempt.request_create(1, [], datetime.now(UTC))  # the retry after the grace
+    attempt.accept_candidate("ws-made", Provenance.CREATED, 1)
+    attempt.promote(1)
+    app.save(attempt)
+    broker = RecordingBroker()
+    with SqlViewStore(url) as store:
+        caught_up(app, store)
+        [row] = list_attempts(store, brand_id="b-lost")
+        soon = Reconciler(url).sweep(  # type: ignore[arg-type]
+            store, broker, now=datetime.now(UTC) + timedelta(minutes=2)
+        )
+        after_the_hour = Reconciler(url).sweep(  # type: ignore[arg-type]
+            store, broker, now=datetime.now(UTC) + timedelta(hours=2)
+        )
+
+    assert attempt.create_lost
+    assert (row["create_lost"], row["create_unresolved"], row["release_owed"]) == (1, 0, 0)
+    assert (soon.releases, after_the_hour.releases) == (1, 0)
     app.close()

@@ -315,3 +315,45 @@ def test_retry_on_conflict_decides_again_then_gives_up() -> None:
 
     with pytest.raises(ContentionError, match="busy"):
         retry_on_conflict(4, always, "busy")
+
+
+def test_a_lost_create_whose_workspace_appears_after_a_later_create_is_released(
+    service: ProvisioningService, gateway: MemoryGateway, clock: ManualClock
+) -> None:
+    gateway.creates = ["none", "ok"]  # the first create times out; its workspace comes late
+    attempt_id = service.request_provisioning("b1", TITLE, PARENT)
+    first = service.run_hop(attempt_id, 0)
+    clock.advance(61)  # past the grace: the retry creates again
+    second = service.run_hop(attempt_id, 1)
+    late = gateway.add(PARENT, TITLE, "created", projects=1)
+
+    released = service.release(attempt_id)  # what the reconciler sends during the hour
+
+    assert first.outcome is Outcome.SCHEDULED
+    assert second.outcome is Outcome.PROMOTED
+    assert second.workspace_id is not None
+    assert released == (late,)
+    assert gateway.workspaces[late].projects == []
+    attempt = service.attempt(attempt_id)
+    assert attempt.create_lost
+    assert attempt.created_ids == (second.workspace_id, late)
+    assert attempt.released_ids == (late,)
+    assert service.brand("b1").workspace_id == second.workspace_id
+    assert service.release(attempt_id) == ()  # safe to repeat
+    assert gateway.workspaces[second.workspace_id].status() == "created"
+
+
+def test_a_create_confirmed_or_refused_is_not_a_lost_create(
+    service: ProvisioningService, gateway: MemoryGateway, clock: ManualClock
+) -> None:
+    gateway.creates = [TransientGatewayError("429"), "ok"]
+    attempt_id = service.request_provisioning("b1", TITLE, PARENT)
+    service.run_hop(attempt_id, 0)
+    clock.advance(5)
+    promoted = service.run_hop(attempt_id, 1)
+    gateway.add(PARENT, TITLE, "created")  # someone else's, later
+
+    assert promoted.outcome is Outcome.PROMOTED
+    assert not service.attempt(attempt_id).create_lost
+    assert service.release(attempt_id) == ()
+    assert gateway.calls["family"] == 2  # no search after the end
