@@ -2,9 +2,12 @@
 
 Each sweep reads the projections and re-publishes what should have happened:
 - a hop for every pending attempt whose next hop is overdue by `overdue_s`;
-- a release for every ended attempt that has owed one for `grace_s`, or whose
-  create is unresolved (the workspace may still appear upstream: the release
-  looks for it again) during `orphan_window_s` after it ended;
+- a release for every ended attempt (promoted ones included) that has owed one
+  for `grace_s`; and, during `orphan_window_s` after it ended, for one whose
+  create is unresolved or was given up unconfirmed (the workspace may still
+  appear upstream: the release looks for it again, even after a later create
+  succeeded) and for one failed `exhausted` (its shells, emptied while still
+  `not ready`, are re-checked and emptied again if projects appeared);
 - a decommission for every deactivated brand still bound `grace_s` later;
 - and, given the service, it fails (`deadline`) every attempt still pending
   `deadline_s` after it started: one whose hops cannot run at all (its message
@@ -32,6 +35,7 @@ from uuid import UUID
 
 from prometheus_client import Counter
 
+from domain.policies import FailureReason
 from infrastructure import messages
 from infrastructure.broker import Broker
 from infrastructure.failures import Backoff
@@ -174,8 +178,8 @@ class Reconciler:
             after = (page[-1]["next_hop_due"], page[-1]["attempt_id"])
 
     def _owing(self, store: SqlViewStore, now: datetime) -> list[Row]:
-        """Ended attempts that owe a release, or whose unresolved create may still
-        show up upstream (looked for again during `orphan_window_s`)."""
+        """Ended attempts that owe a release; and during `orphan_window_s`, those whose
+        unresolved or lost create may still show up upstream, and exhausted ones."""
         before = store.dialect.to_db("ts", now - timedelta(seconds=self.grace_s))
         window = store.dialect.to_db("ts", now - timedelta(seconds=self.orphan_window_s))
         return store.rows(
@@ -183,9 +187,11 @@ class Reconciler:
             # A pending attempt's surplus is released when the attempt ends; a
             # promoted one's (a create that lost its race, a lost create found
             # late) until its release is on record.
+            # An exhausted attempt's shells are re-checked for projects.
             "state <> 'pending' AND updated_at < ? AND (release_owed > 0 OR "
-            "((create_unresolved = 1 OR create_lost = 1) AND finished_at > ?))",
-            [before, window],
+            "((create_unresolved = 1 OR create_lost = 1 OR failure_reason = ?) "
+            "AND finished_at > ?))",
+            [before, FailureReason.EXHAUSTED.value, window],
             limit=self.limit,
         )
 

@@ -249,8 +249,12 @@ def release_owed(svc: ServiceReads, attempt: ProvisioningAttempt, released: list
 
 
 def discharge(svc: ServiceReads, attempt: ProvisioningAttempt) -> tuple[str, ...]:
-    """What an ended attempt still owes: releases, an unresolved create, claims, slot."""
+    """What an ended attempt still owes: releases, an unresolved create, claims, slot,
+    and an exhausted attempt's shells re-checked."""
     released = [ws for ws in attempt.owed_releases if release_workspace(svc, attempt, ws)]
+    if attempt.failure_reason is FailureReason.EXHAUSTED:
+        earlier = [ws for ws in attempt.released_ids if ws not in released]
+        released += [ws for ws in earlier if empty_shell_again(svc, attempt, ws)]
     if attempt.orphan_search:
         found = _find_orphan(svc, attempt)
         if found is not None:
@@ -272,6 +276,37 @@ def discharge(svc: ServiceReads, attempt: ProvisioningAttempt) -> tuple[str, ...
     if touched:
         svc.app.save(*touched)
     return tuple(released)
+
+
+def empty_shell_again(svc: ServiceReads, attempt: ProvisioningAttempt, workspace_id: str) -> bool:
+    """A shell the exhausted attempt emptied while it was still `not ready` may get
+    projects once it settles: if nobody holds it and it has some, empty it again.
+
+    Recorded on its claim (`Releasing`, then `Released`), marked before any
+    delete in a version-checked save, so an adoption that raced it conflicts.
+    """
+    claim = svc.claim(workspace_id)
+    if claim is None or claim.brand_id is not None:  # held: adopted or claimed since
+        return False
+    try:
+        project_ids = svc.gateway.list_projects(workspace_id)
+    except WorkspaceGone:
+        return False
+    if not project_ids:
+        return False
+    claim.begin_release(attempt.brand_id, attempt.id)
+    svc.app.save(claim)
+    deleted = empty_workspace(svc, workspace_id)
+    claim.release("projects appeared after its release")
+    svc.app.save(claim)
+    log.warning(
+        "released again brand=%s attempt=%s workspace=%s projects_deleted=%d",
+        attempt.brand_id,
+        attempt.id,
+        workspace_id,
+        deleted,
+    )
+    return True
 
 
 def _find_orphan(svc: ServiceReads, attempt: ProvisioningAttempt) -> tuple[str, TitleSlot] | None:

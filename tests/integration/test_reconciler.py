@@ -221,3 +221,25 @@ def test_a_promoted_attempt_with_a_lost_create_is_searched_for_its_hour(tmp_path
     assert (row["create_lost"], row["create_unresolved"], row["release_owed"]) == (1, 0, 0)
     assert (soon.releases, after_the_hour.releases) == (1, 0)
     app.close()
+
+
+def test_an_exhausted_attempt_is_rechecked_for_its_hour(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'events.sqlite'}"
+    app = open_event_store(url)
+    attempt = ProvisioningAttempt.start("b-shell", "Shell", PARENT, None, 5)
+    attempt.accept_candidate("ws-shell", Provenance.CREATED, 0)
+    attempt.fail(FailureReason.EXHAUSTED, "not confirmed after 6 hops; last: not ready", 5)
+    attempt.record_release("ws-shell", 0)
+    app.save(attempt)
+    broker = RecordingBroker()
+    with SqlViewStore(url) as store:
+        caught_up(app, store)
+        soon = Reconciler(url).sweep(  # type: ignore[arg-type]
+            store, broker, now=datetime.now(UTC) + timedelta(minutes=2)
+        )
+        after_the_hour = Reconciler(url).sweep(  # type: ignore[arg-type]
+            store, broker, now=datetime.now(UTC) + timedelta(hours=2)
+        )
+
+    assert (soon.releases, after_the_hour.releases) == (1, 0)
+    app.close()

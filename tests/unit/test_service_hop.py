@@ -357,3 +357,30 @@ def test_a_create_confirmed_or_refused_is_not_a_lost_create(
     assert not service.attempt(attempt_id).create_lost
     assert service.release(attempt_id) == ()
     assert gateway.calls["family"] == 2  # no search after the end
+
+
+def test_an_exhausted_shell_that_gets_projects_later_is_emptied_again_unless_held(
+    service: ProvisioningService, gateway: MemoryGateway
+) -> None:
+    gateway.new_statuses = ["not ready"]
+    attempt_id = service.request_provisioning("b1", TITLE, PARENT)
+    outcomes = [service.run_hop(attempt_id, hop) for hop in range(4)]
+    [shell] = outcomes[-1].released
+    calls_before = gateway.calls["list_projects"]
+    assert service.release(attempt_id) == ()  # still empty: nothing to do
+    assert gateway.calls["list_projects"] == calls_before + 1  # but it was re-checked
+    gateway.workspaces[shell].statuses = ["created"]  # it settles, and projects appear
+    gateway.workspaces[shell].projects = ["p-late"]
+
+    again = service.release(attempt_id)  # what the reconciler sends during the hour
+
+    assert again == (shell,)
+    assert gateway.workspaces[shell].projects == []
+    claim = service.claim(shell)
+    assert claim is not None
+    assert (claim.brand_id, claim.releasing_by) == (None, None)
+    adopter = service.request_provisioning("b2", TITLE, PARENT)
+    assert service.run_hop(adopter, 0).workspace_id == shell  # ready, empty, free
+    gateway.workspaces[shell].projects = ["p-b2"]
+    assert service.release(attempt_id) == ()  # held by b2 now: never touched
+    assert gateway.workspaces[shell].projects == ["p-b2"]
