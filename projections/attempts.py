@@ -51,6 +51,14 @@ _CHANGES_OWED = frozenset(
 )  # fmt: skip
 
 
+# Rows the reconciler may send a release for (it also bounds all but the first
+# by the end time): a partial index keeps the many promoted rows out of its scan.
+OWING = (
+    "release_owed > 0 OR create_unresolved = 1 OR create_lost = 1 "
+    "OR failure_reason = 'exhausted'"
+)
+
+
 class Attempts:
     name = "attempts"
     key = "attempt_id"
@@ -80,9 +88,10 @@ class Attempts:
         Index("brand", ("brand_id", "started_at")),
         Index("state", ("state", "started_at")),
         Index("due", ("next_hop_due",), where="state = 'pending'"),
+        Index("owing", ("updated_at",), where=OWING),
     )
     topics = tuple(get_topic(cls) for cls in _EVENTS)
-    version = 2  # 2: create_lost
+    version = 2  # 2: create_lost, the owing index
 
     def prefetch(self, events: Sequence[Any], rows: RowCache) -> dict[str, set[str]]:
         started = {e.originator_id for e in events if isinstance(e, A.Started)}

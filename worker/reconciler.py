@@ -35,7 +35,6 @@ from uuid import UUID
 
 from prometheus_client import Counter
 
-from domain.policies import FailureReason
 from infrastructure import messages
 from infrastructure.broker import Broker
 from infrastructure.failures import Backoff
@@ -43,6 +42,7 @@ from infrastructure.outages import Outage, refusal, which_service
 from infrastructure.service import ProvisioningService
 from infrastructure.view_queries import list_attempts
 from infrastructure.views import PROJECTIONS, SqlViewStore
+from projections.attempts import OWING
 from projections.core import Row
 
 log = logging.getLogger("provisioner.reconciler")
@@ -188,10 +188,10 @@ class Reconciler:
             # promoted one's (a create that lost its race, a lost create found
             # late) until its release is on record.
             # An exhausted attempt's shells are re-checked for projects.
-            "state <> 'pending' AND updated_at < ? AND (release_owed > 0 OR "
-            "((create_unresolved = 1 OR create_lost = 1 OR failure_reason = ?) "
-            "AND finished_at > ?))",
-            [before, FailureReason.EXHAUSTED.value, window],
+            # (OWING, the partial index's condition) AND (owed, or within the window).
+            f"state <> 'pending' AND updated_at < ? AND ({OWING}) "
+            "AND (release_owed > 0 OR finished_at > ?)",
+            [before, window],
             limit=self.limit,
         )
 
