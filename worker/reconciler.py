@@ -182,18 +182,24 @@ class Reconciler:
         unresolved or lost create may still show up upstream, and exhausted ones."""
         before = store.dialect.to_db("ts", now - timedelta(seconds=self.grace_s))
         window = store.dialect.to_db("ts", now - timedelta(seconds=self.orphan_window_s))
-        return store.rows(
-            PROJECTIONS["attempts"],
+        if any(p.name == "attempts" for p in store.outdated()):
+            # The live copy predates `create_lost` (version 2) until its rebuild
+            # switches: the rule its columns allow meanwhile.
+            where = (
+                "state NOT IN ('pending', 'promoted') AND updated_at < ? AND "
+                "(release_owed > 0 OR (create_unresolved = 1 AND finished_at > ?))"
+            )
+        else:
             # A pending attempt's surplus is released when the attempt ends; a
             # promoted one's (a create that lost its race, a lost create found
-            # late) until its release is on record.
-            # An exhausted attempt's shells are re-checked for projects.
-            # (OWING, the partial index's condition) AND (owed, or within the window).
-            f"state <> 'pending' AND updated_at < ? AND ({OWING}) "
-            "AND (release_owed > 0 OR finished_at > ?)",
-            [before, window],
-            limit=self.limit,
-        )
+            # late) until its release is on record. An exhausted attempt's
+            # shells are re-checked. (OWING, the partial index's condition) AND
+            # (owed, or within the window).
+            where = (
+                f"state <> 'pending' AND updated_at < ? AND ({OWING}) "
+                "AND (release_owed > 0 OR finished_at > ?)"
+            )
+        return store.rows(PROJECTIONS["attempts"], where, [before, window], limit=self.limit)
 
     def run(self, stop: threading.Event, broker: Broker) -> None:
         """Sweep every `interval_s` until `stop` is set. A failed sweep is tried again

@@ -384,3 +384,32 @@ def test_an_exhausted_shell_that_gets_projects_later_is_emptied_again_unless_hel
     gateway.workspaces[shell].projects = ["p-b2"]
     assert service.release(attempt_id) == ()  # held by b2 now: never touched
     assert gateway.workspaces[shell].projects == ["p-b2"]
+
+
+def test_an_adopted_candidate_whose_creation_failed_is_dropped_and_its_claim_returned(
+    service: ProvisioningService,
+    gateway: MemoryGateway,
+    clock: ManualClock,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    adopted = gateway.add(PARENT, TITLE, "ready")
+    polled = gateway.status
+    monkeypatch.setattr(
+        gateway, "status", lambda w: "creation_failed" if w == adopted else polled(w)
+    )
+    attempt_id = service.request_provisioning("b1", TITLE, PARENT)
+
+    first = service.run_hop(attempt_id, 0)
+    gateway.workspaces[adopted].statuses = ["creation_failed"]  # as the family shows it now
+    clock.advance(5)
+    second = service.run_hop(attempt_id, 1)
+
+    assert first.outcome is Outcome.SCHEDULED
+    assert second.outcome is Outcome.PROMOTED
+    assert second.workspace_id != adopted
+    claim = service.claim(adopted)
+    assert claim is not None
+    assert claim.brand_id is None  # given back at the drop
+    attempt = service.attempt(attempt_id)
+    assert adopted not in attempt.created_ids  # never ours to release
+    assert second.released == ()
