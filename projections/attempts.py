@@ -54,8 +54,7 @@ _CHANGES_OWED = frozenset(
 # Rows the reconciler may send a release for (it also bounds all but the first
 # by the end time): a partial index keeps the many promoted rows out of its scan.
 OWING = (
-    "release_owed > 0 OR create_unresolved = 1 OR create_lost = 1 "
-    "OR failure_reason = 'exhausted'"
+    "release_owed > 0 OR create_unresolved = 1 OR create_lost = 1 OR failure_reason = 'exhausted'"
 )
 
 

@@ -190,9 +190,7 @@ def test_a_promoted_attempt_owing_a_surplus_release_is_swept_until_it_is_recorde
         settled = Reconciler(url).sweep(store, broker, now=later)  # type: ignore[arg-type]
 
     assert owing.releases == 1
-    assert [(m.type, m.fields["attempt_id"]) for m in broker.sent] == [
-        ("release", attempt.id)
-    ]
+    assert [(m.type, m.fields["attempt_id"]) for m in broker.sent] == [("release", attempt.id)]
     assert settled.releases == 0
     app.close()
 
