@@ -383,7 +383,13 @@ main.add_command(serve_fake_gateway, "fake-gateway")
 
 
 @main.command()
-@click.option("--brands", default=20, show_default=True, help="How many brands to provision.")
+@click.option(
+    "--brands",
+    default=20,
+    show_default=True,
+    type=click.IntRange(1, 1000),
+    help="How many brands to provision.",
+)
 @click.option("--seed", default=11, show_default=True, help="The fake gateway's seed.")
 @click.option(
     "--database-url",

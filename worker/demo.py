@@ -89,7 +89,7 @@ def run_demo(*, brands: int, seed: int, database_url: str) -> int:
             thread.join(10)
         state = fake.state()
         _summary(console, runtime.service, brands, attempts)
-        for n in STORIES:
+        for n in (n for n in STORIES if n <= brands):
             _story(console, runtime.service, f"demo-{n:02d}")
         console.print(read_models)
     creates = sum(state["creates"].values())
@@ -124,7 +124,8 @@ def _provision(
         service.request_provisioning(f"demo-{n:02d}", _title(n), parent): n
         for n in range(1, brands + 1)
     }
-    deactivate = next(a for a, n in attempts.items() if n == DEACTIVATED)
+    # None with fewer brands than DEACTIVATED: nothing is deactivated then.
+    deactivate = next((a for a, n in attempts.items() if n == DEACTIVATED), None)
     hops: dict[UUID, int] = {}
     with Progress(
         TextColumn("provisioning"),

@@ -42,3 +42,15 @@ def test_the_demo_provisions_every_brand_to_its_scripted_end(tmp_path: Path) -> 
     assert attempt_of(15).provenance is Provenance.ADOPTED
     assert attempt_of(5).state is AttemptState.PROMOTED
     app.close()
+
+
+def test_a_small_demo_runs_without_the_brands_it_does_not_have(tmp_path: Path) -> None:
+    """Fewer brands than the scripted deactivation (13) and stories (5, 7)."""
+    url = f"sqlite:///{tmp_path / 'demo.sqlite'}"
+
+    result = CliRunner(env={"COLUMNS": "200"}).invoke(
+        main, ["demo", "--brands", "3", "--database-url", url]
+    )
+
+    assert result.exit_code == 0, result.output
+    assert "brand_workspaces: 3 rows, 0 behind" in result.output
