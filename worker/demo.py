@@ -203,7 +203,7 @@ def _story(console: Console, service: ProvisioningService, brand_id: str) -> Non
                 "timestamp",
                 "requested_at",
                 "max_hop",
-            )  # fmt: skip
+            )
         }
         table.add_row(
             f"{event.timestamp:%H:%M:%S.%f}"[:-3],
