@@ -79,6 +79,20 @@ def _brand_table(brand_id: str, items: list[dict[str, Any]]) -> Any:
     return table
 
 
+def _record(data: dict[str, Any]) -> None:
+    """One record, a field a line, the values aligned and folded at the terminal's
+    width; a missing value reads `none`."""
+    from rich.console import Console
+    from rich.table import Table
+
+    grid = Table.grid(padding=(0, 1))
+    grid.add_column(no_wrap=True)
+    grid.add_column(overflow="fold")
+    for key, value in data.items():
+        grid.add_row(cell(f"{key}:"), cell("none" if value is None else value))
+    Console().print(grid)
+
+
 def _audit(fetch: Any) -> Any:
     from domain.errors import ProvisionerError
 
@@ -99,7 +113,7 @@ def status(brand_id: str, as_json: bool) -> None:
     from infrastructure.audit import brand_status
 
     data = _audit(lambda service: brand_status(service, brand_id))
-    _print(data, as_json, lambda d: click.echo("\n".join(f"{k}: {v}" for k, v in d.items())))
+    _print(data, as_json, _record)
 
 
 @click.command()
@@ -202,7 +216,7 @@ def pointer(brand_id: str, at: Any, as_json: bool) -> None:
     from infrastructure.audit import pointer_at
 
     data = _audit(lambda service: pointer_at(service, brand_id, at))
-    _print(data, as_json, lambda d: click.echo("\n".join(f"{k}: {v}" for k, v in d.items())))
+    _print(data, as_json, _record)
 
 
 ATTEMPT_COLUMNS = ("attempt_id", "brand_id", "state", "hops_used", "candidate_id",

@@ -155,3 +155,14 @@ def test_wait_and_deactivate_print_whole_sentences(
     )
     assert again.output.strip() == "brand b-read was already deactivated; nothing changed."
     assert "None" not in deactivated.output + said_promoted + said_failed
+
+
+def test_status_reads_as_aligned_fields_without_none(story: dict[str, Any]) -> None:
+    text = _read(story["runner"], "status", LONG_BRAND)
+
+    lines = [line.rstrip() for line in text.splitlines()]
+    assert lines[0] + lines[1].strip() == f"brand_id:      {LONG_BRAND}"  # folded, aligned
+    assert lines[1].startswith(" " * 15)
+    assert "workspace_id:  none" in lines
+    assert "attempt_state: failed" in lines
+    assert "None" not in text
