@@ -10,7 +10,8 @@ and every event of each, oldest first. JSON shapes (other tools rely on them):
                {kind: "brand", at, type, workspace_id, attempt_id, reason}, one of the
                brand's own events (registered, deactivated, unbound, ignored command...)
 
-`reason` is an event's reason code (or why, or the status a hop saw); `message` is
+`reason` is an event's reason code (or why, or the status a hop saw, or the attempt
+that took over from a superseded one); `message` is
 the text that came with it (a failure's or a refusal's message, a dropped status).
 """
 
@@ -53,6 +54,15 @@ def _replayed(service: ProvisioningService, aggregate_id: UUID) -> tuple[Any, li
     return project_aggregate(None, events), events
 
 
+def _other_attempt(event: Any) -> str | None:
+    """The attempt that took over from this one, as the reason it stood down."""
+    if isinstance(event, ProvisioningAttempt.Superseded):
+        return f"superseded by attempt {event.by_attempt_id}"
+    if isinstance(event, ProvisioningAttempt.CandidateHandedOver):
+        return f"handed over to attempt {event.to_attempt_id}"
+    return None
+
+
 def attempt_story(service: ProvisioningService, attempt_id: UUID) -> dict[str, Any]:
     attempt, history = _replayed(service, attempt_id)
     if not isinstance(attempt, ProvisioningAttempt):
@@ -70,7 +80,10 @@ def attempt_story(service: ProvisioningService, attempt_id: UUID) -> dict[str, A
                 "hop": fields.get("hop"),
                 "workspace_id": fields.get("workspace_id") or fields.get("existing_workspace_id"),
                 "provenance": provenance,
-                "reason": fields.get("reason") or fields.get("why") or fields.get("last_status"),
+                "reason": fields.get("reason")
+                or fields.get("why")
+                or fields.get("last_status")
+                or _other_attempt(event),
                 "message": fields.get("message") or fields.get("status"),
             }
         )

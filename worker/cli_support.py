@@ -121,7 +121,8 @@ def outcome_sentence(story: dict[str, Any]) -> str:
         why = end["reason"] if end and end["reason"] else "no reason recorded"
         return f"{head} was cancelled ({why})."
     if state == "superseded":
-        return f"{head} was superseded by a newer provision request, which carries on."
+        by = end["reason"] if end and end["reason"] else "superseded by a newer attempt"
+        return f"{head} was {by}, which carries on."
     return f"{head} is {state}."
 
 

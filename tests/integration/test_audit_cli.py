@@ -46,6 +46,8 @@ def test_status_history_and_attempt_tell_a_brands_story(
     assert [a["attempt_id"] for a in history] == [str(first), str(second)]
     assert [a["state"] for a in history] == ["superseded", "promoted"]
     assert [e["type"] for e in one["events"]][-2:] == ["Superseded", "CandidateReleased"]
+    superseded = next(e for e in one["events"] if e["type"] == "Superseded")
+    assert superseded["reason"] == f"superseded by attempt {second}"
     accepted = next(e for e in one["events"] if e["type"] == "CandidateAccepted")
     assert accepted["provenance"] == "created"
     assert set(accepted) == {

@@ -28,13 +28,15 @@ def test_each_end_of_an_attempt_is_one_whole_sentence() -> None:
         failure_message="401: token refused",
     )
     cancelled = _story("cancelled", {"type": "Cancelled", "reason": "brand deactivated"})
-    superseded = _story("superseded", {"type": "Superseded"})
+    superseded = _story("superseded", {"type": "Superseded", "reason": "superseded by attempt 7"})
+    superseded_before = _story("superseded", {"type": "Superseded"})
 
     assert outcome_sentence(promoted) == f"{head} promoted: the brand is ready in workspace ws-9."
     assert outcome_sentence(failed) == f"{head} failed (unauthorized): 401: token refused"
     assert outcome_sentence(cancelled) == f"{head} was cancelled (brand deactivated)."
-    assert outcome_sentence(superseded) == (
-        f"{head} was superseded by a newer provision request, which carries on."
+    assert outcome_sentence(superseded) == f"{head} was superseded by attempt 7, which carries on."
+    assert outcome_sentence(superseded_before) == (
+        f"{head} was superseded by a newer attempt, which carries on."
     )
 
 
