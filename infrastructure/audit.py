@@ -3,8 +3,16 @@ and every event of each, oldest first. JSON shapes (other tools rely on them):
 
     status  -> {brand_id, title, lifecycle, status, workspace_id, attempt_id, attempt_state}
     pointer -> {brand_id, at, workspace_id, attempt_id (the one that bound it), lifecycle}
-    history -> [{attempt_id, state, events: [{at, type, hop, workspace_id,
-                 provenance, reason}, ...]}, ...]
+    attempt -> {attempt_id, brand_id, state, failure_reason, failure_message,
+                events: [{at, type, hop, workspace_id, provenance, reason, message}, ...]}
+    history -> [item, ...] in the brand's own order, where an item is either
+               {kind: "attempt", at, <attempt>} (placed where the brand began it) or
+               {kind: "brand", at, type, workspace_id, attempt_id, reason}, one of the
+               brand's own events (registered, deactivated, unbound, ignored command...)
+
+`reason` is an event's reason code (or why, or the status a hop saw, or the attempt
+that took over from a superseded one); `message` is
+the text that came with it (a failure's or a refusal's message, a dropped status).
 """
 
 from __future__ import annotations
@@ -46,6 +54,15 @@ def _replayed(service: ProvisioningService, aggregate_id: UUID) -> tuple[Any, li
     return project_aggregate(None, events), events
 
 
+def _other_attempt(event: Any) -> str | None:
+    """The attempt that took over from this one, as the reason it stood down."""
+    if isinstance(event, ProvisioningAttempt.Superseded):
+        return f"superseded by attempt {event.by_attempt_id}"
+    if isinstance(event, ProvisioningAttempt.CandidateHandedOver):
+        return f"handed over to attempt {event.to_attempt_id}"
+    return None
+
+
 def attempt_story(service: ProvisioningService, attempt_id: UUID) -> dict[str, Any]:
     attempt, history = _replayed(service, attempt_id)
     if not isinstance(attempt, ProvisioningAttempt):
@@ -63,24 +80,56 @@ def attempt_story(service: ProvisioningService, attempt_id: UUID) -> dict[str, A
                 "hop": fields.get("hop"),
                 "workspace_id": fields.get("workspace_id") or fields.get("existing_workspace_id"),
                 "provenance": provenance,
-                "reason": fields.get("reason") or fields.get("why") or fields.get("last_status"),
+                "reason": fields.get("reason")
+                or fields.get("why")
+                or fields.get("last_status")
+                or _other_attempt(event),
+                "message": fields.get("message") or fields.get("status"),
             }
         )
+    failure = attempt.failure_reason
     return {
         "attempt_id": str(attempt.id),
         "brand_id": attempt.brand_id,
         "state": attempt.state.value,
+        "failure_reason": failure.value if failure is not None else None,
+        "failure_message": attempt.last_status if failure is not None else None,
         "events": events,
     }
 
 
+def _brand_event(event: Any) -> dict[str, Any]:
+    fields = vars(event)
+    reason = fields.get("reason")
+    if isinstance(event, Brand.CommandIgnored):
+        reason = f"{event.command}: {event.reason}"
+    elif isinstance(event, Brand.WorkspaceUnbound) and event.projects_deleted:
+        reason = f"{event.reason} ({event.projects_deleted} projects deleted)"
+    attempt_id = fields.get("attempt_id")
+    return {
+        "kind": "brand",
+        "at": event.timestamp.isoformat(),
+        "type": type(event).__name__,
+        "workspace_id": fields.get("workspace_id"),
+        "attempt_id": str(attempt_id) if attempt_id else None,
+        "reason": reason,
+    }
+
+
 def brand_history(service: ProvisioningService, brand_id: str) -> list[dict[str, Any]]:
-    """Every attempt of the brand, oldest first: one read per stream."""
+    """The brand's own events and its attempts, in the brand's order (an attempt where
+    the brand began it, with all its events): one read per stream."""
     brand, events = _replayed(service, brand_aggregate_id(brand_id))
     if not isinstance(brand, Brand):
         raise UnknownBrand(f"no brand {brand_id!r} is registered")
-    begun = [e.attempt_id for e in events if isinstance(e, Brand.AttemptBegun)]
-    return [attempt_story(service, attempt_id) for attempt_id in begun]
+    items: list[dict[str, Any]] = []
+    for event in events:
+        if isinstance(event, Brand.AttemptBegun):
+            story = attempt_story(service, event.attempt_id)
+            items.append({"kind": "attempt", "at": event.timestamp.isoformat(), **story})
+        else:
+            items.append(_brand_event(event))
+    return items
 
 
 class NotYetRegistered(ProvisionerError):

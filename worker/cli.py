@@ -41,6 +41,7 @@ class _Main(click.Group):
 
 
 @click.group(cls=_Main, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="workspace-provisioner", prog_name="provisioner")
 @click.option("-v", "--verbose", is_flag=True, help="Log every hop.")
 @click.option("--debug", is_flag=True, help="Show the traceback of a failure.")
 def main(verbose: bool, debug: bool) -> None:
@@ -126,9 +127,10 @@ def _wait_for(service: Any, attempt_id: Any, timeout: float) -> int:
     while time.monotonic() < deadline:
         attempt = service.attempt(attempt_id)
         if attempt.is_terminal:
-            click.echo(
-                f"attempt {attempt_id}: {attempt.state.value} {attempt.last_status}".rstrip()
-            )
+            from infrastructure.audit import attempt_story
+            from worker.cli_support import outcome_sentence
+
+            click.echo(outcome_sentence(attempt_story(service, attempt_id)))
             return 0 if attempt.state is AttemptState.PROMOTED else 1
         time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
         pause = min(pause * 1.5, 2.0)
@@ -151,12 +153,9 @@ def deactivate(brand_id: str) -> None:
         result = service.deactivate(brand_id)
     except ProvisionerError as exc:
         raise click.ClickException(str(exc)) from None
-    if result.already_deactivated:
-        click.echo(f"brand {brand_id} was already deactivated")
-    else:
-        click.echo(
-            f"brand {brand_id} deactivated; cancelled attempt: {result.cancelled_attempt_id}"
-        )
+    from worker.cli_support import deactivation_sentence
+
+    click.echo(deactivation_sentence(result))
 
 
 for command in (cli_read.status, cli_read.history, cli_read.attempt, cli_read.pointer,

@@ -7,7 +7,7 @@ from typing import Any, ClassVar
 
 import click
 
-from worker.cli_support import cell, jsonable, load_settings, service_only, views
+from worker.cli_support import cell, compact_table, jsonable, load_settings, service_only, views
 
 
 def _print(data: Any, as_json: bool, render: Any) -> None:
@@ -19,22 +19,78 @@ def _print(data: Any, as_json: bool, render: Any) -> None:
         render(data)
 
 
+def _when(at: str, day: str) -> str:
+    """An event's time: to the millisecond, with its date only when not `day`."""
+    clock = at[11:23]
+    return clock if at[:10] == day else f"{at[:10]} {clock}"
+
+
+def _detail(e: dict[str, Any]) -> str:
+    """What an event says beyond its type, in one phrase: the workspace (and how it
+    came), the reason, the message."""
+    parts = []
+    if e.get("workspace_id"):
+        how = f" ({e['provenance']})" if e.get("provenance") else ""
+        parts.append(f"{e['workspace_id']}{how}")
+    words = [w for w in (e.get("reason"), e.get("message")) if w]
+    if words:
+        parts.append(": ".join(dict.fromkeys(words)))
+    return "; ".join(parts)
+
+
 def _events_table(story: dict[str, Any]) -> Any:
+    day = story["events"][0]["at"][:10] if story["events"] else ""
+    state = story["state"]
+    if story.get("failure_reason"):
+        state = f"{state} ({story['failure_reason']})"
+    table = compact_table(
+        f"attempt {story['attempt_id']} of brand {story['brand_id']}: {state}",
+        caption=f"times UTC on {day}" if day else None,
+    )
+    table.add_column("at", no_wrap=True)
+    table.add_column("event", overflow="fold")
+    table.add_column("hop", justify="right", no_wrap=True)
+    table.add_column("detail", overflow="fold", ratio=1)
+    for e in story["events"]:
+        hop = e.get("hop")
+        table.add_row(cell(_when(e["at"], day)), cell(e["type"]),
+                      cell("" if hop is None else hop), cell(_detail(e)))  # fmt: skip
+    return table
+
+
+def _failure_line(story: dict[str, Any]) -> str | None:
+    if not story.get("failure_reason"):
+        return None
+    message = story.get("failure_message") or "(no message)"
+    return f"failed ({story['failure_reason']}): {message}"
+
+
+def _brand_table(brand_id: str, items: list[dict[str, Any]]) -> Any:
+    table = compact_table(f"brand {brand_id}", caption=None)
+    table.add_column("at (UTC)", no_wrap=True)
+    table.add_column("event", overflow="fold")
+    table.add_column("detail", overflow="fold", ratio=1)
+    for e in items:
+        # An attempt id here is the attempt shown just above (the one that bound the
+        # workspace, or the pending one serving a repeated provision).
+        served = "served by the pending attempt" if e["type"] == "ProvisionNoted" else None
+        detail = "; ".join(w for w in (e.get("workspace_id"), e.get("reason"), served) if w)
+        table.add_row(cell(_when(e["at"], "")), cell(e["type"]), cell(detail))
+    return table
+
+
+def _record(data: dict[str, Any]) -> None:
+    """One record, a field a line, the values aligned and folded at the terminal's
+    width; a missing value reads `none`."""
+    from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=cell(f"attempt {story['attempt_id']}: {story['state']}"))
-    for column in ("at", "event", "hop", "workspace", "provenance", "reason"):
-        table.add_column(column)
-    for e in story["events"]:
-        table.add_row(
-            cell(e["at"][:23]),
-            cell(e["type"]),
-            cell(e["hop"]),
-            cell(e["workspace_id"]),
-            cell(e["provenance"]),
-            cell((e["reason"] or "")[:60]),
-        )
-    return table
+    grid = Table.grid(padding=(0, 1))
+    grid.add_column(no_wrap=True)
+    grid.add_column(overflow="fold")
+    for key, value in data.items():
+        grid.add_row(cell(f"{key}:"), cell("none" if value is None else value))
+    Console().print(grid)
 
 
 def _audit(fetch: Any) -> Any:
@@ -57,24 +113,39 @@ def status(brand_id: str, as_json: bool) -> None:
     from infrastructure.audit import brand_status
 
     data = _audit(lambda service: brand_status(service, brand_id))
-    _print(data, as_json, lambda d: click.echo("\n".join(f"{k}: {v}" for k, v in d.items())))
+    _print(data, as_json, _record)
 
 
 @click.command()
 @click.argument("brand_id")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def history(brand_id: str, as_json: bool) -> None:
-    """Every attempt of the brand, oldest first, with its events (from the event store)."""
+    """The brand's story from the event store, oldest first: its own events (registered,
+    deactivated, unbound, ignored commands...) and, where it began each, an attempt
+    with all its events."""
     from rich.console import Console
 
     from infrastructure.audit import brand_history
 
     data = _audit(lambda service: brand_history(service, brand_id))
 
-    def render(stories: list[dict[str, Any]]) -> None:
+    def render(items: list[dict[str, Any]]) -> None:
         console = Console()
-        for story in stories:
-            console.print(_events_table(story))
+        run: list[dict[str, Any]] = []
+        for item in [*items, None]:
+            if item is not None and item["kind"] == "brand":
+                run.append(item)
+                continue
+            if run:
+                console.print(_brand_table(brand_id, run))
+                console.print()
+                run = []
+            if item is not None:
+                console.print(_events_table(item))
+                failure = _failure_line(item)
+                if failure:
+                    console.print(cell(failure))
+                console.print()
 
     _print(data, as_json, render)
 
@@ -83,7 +154,7 @@ def history(brand_id: str, as_json: bool) -> None:
 @click.argument("attempt_id")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def attempt(attempt_id: str, as_json: bool) -> None:
-    """One attempt in full."""
+    """One attempt in full: every event, and why it failed if it did."""
     from uuid import UUID
 
     from rich.console import Console
@@ -95,7 +166,15 @@ def attempt(attempt_id: str, as_json: bool) -> None:
     except ValueError:
         raise click.ClickException(f"{attempt_id!r} is not an attempt id (a UUID)") from None
     data = _audit(lambda service: attempt_story(service, parsed))
-    _print(data, as_json, lambda d: Console().print(_events_table(d)))
+
+    def render(story: dict[str, Any]) -> None:
+        console = Console()
+        console.print(_events_table(story))
+        failure = _failure_line(story)
+        if failure:
+            console.print(cell(failure))
+
+    _print(data, as_json, render)
 
 
 class _Time(click.ParamType[Any]):
@@ -137,11 +216,53 @@ def pointer(brand_id: str, at: Any, as_json: bool) -> None:
     from infrastructure.audit import pointer_at
 
     data = _audit(lambda service: pointer_at(service, brand_id, at))
-    _print(data, as_json, lambda d: click.echo("\n".join(f"{k}: {v}" for k, v in d.items())))
+    _print(data, as_json, _record)
 
 
 ATTEMPT_COLUMNS = ("attempt_id", "brand_id", "state", "hops_used", "candidate_id",
                    "provenance", "started_at", "next_hop_due", "last_error")  # fmt: skip
+
+
+def _table_value(value: Any) -> str:
+    from datetime import UTC, datetime
+
+    if isinstance(value, datetime):
+        return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    return "" if value is None else str(value)
+
+
+def _attempts_table(found: list[dict[str, Any]]) -> Any:
+    """Fits 80 columns: the attempt id whole (to copy), its last error folded under it."""
+    from rich.console import Group
+    from rich.padding import Padding
+    from rich.text import Text
+
+    table = compact_table(f"{len(found)} attempts (`attempt ID` for one in full)")
+    table.add_column("attempt / last error", overflow="fold", ratio=1, min_width=36)
+    table.add_column("brand", overflow="fold", max_width=20)
+    table.add_column("state", no_wrap=True)
+    table.add_column("hops", justify="right", no_wrap=True)
+    for row in found:
+        first: Any = Text(str(row["attempt_id"]))
+        if row["last_error"]:
+            error = Text(str(row["last_error"]), style="dim", overflow="fold")
+            first = Group(first, Padding(error, (0, 0, 0, 2)))
+        table.add_row(first, cell(row["brand_id"]), cell(row["state"]), cell(row["hops_used"]))
+    return table
+
+
+def _attempt_blocks(found: list[dict[str, Any]]) -> Any:
+    """Every field of each attempt, one block each (readable at any width)."""
+    table = compact_table(f"{len(found)} attempts")
+    table.show_header = False
+    table.add_column("field", no_wrap=True, style="bold")
+    table.add_column("value", overflow="fold", ratio=1)
+    for n, row in enumerate(found):
+        if n:
+            table.add_row("", "")
+        for column in ATTEMPT_COLUMNS:
+            table.add_row(column, cell(_table_value(row[column])))
+    return table
 
 
 @click.command()
@@ -155,9 +276,11 @@ ATTEMPT_COLUMNS = ("attempt_id", "brand_id", "state", "hops_used", "candidate_id
 @click.option("--since", type=_Time(), help="Started at or after this time (or age: 1d).")
 @click.option("--brand", "brand_id", help="Only this brand's attempts.")
 @click.option("--limit", default=50, show_default=True, type=click.IntRange(1, 100_000))
+@click.option("--wide", is_flag=True, help="Every field of each attempt, one block each.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def attempts(
     *,
+    wide: bool,
     state: str | None,
     stuck: bool,
     overdue: float,
@@ -179,23 +302,28 @@ def attempts(
 
     def render(found: list[dict[str, Any]]) -> None:
         from rich.console import Console
-        from rich.table import Table
 
-        table = Table(title=f"{len(found)} attempts")
-        for column in ATTEMPT_COLUMNS:
-            table.add_column(column)
-        for row in found:
-            cells = [row[c] for c in ATTEMPT_COLUMNS]
-            table.add_row(*(cell(None if v is None else jsonable(v)[:40]) for v in cells))
-        Console().print(table)
+        Console().print(_attempt_blocks(found) if wide else _attempts_table(found))
 
     _print(rows, as_json, render)
+
+
+NUMBERS = ("position", "behind", "rows")
+PROJECTION_COLUMNS_EXPLAINED = (
+    "copy: the table readers use now. position: the last event of the log it has "
+    "applied (the head: the newest event). behind: events of its kinds it still has "
+    "to apply (0: up to date). rows: rows readers see. "
+    "rebuilding: the copy `projections rebuild` is filling, if any; readers move "
+    "to it when it has caught up."
+)
 
 
 @click.command("status")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def projections_status(as_json: bool) -> None:
-    """Per projection: position, head of the log, events behind, rows, rebuild."""
+    """Per projection: the copy readers use, its position in the event log, the log's
+    head, the events it is behind, its rows, and a rebuild under way (explained below
+    the table)."""
     from infrastructure.eventstore import open_event_store
     from infrastructure.views import LogSource
 
@@ -211,14 +339,16 @@ def projections_status(as_json: bool) -> None:
 
     def render(report: list[dict[str, Any]]) -> None:
         from rich.console import Console
-        from rich.table import Table
 
-        table = Table()
-        columns = ("projection", "copy", "position", "head", "behind", "rows", "rebuilding")
+        head = report[0]["head"] if report else 0
+        table = compact_table(f"read models; the event log's head is at {head}",
+                              caption=PROJECTION_COLUMNS_EXPLAINED)  # fmt: skip
+        columns = ("projection", "copy", "position", "behind", "rows", "rebuilding")
         for column in columns:
-            table.add_column(column, no_wrap=column in ("projection", "copy"))
+            table.add_column(column, overflow="fold", no_wrap=column != "rebuilding",
+                             justify="right" if column in NUMBERS else "left")  # fmt: skip
         for item in report:
-            table.add_row(*(cell(item[c]) for c in columns))
+            table.add_row(*(cell("" if item[c] is None else item[c]) for c in columns))
         Console().print(table)
 
     _print(data, as_json, render)

@@ -83,3 +83,59 @@ def declared_broker(url: str, topology: Topology) -> Iterator[Broker]:
         yield publisher
     finally:
         publisher.close()
+
+
+def compact_table(title: str | None, caption: str | None = None) -> Any:
+    """A Rich table that spends little width on rules, so that at 80 columns the
+    cells get the room: a line under the header, a space between columns; the
+    table takes the whole width (titles wrap at it, not at the cells). Columns
+    should fold (never cut with "…") what does not fit."""
+    from rich import box
+    from rich.table import Table
+
+    return Table(
+        title=cell(title) if title else None,
+        caption=cell(caption) if caption else None,
+        box=box.SIMPLE_HEAD,
+        show_edge=False,
+        pad_edge=False,
+        title_justify="left",
+        caption_justify="left",
+        expand=True,
+    )
+
+
+def outcome_sentence(story: dict[str, Any]) -> str:
+    """How an ended attempt (an `attempt_story`) ended, as one sentence."""
+    ends = ("Promoted", "Failed", "Cancelled", "Superseded")
+    end = next((e for e in reversed(story["events"]) if e["type"] in ends), None)
+    head = f"attempt {story['attempt_id']} for brand {story['brand_id']}"
+    state = story["state"]
+    if state == "promoted":
+        workspace = end["workspace_id"] if end else None
+        return f"{head} promoted: the brand is ready in workspace {workspace}."
+    if state == "failed":
+        message = story.get("failure_message") or "no message"
+        return f"{head} failed ({story.get('failure_reason')}): {message}"
+    if state == "cancelled":
+        why = end["reason"] if end and end["reason"] else "no reason recorded"
+        return f"{head} was cancelled ({why})."
+    if state == "superseded":
+        by = end["reason"] if end and end["reason"] else "superseded by a newer attempt"
+        return f"{head} was {by}, which carries on."
+    return f"{head} is {state}."
+
+
+def deactivation_sentence(result: Any) -> str:
+    """What `deactivate` did (a `Deactivation`), as one or two sentences."""
+    brand = result.brand_id
+    if result.already_deactivated:
+        return f"brand {brand} was already deactivated; nothing changed."
+    done = f"brand {brand} deactivated"
+    if result.cancelled_attempt_id is not None:
+        done += f"; its pending attempt {result.cancelled_attempt_id} was cancelled"
+    else:
+        done += "; no attempt was pending"
+    if result.workspace_id:
+        return f"{done}. A worker will empty workspace {result.workspace_id} and unbind it."
+    return f"{done}, and it has no workspace to empty."

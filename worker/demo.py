@@ -158,7 +158,7 @@ def _summary(
 ) -> None:
     table = Table(title="Brands")
     for column in ("brand", "status", "workspace", "hops", "outcome"):
-        table.add_column(column)
+        table.add_column(column, overflow="fold")
     tally: Counter[str] = Counter()
     for n in range(1, brands + 1):
         brand = service.brand(f"demo-{n:02d}")
@@ -191,17 +191,24 @@ def _story(console: Console, service: ProvisioningService, brand_id: str) -> Non
         return
     table = Table(title=escape(f"History of {brand_id} (attempt {brand.current_attempt_id})"))
     for column in ("time", "event", "details"):
-        table.add_column(column)
+        table.add_column(column, overflow="fold")
     for event in service.attempt_history(brand.current_attempt_id):
         fields = {
             k: v
             for k, v in vars(event).items()
             if k
-            not in ("originator_id", "originator_version", "timestamp", "requested_at", "max_hop")
+            not in (
+                "originator_id",
+                "originator_version",
+                "originator_topic",
+                "timestamp",
+                "requested_at",
+                "max_hop",
+            )
         }
         table.add_row(
             f"{event.timestamp:%H:%M:%S.%f}"[:-3],
             type(event).__name__,
-            escape(", ".join(f"{k}={v}" for k, v in fields.items())[:90]),
+            escape(", ".join(f"{k}={v}" for k, v in fields.items())),
         )
     console.print(table)

@@ -33,7 +33,8 @@ def test_status_history_and_attempt_tell_a_brands_story(
     runner = CliRunner(env=env)
 
     status = json.loads(runner.invoke(main, ["status", "b-audit", "--json"]).output)
-    history = json.loads(runner.invoke(main, ["history", "b-audit", "--json"]).output)
+    story = json.loads(runner.invoke(main, ["history", "b-audit", "--json"]).output)
+    history = [item for item in story if item["kind"] == "attempt"]
     one = json.loads(runner.invoke(main, ["attempt", str(first), "--json"]).output)
     unknown = runner.invoke(main, ["status", "nobody"])
     bad_id = runner.invoke(main, ["attempt", "not-a-uuid"])
@@ -45,9 +46,16 @@ def test_status_history_and_attempt_tell_a_brands_story(
     assert [a["attempt_id"] for a in history] == [str(first), str(second)]
     assert [a["state"] for a in history] == ["superseded", "promoted"]
     assert [e["type"] for e in one["events"]][-2:] == ["Superseded", "CandidateReleased"]
+    superseded = next(e for e in one["events"] if e["type"] == "Superseded")
+    assert superseded["reason"] == f"superseded by attempt {second}"
     accepted = next(e for e in one["events"] if e["type"] == "CandidateAccepted")
     assert accepted["provenance"] == "created"
-    assert set(accepted) == {"at", "type", "hop", "workspace_id", "provenance", "reason"}
+    assert set(accepted) == {
+        "at", "type", "hop", "workspace_id", "provenance", "reason", "message"
+    }  # fmt: skip
+    assert [item["type"] for item in story if item["kind"] == "brand"] == [
+        "Registered", "WorkspaceBound"
+    ]  # fmt: skip
     assert unknown.exit_code == 1
     assert "no brand 'nobody'" in unknown.output
     assert bad_id.exit_code == 1

@@ -16,12 +16,15 @@ from worker.cli import main
 def test_the_demo_provisions_every_brand_to_its_scripted_end(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'demo.sqlite'}"
 
-    result = CliRunner(env={"COLUMNS": "200"}).invoke(main, ["demo", "--database-url", url])
+    result = CliRunner(env={"COLUMNS": "80"}).invoke(main, ["demo", "--database-url", url])
+    words = " ".join(result.output.split())  # as read across wrapped lines
 
     assert result.exit_code == 0, result.output
-    assert "17 promoted" in result.output
-    assert "brand_workspaces: 20 rows, 0 behind; attempts: 20 rows, 0 behind" in result.output
-    assert "17 brands ready in brand_workspaces" in result.output
+    assert "…" not in result.output  # folded at 80 columns, never cut
+    assert all(len(line.rstrip()) <= 80 for line in result.output.splitlines())
+    assert "17 promoted" in words
+    assert "brand_workspaces: 20 rows, 0 behind; attempts: 20 rows, 0 behind" in words
+    assert "17 brands ready in brand_workspaces" in words
     app = open_event_store(url)
     service = ProvisioningService(app, HttpGateway("http://127.0.0.1:9", "unused"))
 
