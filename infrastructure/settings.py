@@ -1,23 +1,23 @@
 """Settings, parsed and checked once per process from the environment (flags override them).
 
-| variable                       | default                          |
-|--------------------------------|----------------------------------|
-| PROVISIONER_DATABASE_URL       | sqlite:///var/provisioner.sqlite |
-| PROVISIONER_BROKER_URL         | memory:// (in-process)           |
-| PROVISIONER_QUEUE_TYPE         | classic (quorum on a cluster)    |
-| PROVISIONER_GATEWAY_URL        | (none)                           |
-| PROVISIONER_GATEWAY_TOKEN      | (none)                           |
-| PROVISIONER_FAKE_GATEWAY       | 0 (1: the in-process fake)       |
-| PROVISIONER_GATEWAY_TIMEOUT_S  | 10                               |
-| PROVISIONER_BACKOFF_BASE_S     | 5                                |
-| PROVISIONER_MAX_REQUEUES       | 5                                |
-| PROVISIONER_STALE_AFTER_S      | 600                              |
-| PROVISIONER_CONCURRENCY        | 8                                |
-| PROVISIONER_METRICS_PORT       | 0 (metrics and probes off)       |
-| PROVISIONER_METRICS_HOST       | 127.0.0.1                        |
-| PROVISIONER_HEALTH_MAX_LAG     | 10000 (events behind)            |
-| PROVISIONER_HEALTH_STUCK_AFTER_S | 900 (seconds overdue)          |
-| PROVISIONER_CONNECT_WAIT_S     | 30 (one-shot commands)           |
+| variable                         | default                          |
+|----------------------------------|----------------------------------|
+| PROVISIONER_DATABASE_URL         | sqlite:///var/provisioner.sqlite |
+| PROVISIONER_BROKER_URL           | memory:// (in-process)           |
+| PROVISIONER_QUEUE_TYPE           | classic (quorum on a cluster)    |
+| PROVISIONER_GATEWAY_URL          | (none)                           |
+| PROVISIONER_GATEWAY_TOKEN        | (none)                           |
+| PROVISIONER_FAKE_GATEWAY         | 0 (1: the in-process fake)       |
+| PROVISIONER_GATEWAY_TIMEOUT_S    | 10                               |
+| PROVISIONER_BACKOFF_BASE_S       | 5                                |
+| PROVISIONER_MAX_REQUEUES         | 5                                |
+| PROVISIONER_STALE_AFTER_S        | 600                              |
+| PROVISIONER_CONCURRENCY          | 8                                |
+| PROVISIONER_METRICS_PORT         | 0 (metrics and probes off)       |
+| PROVISIONER_METRICS_HOST         | 127.0.0.1                        |
+| PROVISIONER_HEALTH_MAX_LAG       | 10000 (events behind)            |
+| PROVISIONER_HEALTH_STUCK_AFTER_S | 900 (seconds overdue)            |
+| PROVISIONER_CONNECT_WAIT_S       | 30 (one-shot commands)           |
 
 Every value is checked here, before anything connects: a bad one raises
 `ConfigurationError` with one line naming the variable. A variable that is set

@@ -205,7 +205,7 @@ class GatewayCheck:
 
 def relay_lag_check(facts: Callable[[], dict[str, Any]], max_lag: int) -> Callable[[], str]:
     def check() -> str:
-        behind = facts()["relay_lag"]
+        behind = fact(facts(), "relay_lag")
         if behind is None:
             return "not tracked in an in-process store"
         if behind > max_lag:
@@ -217,7 +217,7 @@ def relay_lag_check(facts: Callable[[], dict[str, Any]], max_lag: int) -> Callab
 
 def projection_lag_check(facts: Callable[[], dict[str, Any]], max_lag: int) -> Callable[[], str]:
     def check() -> str:
-        lags: dict[str, int] = facts()["projection_lag"]
+        lags: dict[str, int] = fact(facts(), "projection_lag")
         over = {name: n for name, n in sorted(lags.items()) if n > max_lag}
         if over:
             names = ", ".join(f"{name} {n}" for name, n in over.items())
@@ -229,7 +229,8 @@ def projection_lag_check(facts: Callable[[], dict[str, Any]], max_lag: int) -> C
 
 def stuck_check(facts: Callable[[], dict[str, Any]], after_s: float) -> Callable[[], str]:
     def check() -> str:
-        found = facts()
+        found = {k: fact(facts(), k) for k in ("pending", "stuck", "oldest_stuck_due",
+                                                "oldest_stuck_id")}  # fmt: skip
         if found["stuck"]:
             oldest: datetime = found["oldest_stuck_due"]
             raise Unhealthy(
@@ -243,6 +244,21 @@ def stuck_check(facts: Callable[[], dict[str, Any]], after_s: float) -> Callable
 
 
 # -- the stored state --------------------------------------------------------------
+
+
+def _attempt(read: Callable[[], Any]) -> Any:
+    try:
+        return read()
+    except Exception as exc:  # noqa: BLE001 - kept as the figure's value; see `fact`
+        return exc
+
+
+def fact(facts: dict[str, Any], key: str) -> Any:
+    """A figure of `StoredFacts`, or the exception that kept it from being read."""
+    value = facts[key]
+    if isinstance(value, Exception):
+        raise value
+    return value
 
 
 class StoredFacts:
@@ -287,20 +303,35 @@ class StoredFacts:
                 app.close()
 
     def _read(self, app: Any, store: Any) -> dict[str, Any]:
+        """Each figure read on its own: one that cannot be read (say, read models not
+        set up where only the relay runs) is its exception, raised by the check that
+        reads it (`fact`) and left out of the gauges."""
         # The library's in-memory log is not in the read models' database: count it there.
         in_process = urlsplit(self.database_url).scheme == "memory"
         source = LogSource(app, None if in_process else store)
-        lags = {item["projection"]: item["behind"] for item in store.status(source)}
         now = self.clock()
-        oldest = list_attempts(store, stuck=True, overdue_s=self.stuck_after_s, limit=1, now=now)
-        counts = count_attempts(store, stuck_overdue_s=self.stuck_after_s, now=now)
-        return {
-            "relay_lag": self._relay_lag(app, store),
-            "projection_lag": lags,
-            **counts,
-            "oldest_stuck_due": oldest[0]["next_hop_due"] if oldest else None,
-            "oldest_stuck_id": oldest[0]["attempt_id"] if oldest else None,
+        facts: dict[str, Any] = {
+            "relay_lag": _attempt(lambda: self._relay_lag(app, store)),
+            "projection_lag": _attempt(
+                lambda: {item["projection"]: item["behind"] for item in store.status(source)}
+            ),
         }
+        counts = _attempt(
+            lambda: count_attempts(store, stuck_overdue_s=self.stuck_after_s, now=now)
+        )
+        oldest = _attempt(
+            lambda: list_attempts(store, stuck=True, overdue_s=self.stuck_after_s, limit=1, now=now)
+        )
+        for key in ("pending", "stuck", "releases_owed"):
+            facts[key] = counts if isinstance(counts, Exception) else counts[key]
+        for key, column in (
+            ("oldest_stuck_due", "next_hop_due"),
+            ("oldest_stuck_id", "attempt_id"),
+        ):
+            facts[key] = (
+                oldest if isinstance(oldest, Exception) else (oldest[0][column] if oldest else None)
+            )
+        return facts
 
     def _relay_lag(self, app: Any, store: Any) -> int | None:
         if urlsplit(self.database_url).scheme == "memory":

@@ -108,8 +108,9 @@ class StateCollector(Collector):
     """Gauges of the stored state, computed when scraped from `facts()`:
 
     {"relay_lag": int | None, "projection_lag": {name: int}, "pending": int,
-     "stuck": int, "releases_owed": int}; a missing or None value is left out,
-    and a failure to read leaves every gauge out of that scrape.
+     "stuck": int, "releases_owed": int}; a value that is missing, None or an
+    exception (it could not be read) is left out, and a failure to read any
+    leaves every gauge out of that scrape.
     """
 
     def __init__(self, facts: Callable[[], dict[str, Any]]) -> None:
@@ -120,6 +121,7 @@ class StateCollector(Collector):
             facts = self._facts()
         except Exception:  # noqa: BLE001 - the readiness check names it; a scrape stays up
             return
+        facts = {k: v for k, v in facts.items() if not isinstance(v, Exception)}
         if facts.get("relay_lag") is not None:
             yield GaugeMetricFamily(
                 "provisioner_relay_lag_events",

@@ -9,6 +9,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
+from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
@@ -132,7 +133,7 @@ def test_readiness_names_the_broker_when_its_vhost_is_deleted(pg_database: str) 
     finally:
         server.shutdown()
         server.server_close()
-        with pytest.raises(RuntimeError):  # gone already, or deleted now
+        with suppress(RuntimeError, OSError, subprocess.TimeoutExpired):  # gone already
             rabbitmqctl("delete_vhost", vhost)
 
 

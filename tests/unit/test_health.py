@@ -313,3 +313,20 @@ def test_metric_names_follow_prometheus_conventions() -> None:
             "provisioner_gateway_requests_total", "provisioner_dead_letters_total",
             "provisioner_gateway_request_duration_seconds", "provisioner_relay_lag_events",
             "provisioner_attempts_pending"} <= names  # fmt: skip
+
+
+def test_a_figure_that_cannot_be_read_fails_only_the_checks_that_read_it() -> None:
+    facts = {"relay_lag": 3, "projection_lag": RuntimeError("no read models here")}
+    results = Health(
+        [
+            ("relay_lag", relay_lag_check(lambda: facts, 10)),
+            ("projection_lag", projection_lag_check(lambda: facts, 10)),
+        ]
+    ).run()
+    assert [r.ok for r in results] == [True, False]
+    assert "no read models here" in results[1].detail
+    probes = Probes()
+    probes.watch_state(lambda: facts)
+    body = call(probes, "/metrics")[1].decode()
+    assert "provisioner_relay_lag_events 3.0" in body
+    assert "provisioner_projection_lag_events" not in body
