@@ -135,6 +135,7 @@ class HttpGateway:
         retry_backoff_s: float = 0.1,
         transport: httpx.BaseTransport | None = None,
         max_connections: int = 64,
+        observe: Callable[[str, int | None, float], None] | None = None,
     ) -> None:
         if not token:
             raise ValueError("the gateway token must not be empty")
@@ -147,6 +148,8 @@ class HttpGateway:
         self._retries = retries
         self._backoff_s = retry_backoff_s
         self._sleep: Callable[[float], None] = time.sleep  # swapped in tests
+        # Told of every request: (operation, HTTP status or None without one, seconds).
+        self._observe = observe
         limits = httpx.Limits(
             max_connections=max_connections, max_keepalive_connections=max_connections
         )
@@ -190,7 +193,7 @@ class HttpGateway:
     def create_child(self, parent_id: str, title: str) -> str:
         op = "create_child"
         path = f"/v2/workspaces/{_seg(parent_id)}/child"
-        outcome = self._attempt("POST", path, json={"title": title, "resources": {}})
+        outcome = self._attempt(op, "POST", path, json={"title": title, "resources": {}})
         if isinstance(outcome, _Failure):
             if outcome.kind == "not_sent":
                 raise TransientGatewayError(f"{op}: not sent ({outcome.summary})")
@@ -276,7 +279,7 @@ class HttpGateway:
         attempts = self._retries + 1
         last = ""
         for n in range(attempts):
-            outcome = self._attempt(method, path, params=params)
+            outcome = self._attempt(op, method, path, params=params)
             delay = self._backoff_s * 2**n
             if isinstance(outcome, _Failure):
                 if outcome.kind == "unreadable":
@@ -301,6 +304,7 @@ class HttpGateway:
 
     def _attempt(
         self,
+        op: str,
         method: str,
         path: str,
         *,
@@ -317,6 +321,21 @@ class HttpGateway:
         if json is not None:
             content = jsonlib.dumps(json, ensure_ascii=False, separators=(",", ":")).encode()
             headers = {"Content-Type": "application/json"}
+        started = time.monotonic()
+        outcome = self._send(method, path, params, content, headers)
+        if self._observe is not None:
+            code = outcome.status_code if isinstance(outcome, _Answer) else None
+            self._observe(op, code, time.monotonic() - started)
+        return outcome
+
+    def _send(
+        self,
+        method: str,
+        path: str,
+        params: dict[str, str] | None,
+        content: bytes | None,
+        headers: dict[str, str] | None,
+    ) -> _Answer | _Failure:
         try:
             with self._client.stream(
                 method, path, params=params, content=content, headers=headers

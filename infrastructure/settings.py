@@ -1,20 +1,23 @@
 """Settings, parsed and checked once per process from the environment (flags override them).
 
-| variable                       | default                          |
-|--------------------------------|----------------------------------|
-| PROVISIONER_DATABASE_URL       | sqlite:///var/provisioner.sqlite |
-| PROVISIONER_BROKER_URL         | memory:// (in-process)           |
-| PROVISIONER_QUEUE_TYPE         | classic (quorum on a cluster)    |
-| PROVISIONER_GATEWAY_URL        | (none)                           |
-| PROVISIONER_GATEWAY_TOKEN      | (none)                           |
-| PROVISIONER_FAKE_GATEWAY       | 0 (1: the in-process fake)       |
-| PROVISIONER_GATEWAY_TIMEOUT_S  | 10                               |
-| PROVISIONER_BACKOFF_BASE_S     | 5                                |
-| PROVISIONER_MAX_REQUEUES       | 5                                |
-| PROVISIONER_STALE_AFTER_S      | 600                              |
-| PROVISIONER_CONCURRENCY        | 8                                |
-| PROVISIONER_METRICS_PORT       | 0 (Prometheus /metrics off)      |
-| PROVISIONER_CONNECT_WAIT_S     | 30 (one-shot commands)           |
+| variable                         | default                          |
+|----------------------------------|----------------------------------|
+| PROVISIONER_DATABASE_URL         | sqlite:///var/provisioner.sqlite |
+| PROVISIONER_BROKER_URL           | memory:// (in-process)           |
+| PROVISIONER_QUEUE_TYPE           | classic (quorum on a cluster)    |
+| PROVISIONER_GATEWAY_URL          | (none)                           |
+| PROVISIONER_GATEWAY_TOKEN        | (none)                           |
+| PROVISIONER_FAKE_GATEWAY         | 0 (1: the in-process fake)       |
+| PROVISIONER_GATEWAY_TIMEOUT_S    | 10                               |
+| PROVISIONER_BACKOFF_BASE_S       | 5                                |
+| PROVISIONER_MAX_REQUEUES         | 5                                |
+| PROVISIONER_STALE_AFTER_S        | 600                              |
+| PROVISIONER_CONCURRENCY          | 8                                |
+| PROVISIONER_METRICS_PORT         | 0 (metrics and probes off)       |
+| PROVISIONER_METRICS_HOST         | 127.0.0.1                        |
+| PROVISIONER_HEALTH_MAX_LAG       | 10000 (events behind)            |
+| PROVISIONER_HEALTH_STUCK_AFTER_S | 900 (seconds overdue)            |
+| PROVISIONER_CONNECT_WAIT_S       | 30 (one-shot commands)           |
 
 Every value is checked here, before anything connects: a bad one raises
 `ConfigurationError` with one line naming the variable. A variable that is set
@@ -23,7 +26,9 @@ but empty is an error, never a fallback to the default.
 
 from __future__ import annotations
 
+import ipaddress
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
@@ -37,6 +42,7 @@ DEFAULT_DATABASE_URL = "sqlite:///var/provisioner.sqlite"
 BROKER_SCHEMES = ("amqp", "amqps", "pyamqp", "memory")
 GATEWAY_SCHEMES = ("http", "https")
 FAKE_SWITCH = "PROVISIONER_FAKE_GATEWAY"
+_LABEL = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
 
 
 class SettingsError(ConfigurationError):
@@ -107,6 +113,22 @@ def check_url(key: str, url: str, schemes: tuple[str, ...], *, host: bool = True
     return url
 
 
+def check_host(key: str, host: str) -> str:
+    """An address to bind: an IPv4/IPv6 literal (0.0.0.0 or :: for every interface) or a
+    host name; no port, scheme or path."""
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        labels = host.rstrip(".").split(".")
+    else:
+        return host
+    if len(host) > 253 or not all(_LABEL.fullmatch(label) for label in labels):
+        raise SettingsError(
+            f"{key} must be an IP address or a host name (no port or scheme), got {host!r}"
+        )
+    return host
+
+
 def check_token(key: str, token: str) -> str:
     if any(c.isspace() or not c.isprintable() for c in token):
         raise SettingsError(f"{key} contains whitespace or control characters")
@@ -127,6 +149,9 @@ class Settings:
     stale_after_s: float = 600.0
     concurrency: int = 8
     metrics_port: int = 0
+    metrics_host: str = "127.0.0.1"
+    health_max_lag: int = 10_000
+    health_stuck_after_s: float = 900.0
     connect_wait_s: float = 30.0
 
     @classmethod
@@ -172,6 +197,15 @@ class Settings:
             ),
             metrics_port=int(
                 _number(env, "PROVISIONER_METRICS_PORT", 0, low=0, high=65535, integer=True)
+            ),
+            metrics_host=check_host(
+                "PROVISIONER_METRICS_HOST", _raw(env, "PROVISIONER_METRICS_HOST") or "127.0.0.1"
+            ),
+            health_max_lag=int(
+                _number(env, "PROVISIONER_HEALTH_MAX_LAG", 10_000, low=0, high=10**9, integer=True)
+            ),
+            health_stuck_after_s=_number(
+                env, "PROVISIONER_HEALTH_STUCK_AFTER_S", 900.0, low=0, high=10**7, above=True
             ),
             connect_wait_s=_number(env, "PROVISIONER_CONNECT_WAIT_S", 30.0, low=0, high=86400),
         )

@@ -6,6 +6,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from infrastructure.eventstore import APP_NAME, RELAY_NAME
 from infrastructure.views import PROJECTIONS, SqlViewStore
 from projections.core import TS, Row
 
@@ -55,3 +56,30 @@ def list_attempts(
     return store.rows(
         PROJECTIONS["attempts"], " AND ".join(where), params, order=order, limit=limit
     )
+
+
+def count_attempts(
+    store: SqlViewStore, *, stuck_overdue_s: float, now: datetime | None = None
+) -> dict[str, int]:
+    """Pending attempts, those overdue by more than `stuck_overdue_s`, and ended
+    attempts that owe a release (the health checks' and the gauges' figures)."""
+    name = PROJECTIONS["attempts"].name
+    since = (now or datetime.now(UTC)) - timedelta(seconds=stuck_overdue_s)
+    cutoff = store.dialect.to_db(TS, since)
+    pending = f"SELECT count(*) AS n FROM {name} WHERE state = 'pending'"
+    return {
+        "pending": int(store.scalar(pending)),
+        "stuck": int(store.scalar(f"{pending} AND next_hop_due < ?", cutoff)),
+        "releases_owed": int(
+            store.scalar(
+                f"SELECT count(*) AS n FROM {name} WHERE state <> 'pending' AND release_owed > 0"
+            )
+        ),
+    }
+
+
+def relay_position(store: SqlViewStore) -> int:
+    """The relay's tracked position in the log (0 before its first batch)."""
+    table = f"{RELAY_NAME}_tracking" if store.dialect.postgres else "tracking"
+    sql = f"SELECT max(notification_id) AS n FROM {table} WHERE application_name = ?"
+    return int(store.scalar(sql, APP_NAME) or 0)

@@ -348,6 +348,11 @@ class SqlViewStore:
         with self._tx(immediate=False) as cur:
             return int(one(cur, sql, after, *topics)["n"])
 
+    def scalar(self, sql: str, *params: Any) -> Any:
+        """The one value a read-only query returns (its column named `n`; `?` marks)."""
+        with self._tx(immediate=False) as cur:
+            return one(cur, sql.replace("?", self.dialect.p), *params)["n"]
+
     def rows(
         self,
         proj: Projection,

@@ -247,9 +247,10 @@ def _serve(
             "memory:// is an in-process broker: use `provisioner run`, or set "
             "PROVISIONER_BROKER_URL=amqp://... to run the worker and relay apart"
         )
-    from worker.metrics import serve
+    from worker.probes import Probes, serve
 
-    serve(settings.metrics_port)
+    probes = Probes()
+    serve(settings.metrics_host, settings.metrics_port, probes)
     # Start-up and outage lines ("connected to ...", a recovery) show without -v;
     # these loggers say nothing else at INFO (hops log on provisioner.engine).
     if not logging.getLogger("provisioner").isEnabledFor(logging.INFO):
@@ -272,6 +273,7 @@ def _serve(
                 raise
             click.echo(f"stopped while waiting: {exc}", err=True)
             return
+        probes.attach(runtime, parts)
         if "worker" in parts:
             runtime.start(runtime.worker(concurrency).run, "worker", stop)
         if "relay" in parts:
@@ -379,6 +381,23 @@ def reconcile(
 
 
 main.add_command(serve_fake_gateway, "fake-gateway")
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def health(as_json: bool) -> None:
+    """Check the database, the broker, the gateway and its token, the relay's and the
+    projections' lag and stuck attempts; exit 0 when every check passes, 1 if any fails."""
+    import json
+
+    from worker.health import check_once, healthy, report
+
+    results = check_once(load_settings())
+    if as_json:
+        click.echo(json.dumps(report(results), indent=2))
+    else:
+        click.echo("\n".join(r.line() for r in results))
+    sys.exit(0 if healthy(results) else 1)
 
 
 @main.command()

@@ -98,6 +98,7 @@ def _handle(service: ProvisioningService, message: Message) -> str:
     try:
         if message.type == "hop":
             outcome = service.run_hop(f["attempt_id"], f["hop"])
+            metrics.count_hop(outcome.outcome.value)
             return f"{outcome.outcome.value} {outcome.detail}"
         if message.type == "release":
             return f"released {service.release(f['attempt_id'])}"

@@ -1,8 +1,23 @@
-"""Prometheus metrics of the worker and the relay (served when a port is configured)."""
+"""Prometheus metrics of the long-running processes (docs/operations.md, "Health and
+metrics"). Counters end in `_total`, durations are in seconds, and every label
+takes values from a closed set (message types, outcome and reason enums,
+gateway operations, status classes): no id, URL or free text becomes a label.
+
+Gauges of the stored state (lag, pending, stuck, owed) are read when scraped,
+through `StateCollector`, from the facts the readiness checks use.
+"""
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Histogram, start_http_server
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from prometheus_client import Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from domain.attempt import ProvisioningAttempt
+from domain.policies import FailureReason
 
 HOP_SECONDS = Histogram(
     "provisioner_handle_seconds",
@@ -18,9 +33,115 @@ RETRIED = Counter(
     "provisioner_retries_total", "Messages re-published after an infrastructure failure"
 )
 RELAYED = Counter("provisioner_relayed_total", "Messages the relay published, by kind", ["kind"])
+HOPS = Counter(
+    "provisioner_hops_total",
+    "Hops run by this worker, by outcome (promoted, scheduled, failed, stood_down, duplicate)",
+    ["outcome"],
+)
+ATTEMPTS_ENDED = Counter(
+    "provisioner_attempts_ended_total",
+    "Attempts that ended, by state and failure reason (none unless failed), counted by the relay",
+    ["state", "reason"],
+)
+GATEWAY_REQUESTS = Counter(
+    "provisioner_gateway_requests_total",
+    "Gateway requests, by operation and status class (2xx..5xx; 'error': no answer)",
+    ["operation", "status_class"],
+)
+GATEWAY_AUTH_FAILURES = Counter(
+    "provisioner_gateway_auth_failures_total",
+    "Gateway answers 401 or 403 (the token needs rotating), by operation",
+    ["operation"],
+)
+GATEWAY_SECONDS = Histogram(
+    "provisioner_gateway_request_duration_seconds",
+    "Duration of one gateway request (each retry counts apart), by operation",
+    ["operation"],
+    buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+)
+
+OPERATIONS = frozenset(
+    {"create_child", "status", "family", "list_projects", "delete_project", "health"}
+)
+_REASONS = frozenset(r.value for r in FailureReason)
+_ENDED: dict[type, str] = {
+    ProvisioningAttempt.Promoted: "promoted",
+    ProvisioningAttempt.Failed: "failed",
+    ProvisioningAttempt.Cancelled: "cancelled",
+    ProvisioningAttempt.Superseded: "superseded",
+}
 
 
-def serve(port: int) -> None:
-    """Expose /metrics on this port (0 = do not serve)."""
-    if port:
-        start_http_server(port, addr="127.0.0.1")
+def status_class(code: int | None) -> str:
+    """`2xx`..`5xx` for an HTTP status, `error` when no answer came back."""
+    if code is None or not 100 <= code <= 599:
+        return "error"
+    return f"{code // 100}xx"
+
+
+def observe_gateway(operation: str, code: int | None, seconds: float) -> None:
+    """One gateway request (the `observe` hook of `HttpGateway`)."""
+    op = operation if operation in OPERATIONS else "other"
+    GATEWAY_REQUESTS.labels(op, status_class(code)).inc()
+    GATEWAY_SECONDS.labels(op).observe(seconds)
+    if code in (401, 403):
+        GATEWAY_AUTH_FAILURES.labels(op).inc()
+
+
+def count_hop(outcome: str) -> None:
+    HOPS.labels(outcome).inc()
+
+
+def count_ended(event: object) -> None:
+    """Count an attempt-ending event (the relay sees each once); others are ignored."""
+    state = _ENDED.get(type(event))
+    if state is None:
+        return
+    reason = "none"
+    if state == "failed":
+        reason = str(getattr(event, "reason", ""))
+        reason = reason if reason in _REASONS else "other"
+    ATTEMPTS_ENDED.labels(state, reason).inc()
+
+
+class StateCollector(Collector):
+    """Gauges of the stored state, computed when scraped from `facts()`:
+
+    {"relay_lag": int | None, "projection_lag": {name: int}, "pending": int,
+     "stuck": int, "releases_owed": int}; a value that is missing, None or an
+    exception (it could not be read) is left out, and a failure to read any
+    leaves every gauge out of that scrape.
+    """
+
+    def __init__(self, facts: Callable[[], dict[str, Any]]) -> None:
+        self._facts = facts
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        try:
+            facts = self._facts()
+        except Exception:  # noqa: BLE001 - the readiness check names it; a scrape stays up
+            return
+        facts = {k: v for k, v in facts.items() if not isinstance(v, Exception)}
+        if facts.get("relay_lag") is not None:
+            yield GaugeMetricFamily(
+                "provisioner_relay_lag_events",
+                "Events in the log the relay has not published yet",
+                value=facts["relay_lag"],
+            )
+        lags = facts.get("projection_lag")
+        if lags:
+            family = GaugeMetricFamily(
+                "provisioner_projection_lag_events",
+                "Events in the log a projection has not applied yet",
+                labels=["projection"],
+            )
+            for name, behind in sorted(lags.items()):
+                family.add_metric([name], behind)
+            yield family
+        for key, name, text in (
+            ("pending", "provisioner_attempts_pending", "Attempts still pending"),
+            ("stuck", "provisioner_attempts_stuck", "Pending attempts overdue past the threshold"),
+            ("releases_owed", "provisioner_releases_owed", "Ended attempts that owe a release"),
+        ):
+            if facts.get(key) is not None:
+                yield GaugeMetricFamily(name, text, value=facts[key])

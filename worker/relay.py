@@ -84,8 +84,9 @@ class Relay:
             return 0
         work: list[Work] = []
         integration: list[IntegrationEvent] = []
-        for note in notes:
-            implied_work, implied_events = self.mapper.map(self.app.mapper.to_domain_event(note))
+        events = [self.app.mapper.to_domain_event(note) for note in notes]
+        for event in events:
+            implied_work, implied_events = self.mapper.map(event)
             work += implied_work
             integration += implied_events
         # One batch: every message sent, then the broker's confirms awaited once.
@@ -109,6 +110,8 @@ class Relay:
             return len(notes)
         self.stats.position = last
         self.stats.events += len(notes)
+        for event in events:  # counted once this batch is on record as published
+            metrics.count_ended(event)
         return len(notes)
 
     def run(self, stop: threading.Event) -> None:

@@ -24,6 +24,7 @@ from infrastructure.gateway import HttpGateway
 from infrastructure.service import ProvisioningService
 from infrastructure.settings import Settings
 from infrastructure.views import SqlViewStore, memory_views_url
+from worker import metrics
 from worker.consumer import HopWorker
 from worker.projector import Projector
 from worker.reconciler import Reconciler
@@ -150,7 +151,9 @@ def build(
         else:
             url, token = chosen
         gateway = stack.enter_context(
-            HttpGateway(url, token, read_timeout=settings.gateway_timeout_s)
+            HttpGateway(
+                url, token, read_timeout=settings.gateway_timeout_s, observe=metrics.observe_gateway
+            )
         )
         topology = Topology(queue_type=settings.queue_type)
         scheduler = None

@@ -16,6 +16,12 @@ def test_defaults_are_the_embedded_ones() -> None:
     assert settings.engine().backoff.total_s() == 155
 
 
+def test_the_metrics_port_binds_to_loopback_unless_told_otherwise() -> None:
+    assert Settings.from_env({}).metrics_host == "127.0.0.1"
+    for host in ("0.0.0.0", "::", "pod-1.svc.cluster.local"):
+        assert Settings.from_env({"PROVISIONER_METRICS_HOST": host}).metrics_host == host
+
+
 def test_values_come_from_the_environment_mapping_given() -> None:
     settings = Settings.from_env(
         {
@@ -67,6 +73,7 @@ def test_database_urls_map_onto_the_librarys_settings() -> None:
         "PROVISIONER_GATEWAY_TOKEN",
         "PROVISIONER_CONCURRENCY",
         "PROVISIONER_QUEUE_TYPE",
+        "PROVISIONER_METRICS_HOST",
     ],
 )
 def test_an_empty_variable_is_an_error_not_the_default(key: str) -> None:
@@ -89,6 +96,10 @@ def test_an_empty_variable_is_an_error_not_the_default(key: str) -> None:
         ("PROVISIONER_GATEWAY_TOKEN", "abc\x07", "whitespace or control"),
         ("PROVISIONER_CONCURRENCY", "0", ">= 1"),
         ("PROVISIONER_METRICS_PORT", "70000", "<= 65535"),
+        ("PROVISIONER_METRICS_HOST", "0.0.0.0:9100", "IP address or a host name"),
+        ("PROVISIONER_METRICS_HOST", "http://x", "IP address or a host name"),
+        ("PROVISIONER_HEALTH_MAX_LAG", "-1", ">= 0"),
+        ("PROVISIONER_HEALTH_STUCK_AFTER_S", "0", "> 0"),
         ("PROVISIONER_GATEWAY_TIMEOUT_S", "0", "> 0"),
         ("PROVISIONER_FAKE_GATEWAY", "yes", "one of 0, 1"),
     ],

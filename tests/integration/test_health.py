@@ -1,0 +1,218 @@
+"""Health and metrics against real PostgreSQL and RabbitMQ, and real processes."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import time
+import urllib.error
+import urllib.request
+import uuid
+from contextlib import suppress
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from infrastructure.fake_gateway import FakeGateway
+from infrastructure.settings import Settings
+from tests.integration.conftest import rabbitmqctl
+from tests.integration.test_cli_edges import PROVISIONER, clean_env, forwarder, free_port, pg_url
+from worker.health import Health, checks_for
+from worker.probes import Probes, serve
+
+
+def get(port: int, path: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as answer:
+            return int(answer.status), answer.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+    except OSError:
+        return 0, ""
+
+
+def until(port: int, path: str, code: int, seconds: float = 30) -> str:
+    deadline, last = time.monotonic() + seconds, (0, "")
+    while time.monotonic() < deadline:
+        last = get(port, path)
+        if last[0] == code:
+            return last[1]
+        time.sleep(0.2)
+    raise AssertionError(f"{path} never answered {code}: {last}")
+
+
+def failing(body: str) -> dict[str, Any]:
+    return {c["name"]: c for c in json.loads(body)["checks"] if not c["ok"]}
+
+
+@pytest.mark.postgres
+def test_a_process_is_not_ready_while_its_database_is_down(
+    pg_database: str, tmp_path: Path
+) -> None:
+    """`projections run` reaches PostgreSQL through a forwarder that is stopped and
+    started again: the server, as the process sees it, goes down and comes back."""
+    dbname = pg_database.rsplit("/", 1)[1]
+    db_port, port = free_port(), free_port()
+    host = str(psycopg.conninfo.conninfo_to_dict(pg_database)["host"])
+    env = clean_env(
+        PROVISIONER_DATABASE_URL=pg_url(dbname, port=db_port), PROVISIONER_METRICS_PORT=str(port)
+    )
+    log = tmp_path / "projections.log"
+    with forwarder(db_port, (host, 5432)), log.open("w") as out:
+        proc = subprocess.Popen(
+            [PROVISIONER, "projections", "run"], env=env, stdout=out, stderr=subprocess.STDOUT
+        )
+        try:
+            body = until(port, "/readyz", 200)
+            assert {c["name"] for c in json.loads(body)["checks"]} == {
+                "database", "projection_lag",
+            }  # fmt: skip
+            assert get(port, "/healthz")[0] == 200
+            assert get(port, "/")[0] == 404
+            assert get(port, "/anything")[0] == 404
+            status, metrics_text = get(port, "/metrics")
+            assert status == 200
+            assert 'provisioner_projection_lag_events{projection="attempts"}' in metrics_text
+        except BaseException:
+            proc.kill()
+            raise
+    try:
+        body = until(port, "/readyz", 503)
+        down = failing(body)
+        assert "database" in down, body
+        assert down["database"]["since"]
+        assert "pw" not in body
+        assert get(port, "/healthz")[0] == 200  # an outage is not a reason to restart
+        with forwarder(db_port, (host, 5432)):
+            until(port, "/readyz", 200)
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(30) == 0, log.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+
+
+@pytest.mark.postgres
+def test_readiness_names_the_broker_when_its_vhost_is_deleted(pg_database: str) -> None:
+    """The relay's checks, served on a real port, while its vhost exists and after."""
+    vhost = f"provisioner_health_{uuid.uuid4().hex[:8]}"
+    try:
+        rabbitmqctl("add_vhost", vhost)
+        rabbitmqctl("set_permissions", "-p", vhost, "guest", ".*", ".*", ".*")
+    except (OSError, RuntimeError, subprocess.TimeoutExpired) as exc:
+        pytest.skip(f"rabbitmqctl cannot make a vhost here: {exc}")
+    settings = Settings.from_env(
+        {
+            "PROVISIONER_DATABASE_URL": pg_database,
+            "PROVISIONER_BROKER_URL": f"amqp://guest:guest@127.0.0.1:5672/{vhost}",
+        }
+    )
+    checks, facts = checks_for(settings, ("relay",), gateway=None)
+    probes = Probes(health=Health(checks))
+    probes.watch_state(facts)
+    port = free_port()
+    server = serve("127.0.0.1", port, probes)
+    assert server is not None
+    try:
+        body = until(port, "/readyz", 200)
+        assert {c["name"] for c in json.loads(body)["checks"]} == {
+            "database", "broker", "relay_lag",
+        }  # fmt: skip
+        assert "provisioner_relay_lag_events" in get(port, "/metrics")[1]
+        rabbitmqctl("delete_vhost", vhost)
+        status, body = get(port, "/readyz")
+        assert status == 503
+        down = failing(body)
+        assert list(down) == ["broker"]
+        assert vhost in down["broker"]["detail"]
+        assert down["broker"]["since"]
+    finally:
+        server.shutdown()
+        server.server_close()
+        with suppress(RuntimeError, OSError, subprocess.TimeoutExpired):  # gone already
+            rabbitmqctl("delete_vhost", vhost)
+
+
+@pytest.mark.postgres
+def test_the_health_command_exits_0_when_healthy_and_1_naming_what_fails(
+    pg_database: str, rabbit_session_url: str, fake: FakeGateway
+) -> None:
+    env = clean_env(
+        PROVISIONER_DATABASE_URL=pg_database, PROVISIONER_BROKER_URL=rabbit_session_url,
+        PROVISIONER_GATEWAY_URL=fake.url, PROVISIONER_GATEWAY_TOKEN="t0ken-health",
+    )  # fmt: skip
+    ok = subprocess.run(
+        [PROVISIONER, "health", "--json"], env=env, capture_output=True, text=True,
+        timeout=60, check=False,
+    )  # fmt: skip
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    checks = {c["name"]: c for c in json.loads(ok.stdout)["checks"]}
+    assert set(checks) == {
+        "database", "broker", "gateway", "relay_lag", "projection_lag", "stuck_attempts",
+    }  # fmt: skip
+    assert checks["gateway"]["detail"] == "reachable, token accepted"
+
+    down = dict(env, PROVISIONER_DATABASE_URL=pg_url("x", port=free_port()),
+                PROVISIONER_BROKER_URL=f"amqp://guest:guest@127.0.0.1:{free_port()}//")  # fmt: skip
+    bad = subprocess.run(
+        [PROVISIONER, "health", "--json"], env=down, capture_output=True, text=True,
+        timeout=60, check=False,
+    )  # fmt: skip
+    assert bad.returncode == 1, bad.stdout + bad.stderr
+    names = failing(bad.stdout)
+    assert {"database", "broker"} <= set(names)
+    assert "gateway" not in names
+    assert ":pw@" not in bad.stdout
+    assert "t0ken-health" not in bad.stdout + ok.stdout
+
+    text = subprocess.run(
+        [PROVISIONER, "health"], env=down, capture_output=True, text=True, timeout=60,
+        check=False,
+    )  # fmt: skip
+    assert text.returncode == 1
+    assert any(line.startswith("FAILING  database: ") for line in text.stdout.splitlines())
+
+    refused = subprocess.run(
+        [PROVISIONER, "health"], env=dict(env, PROVISIONER_METRICS_HOST="a b"),
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert refused.returncode == 3  # a setting that cannot be used: the configuration code
+
+
+def test_metric_names_appear_after_a_small_run(tmp_path: Path) -> None:
+    port = free_port()
+    env = clean_env(
+        PROVISIONER_DATABASE_URL=f"sqlite:///{tmp_path / 'events.sqlite'}",
+        PROVISIONER_FAKE_GATEWAY="1", PROVISIONER_METRICS_PORT=str(port),
+    )  # fmt: skip
+    subprocess.run([PROVISIONER, "db", "init"], env=env, check=True, capture_output=True)
+    with subprocess.Popen([PROVISIONER, "run"], env=env, stdout=subprocess.PIPE, text=True) as proc:
+        try:
+            assert proc.stdout is not None
+            assert "running" in proc.stdout.readline()
+            subprocess.run(
+                [PROVISIONER, "provision", "b1", "--title", "B1", "--parent", "p-1", "--wait",
+                 "--timeout", "60"],
+                env=env, capture_output=True, timeout=90, check=False,
+            )  # fmt: skip
+            until(port, "/readyz", 200)
+            deadline, text = time.monotonic() + 30, ""
+            while time.monotonic() < deadline and "provisioner_attempts_ended_total{" not in text:
+                text = get(port, "/metrics")[1]
+                time.sleep(0.2)
+            for name in (
+                "provisioner_hops_total{", "provisioner_attempts_ended_total{",
+                "provisioner_gateway_requests_total{", "provisioner_gateway_auth_failures_total",
+                "provisioner_gateway_request_duration_seconds_bucket{",
+                "provisioner_relay_lag_events", "provisioner_projection_lag_events{",
+                "provisioner_attempts_pending", "provisioner_attempts_stuck",
+                "provisioner_releases_owed", "provisioner_dead_letters_total",
+            ):  # fmt: skip
+                assert name in text, name
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(60) == 0

@@ -1,0 +1,119 @@
+"""The metrics port: `/metrics` (Prometheus), `/healthz` (liveness), `/readyz`
+(readiness); any other path is 404. Served on a daemon thread by every
+long-running process, at PROVISIONER_METRICS_HOST:PROVISIONER_METRICS_PORT.
+
+Liveness says only whether the process's own parts still run (a database or
+broker outage never restarts a pod); readiness runs the process's health
+checks: 200 when every one passes, 503 naming each failing one and since when.
+Both answer JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from socketserver import ThreadingMixIn
+from typing import Any
+from urllib.parse import urlsplit
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from worker.health import Health, Unhealthy, checks_for, healthy, report
+from worker.metrics import StateCollector
+
+StartResponse = Callable[[str, list[tuple[str, str]]], Any]
+
+
+def _starting() -> str:
+    raise Unhealthy("the process is starting (waiting for its database)")
+
+
+@dataclass
+class Probes:
+    """What the port answers; `health`, `live` and the state gauges are set once the
+    process's parts are built (until then readiness says it is starting)."""
+
+    health: Health = field(default_factory=lambda: Health([("startup", _starting)]))
+    live: Callable[[], str | None] = lambda: None  # None: alive; else what stopped
+    state: CollectorRegistry | None = None
+
+    def watch_state(self, facts: Callable[[], dict[str, Any]]) -> None:
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(StateCollector(facts))
+        self.state = registry
+
+    def attach(self, runtime: Any, parts: tuple[str, ...]) -> None:
+        """The process's own checks and gauges: its gateway client, its in-process
+        store if any, and liveness from its parts' threads."""
+        gateway = getattr(runtime, "gateway", None) if "worker" in parts else None
+        in_process = urlsplit(runtime.settings.database_url).scheme == "memory"
+        checks, facts = checks_for(
+            runtime.settings, parts, gateway=gateway,
+            app=runtime.app if in_process else None,
+            views_url=getattr(runtime, "views_url", None) or None,
+        )  # fmt: skip
+        self.watch_state(facts)
+        self.live = lambda: _stopped(runtime.threads)
+        self.health = Health(checks)
+
+    def __call__(self, environ: dict[str, Any], start: StartResponse) -> Iterable[bytes]:
+        method = environ.get("REQUEST_METHOD", "GET")
+        path = environ.get("PATH_INFO", "/")
+        if path not in ("/metrics", "/healthz", "/readyz"):
+            return _answer(start, "404 Not Found", {"error": f"no such path: {path}"[:200]})
+        if method not in ("GET", "HEAD"):
+            return _answer(start, "405 Method Not Allowed", {"error": "GET only"})
+        if path == "/metrics":
+            body = generate_latest(REGISTRY)
+            if self.state is not None:
+                body += generate_latest(self.state)
+            start("200 OK", [("Content-Type", CONTENT_TYPE_LATEST)])
+            return [body]
+        if path == "/healthz":
+            stopped = self.live()
+            if stopped:
+                return _answer(start, "503 Service Unavailable", {"status": "failing",
+                                                                  "detail": stopped})  # fmt: skip
+            return _answer(start, "200 OK", {"status": "ok"})
+        results = self.health.run()
+        status = "200 OK" if healthy(results) else "503 Service Unavailable"
+        return _answer(start, status, report(results))
+
+
+def _stopped(threads: list[threading.Thread]) -> str | None:
+    dead = [t.name for t in threads if not t.is_alive()]
+    return f"stopped: {', '.join(dead)}" if dead else None
+
+
+def _answer(start: StartResponse, status: str, body: dict[str, Any]) -> list[bytes]:
+    data = json.dumps(body).encode() + b"\n"
+    start(status, [("Content-Type", "application/json"), ("Content-Length", str(len(data)))])
+    return [data]
+
+
+class _Server(ThreadingMixIn, WSGIServer):
+    daemon_threads = True
+
+
+class _V6Server(_Server):
+    address_family = socket.AF_INET6
+
+
+class _Quiet(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        """Probes come every few seconds: no access log."""
+
+
+def serve(host: str, port: int, probes: Probes) -> WSGIServer | None:
+    """Serve `probes` at host:port on a daemon thread (port 0: nothing, None)."""
+    if not port:
+        return None
+    server_class = _V6Server if ":" in host else _Server
+    server = make_server(host, port, probes, server_class, handler_class=_Quiet)
+    threading.Thread(target=server.serve_forever, name="probes", daemon=True).start()
+    return server
