@@ -17,6 +17,7 @@ import click
 from infrastructure.eventstore import init_database, redact
 from infrastructure.fake_gateway.cli import serve as serve_fake_gateway
 from worker import cli_read
+from worker.cli_dead_letters import dead_letters
 from worker.cli_support import Failed, declared_broker, load_settings, service_only, views
 
 # As PROVISIONER_CONCURRENCY (infrastructure/settings.py): 0 or less would run nothing.
@@ -380,6 +381,7 @@ def reconcile(
 
 
 main.add_command(serve_fake_gateway, "fake-gateway")
+main.add_command(dead_letters)
 
 
 @main.command()
