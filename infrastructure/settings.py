@@ -15,6 +15,7 @@
 | PROVISIONER_CONCURRENCY        | 8                                |
 | PROVISIONER_METRICS_PORT       | 0 (Prometheus /metrics off)      |
 | PROVISIONER_CONNECT_WAIT_S     | 30 (one-shot commands)           |
+| PROVISIONER_LOG_FORMAT         | auto (text on a TTY, else json)  |
 
 Every value is checked here, before anything connects: a bad one raises
 `ConfigurationError` with one line naming the variable. A variable that is set
@@ -37,6 +38,7 @@ DEFAULT_DATABASE_URL = "sqlite:///var/provisioner.sqlite"
 BROKER_SCHEMES = ("amqp", "amqps", "pyamqp", "memory")
 GATEWAY_SCHEMES = ("http", "https")
 FAKE_SWITCH = "PROVISIONER_FAKE_GATEWAY"
+LOG_FORMATS = ("auto", "text", "json")
 
 
 class SettingsError(ConfigurationError):
@@ -113,6 +115,18 @@ def check_token(key: str, token: str) -> str:
     return token
 
 
+def log_format(env: Mapping[str, str] | None = None) -> str:
+    """PROVISIONER_LOG_FORMAT, read on its own: logging is set up before the rest."""
+    return _choice(os.environ if env is None else env, "PROVISIONER_LOG_FORMAT", LOG_FORMATS)
+
+
+def log_secrets(env: Mapping[str, str] | None = None) -> tuple[str, ...]:
+    """The values no log line may show (the gateway token), whatever else is set."""
+    env = os.environ if env is None else env
+    token = (env.get("PROVISIONER_GATEWAY_TOKEN") or "").strip()
+    return (token,) if token else ()
+
+
 @dataclass(frozen=True, slots=True)
 class Settings:
     database_url: str = DEFAULT_DATABASE_URL
@@ -128,6 +142,7 @@ class Settings:
     concurrency: int = 8
     metrics_port: int = 0
     connect_wait_s: float = 30.0
+    log_format: str = "auto"
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -174,6 +189,7 @@ class Settings:
                 _number(env, "PROVISIONER_METRICS_PORT", 0, low=0, high=65535, integer=True)
             ),
             connect_wait_s=_number(env, "PROVISIONER_CONNECT_WAIT_S", 30.0, low=0, high=86400),
+            log_format=log_format(env),
         )
         if settings.fake_gateway and settings.gateway_url is not None:
             raise SettingsError(

@@ -46,10 +46,10 @@ class _Main(click.Group):
 @click.option("--debug", is_flag=True, help="Show the traceback of a failure.")
 def main(verbose: bool, debug: bool) -> None:
     """Event-sourced provisioning of brand sub-workspaces in the workspace gateway."""
-    logging.basicConfig(
-        level=logging.INFO if verbose else logging.WARNING,
-        format="%(asctime)s %(levelname)s %(name)s %(message)s",
-    )
+    from infrastructure.settings import log_format, log_secrets
+    from worker.logs import setup
+
+    setup(logging.INFO if verbose else logging.WARNING, log_format(), log_secrets())
     if debug:  # the project's own debug lines; a failure's traceback is `_Main.invoke`'s
         logging.getLogger("provisioner").setLevel(logging.DEBUG)
 
