@@ -36,6 +36,7 @@ import json
 import logging
 import threading
 import time
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -365,6 +366,8 @@ class Broker:
             "x-dead-reason": reason,
             "x-dead-errors": json.dumps(errors, default=str)[:2000],
             "x-dead-source": source,
+            "x-dead-id": uuid.uuid4().hex[:16],  # stable while it sits in the dead queue
+            "x-dead-at": int(time.time()),
         }
         self._send(body, exchange=EXCHANGE, routing_key=DEAD_KEY, headers=headers)
 

@@ -27,7 +27,8 @@ from datetime import datetime
 from uuid import UUID
 
 from domain.errors import ProvisionerError
-from domain.outcomes import HopOutcome
+from domain.outcomes import HopOutcome, Outcome
+from domain.policies import FailureReason
 from infrastructure.usecases import commands, releases
 from infrastructure.usecases.commands import Deactivation
 from infrastructure.usecases.hop import HopRun
@@ -59,8 +60,10 @@ class ProvisioningService(ServiceReads):
 
     def run_hop(self, attempt_id: UUID, hop: int) -> HopOutcome:
         outcome = HopRun(self, attempt_id, hop).run()
-        log.info(
-            "hop done brand=%s attempt=%s hop=%d outcome=%s%s workspace=%s detail=%s",
+        level, reason, advice = hop_line(outcome)
+        log.log(
+            level,
+            "hop done brand=%s attempt=%s hop=%d outcome=%s%s workspace=%s detail=%s%s",
             outcome.brand_id,
             outcome.attempt_id,
             outcome.hop,
@@ -68,6 +71,14 @@ class ProvisioningService(ServiceReads):
             f"({outcome.stand_down.value})" if outcome.stand_down else "",
             outcome.workspace_id,
             outcome.detail,
+            advice,
+            extra={
+                "brand": outcome.brand_id,
+                "attempt": str(outcome.attempt_id),
+                "hop": outcome.hop,
+                "outcome": outcome.outcome.value,
+                "reason": reason,
+            },
         )
         return outcome
 
@@ -92,3 +103,23 @@ __all__ = [
     "ProvisioningService",
     "SystemClock",
 ]
+
+
+def hop_line(outcome: HopOutcome) -> tuple[int, str | None, str]:
+    """A hop decision's log level, reason and advice: ERROR for a failed attempt
+    (401/403: the token needs rotating), WARNING when the gateway did not answer
+    or throttled, INFO for every other decision."""
+    if outcome.outcome is Outcome.FAILED:
+        reason = outcome.detail.split(":", 1)[0] or None
+        if reason == FailureReason.UNAUTHORIZED:
+            return logging.ERROR, reason, "; the gateway refused the token: rotate it"
+        return logging.ERROR, reason, ""
+    if outcome.outcome is Outcome.SCHEDULED and outcome.detail.startswith(_GATEWAY_DOWN):
+        return logging.WARNING, "gateway_unavailable", ""
+    if outcome.stand_down is not None:
+        return logging.INFO, outcome.stand_down.value, ""
+    return logging.INFO, None, ""
+
+
+# How domain/hop.py words a wait on a gateway that failed (unreachable, 429, 5xx).
+_GATEWAY_DOWN = ("gateway unavailable", "unknown (")

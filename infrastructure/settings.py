@@ -18,6 +18,7 @@
 | PROVISIONER_HEALTH_MAX_LAG       | 10000 (events behind)            |
 | PROVISIONER_HEALTH_STUCK_AFTER_S | 900 (seconds overdue)            |
 | PROVISIONER_CONNECT_WAIT_S       | 30 (one-shot commands)           |
+| PROVISIONER_LOG_FORMAT           | auto (text on a TTY, else json)  |
 
 Every value is checked here, before anything connects: a bad one raises
 `ConfigurationError` with one line naming the variable. A variable that is set
@@ -43,6 +44,7 @@ BROKER_SCHEMES = ("amqp", "amqps", "pyamqp", "memory")
 GATEWAY_SCHEMES = ("http", "https")
 FAKE_SWITCH = "PROVISIONER_FAKE_GATEWAY"
 _LABEL = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
+LOG_FORMATS = ("auto", "text", "json")
 
 
 class SettingsError(ConfigurationError):
@@ -135,6 +137,18 @@ def check_token(key: str, token: str) -> str:
     return token
 
 
+def log_format(env: Mapping[str, str] | None = None) -> str:
+    """PROVISIONER_LOG_FORMAT, read on its own: logging is set up before the rest."""
+    return _choice(os.environ if env is None else env, "PROVISIONER_LOG_FORMAT", LOG_FORMATS)
+
+
+def log_secrets(env: Mapping[str, str] | None = None) -> tuple[str, ...]:
+    """The values no log line may show (the gateway token), whatever else is set."""
+    env = os.environ if env is None else env
+    token = (env.get("PROVISIONER_GATEWAY_TOKEN") or "").strip()
+    return (token,) if token else ()
+
+
 @dataclass(frozen=True, slots=True)
 class Settings:
     database_url: str = DEFAULT_DATABASE_URL
@@ -153,6 +167,7 @@ class Settings:
     health_max_lag: int = 10_000
     health_stuck_after_s: float = 900.0
     connect_wait_s: float = 30.0
+    log_format: str = "auto"
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -208,6 +223,7 @@ class Settings:
                 env, "PROVISIONER_HEALTH_STUCK_AFTER_S", 900.0, low=0, high=10**7, above=True
             ),
             connect_wait_s=_number(env, "PROVISIONER_CONNECT_WAIT_S", 30.0, low=0, high=86400),
+            log_format=log_format(env),
         )
         if settings.fake_gateway and settings.gateway_url is not None:
             raise SettingsError(

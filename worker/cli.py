@@ -17,6 +17,7 @@ import click
 from infrastructure.eventstore import init_database, redact
 from infrastructure.fake_gateway.cli import serve as serve_fake_gateway
 from worker import cli_read
+from worker.cli_dead_letters import dead_letters
 from worker.cli_support import Failed, declared_broker, load_settings, service_only, views
 
 # As PROVISIONER_CONCURRENCY (infrastructure/settings.py): 0 or less would run nothing.
@@ -46,10 +47,10 @@ class _Main(click.Group):
 @click.option("--debug", is_flag=True, help="Show the traceback of a failure.")
 def main(verbose: bool, debug: bool) -> None:
     """Event-sourced provisioning of brand sub-workspaces in the workspace gateway."""
-    logging.basicConfig(
-        level=logging.INFO if verbose else logging.WARNING,
-        format="%(asctime)s %(levelname)s %(name)s %(message)s",
-    )
+    from infrastructure.settings import log_format, log_secrets
+    from worker.logs import setup
+
+    setup(logging.INFO if verbose else logging.WARNING, log_format(), log_secrets())
     if debug:  # the project's own debug lines; a failure's traceback is `_Main.invoke`'s
         logging.getLogger("provisioner").setLevel(logging.DEBUG)
 
@@ -381,6 +382,7 @@ def reconcile(
 
 
 main.add_command(serve_fake_gateway, "fake-gateway")
+main.add_command(dead_letters)
 
 
 @main.command()

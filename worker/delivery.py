@@ -185,7 +185,8 @@ class Settler:
         message.ack()
         metrics.DEAD_LETTERED.labels(reason).inc()
         self.stats.dead_lettered += 1
-        log.warning("dead-lettered a message from %s: %s %s", source, reason, str(errors)[:300])
+        log.error("dead-lettered a message from %s: %s %s", source, reason, str(errors)[:300],
+                  extra={"reason": reason})  # fmt: skip
 
     def _guarded(self, message: Any, action: Callable[[], None], delivery: Delivery | None) -> None:
         try:

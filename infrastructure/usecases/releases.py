@@ -67,7 +67,8 @@ def expire(svc: ServiceReads, attempt_id: UUID, started_before: datetime) -> boo
             attempt.expected_hop,
         )
         svc.app.save(attempt)
-        log.warning("attempt failed at its deadline attempt=%s", attempt_id)
+        fields = {"attempt": str(attempt_id), "outcome": "failed", "reason": "deadline"}
+        log.error("attempt failed at its deadline attempt=%s", attempt_id, extra=fields)
         return True
 
     return retry_on_conflict(svc.settings.max_rounds, step, _attempt_contended(attempt_id))

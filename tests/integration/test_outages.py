@@ -50,6 +50,7 @@ def env_of(database_url: str, broker_url: str, fake: FakeGateway) -> dict[str, s
         "PROVISIONER_GATEWAY_URL": fake.url,
         "PROVISIONER_GATEWAY_TOKEN": TOKEN,
         "PROVISIONER_GATEWAY_TIMEOUT_S": "5",
+        "PROVISIONER_LOG_FORMAT": "text",  # the lines below are read as text
         "PROVISIONER_BACKOFF_BASE_S": "0.05",
         "PROVISIONER_CONCURRENCY": "8",
     }

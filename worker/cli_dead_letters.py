@@ -1,0 +1,124 @@
+"""`provisioner dead-letters`: what `provisioning.dead` holds, replay and purge.
+
+Reading never consumes a message for good (infrastructure/dead_letters.py); the
+embedded broker (`memory://`) keeps none across processes, which is said in one
+line with the configuration exit code.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import click
+
+from infrastructure.broker_failures import broker_failure
+from infrastructure.dead_letters import DeadLetter, DeadLetters, NotFound, now
+from infrastructure.settings import BROKER_SCHEMES, check_url
+from worker.cli_support import load_settings
+
+BROKER_URL = click.option(
+    "--broker-url", envvar="PROVISIONER_BROKER_URL", help="Overrides the setting."
+)
+
+
+@contextmanager
+def _dead_letters(broker_url: str | None) -> Iterator[DeadLetters]:
+    settings = load_settings()
+    url = check_url("--broker-url", broker_url or settings.broker_url, BROKER_SCHEMES)
+    from infrastructure.broker import Topology
+
+    try:
+        with DeadLetters(url, Topology(queue_type=settings.queue_type)) as letters:
+            yield letters
+    except NotFound as exc:
+        raise click.ClickException(str(exc)) from None
+    except Exception as exc:
+        failure = broker_failure(exc, url)
+        if failure is None:
+            raise
+        raise failure from exc
+
+
+def _age(seconds: float | None) -> str:
+    if seconds is None:
+        return "?"
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.0f}{unit}"
+    return f"{seconds:.0f}s"
+
+
+def _errors(letter: DeadLetter) -> str:
+    return "; ".join(f"{k}: {v}" for k, v in letter.errors.items())
+
+
+@click.group("dead-letters")
+def dead_letters() -> None:
+    """What the dead-letter queue (provisioning.dead) holds; replay or purge it."""
+
+
+@dead_letters.command("list")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per dead letter.")
+@BROKER_URL
+def list_(as_json: bool, broker_url: str | None) -> None:
+    """Each dead letter's id, reason, source queue, age and errors (nothing consumed)."""
+    with _dead_letters(broker_url) as letters:
+        found = letters.all()
+    at = now()
+    if as_json:
+        click.echo(json.dumps([x.summary(at) for x in found], default=str, indent=2))
+        return
+    if not found:
+        click.echo("no dead letters")
+        return
+    for letter in found:
+        click.echo(
+            f"{letter.id}  {_age(letter.age_s(at)):>4} ago  from {letter.source_queue}  "
+            f"{letter.reason}"
+        )
+        if letter.errors:
+            click.echo(f"    {_errors(letter)}")
+    click.echo(f"{len(found)} dead letter(s)")
+
+
+@dead_letters.command("show")
+@click.argument("letter_id")
+@BROKER_URL
+def show(letter_id: str, broker_url: str | None) -> None:
+    """One dead letter: its reason, errors, where it came from, headers and body."""
+    with _dead_letters(broker_url) as letters:
+        letter = letters.show(letter_id)
+    shown: dict[str, Any] = letter.summary(now())
+    shown["headers"] = letter.replay_headers
+    shown["body"] = letter.body.decode("utf-8", "replace")
+    click.echo(json.dumps(shown, default=str, indent=2))
+
+
+@dead_letters.command("replay")
+@click.argument("letter_id", required=False)
+@click.option("--all", "every", is_flag=True, help="Replay every dead letter.")
+@BROKER_URL
+def replay(letter_id: str | None, every: bool, broker_url: str | None) -> None:
+    """Put LETTER_ID (or --all) back where it came from, without the dead-letter headers."""
+    if every == (letter_id is not None):
+        raise click.UsageError("give one dead letter's id, or --all")
+    with _dead_letters(broker_url) as letters:
+        done = letters.replay(letter_id)
+    for letter in done:
+        click.echo(f"replayed {letter.id} to {letter.exchange}/{letter.routing_key}")
+    click.echo(f"{len(done)} dead letter(s) replayed")
+
+
+@dead_letters.command("purge")
+@click.option("--yes", is_flag=True, help="Confirm: the dead letters are deleted for good.")
+@BROKER_URL
+def purge(yes: bool, broker_url: str | None) -> None:
+    """Delete every dead letter for good (asks for --yes)."""
+    if not yes:
+        raise click.UsageError("purging deletes every dead letter for good: add --yes")
+    with _dead_letters(broker_url) as letters:
+        count = letters.purge()
+    click.echo(f"{count} dead letter(s) purged")

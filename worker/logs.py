@@ -1,0 +1,140 @@
+"""Log lines: plain text or one JSON object a line, never a secret.
+
+`PROVISIONER_LOG_FORMAT` (infrastructure/settings.py): `text`, `json`, or
+`auto` (the default: text on a terminal, JSON otherwise). A JSON line has
+`time`, `level`, `logger`, `brand`, `attempt`, `hop`, `outcome`, `reason` and
+`message` (the fields a line does not carry are null). The fields come from a
+record's `extra` (infrastructure/service.py's hop line, worker/delivery.py's
+dead letters); text lines show the message, which already names them.
+
+`Redact`, a filter put on every handler, rewrites each record before any
+formatter sees it: the message with its arguments, the traceback and every
+string field lose the gateway token (and any other secret given), the
+password of every URL, and the value of Authorization headers and Bearer
+credentials.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import sys
+from collections.abc import Iterable
+from datetime import UTC, datetime
+from typing import Any, TextIO
+
+from infrastructure.eventstore import redact
+
+FIELDS = ("brand", "attempt", "hop", "outcome", "reason")
+TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"
+HIDDEN = "***"
+_AUTHORIZATION = re.compile(
+    r"""((?:proxy-)?authorization['"]?\s*[:=]\s*['"]?)(?:(?:bearer|basic|token)\s+)?[^\s'",;}]+""",
+    re.IGNORECASE,
+)
+_BEARER = re.compile(r"\b(bearer\s+)[A-Za-z0-9._~+/=-]+", re.IGNORECASE)
+
+
+def scrub(text: str, secrets: Iterable[str] = ()) -> str:
+    """The text without the secrets, URL passwords and Authorization values."""
+    for secret in secrets:
+        if secret:
+            text = text.replace(secret, HIDDEN)
+    text = _AUTHORIZATION.sub(rf"\g<1>{HIDDEN}", text)
+    text = _BEARER.sub(rf"\g<1>{HIDDEN}", text)
+    return redact(text)
+
+
+class Redact(logging.Filter):
+    """Rewrites a record so that no secret reaches any formatter (never drops one)."""
+
+    def __init__(self, secrets: Iterable[str] = ()) -> None:
+        super().__init__()
+        self.secrets = tuple(s for s in secrets if s)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.msg = scrub(record.getMessage(), self.secrets)
+        record.args = None
+        if record.exc_info and not record.exc_text:
+            record.exc_text = logging.Formatter().formatException(record.exc_info)
+        if record.exc_text:
+            record.exc_text = scrub(record.exc_text, self.secrets)
+        if record.stack_info:
+            record.stack_info = scrub(record.stack_info, self.secrets)
+        for name in FIELDS:
+            value = getattr(record, name, None)
+            if isinstance(value, str):
+                setattr(record, name, scrub(value, self.secrets))
+        return True
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object a line."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        line: dict[str, Any] = {
+            "time": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
+            "level": record.levelname,
+            "logger": record.name,
+        }
+        for name in FIELDS:
+            value = getattr(record, name, None)
+            line[name] = value if value is None or isinstance(value, int) else str(value)
+        line["message"] = record.getMessage()
+        if record.exc_info and not record.exc_text:
+            record.exc_text = self.formatException(record.exc_info)
+        if record.exc_text:
+            line["exception"] = record.exc_text
+        return json.dumps(line, ensure_ascii=False, default=str)
+
+
+def formatter(log_format: str, stream: TextIO) -> logging.Formatter:
+    if log_format == "json" or (log_format == "auto" and not _is_tty(stream)):
+        return JsonFormatter()
+    return logging.Formatter(TEXT_FORMAT)
+
+
+def _is_tty(stream: TextIO) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+def protect(secrets: Iterable[str] = ()) -> Redact:
+    """Put one `Redact` on every handler there is (the root's and every logger's)."""
+    guard = Redact(secrets)
+    loggers: list[logging.Logger | logging.PlaceHolder] = [logging.getLogger()]
+    loggers += list(logging.Logger.manager.loggerDict.values())
+    for logger in loggers:
+        for handler in getattr(logger, "handlers", ()):
+            for old in [f for f in handler.filters if isinstance(f, Redact)]:
+                handler.removeFilter(old)
+            handler.addFilter(guard)
+    return guard
+
+
+def setup(
+    level: int, log_format: str, secrets: Iterable[str] = (), stream: TextIO | None = None
+) -> logging.Handler | None:
+    """The process's one stderr handler, in the format asked for, behind the redaction.
+
+    As `logging.basicConfig`: when the root logger already has a handler that is
+    not ours (an embedding application, a test runner), it is left as it is and
+    only gets the redaction; None is returned then."""
+    root = logging.getLogger()
+    foreign = [h for h in root.handlers if not getattr(h, "provisioner", False)]
+    if foreign:
+        protect(secrets)
+        return None
+    stream = stream or sys.stderr
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(formatter(log_format, stream))
+    for old in list(root.handlers):
+        root.removeHandler(old)
+    handler.provisioner = True  # type: ignore[attr-defined]
+    root.addHandler(handler)
+    root.setLevel(level)
+    protect(secrets)
+    return handler
