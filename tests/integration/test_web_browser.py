@@ -69,7 +69,8 @@ def browser() -> Iterator[webdriver.Chrome]:
     driver_path = shutil.which("chromedriver")
     if binary is None or driver_path is None:
         unavailable("chromium and chromedriver (`make browser`)", FileNotFoundError("not on PATH"))
-    assert binary is not None and driver_path is not None
+    assert binary is not None
+    assert driver_path is not None
     options = Options()
     options.binary_location = binary
     for flag in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage",
