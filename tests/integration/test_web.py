@@ -4,12 +4,15 @@ escaping, the bearer token, 404s and the brand filters."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 from starlette.testclient import TestClient
 
-from infrastructure.settings import Settings, SettingsError
+from infrastructure.settings import Settings, SettingsError, log_secrets
 from tests.integration.web_fixture import HOSTILE_ID, HOSTILE_TITLE, filled_store
+from worker.cli import main
 from worker.web.app import create_app
 
 
@@ -100,6 +103,24 @@ def test_stuck_lag_and_dead_letter_pages(web: TestClient) -> None:
     assert "embedded broker (memory://)" in dead
 
 
+def test_an_unreachable_store_or_broker_is_said_in_one_line(tmp_path: Path) -> None:
+    settings = Settings.from_env(
+        {
+            "PROVISIONER_DATABASE_URL": f"sqlite:///{tmp_path / 'none.sqlite'}",
+            "PROVISIONER_BROKER_URL": "amqp://guest:guest@127.0.0.1:1/",
+        }
+    )
+    with TestClient(create_app(settings), raise_server_exceptions=False) as web:
+        brands = web.get("/")
+        dead = web.get("/dead-letters")
+
+    assert brands.status_code == 503
+    assert "no event store at" in brands.text
+    assert dead.status_code == 200
+    assert "is unavailable" in dead.text
+    assert "guest:guest" not in dead.text
+
+
 def test_with_a_token_every_page_needs_it(database_url: str) -> None:
     with client(database_url, PROVISIONER_WEB_TOKEN="s3cret-token") as web:
         for path in ("/", "/brands/demo-01", "/stuck", "/lag", "/dead-letters", "/nowhere"):
@@ -128,3 +149,11 @@ def test_web_settings_are_checked() -> None:
         with pytest.raises(SettingsError, match="PROVISIONER_WEB_"):
             Settings.from_env(env)
     assert "tok" not in repr(Settings.from_env({"PROVISIONER_WEB_TOKEN": "tok-value"}))
+    assert log_secrets({"PROVISIONER_WEB_TOKEN": "tok-value"}) == ("tok-value",)
+
+
+def test_the_command_refuses_a_bad_host_before_serving() -> None:
+    result = CliRunner().invoke(main, ["web", "--host", "http://0.0.0.0:80"])
+
+    assert result.exit_code == 3, result.output
+    assert "--host must be an IP address or a host name" in result.output

@@ -97,7 +97,7 @@ def create_app(settings: Settings) -> Starlette:
         try:
             found = await run_in_threadpool(reads.brand, brand_id)
         except UnknownBrand as exc:
-            return page(request, "missing.html", status_code=404, message=str(exc))
+            return page(request, "missing.html", 404, heading="Not found", message=str(exc))
         return page(request, "brand.html", brand_id=brand_id, **found)
 
     async def stuck(request: Request) -> Response:
@@ -118,10 +118,10 @@ def create_app(settings: Settings) -> Starlette:
         return page(request, "lag.html", **found)
 
     async def failed(request: Request, exc: Exception) -> Response:
-        return page(request, "missing.html", status_code=503, message=str(describe(exc)))
+        return page(request, "missing.html", 503, heading="Unavailable", message=str(describe(exc)))
 
     async def not_found(request: Request, _exc: Exception) -> Response:
-        return page(request, "missing.html", status_code=404, message="no such page")
+        return page(request, "missing.html", 404, heading="Not found", message="no such page")
 
     middleware = [Middleware(BearerToken, token=settings.web_token)] if settings.web_token else []
     return Starlette(
