@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test unit lint demo bench clean
+.PHONY: install test unit lint demo bench browser clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -24,6 +24,10 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 	$(BIN)/lint-imports
+
+# The web view's browser test drives Debian's headless chromium (idempotent; needs root).
+browser:
+	command -v chromedriver >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver)
 
 demo: $(STAMP)
 	$(BIN)/provisioner demo

@@ -19,6 +19,9 @@
 | PROVISIONER_HEALTH_STUCK_AFTER_S | 900 (seconds overdue)            |
 | PROVISIONER_CONNECT_WAIT_S       | 30 (one-shot commands)           |
 | PROVISIONER_LOG_FORMAT           | auto (text on a TTY, else json)  |
+| PROVISIONER_WEB_HOST             | 127.0.0.1 (`provisioner web`)    |
+| PROVISIONER_WEB_PORT             | 8080                             |
+| PROVISIONER_WEB_TOKEN            | (none: the web view is open)     |
 
 Every value is checked here, before anything connects: a bad one raises
 `ConfigurationError` with one line naming the variable. A variable that is set
@@ -137,16 +140,21 @@ def check_token(key: str, token: str) -> str:
     return token
 
 
+def _web_token(env: Mapping[str, str]) -> str | None:
+    token = _raw(env, "PROVISIONER_WEB_TOKEN")
+    return None if token is None else check_token("PROVISIONER_WEB_TOKEN", token)
+
+
 def log_format(env: Mapping[str, str] | None = None) -> str:
     """PROVISIONER_LOG_FORMAT, read on its own: logging is set up before the rest."""
     return _choice(os.environ if env is None else env, "PROVISIONER_LOG_FORMAT", LOG_FORMATS)
 
 
 def log_secrets(env: Mapping[str, str] | None = None) -> tuple[str, ...]:
-    """The values no log line may show (the gateway token), whatever else is set."""
+    """The values no log line may show (the gateway's and the web view's tokens)."""
     env = os.environ if env is None else env
-    token = (env.get("PROVISIONER_GATEWAY_TOKEN") or "").strip()
-    return (token,) if token else ()
+    keys = ("PROVISIONER_GATEWAY_TOKEN", "PROVISIONER_WEB_TOKEN")
+    return tuple(token for token in (env.get(key, "").strip() for key in keys) if token)
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,6 +176,9 @@ class Settings:
     health_stuck_after_s: float = 900.0
     connect_wait_s: float = 30.0
     log_format: str = "auto"
+    web_host: str = "127.0.0.1"
+    web_port: int = 8080
+    web_token: str | None = field(default=None, repr=False)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -224,6 +235,13 @@ class Settings:
             ),
             connect_wait_s=_number(env, "PROVISIONER_CONNECT_WAIT_S", 30.0, low=0, high=86400),
             log_format=log_format(env),
+            web_host=check_host(
+                "PROVISIONER_WEB_HOST", _raw(env, "PROVISIONER_WEB_HOST") or "127.0.0.1"
+            ),
+            web_port=int(
+                _number(env, "PROVISIONER_WEB_PORT", 8080, low=1, high=65535, integer=True)
+            ),
+            web_token=_web_token(env),
         )
         if settings.fake_gateway and settings.gateway_url is not None:
             raise SettingsError(

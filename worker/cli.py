@@ -403,6 +403,22 @@ def health(as_json: bool) -> None:
 
 
 @main.command()
+@click.option("--host", default=None, help="Address to bind (PROVISIONER_WEB_HOST, 127.0.0.1).")
+@click.option(
+    "--port", default=None, type=click.IntRange(1, 65535), help="PROVISIONER_WEB_PORT, 8080."
+)
+def web(host: str | None, port: int | None) -> None:
+    """Serve the operator's read-only pages: brands, a brand's timeline, stuck attempts,
+    dead letters and lag (with PROVISIONER_WEB_TOKEN set, each needs that bearer token)."""
+    from infrastructure.settings import check_host
+    from worker.web.app import serve
+
+    settings = load_settings()
+    host = check_host("--host", host) if host is not None else settings.web_host
+    serve(settings, host, port or settings.web_port)
+
+
+@main.command()
 @click.option(
     "--brands",
     default=20,

@@ -1,0 +1,147 @@
+"""The web view in a real headless browser (Debian's chromium, driven by selenium):
+`provisioner web` serves a store the demo filled, and the test reads what a person
+would see. A missing browser skips locally and fails in CI (tests/conftest.py)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from selenium import webdriver
+from selenium.common.exceptions import WebDriverException
+from selenium.webdriver.chrome.options import Options
+from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.common.by import By
+from selenium.webdriver.remote.webelement import WebElement
+from selenium.webdriver.support import expected_conditions
+from selenium.webdriver.support.ui import Select, WebDriverWait
+
+from tests.conftest import unavailable
+from tests.integration.web_fixture import filled_store
+
+ROOT = Path(__file__).resolve().parents[2]
+SCREENSHOT = ROOT / "docs" / "web-brand.png"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    url = filled_store(tmp_path_factory.mktemp("browser"))
+    port = _free_port()
+    env = {**os.environ, "PROVISIONER_DATABASE_URL": url, "PROVISIONER_BROKER_URL": "memory://"}
+    env.pop("PROVISIONER_WEB_TOKEN", None)
+    server = subprocess.Popen(
+        [sys.executable, "-m", "worker.cli", "web", "--port", str(port)], env=env, cwd=ROOT
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while True:  # wait for the server to answer (not a timing assertion)
+            try:
+                with urllib.request.urlopen(base + "/lag", timeout=2):
+                    break
+            except OSError:
+                if server.poll() is not None or time.monotonic() > deadline:
+                    pytest.fail(f"`provisioner web` did not start (exit {server.poll()})")
+                time.sleep(0.1)
+        yield base
+    finally:
+        server.terminate()
+        server.wait(10)
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[webdriver.Chrome]:
+    binary = shutil.which("chromium")
+    driver_path = shutil.which("chromedriver")
+    if binary is None or driver_path is None:
+        unavailable("chromium and chromedriver (`make browser`)", FileNotFoundError("not on PATH"))
+    assert binary is not None
+    assert driver_path is not None
+    options = Options()
+    options.binary_location = binary
+    for flag in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage",
+                 "--window-size=1280,900", "--disable-gpu"):  # fmt: skip
+        options.add_argument(flag)
+    try:
+        driver = webdriver.Chrome(options=options, service=Service(executable_path=driver_path))
+    except WebDriverException as exc:
+        unavailable("the headless chromium", exc)
+        raise
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def _follow(browser: webdriver.Chrome, click: WebElement) -> None:
+    """Click, and wait until the next page replaced this one."""
+    page = browser.find_element(By.TAG_NAME, "main")
+    click.click()
+    WebDriverWait(browser, 30).until(expected_conditions.staleness_of(page))
+
+
+def _cells(browser: webdriver.Chrome, row_css: str) -> list[list[str]]:
+    rows = browser.find_elements(By.CSS_SELECTOR, row_css)
+    return [[td.text for td in row.find_elements(By.TAG_NAME, "td")] for row in rows]
+
+
+def test_a_person_finds_brands_by_status_and_reads_a_timeline(
+    site: str, browser: webdriver.Chrome
+) -> None:
+    browser.get(site + "/")
+    every = _cells(browser, "tr.brand-row")
+    status_of = {row[0]: row[2] for row in every}
+
+    assert browser.title == "Brands · provisioner"
+    assert status_of["demo-01"] == "ready"
+    assert status_of["demo-09"] == "failed"
+    assert status_of["demo-13"] == "deactivated"
+    assert status_of["<script>alert(1)</script>"] == "pending"  # shown as text, never run
+
+    Select(browser.find_element(By.ID, "status")).select_by_value("failed")
+    _follow(browser, browser.find_element(By.ID, "filter"))
+    failed = [row[0] for row in _cells(browser, "tr.brand-row")]
+
+    assert "status=failed" in browser.current_url
+    assert failed == ["demo-07", "demo-09"]
+
+    _follow(browser, browser.find_element(By.LINK_TEXT, "demo-09"))
+    timeline = _cells(browser, "tr.timeline-row")
+    events = [row[1] for row in timeline]
+
+    assert browser.find_element(By.ID, "brand-status").text == "failed"
+    assert events[0] == "brand: Registered"
+    assert "Started" in events
+    assert "CreateRequested" in events
+    assert any(row[0] and row[0][:4].isdigit() for row in timeline)  # each row has its time
+    assert "failed: exhausted" in browser.find_element(By.CSS_SELECTOR, ".attempt h3").text
+    SCREENSHOT.parent.mkdir(exist_ok=True)
+    assert browser.save_screenshot(str(SCREENSHOT))
+
+
+def test_the_other_pages_say_what_they_hold(site: str, browser: webdriver.Chrome) -> None:
+    browser.get(site + "/lag")
+    projections = {row[0]: row for row in _cells(browser, "#projections tbody tr")}
+    browser.get(site + "/dead-letters")
+    notice = browser.find_element(By.ID, "notice").text
+    browser.get(site + "/stuck?overdue=0")
+    stuck = [row[1] for row in _cells(browser, "#stuck tbody tr")]
+
+    assert set(projections) == {"brand_workspaces", "attempts"}
+    assert projections["brand_workspaces"][4] == "0"  # events behind
+    assert "embedded broker" in notice
+    assert stuck == ["<script>alert(1)</script>"]

@@ -1,0 +1,1 @@
+"""`provisioner web`: the operator's read-only pages (Starlette + Jinja2, served by uvicorn)."""
