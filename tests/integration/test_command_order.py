@@ -4,7 +4,7 @@ the brand ends as its producer's last command says, and nothing is dead-lettered
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
-from uuid import uuid4
+from uuid import UUID, uuid4
 
 import pytest
 
@@ -96,20 +96,27 @@ def test_forty_provisions_each_followed_by_a_deactivate_all_end_deactivated(
     assert by_type["provision"] == by_type["deactivate"] == BRANDS
 
 
+def bound_then_deactivated(service: ProvisioningService, brand_id: str, title: str) -> UUID:
+    """Provision the brand, run its hops here (no relay, no worker yet) until it is
+    bound, then deactivate it; the attempt that bound it."""
+    service.request_provisioning(brand_id, title, PARENT)
+    attempt_id = service.brand(brand_id).current_attempt_id
+    assert attempt_id is not None
+    for hop in range(5):
+        if service.run_hop(attempt_id, hop).outcome.value != "scheduled":
+            break
+    assert service.brand(brand_id).workspace_id is not None
+    service.deactivate(brand_id)
+    return attempt_id
+
+
 def test_a_provision_during_a_decommission_is_retried_and_then_applied(
     pg_env: dict[str, str], rabbit_url: str, fake: FakeGateway, brand_id: str
 ) -> None:
     title = title_of(brand_id)
     with build(Settings.from_env(pg_env)) as runtime:
         service = runtime.service
-        service.request_provisioning(brand_id, title, PARENT)
-        attempt_id = service.brand(brand_id).current_attempt_id
-        assert attempt_id is not None
-        for hop in range(5):  # run the hops here: no relay, no worker yet
-            if service.run_hop(attempt_id, hop).outcome.value != "scheduled":
-                break
-        assert service.brand(brand_id).workspace_id is not None
-        service.deactivate(brand_id)
+        attempt_id = bound_then_deactivated(service, brand_id, title)
         brand = service.brand(brand_id)
         brand.start_decommission()  # a decommission under way: its projects not emptied yet
         service.app.save(brand)
@@ -150,14 +157,7 @@ def test_a_provision_moving_a_deactivated_brand_waits_for_its_decommission(
     title = title_of(brand_id)
     with build(Settings.from_env(pg_env)) as runtime:
         service = runtime.service
-        service.request_provisioning(brand_id, title, PARENT)
-        attempt_id = service.brand(brand_id).current_attempt_id
-        assert attempt_id is not None
-        for hop in range(5):  # run the hops here: no relay, no worker yet
-            if service.run_hop(attempt_id, hop).outcome.value != "scheduled":
-                break
-        assert service.brand(brand_id).workspace_id is not None
-        service.deactivate(brand_id)
+        bound_then_deactivated(service, brand_id, title)
 
         worker = HopWorker(
             service,
