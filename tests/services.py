@@ -27,6 +27,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -148,41 +149,39 @@ class PgCluster:
         return self.url(name)
 
 
+def _private(what: str, prefix: str, make: Any, start: Any) -> Iterator[Any]:
+    """A private server in a fresh folder: started, yielded, stopped and removed.
+    One that cannot start is `unavailable` (a skip on a laptop, a failure in CI)."""
+    base = Path(tempfile.mkdtemp(prefix=prefix))
+    server = make(base)
+    try:
+        start(server)
+    except (OSError, RuntimeError, subprocess.TimeoutExpired) as exc:
+        server.stop()
+        shutil.rmtree(base, ignore_errors=True)
+        unavailable(what, exc)
+    try:
+        yield server
+    finally:
+        server.stop()
+        shutil.rmtree(base, ignore_errors=True)
+
+
 @pytest.fixture(scope="module")
 def rabbit_node() -> Iterator[RabbitNode]:
     """A private RabbitMQ node for the module's tests; stopped and removed at the end."""
-    base = Path(tempfile.mkdtemp(prefix="prov-rabbit-"))
-    node = RabbitNode(base)
-    try:
-        node.start()
-    except (OSError, RuntimeError, subprocess.TimeoutExpired) as exc:
-        node.stop()
-        shutil.rmtree(base, ignore_errors=True)
-        unavailable("a private RabbitMQ node", exc)
-    try:
-        yield node
-    finally:
-        node.stop()
-        shutil.rmtree(base, ignore_errors=True)
+    yield from _private("a private RabbitMQ node", "prov-rabbit-", RabbitNode, RabbitNode.start)
+
+
+def _init_and_start(cluster: PgCluster) -> None:
+    cluster.init()
+    cluster.start()
 
 
 @pytest.fixture(scope="module")
 def pg_cluster() -> Iterator[PgCluster]:
     """A private PostgreSQL cluster for the module's tests; stopped and removed at the end."""
-    base = Path(tempfile.mkdtemp(prefix="prov-pg-"))
-    cluster = PgCluster(base)
-    try:
-        cluster.init()
-        cluster.start()
-    except (OSError, RuntimeError, subprocess.TimeoutExpired) as exc:
-        cluster.stop()
-        shutil.rmtree(base, ignore_errors=True)
-        unavailable("a private PostgreSQL cluster", exc)
-    try:
-        yield cluster
-    finally:
-        cluster.stop()
-        shutil.rmtree(base, ignore_errors=True)
+    yield from _private("a private PostgreSQL cluster", "prov-pg-", PgCluster, _init_and_start)
 
 
 def wait_until_listening(port: int, timeout: float = 30.0) -> None:
