@@ -348,7 +348,12 @@ def forwarder(port: int, target: tuple[str, int]) -> Iterator[None]:
         done.set()
         thread.join(5)
         server.close()
-        for sock in opened:
+        for sock in list(opened):
+            # shutdown first: close() alone does not wake a pump blocked in recv on
+            # the socket, so no FIN would reach the client and its connection would
+            # hang half-open instead of dropping as a stopped server's does.
+            with suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
             sock.close()
 
 
