@@ -113,6 +113,21 @@ def check_database_url(url: str) -> None:
         _libpq_options(url)
 
 
+# A peer that goes silent (a partition that drops packets, a host that died)
+# neither answers nor closes: without these a pooled connection waits on it
+# until the kernel gives up (minutes to hours). TCP keepalives probe an idle
+# connection after 30 s, every 10 s, 3 times; `tcp_user_timeout` (ms) ends a
+# connection whose sent data stays unacknowledged for 60 s. The URL's own
+# query options win (`?keepalives_idle=5`, `?keepalives=0`).
+SILENT_PEER_DEFAULTS = {
+    "keepalives": "1",
+    "keepalives_idle": "30",
+    "keepalives_interval": "10",
+    "keepalives_count": "3",
+    "tcp_user_timeout": "60000",
+}
+
+
 def _libpq_options(url: str) -> dict[str, str]:
     """Every connection parameter of a postgresql:// URL, parsed by libpq itself.
 
@@ -128,6 +143,8 @@ def _libpq_options(url: str) -> dict[str, str]:
     options.setdefault("port", "5432")
     options.setdefault("user", "postgres")
     options.setdefault("connect_timeout", "5")
+    for key, value in SILENT_PEER_DEFAULTS.items():
+        options.setdefault(key, value)
     return {key: str(value) for key, value in options.items()}
 
 
