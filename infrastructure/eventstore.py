@@ -198,15 +198,11 @@ def persistence_env(
 
 
 # scheme://netloc of any URL in a text; a query key that names a password, and its value.
-_URL_NETLOC = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)([^/?#\s]*)")
+# scheme://user:password@host: the password runs to the token's last "@", so
+# one holding an unencoded "@", "/", "?" or "#" is hidden whole (a URL with an
+# "@" later in its path loses a little more than its password, never less).
+_URL_PASSWORD = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://[^:/?#\s@\"'<>]*:)[^\s\"'<>]*@")
 _PASSWORD_KEY = re.compile(r"(?i)([?&;][^=&#\s]*password[^=&#\s]*=)[^&#\s]*")
-
-
-def _hide_userinfo_password(match: re.Match[str]) -> str:
-    userinfo, at, hostport = match.group(2).rpartition("@")
-    if at and ":" in userinfo:
-        userinfo = userinfo.split(":", 1)[0] + ":***"
-    return f"{match.group(1)}{userinfo}{at}{hostport}"
 
 
 def redact(url: str) -> str:
@@ -214,7 +210,7 @@ def redact(url: str) -> str:
     logs: the user-info password of any URL (`user:***@host`), and the value of
     every query key that names a password (`password=`, `sslpassword=`, ...).
     Lexical, so it also hides what a malformed URL holds."""
-    return _PASSWORD_KEY.sub(r"\1***", _URL_NETLOC.sub(_hide_userinfo_password, url))
+    return _PASSWORD_KEY.sub(r"\1***", _URL_PASSWORD.sub(r"\1***@", url))
 
 
 def is_postgres(url: str) -> bool:

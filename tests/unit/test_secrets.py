@@ -29,6 +29,9 @@ TOKEN = "tok-SECRET-5f3a9c"
         ("https://svc:g4te@gw.example/api", "https://svc:***@gw.example/api", "g4te"),
         ("postgresql://u:pw9@[::1/db", "u:***@", "pw9"),  # not even a valid URL
         ("failed for url 'http://u:pw8@h:80/x'", "http://u:***@h:80/x", "pw8"),
+        ("postgresql://u:pa/ss@db/ev", "postgresql://u:***@db/ev", "pa/ss"),
+        ("amqp://guest:a?b#c@rabbit/v", "amqp://guest:***@rabbit/v", "a?b#c"),
+        ('{"url": "amqp://g:x/y@h/v", "n": 1}', '"amqp://g:***@h/v", "n": 1}', "x/y"),
     ],
 )
 def test_redact_hides_every_password_of_a_url(url: str, shown: str, hidden: str) -> None:
@@ -37,7 +40,14 @@ def test_redact_hides_every_password_of_a_url(url: str, shown: str, hidden: str)
 
 
 @pytest.mark.parametrize(
-    "url", ["memory://", "sqlite:///var/x.sqlite", "postgresql://alice@db/ev?sslmode=require"]
+    "url",
+    [
+        "memory://",
+        "sqlite:///var/x.sqlite",
+        "postgresql://alice@db/ev?sslmode=require",
+        "http://gw.example:8080/workspaces/ws-1",
+        "see http://a:1/x and http://b/y@z",
+    ],
 )
 def test_redact_leaves_urls_without_passwords_alone(url: str) -> None:
     assert redact(url) == url
