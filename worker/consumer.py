@@ -205,6 +205,7 @@ class HopWorker:
                 connection_errors=self._connection_errors,
                 database=self.database_outage,
                 dead_letter=DeadLetter,
+                secrets=self.service.secrets,
             )
             try:
                 # One limit for the channel (global), not one per consumer: with two

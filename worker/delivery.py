@@ -86,6 +86,7 @@ class Settler:
         dead_letter: type[Exception],
         wait_delays_s: tuple[float, ...] = WAIT_DELAYS_S,
         refused_for_now: type[Exception] = RetryLater,
+        secrets: tuple[str, ...] = (),
     ) -> None:
         self.publisher = publisher
         self.stats = stats
@@ -95,6 +96,7 @@ class Settler:
         self.dead_letter = dead_letter  # raised by handlers: never retried
         self.wait_delays_s = wait_delays_s
         self.refused_for_now = refused_for_now  # raised by handlers: retried on its own schedule
+        self.secrets = tuple(secret.encode() for secret in secrets if secret)
 
     def read(self, message: Any) -> Delivery | None:
         """The delivery to hand to a handler, or None once it has been dead-lettered."""
@@ -181,6 +183,8 @@ class Settler:
         body = message.body
         if not isinstance(body, bytes):
             body = str(body).encode("utf-8", "backslashreplace")
+        for secret in self.secrets:  # a producer's body may hold the gateway token
+            body = body.replace(secret, b"***")
         self.publisher.publish_dead(body, reason, errors, source)
         message.ack()
         metrics.DEAD_LETTERED.labels(reason).inc()

@@ -873,6 +873,8 @@ def test_workspace_ready_is_published_on_the_events_exchange(
 class Unavailable:
     """A service whose event store is down: every use case raises."""
 
+    secrets: tuple[str, ...] = ()  # no gateway token to scrub
+
     def __init__(self) -> None:
         self.calls = 0
 

@@ -17,6 +17,8 @@ from worker.consumer import HopWorker
 class BlockedService:
     """Every handler waits until the test lets it go."""
 
+    secrets: tuple[str, ...] = ()  # no gateway token to scrub
+
     def __init__(self) -> None:
         self.go = threading.Event()
 

@@ -241,6 +241,8 @@ def test_a_lost_connection_is_not_contained_it_reaches_the_reconnect_loop() -> N
 class Handled:
     """A service that records the hops it runs."""
 
+    secrets: tuple[str, ...] = ()  # no gateway token to scrub
+
     def __init__(self) -> None:
         self.hops: list[Any] = []
 

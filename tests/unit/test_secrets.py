@@ -3,16 +3,23 @@ producer's text that holds the gateway token is refused without being echoed."""
 
 from __future__ import annotations
 
+import json
+import logging
+from concurrent.futures import Future
+
 import httpx
 import pytest
 
 from domain.errors import InvalidRequest
 from infrastructure import messages
 from infrastructure.eventstore import open_event_store, redact
+from infrastructure.outages import Outage
 from infrastructure.service import ProvisioningService
 from infrastructure.settings import Settings
+from tests.unit.test_delivery import FakeMessage, FakePublisher
 from worker import runtime
-from worker.consumer import DeadLetter, _handle
+from worker.consumer import DeadLetter, WorkerStats, _handle
+from worker.delivery import Delivery, Settler
 from worker.edges import describe
 
 TOKEN = "tok-SECRET-5f3a9c"
@@ -121,3 +128,34 @@ def test_the_runtime_gives_the_service_the_gateway_token() -> None:
         assert built.service.secrets == (TOKEN,)
         with pytest.raises(InvalidRequest):
             built.service.request_provisioning("b1", TOKEN, "parent")
+
+
+def test_a_dead_lettered_body_loses_the_token_it_held() -> None:
+    publisher = FakePublisher()
+    settle = Settler(
+        publisher,  # type: ignore[arg-type]
+        stats=WorkerStats(),
+        retry_delays_s=(1.0,),
+        connection_errors=(ConnectionError,),
+        database=Outage(logging.getLogger("test"), "worker", "db", announce_start=False),
+        dead_letter=DeadLetter,
+        secrets=(TOKEN,),
+    )
+    body = messages.encode(
+        "provision", 1, brand_id="b1", title=f"x{TOKEN}x", parent_workspace_id="p"
+    )
+    message = FakeMessage(body)
+    delivery = settle.read(message)
+    assert delivery is not None
+    refused: Future[str] = Future()
+    try:
+        _handle(service(), delivery.message)
+    except DeadLetter as exc:
+        refused.set_exception(exc)
+    settle.settle(message, Delivery(delivery.message, 0), refused)
+
+    [(dead_body, reason, errors, _)] = publisher.dead
+    assert reason == "InvalidRequest"
+    assert TOKEN.encode() not in dead_body
+    assert json.loads(dead_body)["title"] == "x***x"  # the rest is kept for the operator
+    assert TOKEN not in json.dumps(errors)
