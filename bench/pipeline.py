@@ -14,7 +14,8 @@ provision of each process (workers, relay, fake, this process, this run's
 PostgreSQL backends and server processes, RabbitMQ), the machine's busy share,
 the share used by processes outside the run (`other_share`) and the load
 average, and in the same run the raw kombu publish-with-confirms rate and the
-bare event-store save rate. With --latency-ms 100 it also reports the time for
+bare event-store save rate. `--profile DIR` runs the workers under cProfile
+(bench/profiled.py). With --latency-ms 100 it also reports the time for
 the whole batch (`seconds_for_1000_at_100ms` when --brands is 1000).
 
 Without PROVISIONER_DATABASE_URL it creates a fresh database on the local
@@ -272,10 +273,12 @@ def measure(args: argparse.Namespace, url: str, broker_url: str) -> dict[str, An
     )
     ports = [9300 + n for n in range(args.workers)]
     procs = [spawn(["-m", "worker.cli", "relay"], env)]
-    for port in ports:
-        procs.append(
-            spawn(["-m", "worker.cli", "worker"], env | {"PROVISIONER_METRICS_PORT": str(port)})
-        )
+    for n, port in enumerate(ports):
+        worker = ["-m", "worker.cli", "worker"]
+        if args.profile:
+            out = Path(args.profile).resolve() / f"worker{n}.pstats"
+            worker = [str(ROOT / "bench" / "profiled.py"), str(out), *worker]
+        procs.append(spawn(worker, env | {"PROVISIONER_METRICS_PORT": str(port)}))
     workers = procs[1:]
     run_id = uuid.uuid4().hex[:6]
     brands = [
@@ -373,6 +376,12 @@ def main() -> int:
     parser.add_argument("--brands-per-parent", type=int, default=100)
     parser.add_argument("--timeout", type=float, default=300.0)
     parser.add_argument("--json", action="store_true")
+    parser.add_argument(
+        "--profile",
+        metavar="DIR",
+        help="run each worker under cProfile (every thread; bench/profiled.py) and write "
+        "DIR/worker<N>.pstats: a diagnosis, its figures are not comparable",
+    )
     args = parser.parse_args()
     result = run(args)
     if args.json:
