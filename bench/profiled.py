@@ -3,8 +3,10 @@
     python bench/profiled.py OUT.pstats -m worker.cli worker
 
 cProfile follows only the thread that enabled it; this starts one profiler in
-each thread the program starts (the worker's hops run on a pool) and merges
-them all into OUT.pstats when the program exits (a worker exits on SIGTERM
+each thread the program starts (the worker's hops run on a pool), timed by the
+thread's own CPU time (`time.thread_time`: waiting for I/O or for the
+interpreter does not count), and merges them all into OUT.pstats when the
+program exits (a worker exits on SIGTERM
 after its threads stop). Used by `bench/pipeline.py --profile DIR`. The
 profiler's overhead inflates small functions: compare call counts and
 cumulative times between two commits, not with unprofiled runs.
@@ -18,13 +20,14 @@ import pstats
 import runpy
 import sys
 import threading
+import time
 
 _profiles: list[cProfile.Profile] = []
 _original_run = threading.Thread.run
 
 
 def _profiled_run(self: threading.Thread) -> None:
-    profile = cProfile.Profile()
+    profile = cProfile.Profile(time.thread_time)
     _profiles.append(profile)
     profile.enable()
     try:
@@ -50,7 +53,7 @@ def main() -> None:
     out, module = sys.argv[1], sys.argv[3]
     sys.argv = [module, *sys.argv[4:]]
     threading.Thread.run = _profiled_run  # type: ignore[method-assign]
-    main_profile = cProfile.Profile()
+    main_profile = cProfile.Profile(time.thread_time)
     _profiles.append(main_profile)
     atexit.register(_dump, out)
     main_profile.enable()
