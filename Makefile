@@ -32,10 +32,10 @@ browser:
 demo: $(STAMP)
 	$(BIN)/provisioner demo
 
+# Runs every benchmark and rewrites the figures in docs/benchmarks.md (BENCH_ARGS=--quick: small
+# sizes, a smoke check; --no-write: print only). ARGS is accepted too.
 bench: $(STAMP)
-	$(BIN)/python bench/engine.py
-	$(BIN)/python bench/pipeline.py
-	$(BIN)/python bench/readmodels.py
+	$(BIN)/python bench/report.py $(BENCH_ARGS) $(ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

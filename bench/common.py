@@ -7,14 +7,57 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
+from urllib.parse import quote
+
+import psycopg
 
 ROOT = Path(__file__).resolve().parent.parent
 CLK_TCK = os.sysconf("SC_CLK_TCK")
+LOCAL_PG = "postgresql://root@127.0.0.1:5432"
+LOCAL_AMQP = "amqp://guest:guest@127.0.0.1:5672"
+
+
+def fresh_database() -> tuple[str, str]:
+    """A new database on the local server: (URL, name). The benchmarks write only there."""
+    name = f"provisioner_bench_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(f"{LOCAL_PG}/postgres", autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    return f"{LOCAL_PG}/{name}", name
+
+
+def drop_database(name: str) -> None:
+    with psycopg.connect(f"{LOCAL_PG}/postgres", autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def fresh_vhost() -> tuple[str, str | None]:
+    """A new virtual host on the local RabbitMQ for guest: (URL, name), made with
+    `rabbitmqctl`, so that the benchmark never purges queues another user shares.
+    Without `rabbitmqctl` (not root, not installed): the default vhost, name None."""
+    exe = shutil.which("rabbitmqctl")
+    if exe is not None:
+        name = f"provisioner-bench-{uuid.uuid4().hex[:8]}"
+        made = subprocess.run([exe, "add_vhost", name], capture_output=True, check=False)
+        if made.returncode == 0:
+            subprocess.run(
+                [exe, "set_permissions", "-p", name, "guest", ".*", ".*", ".*"],
+                capture_output=True,
+                check=True,
+            )
+            return f"{LOCAL_AMQP}/{quote(name, safe='')}", name
+    return f"{LOCAL_AMQP}//", None
+
+
+def delete_vhost(name: str | None) -> None:
+    exe = shutil.which("rabbitmqctl")
+    if name is not None and exe is not None:
+        subprocess.run([exe, "delete_vhost", name], capture_output=True, check=False)
 
 
 def start_fake(

@@ -23,6 +23,9 @@ engine saves/s over the BEST of these rates (the strict reading, and the one
 the target is judged on); `ratio_one_writer` is over the one-writer rate alone
 (the best of before and after), for comparison.
 
+Without PROVISIONER_DATABASE_URL it runs on a fresh database on the local
+server, dropped afterwards.
+
 CPU milliseconds per attempt of the worker processes, the fake and the
 PostgreSQL server (Linux /proc) are printed too, with the machine's CPU
 utilisation and the share used by processes outside the run (a run with more
@@ -49,12 +52,21 @@ from multiprocessing.process import BaseProcess
 from multiprocessing.synchronize import Event
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import httpx
-from common import cpu_since, machine_busy_s, postgres_cpu, proc_cpu_s, start_fake
+from common import (
+    cpu_since,
+    drop_database,
+    fresh_database,
+    machine_busy_s,
+    postgres_cpu,
+    proc_cpu_s,
+    start_fake,
+)
 from eventsourcing.domain import Aggregate, event
 from inprocess import InProcessEngine
 
@@ -63,7 +75,6 @@ from infrastructure.eventstore import init_database, open_event_store
 from infrastructure.gateway import HttpGateway
 from infrastructure.service import ProvisioningService
 
-DEFAULT_URL = "postgresql://root@127.0.0.1:5432/test"
 TARGET_TX_PER_ATTEMPT = 4.0
 TARGET_RATIO = 0.8
 NOISY_SHARE = 0.1  # machine CPU share used by other processes above which a run is noisy
@@ -270,6 +281,7 @@ class Workers:
     fake: subprocess.Popen[str]
     results: mp.Queue[Message]
     go: Event
+    database: str  # PostgreSQL's CPU is counted for this database's backends and the server
     processes: list[BaseProcess] = field(default_factory=list)
     commands: list[mp.Queue[Message]] = field(default_factory=list)
 
@@ -279,7 +291,8 @@ class Workers:
         for index, order in orders.items():
             self.commands[index].put(order)
         self.collect("armed", len(orders))
-        fake, pg, busy = proc_cpu_s(self.fake.pid), postgres_cpu(), machine_busy_s()
+        fake, busy = proc_cpu_s(self.fake.pid), machine_busy_s()
+        pg = postgres_cpu(self.database)
         started = time.perf_counter()
         self.go.set()
         reports = self.collect("done", len(orders))
@@ -288,7 +301,7 @@ class Workers:
             seconds,
             [r[2] for r in reports],
             proc_cpu_s(self.fake.pid) - fake,
-            cpu_since(pg, postgres_cpu()),
+            cpu_since(pg, postgres_cpu(self.database)),
             machine_busy_s() - busy,
         )
 
@@ -363,13 +376,26 @@ def main() -> int:
         if not args.json:
             print(text, flush=True)
 
-    url = os.environ.get("PROVISIONER_DATABASE_URL", DEFAULT_URL)
+    url = os.environ.get("PROVISIONER_DATABASE_URL")
+    created = None
+    if not url:
+        url, created = fresh_database()
+    try:
+        return run(args, url, say)
+    finally:
+        if created:
+            drop_database(created)
+
+
+def run(args: argparse.Namespace, url: str, say: Callable[[str], None]) -> int:
+    """The phases against the event store at `url`; prints the result."""
     init_database(url)
     per_parent = min(args.brands_per_parent, args.attempts)
     parents = [f"org-{m}" for m in range(math.ceil(args.attempts / per_parent))]
     fake, gateway_url = start_fake(parents)
     ctx = mp.get_context("spawn")
-    workers = Workers(fake, ctx.Queue(), ctx.Event())
+    database = urlsplit(url).path.lstrip("/")
+    workers = Workers(fake, ctx.Queue(), ctx.Event(), database)
     try:
         for index in range(args.processes):
             commands: mp.Queue[Message] = ctx.Queue()

@@ -14,12 +14,15 @@ provision of each process (workers, relay, fake, this process, this run's
 PostgreSQL backends and server processes, RabbitMQ), the machine's busy share,
 the share used by processes outside the run (`other_share`) and the load
 average, and in the same run the raw kombu publish-with-confirms rate and the
-bare event-store save rate. With --latency-ms 100 it also reports the time for
+bare event-store save rate. `--profile DIR` runs the workers under cProfile
+(bench/profiled.py). With --latency-ms 100 it also reports the time for
 the whole batch (`seconds_for_1000_at_100ms` when --brands is 1000).
 
 Without PROVISIONER_DATABASE_URL it creates a fresh database on the local
-server and drops it afterwards; PROVISIONER_BROKER_URL defaults to the local
-RabbitMQ.
+server and drops it afterwards; without PROVISIONER_BROKER_URL, a fresh virtual
+host on the local RabbitMQ (made with `rabbitmqctl`; the default vhost where
+that cannot run), deleted afterwards. The run purges the project's queues in
+the vhost it uses.
 """
 
 from __future__ import annotations
@@ -41,8 +44,17 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-import psycopg
-from common import cpu_by_name, machine_busy_s, postgres_cpu, proc_cpu_s, start_fake
+from common import (
+    cpu_by_name,
+    delete_vhost,
+    drop_database,
+    fresh_database,
+    fresh_vhost,
+    machine_busy_s,
+    postgres_cpu,
+    proc_cpu_s,
+    start_fake,
+)
 from eventsourcing.application import Application
 from eventsourcing.domain import Aggregate
 from kombu.connection import Connection
@@ -53,24 +65,9 @@ from infrastructure.eventstore import init_database, open_event_store, persisten
 from infrastructure.gateway import HttpGateway
 from infrastructure.service import ProvisioningService
 
-LOCAL_PG = "postgresql://root@127.0.0.1:5432"
-LOCAL_AMQP = "amqp://guest:guest@127.0.0.1:5672//"
-
 
 class Trivial(Aggregate):
     """The smallest aggregate: one Created event per save."""
-
-
-def fresh_database() -> tuple[str, str]:
-    name = f"provisioner_bench_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(f"{LOCAL_PG}/postgres", autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    return f"{LOCAL_PG}/{name}", name
-
-
-def drop_database(name: str) -> None:
-    with psycopg.connect(f"{LOCAL_PG}/postgres", autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 def purge(broker_url: str) -> None:
@@ -239,11 +236,23 @@ class ReadyListener(threading.Thread):
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    created_db = None
+    """The run on a fresh database and virtual host (unless the environment names them)."""
+    created_db = vhost = None
     url = os.environ.get("PROVISIONER_DATABASE_URL")
-    if not url:
-        url, created_db = fresh_database()
-    broker_url = os.environ.get("PROVISIONER_BROKER_URL", LOCAL_AMQP)
+    broker_url = os.environ.get("PROVISIONER_BROKER_URL")
+    try:
+        if not url:
+            url, created_db = fresh_database()
+        if not broker_url:
+            broker_url, vhost = fresh_vhost()
+        return measure(args, url, broker_url)
+    finally:
+        if created_db:
+            drop_database(created_db)
+        delete_vhost(vhost)
+
+
+def measure(args: argparse.Namespace, url: str, broker_url: str) -> dict[str, Any]:
     init_database(url)
     purge(broker_url)
     publisher = Broker(broker_url, Topology(), scheduler=None)
@@ -264,10 +273,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     )
     ports = [9300 + n for n in range(args.workers)]
     procs = [spawn(["-m", "worker.cli", "relay"], env)]
-    for port in ports:
-        procs.append(
-            spawn(["-m", "worker.cli", "worker"], env | {"PROVISIONER_METRICS_PORT": str(port)})
-        )
+    for n, port in enumerate(ports):
+        worker = ["-m", "worker.cli", "worker"]
+        if args.profile:
+            out = Path(args.profile).resolve() / f"worker{n}.pstats"
+            worker = [str(ROOT / "bench" / "profiled.py"), str(out), *worker]
+        procs.append(spawn(worker, env | {"PROVISIONER_METRICS_PORT": str(port)}))
     workers = procs[1:]
     run_id = uuid.uuid4().hex[:6]
     brands = [
@@ -353,8 +364,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     result["load_average"] = [round(load_before, 2), round(os.getloadavg()[0], 2)]
     if args.latency_ms == 100 and args.brands == 1000:
         result["seconds_for_1000_at_100ms"] = result["seconds"]
-    if created_db:
-        drop_database(created_db)
     return result
 
 
@@ -367,6 +376,12 @@ def main() -> int:
     parser.add_argument("--brands-per-parent", type=int, default=100)
     parser.add_argument("--timeout", type=float, default=300.0)
     parser.add_argument("--json", action="store_true")
+    parser.add_argument(
+        "--profile",
+        metavar="DIR",
+        help="run each worker under cProfile (every thread; bench/profiled.py) and write "
+        "DIR/worker<N>.pstats: a diagnosis, its figures are not comparable",
+    )
     args = parser.parse_args()
     result = run(args)
     if args.json:

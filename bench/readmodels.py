@@ -39,8 +39,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 
-from common import percentile
-from pipeline import drop_database, fresh_database  # the same fresh-database helpers
+from common import drop_database, fresh_database, percentile
 
 from domain.attempt import ProvisioningAttempt
 from domain.brand import Brand

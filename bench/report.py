@@ -1,0 +1,685 @@
+"""`make bench`: run every benchmark with its baseline, then write the current figures.
+
+    .venv/bin/python bench/report.py [--quick] [--repeat N] [--no-write] [--only NAME,...]
+
+Runs, one after another, each as a subprocess with `--json`:
+
+- `engine`: bench/engine.py --skeleton (the engine, its bare-I/O skeleton and
+  the bare save rate, in one run);
+- `pipeline-0ms` and `pipeline-100ms`: bench/pipeline.py at zero latency and at
+  100 ms per gateway call (each with the raw publish and bare save rates);
+- `readmodels`: bench/readmodels.py (the rebuild with the raw notification-log
+  scan, and the read commands' latencies).
+
+Around each run it samples the load average, the machine's busy CPU, the CPU
+of the run's own process tree, of the PostgreSQL server and of RabbitMQ
+(Linux /proc), so that a figure can be judged by the other load it ran
+beside. Then it rewrites the region of docs/benchmarks.md between
+`<!-- bench:figures:begin -->` and `<!-- bench:figures:end -->`: date,
+machine, commit, commands, figures, ratios and targets, other load. Nothing
+outside the markers changes. It refuses to write (and exits 1) when a
+benchmark failed or the markers are not there once each, in order.
+
+`--quick` runs small sizes (a smoke check; the targets are not judged and the
+region says it is a placeholder); `--no-write` and `--only` print the region
+without writing it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+DOC = ROOT / "docs" / "benchmarks.md"
+BEGIN = "<!-- bench:figures:begin -->"
+END = "<!-- bench:figures:end -->"
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+TIMEOUT_S = 1800.0
+
+
+class RegionError(Exception):
+    """The document has no single, ordered pair of markers: nothing is written."""
+
+
+class BenchFailed(Exception):
+    """A benchmark did not complete: its figures are not written."""
+
+
+# --------------------------------------------------------------------------- the benchmarks
+
+
+@dataclass(frozen=True)
+class Bench:
+    name: str
+    title: str
+    script: str
+    full: tuple[str, ...]
+    quick: tuple[str, ...]
+
+    def argv(self, quick: bool) -> list[str]:
+        return [self.script, *(self.quick if quick else self.full)]
+
+
+BENCHES = (
+    Bench(
+        "engine",
+        "engine and its skeleton, 2 x 8",
+        "bench/engine.py",
+        ("--skeleton", "--json"),
+        ("--skeleton", "--json", "--attempts", "200", "--warmup", "50", "--bare-saves", "400"),
+    ),
+    Bench(
+        "pipeline-0ms",
+        "pipeline, zero latency, 2 x 16",
+        "bench/pipeline.py",
+        ("--brands", "1000", "--json"),
+        ("--brands", "200", "--json"),
+    ),
+    Bench(
+        "pipeline-100ms",
+        "pipeline, 100 ms per call, 2 x 16",
+        "bench/pipeline.py",
+        ("--brands", "1000", "--latency-ms", "100", "--json"),
+        ("--brands", "200", "--latency-ms", "100", "--json"),
+    ),
+    Bench(
+        "readmodels",
+        "read models",
+        "bench/readmodels.py",
+        ("--json",),
+        ("--events", "20000", "--samples", "50", "--json"),
+    ),
+)
+
+
+@dataclass
+class Run:
+    """One benchmark run: its command, its JSON result (None if it failed) and the load."""
+
+    bench: str
+    command: list[str]
+    result: dict[str, Any] | None
+    error: str = ""
+    seconds: float = 0.0
+    load: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return self.result is not None and not self.error
+
+
+# --------------------------------------------------------------------------- targets
+
+
+@dataclass(frozen=True)
+class Figure:
+    """A figure read from one benchmark's result, with its target if it has one."""
+
+    label: str
+    bench: str
+    value: Callable[[dict[str, Any]], float]
+    unit: str
+    fmt: str
+    target: tuple[str, float] | None = None  # (">=" or "<=", threshold)
+    note: str = ""
+
+    def show(self, result: dict[str, Any]) -> str:
+        return format(self.value(result), self.fmt)
+
+    def passes(self, result: dict[str, Any]) -> bool | None:
+        if self.target is None:
+            return None
+        op, threshold = self.target
+        value = self.value(result)
+        return value >= threshold if op == ">=" else value <= threshold
+
+    def target_text(self) -> str:
+        if self.target is None:
+            return self.note or "none"
+        op, threshold = self.target
+        return f"{'≥' if op == '>=' else '≤'} {threshold:,g}{self.unit}"
+
+
+def _engine_to_skeleton(r: dict[str, Any]) -> float:
+    return float(r["attempts_per_s"]) / float(r["skeleton"]["attempts_per_s"])
+
+
+def _pipeline_workers_cpu(r: dict[str, Any]) -> float:
+    cpu = r["cpu_ms_per_provision"]
+    return float(sum(v for k, v in cpu.items() if k.startswith("worker")))
+
+
+FIGURES = (
+    Figure(
+        "pipeline, zero latency: provisions/s",
+        "pipeline-0ms",
+        lambda r: float(r["provisions_per_s"]),
+        "",
+        ",.1f",
+        (">=", 150),
+    ),
+    Figure(
+        "pipeline, 100 ms per call: seconds for all brands",
+        "pipeline-100ms",
+        lambda r: float(r["seconds"]),
+        " s",
+        ".2f",
+        ("<=", 11),
+    ),
+    Figure(
+        "pipeline, largest worker RSS (MB)",
+        "pipeline-0ms",
+        lambda r: float(r["worker_rss_mb"]),
+        " MB",
+        ".0f",
+        ("<=", 150),
+    ),
+    Figure(
+        "pipeline, zero latency: workers' CPU ms per provision",
+        "pipeline-0ms",
+        _pipeline_workers_cpu,
+        " ms",
+        ".2f",
+    ),
+    Figure(
+        "engine / skeleton, attempts/s (same run)",
+        "engine",
+        _engine_to_skeleton,
+        "",
+        ".2f",
+        (">=", 0.8),
+    ),
+    Figure(
+        "engine, transactions per attempt",
+        "engine",
+        lambda r: float(r["transactions_per_attempt"]),
+        "",
+        ".2f",
+        ("<=", 4),
+    ),
+    Figure(
+        "engine / best bare save rate (same run)",
+        "engine",
+        lambda r: float(r["ratio"]),
+        "",
+        ".2f",
+        None,
+        "none (the strict reading: see Engine)",
+    ),
+    Figure(
+        "read models, rebuild of both projections: events/s",
+        "readmodels",
+        lambda r: float(r["rebuild_events_per_s"]),
+        "",
+        ",.0f",
+        (">=", 20000),
+    ),
+    Figure(
+        "read models, rebuild / raw notification-log scan (same run)",
+        "readmodels",
+        lambda r: float(r["rebuild_vs_scan"]),
+        "",
+        ".2f",
+    ),
+    Figure(
+        "`history BRAND` p99 (ms)",
+        "readmodels",
+        lambda r: float(r["history_p99_ms"]),
+        " ms",
+        ".2f",
+        ("<=", 20),
+    ),
+    Figure(
+        "`attempts --stuck`, worst of 20 (ms)",
+        "readmodels",
+        lambda r: float(r["stuck_ms"]),
+        " ms",
+        ".1f",
+        ("<=", 100),
+    ),
+)
+
+
+# --------------------------------------------------------------------------- the region
+
+
+def replace_region(text: str, region: str) -> str:
+    """`text` with what lies between the markers replaced by `region` (markers kept)."""
+    if text.count(BEGIN) != 1 or text.count(END) != 1:
+        raise RegionError(
+            f"the markers {BEGIN} and {END} must appear once each; found "
+            f"{text.count(BEGIN)} and {text.count(END)}"
+        )
+    head, rest = text.split(BEGIN)
+    if END not in rest:
+        raise RegionError(f"the marker {END} comes before {BEGIN}")
+    _, tail = rest.split(END)
+    return f"{head}{BEGIN}\n{region.strip()}\n{END}{tail}"
+
+
+def write_figures(path: Path, runs: Sequence[Run], region: str) -> None:
+    """Rewrite the region of `path`, only if every run succeeded and the markers hold."""
+    failed = [run for run in runs if not run.ok]
+    if not runs or failed:
+        names = ", ".join(f"{run.bench} ({run.error or 'no result'})" for run in failed)
+        raise BenchFailed(f"failed: {names}" if failed else "nothing was run")
+    text = path.read_text()
+    updated = replace_region(text, region)
+    temporary = path.with_suffix(path.suffix + ".tmp")
+    temporary.write_text(updated)
+    temporary.replace(path)
+
+
+def _n(value: float, fmt: str = ",.1f") -> str:
+    return format(value, fmt)
+
+
+def _verdicts(results: Sequence[dict[str, Any]], figure: Figure, judged: bool) -> str:
+    if figure.target is None:
+        return ""
+    if not judged:
+        return "not judged (quick)"
+    passed = [figure.passes(r) for r in results]
+    if all(passed):
+        return "pass"
+    return f"**FAIL** ({passed.count(False)} of {len(passed)})"
+
+
+def render(machine: dict[str, str], runs: Sequence[Run], *, quick: bool) -> str:
+    """The figures region (Markdown) for these runs."""
+    by_bench: dict[str, list[dict[str, Any]]] = {}
+    for run in runs:
+        if run.result is not None:
+            by_bench.setdefault(run.bench, []).append(run.result)
+    lines = [
+        "<!-- Written by `make bench` (bench/report.py): edit outside the markers only. -->",
+        "",
+    ]
+    if quick:
+        lines += [
+            "**QUICK RUN: smoke-check sizes, a placeholder, not figures to compare.** The",
+            "targets are set for the full sizes and are not judged here.",
+            "",
+        ]
+    repeats = max((len(v) for v in by_bench.values()), default=0)
+    lines += [
+        f"Taken {machine['date']} at commit {machine['commit']}, "
+        f"{'quick' if quick else 'full'} sizes, {repeats} run(s) of each.",
+        "",
+        f"Machine: {machine['cores']} cores ({machine['cpu']}), {machine['ram']} RAM; "
+        f"{machine['python']}; PostgreSQL {machine['postgresql']}; "
+        f"RabbitMQ {machine['rabbitmq']}; {machine['libraries']}.",
+        "",
+        "| figure | measured | target | verdict |",
+        "|---|---|---|---|",
+    ]
+    for figure in FIGURES:
+        results = by_bench.get(figure.bench, [])
+        if not results:
+            continue
+        shown = ", ".join(figure.show(r) for r in results)
+        verdict = _verdicts(results, figure, judged=not quick)
+        lines.append(f"| {figure.label} | {shown} | {figure.target_text()} | {verdict} |")
+    lines += _engine_table(by_bench.get("engine", []))
+    lines += _pipeline_table(
+        [(r, b) for b in ("pipeline-0ms", "pipeline-100ms") for r in by_bench.get(b, [])]
+    )
+    lines += _readmodels_table(by_bench.get("readmodels", []))
+    lines += _load_table(runs)
+    return "\n".join(lines) + "\n"
+
+
+def _engine_table(results: Sequence[dict[str, Any]]) -> list[str]:
+    if not results:
+        return []
+    lines = [
+        "",
+        "Engine (`bench/engine.py`), attempts/s and CPU ms per attempt (client, fake, "
+        "PostgreSQL); bare saves/s by one writer and by the same layout:",
+        "",
+        "| phase | attempts/s | saves/s | CPU ms per attempt | machine busy |",
+        "|---|---|---|---|---|",
+    ]
+    for r in results:
+        cpu, busy = r["cpu_ms_per_attempt"], r["machine_cpu_busy"]
+        lines.append(
+            f"| engine, {r['attempts']:,} attempts | {_n(r['attempts_per_s'])} | "
+            f"{_n(r['engine_saves_per_s'])} | {cpu['engine']:.2f}, {cpu['fake']:.2f}, "
+            f"{cpu['postgres']:.2f} | {busy['engine']:.2f} |"
+        )
+        sk = r.get("skeleton")
+        if sk:
+            c = sk["cpu_ms_per_attempt"]
+            lines.append(
+                f"| skeleton (bare I/O) | {_n(sk['attempts_per_s'])} | {_n(sk['saves_per_s'])} "
+                f"| {c['client']:.2f}, {c['fake']:.2f}, {c['postgres']:.2f} "
+                f"| {sk['machine_cpu_busy']:.2f} |"
+            )
+        lines.append(
+            f"| bare saves | | {_n(r['bare_saves_per_s_one_writer'])} one writer, "
+            f"{_n(r['bare_saves_per_s_same_layout'])} same layout | "
+            f"{r['cpu_ms_per_bare_save']['client']:.2f}, -, "
+            f"{r['cpu_ms_per_bare_save']['postgres']:.2f} (per save) | "
+            f"{busy['bare_same_layout']:.2f} |"
+        )
+    return lines
+
+
+def _pipeline_table(results: Sequence[tuple[dict[str, Any], str]]) -> list[str]:
+    if not results:
+        return []
+    lines = [
+        "",
+        "Pipeline (`bench/pipeline.py`), with the raw publish and bare save rates of the "
+        "same run; CPU ms per provision of the workers (together), relay, fake, the "
+        "benchmark's requests, PostgreSQL (this database) and RabbitMQ:",
+        "",
+        "| latency | brands | seconds | provisions/s | hop p50 / p99 / mean ms | slot busy "
+        "| worker RSS MB | raw publish/s | bare saves/s | CPU ms per provision | other |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r, _ in results:
+        cpu = r["cpu_ms_per_provision"]
+        parts = [
+            _pipeline_workers_cpu(r),
+            *(float(cpu.get(k, 0.0)) for k in ("relay", "fake", "bench", "postgres", "rabbitmq")),
+        ]
+        cpu_text = ", ".join(f"{p:.2f}" for p in parts) + f" = {sum(parts):.1f}"
+        lines.append(
+            f"| {r['latency_ms']:g} ms | {r['brands']:,} | {r['seconds']:.2f} | "
+            f"{_n(r['provisions_per_s'])} | {r['hop_p50_ms']:.0f} / {r['hop_p99_ms']:.0f} / "
+            f"{r['hop_mean_ms']:.0f} | {r['slot_busy']:.2f} | {r['worker_rss_mb']:.0f} | "
+            f"{_n(r['raw_publish_per_s'], ',.0f')} | {_n(r['bare_saves_per_s'], ',.0f')} | "
+            f"{cpu_text} | {r['other_share']:.2f} |"
+        )
+    return lines
+
+
+def _readmodels_table(results: Sequence[dict[str, Any]]) -> list[str]:
+    if not results:
+        return []
+    lines = [
+        "",
+        "Read models (`bench/readmodels.py`), events/s and ms:",
+        "",
+        "| events | seeding | raw scan / decoded scan | rebuild (brand_workspaces, attempts) "
+        "| history p50 / p99 | attempt p50 / p99 | stuck median / worst |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        parts = ", ".join(f"{v['events']:,} in {v['seconds']:.1f} s" for v in r["rebuild"].values())
+        lines.append(
+            f"| {r['events']:,} | {r['seed_events_per_s']:,} | {r['scan_events_per_s']:,} / "
+            f"{r['scan_decoded_events_per_s']:,} | {r['rebuild_events_per_s']:,} ({parts}) | "
+            f"{r['history_p50_ms']:.2f} / {r['history_p99_ms']:.2f} | "
+            f"{r['attempt_p50_ms']:.2f} / {r['attempt_p99_ms']:.2f} | "
+            f"{r['stuck_median_ms']:.1f} / {r['stuck_ms']:.1f} |"
+        )
+    return lines
+
+
+def _load_table(runs: Sequence[Run]) -> list[str]:
+    lines = [
+        "",
+        "Commands and the load during each run: wall seconds, load average before → after, "
+        "CPU seconds of the benchmark's process tree (with its fake, workers and relay), of "
+        "the whole PostgreSQL server and of RabbitMQ, and the machine's CPU used by anything "
+        "else, as a share of all cores:",
+        "",
+        "| command | seconds | load avg | CPU s: benchmark, PostgreSQL, RabbitMQ | other |",
+        "|---|---|---|---|---|",
+    ]
+    for run in runs:
+        load = run.load
+        failed = "" if run.ok else f" **FAILED: {run.error}**"
+        lines.append(
+            f"| `{' '.join(run.command)}`{failed} | {run.seconds:.0f} | "
+            f"{load.get('load_before', 0.0):.1f} → {load.get('load_after', 0.0):.1f} | "
+            f"{load.get('tree_s', 0.0):.1f}, {load.get('postgres_s', 0.0):.1f}, "
+            f"{load.get('rabbitmq_s', 0.0):.1f} | {load.get('other_share', 0.0):.2f} |"
+        )
+    return lines
+
+
+# --------------------------------------------------------------------------- reading the machine
+
+
+def _stat_fields(pid: str) -> list[str]:
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+
+
+def server_cpu_s(comm: str) -> float:
+    """CPU seconds of every live process named `comm`, plus what their parents of the
+    same name reaped (PostgreSQL's postmaster collects its ended backends' CPU)."""
+    total = 0.0
+    procs: dict[str, list[str]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if (entry / "comm").read_text().strip() == comm:
+                procs[entry.name] = _stat_fields(entry.name)
+        except OSError:
+            continue
+    for fields in procs.values():
+        total += int(fields[11]) + int(fields[12])
+        if fields[1] not in procs:  # the top of the tree: add what it reaped
+            total += int(fields[13]) + int(fields[14])
+    return total / CLK_TCK
+
+
+def machine_busy_s() -> float:
+    ticks = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+    return (sum(ticks) - ticks[3] - ticks[4]) / CLK_TCK
+
+
+def _children_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _load_sample() -> dict[str, float]:
+    return {
+        "tree_s": _children_cpu_s(),
+        "postgres_s": server_cpu_s("postgres"),
+        "rabbitmq_s": server_cpu_s("beam.smp"),
+        "busy_s": machine_busy_s(),
+    }
+
+
+def run_bench(bench: Bench, quick: bool, python: str) -> Run:
+    """Run one benchmark as a subprocess: its JSON result and the load around it."""
+    argv = bench.argv(quick)
+    command = [python, *argv]
+    shown = [_shown_python(python), *argv]
+    print(f"== {bench.name}: {' '.join(shown)}", file=sys.stderr, flush=True)
+    before, load_before = _load_sample(), os.getloadavg()[0]
+    started = time.perf_counter()
+    try:
+        done = subprocess.run(
+            command,
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            text=True,
+            timeout=TIMEOUT_S,
+            check=False,
+        )
+        output, code = done.stdout, done.returncode
+    except subprocess.TimeoutExpired:
+        output, code = "", -1
+    seconds = time.perf_counter() - started
+    after = _load_sample()
+    used = {k: after[k] - before[k] for k in before}
+    cores = os.cpu_count() or 1
+    outside = used["busy_s"] - used["tree_s"] - used["postgres_s"] - used["rabbitmq_s"]
+    load = {
+        "load_before": load_before,
+        "load_after": os.getloadavg()[0],
+        **used,
+        "other_share": max(0.0, outside) / (seconds * cores),
+    }
+    result, error = None, ""
+    if code == -1:
+        error = f"timed out after {TIMEOUT_S:g} s"
+    elif code != 0:
+        error = f"exit status {code}"
+    else:
+        result = last_json(output)
+        if result is None:
+            error = "no JSON result on its output"
+    if error:
+        print(f"== {bench.name} FAILED: {error}", file=sys.stderr, flush=True)
+    return Run(bench.name, shown, result, error, seconds, load)
+
+
+def last_json(output: str) -> dict[str, Any] | None:
+    """The last line of `output` that is a JSON object, if any."""
+    for line in reversed(output.splitlines()):
+        if line.startswith("{"):
+            try:
+                value = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(value, dict):
+                return value
+    return None
+
+
+def _shown_python(python: str) -> str:
+    path = Path(python)
+    try:
+        return str(path.relative_to(ROOT))
+    except ValueError:
+        return python
+
+
+def _git(*args: str) -> str:
+    done = subprocess.run(
+        ["git", *args], cwd=ROOT, capture_output=True, text=True, check=False, timeout=30
+    )
+    return done.stdout.strip()
+
+
+def commit_text() -> str:
+    """The short commit, and "dirty" when the tree differs (this document aside)."""
+    commit = _git("rev-parse", "--short", "HEAD") or "unknown"
+    changed = [
+        line
+        for line in _git("status", "--porcelain").splitlines()
+        if line[3:].strip() != str(DOC.relative_to(ROOT))
+    ]
+    return f"{commit} (dirty: {len(changed)} changed files)" if changed else commit
+
+
+def machine_facts() -> dict[str, str]:
+    meminfo = Path("/proc/meminfo").read_text()
+    ram_kb = next(
+        (int(ln.split()[1]) for ln in meminfo.splitlines() if ln.startswith("MemTotal")), 0
+    )
+    cpu = next(
+        (
+            ln.split(":", 1)[1].strip()
+            for ln in Path("/proc/cpuinfo").read_text().splitlines()
+            if ln.startswith("model name")
+        ),
+        platform.processor() or "unknown CPU",
+    )
+    libraries = ", ".join(
+        f"{name} {_version(name)}" for name in ("eventsourcing", "psycopg", "kombu", "httpx")
+    )
+    return {
+        "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "commit": commit_text(),
+        "cores": str(os.cpu_count() or 1),
+        "cpu": cpu,
+        "ram": f"{ram_kb / 1024 / 1024:.1f} GiB",
+        "python": f"{platform.python_implementation()} {platform.python_version()}",
+        "postgresql": _postgres_version(),
+        "rabbitmq": _rabbitmq_version(),
+        "libraries": libraries,
+    }
+
+
+def _version(name: str) -> str:
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return "?"
+
+
+def _postgres_version() -> str:
+    import psycopg  # noqa: PLC0415 - only the driver's run needs a server
+
+    url = os.environ.get("PROVISIONER_DATABASE_URL", "postgresql://root@127.0.0.1:5432/postgres")
+    try:
+        with psycopg.connect(url, connect_timeout=5) as conn:
+            row = conn.execute("SHOW server_version").fetchone()
+    except psycopg.Error as exc:
+        return f"unknown ({type(exc).__name__})"
+    return str(row[0]) if row else "unknown"
+
+
+def _rabbitmq_version() -> str:
+    from kombu.connection import Connection  # noqa: PLC0415 - only the driver's run needs it
+
+    url = os.environ.get("PROVISIONER_BROKER_URL", "amqp://guest:guest@127.0.0.1:5672//")
+    try:
+        with Connection(url, connect_timeout=5) as conn:  # type: ignore[no-untyped-call]
+            conn.connect()
+            version = conn.connection.server_properties.get("version", "unknown")
+    except Exception as exc:  # any failure to reach the broker leaves the version unknown
+        return f"unknown ({type(exc).__name__})"
+    return version.decode() if isinstance(version, bytes) else str(version)
+
+
+# --------------------------------------------------------------------------- main
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="small sizes: a smoke check")
+    parser.add_argument("--repeat", type=int, default=1, help="runs of each benchmark")
+    parser.add_argument("--no-write", action="store_true", help="print the region only")
+    parser.add_argument(
+        "--only",
+        default="",
+        help=f"comma-separated subset of {', '.join(b.name for b in BENCHES)} (implies --no-write)",
+    )
+    args = parser.parse_args(argv)
+    chosen = [b for b in BENCHES if not args.only or b.name in args.only.split(",")]
+    unknown = set(filter(None, args.only.split(","))) - {b.name for b in BENCHES}
+    if unknown or not chosen or args.repeat < 1:
+        parser.error(f"nothing to run (unknown: {', '.join(sorted(unknown)) or '-'})")
+    machine = machine_facts()
+    runs = [run_bench(b, args.quick, sys.executable) for _ in range(args.repeat) for b in chosen]
+    runs.sort(key=lambda run: [b.name for b in BENCHES].index(run.bench))
+    region = render(machine, runs, quick=args.quick)
+    print(region)
+    failed = [run for run in runs if not run.ok]
+    if args.no_write or args.only:
+        print("(not written: --no-write or --only)", file=sys.stderr)
+        return 1 if failed else 0
+    try:
+        write_figures(DOC, runs, region)
+    except (BenchFailed, RegionError) as exc:
+        print(f"docs/benchmarks.md NOT written: {exc}", file=sys.stderr)
+        return 1
+    print(f"wrote the figures region of {DOC.relative_to(ROOT)}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

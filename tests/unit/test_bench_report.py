@@ -1,0 +1,258 @@
+"""`make bench`'s driver rewrites only its region of docs/benchmarks.md, and only after
+every benchmark succeeded (bench/report.py). No benchmark is run here."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bench.report import (
+    BEGIN,
+    DOC,
+    END,
+    BenchFailed,
+    RegionError,
+    Run,
+    last_json,
+    render,
+    replace_region,
+    write_figures,
+)
+
+HEAD = "# Benchmarks\n\nText before, with `code` and a table:\n\n| a | b |\n|---|---|\n\n"
+TAIL = "\n\n## Engine\n\nText after.\n<!-- another comment -->\n"
+DOCUMENT = f"{HEAD}{BEGIN}\nold figures\nmore old figures\n{END}{TAIL}"
+
+MACHINE = {
+    "date": "2026-11-30 17:00 UTC",
+    "commit": "abc1234",
+    "cores": "2",
+    "cpu": "AMD EPYC",
+    "ram": "23.5 GiB",
+    "python": "CPython 3.11.7",
+    "postgresql": "15.20",
+    "rabbitmq": "3.10.8",
+    "libraries": "eventsourcing 9.5.6",
+}
+
+# Results in the shape each benchmark's --json prints (figures from real runs).
+ENGINE: dict[str, Any] = {
+    "attempts": 2000,
+    "attempts_per_s": 400.0,
+    "engine_saves_per_s": 1200.0,
+    "transactions_per_attempt": 3.0,
+    "ratio": 0.3,
+    "bare_saves_per_s_one_writer": 2900.0,
+    "bare_saves_per_s_same_layout": 4000.0,
+    "cpu_ms_per_attempt": {"engine": 2.8, "fake": 0.5, "postgres": 1.0},
+    "cpu_ms_per_bare_save": {"client": 0.17, "postgres": 0.12},
+    "machine_cpu_busy": {"engine": 0.9, "bare_one_writer": 0.6, "bare_same_layout": 0.8},
+    "skeleton": {
+        "attempts_per_s": 480.0,
+        "saves_per_s": 1440.0,
+        "cpu_ms_per_attempt": {"client": 2.4, "fake": 0.5, "postgres": 1.1},
+        "machine_cpu_busy": 0.9,
+    },
+}
+PIPELINE: dict[str, Any] = {
+    "brands": 1000,
+    "latency_ms": 0.0,
+    "seconds": 3.5,
+    "provisions_per_s": 285.7,
+    "hop_p50_ms": 80.0,
+    "hop_p99_ms": 250.0,
+    "hop_mean_ms": 90.0,
+    "slot_busy": 0.7,
+    "worker_rss_mb": 59.0,
+    "raw_publish_per_s": 2500.0,
+    "bare_saves_per_s": 2400.0,
+    "cpu_ms_per_provision": {
+        "relay": 0.3,
+        "fake": 0.6,
+        "worker0": 1.7,
+        "worker1": 1.6,
+        "bench": 0.5,
+        "postgres": 0.9,
+        "rabbitmq": 0.4,
+    },
+    "other_share": 0.03,
+}
+SLOW_PIPELINE = {**PIPELINE, "latency_ms": 100.0, "seconds": 10.1, "provisions_per_s": 99.0}
+READMODELS: dict[str, Any] = {
+    "events": 998563,
+    "seed_events_per_s": 12573,
+    "scan_events_per_s": 106093,
+    "scan_decoded_events_per_s": 55196,
+    "rebuild_events_per_s": 25161,
+    "rebuild": {
+        "brand_workspaces": {"events": 425710, "seconds": 17.4},
+        "attempts": {"events": 714280, "seconds": 27.9},
+    },
+    "rebuild_vs_scan": 0.237,
+    "history_p50_ms": 1.74,
+    "history_p99_ms": 2.88,
+    "attempt_p50_ms": 0.52,
+    "attempt_p99_ms": 0.94,
+    "stuck_ms": 3.3,
+    "stuck_median_ms": 1.8,
+}
+
+
+def runs(**results: dict[str, Any] | None) -> list[Run]:
+    """One run per benchmark; pass a benchmark's name (with _ for -) to replace its result."""
+    chosen = {
+        "engine": ENGINE,
+        "pipeline-0ms": PIPELINE,
+        "pipeline-100ms": SLOW_PIPELINE,
+        "readmodels": READMODELS,
+    }
+    chosen |= {name.replace("_", "-"): result for name, result in results.items()}
+    return [
+        Run(name, ["python", f"bench/{name}.py"], copy.deepcopy(result), "" if result else "boom")
+        for name, result in chosen.items()
+    ]
+
+
+# --------------------------------------------------------------------------- the region
+
+
+def test_the_region_is_replaced_and_the_text_around_it_kept_byte_for_byte() -> None:
+    updated = replace_region(DOCUMENT, "new figures\n| x | y |")
+    assert updated == f"{HEAD}{BEGIN}\nnew figures\n| x | y |\n{END}{TAIL}"
+    assert "old figures" not in updated
+
+
+def test_rewriting_twice_gives_the_same_document() -> None:
+    once = replace_region(DOCUMENT, "figures")
+    assert replace_region(once, "figures") == once
+    assert replace_region(replace_region(once, "other"), "figures") == once
+
+
+@pytest.mark.parametrize(
+    "document",
+    [
+        pytest.param(f"{HEAD}old figures\n{END}{TAIL}", id="no begin marker"),
+        pytest.param(f"{HEAD}{BEGIN}\nold figures\n{TAIL}", id="no end marker"),
+        pytest.param(f"{HEAD}{TAIL}", id="no markers"),
+        pytest.param(f"{HEAD}{END}\nold\n{BEGIN}{TAIL}", id="end before begin"),
+        pytest.param(f"{DOCUMENT}{BEGIN}\nx\n{END}\n", id="two regions"),
+        pytest.param(f"{HEAD}{BEGIN}\n{BEGIN}\nx\n{END}{TAIL}", id="begin twice"),
+    ],
+)
+def test_a_document_without_one_ordered_pair_of_markers_is_refused(document: str) -> None:
+    with pytest.raises(RegionError):
+        replace_region(document, "new figures")
+
+
+def test_docs_benchmarks_md_has_its_region() -> None:
+    text = DOC.read_text()
+    before, after = text.split(BEGIN)[0], text.split(END)[1]
+    assert replace_region(text, "x") == f"{before}{BEGIN}\nx\n{END}{after}"
+
+
+# --------------------------------------------------------------------------- writing
+
+
+def test_figures_are_written_into_the_region_only(tmp_path: Path) -> None:
+    doc = tmp_path / "benchmarks.md"
+    doc.write_text(DOCUMENT)
+    all_runs = runs()
+    write_figures(doc, all_runs, render(MACHINE, all_runs, quick=False))
+    text = doc.read_text()
+    assert text.startswith(f"{HEAD}{BEGIN}\n")
+    assert text.endswith(f"\n{END}{TAIL}")
+    assert "old figures" not in text
+    assert "abc1234" in text
+    assert list(tmp_path.iterdir()) == [doc]  # no temporary file left behind
+
+
+@pytest.mark.parametrize("failed", ["engine", "pipeline_0ms", "pipeline_100ms", "readmodels"])
+def test_nothing_is_written_when_a_benchmark_failed(tmp_path: Path, failed: str) -> None:
+    doc = tmp_path / "benchmarks.md"
+    doc.write_text(DOCUMENT)
+    all_runs = runs(**{failed: None})
+    with pytest.raises(BenchFailed, match=failed.replace("_", "-")):
+        write_figures(doc, all_runs, render(MACHINE, all_runs, quick=False))
+    assert doc.read_text() == DOCUMENT
+
+
+def test_nothing_is_written_when_nothing_ran(tmp_path: Path) -> None:
+    doc = tmp_path / "benchmarks.md"
+    doc.write_text(DOCUMENT)
+    with pytest.raises(BenchFailed):
+        write_figures(doc, [], render(MACHINE, [], quick=False))
+    assert doc.read_text() == DOCUMENT
+
+
+def test_nothing_is_written_when_the_markers_are_missing(tmp_path: Path) -> None:
+    doc = tmp_path / "benchmarks.md"
+    doc.write_text(f"{HEAD}{TAIL}")
+    all_runs = runs()
+    with pytest.raises(RegionError):
+        write_figures(doc, all_runs, render(MACHINE, all_runs, quick=False))
+    assert doc.read_text() == f"{HEAD}{TAIL}"
+
+
+# --------------------------------------------------------------------------- what the region says
+
+
+def figure_row(region: str, label: str) -> str:
+    rows = [line for line in region.splitlines() if line.startswith(f"| {label}")]
+    assert len(rows) == 1, rows
+    return rows[0]
+
+
+def test_each_target_is_judged_against_its_figure() -> None:
+    region = render(MACHINE, runs(), quick=False)
+    assert figure_row(region, "pipeline, zero latency: provisions/s").endswith(
+        "| 285.7 | ≥ 150 | pass |"
+    )
+    assert figure_row(region, "engine / skeleton").endswith("| 0.83 | ≥ 0.8 | pass |")
+    assert figure_row(region, "engine / best bare").endswith("|  |")  # no target, no verdict
+    assert "FAIL" not in region
+    assert "QUICK" not in region
+
+
+def test_a_missed_target_is_written_as_a_failure() -> None:
+    slow = {**SLOW_PIPELINE, "seconds": 11.4}
+    slow_engine = {**ENGINE, "attempts_per_s": 370.0}
+    region = render(MACHINE, runs(pipeline_100ms=slow, engine=slow_engine), quick=False)
+    assert figure_row(region, "pipeline, 100 ms").endswith("| 11.40 | ≤ 11 s | **FAIL** (1 of 1) |")
+    assert figure_row(region, "engine / skeleton").endswith("| 0.77 | ≥ 0.8 | **FAIL** (1 of 1) |")
+
+
+def test_repeated_runs_are_all_shown_and_judged() -> None:
+    twice = [*runs(), Run("pipeline-0ms", ["python"], {**PIPELINE, "provisions_per_s": 140.0})]
+    row = figure_row(render(MACHINE, twice, quick=False), "pipeline, zero latency: provisions/s")
+    assert row.endswith("| 285.7, 140.0 | ≥ 150 | **FAIL** (1 of 2) |")
+
+
+def test_a_quick_run_says_so_and_judges_nothing() -> None:
+    region = render(MACHINE, runs(), quick=True)
+    assert region.startswith("<!--")
+    assert "QUICK RUN" in region
+    assert "| pass |" not in region
+    assert "not judged (quick)" in region
+
+
+def test_the_region_names_the_machine_the_commit_and_each_command() -> None:
+    all_runs = runs()
+    all_runs[0].load = {"load_before": 0.4, "load_after": 3.2, "other_share": 0.05}
+    region = render(MACHINE, all_runs, quick=False)
+    for fact in MACHINE.values():
+        assert fact in region
+    for run in all_runs:
+        assert f"`{' '.join(run.command)}`" in region
+    assert "0.4 → 3.2" in region
+    assert "CPU ms per provision" in region
+    # workers together, relay, fake, bench, PostgreSQL, RabbitMQ = total
+    assert "3.30, 0.30, 0.60, 0.50, 0.90, 0.40 = 6.0" in region
+
+
+def test_the_last_json_object_of_a_benchmarks_output_is_its_result() -> None:
+    output = 'seeding ...\n{"partial": \n{"a": 1}\nnot json\n{"b": 2}\ntrailing text\n'
+    assert last_json(output) == {"b": 2}
+    assert last_json("no result\n[1, 2]\n") is None
