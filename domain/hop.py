@@ -243,12 +243,19 @@ def recover(
     hop: int,
     waited_s: float,
     grace_s: float,
+    shells: Sequence[str] = (),
 ) -> Accept | Fail | Wait | Proceed:
     """An unconfirmed create: what is new since it and not taken elsewhere is ours.
 
-    None yet: wait while it may still appear (the hop that requested it, or
+    `new_ids` are live (not terminal); `shells` are new children already in a
+    terminal status. One live: accept it. None live but a shell: accept the
+    shell, whose status then decides (`creation failed`: drop it and create
+    again; `failed`: fail), so what the create made is on record either way.
+    Nothing yet: wait while it may still appear (the hop that requested it, or
     within the grace); after that it did not happen (Proceed: adopt or create).
     """
+    if not new_ids and shells:
+        return Accept(shells[0], Provenance.CREATED)
     if len(new_ids) == 1:
         return Accept(new_ids[0], Provenance.CREATED)
     if len(new_ids) > 1:

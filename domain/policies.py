@@ -93,18 +93,35 @@ def adoption_shortlist(
 def new_since(
     family: Iterable[FamilyMember], title: str, parent_id: str, known_ids: Sequence[str]
 ) -> list[FamilyMember]:
-    """Same-title children that were not in the family when the create was requested.
+    """Same-title children that were not in the family when the create was requested,
+    and are not in a terminal status.
 
     After an ambiguous create these are what the create may have made; their
     status does not matter (a fresh child is still `not ready`), and whatever
     was already there before (zombies included) cannot be confused with it.
     """
+    return [m for m in _since(family, title, parent_id, known_ids) if not _terminal(m)]
+
+
+def shells_since(
+    family: Iterable[FamilyMember], title: str, parent_id: str, known_ids: Sequence[str]
+) -> list[FamilyMember]:
+    """Same-title children new since the create was requested that are already in a
+    terminal status: a shell a create made and the gateway then failed. Never usable
+    and never counted against a live one, but what our create made is ours to record.
+    """
+    return [m for m in _since(family, title, parent_id, known_ids) if _terminal(m)]
+
+
+def _since(
+    family: Iterable[FamilyMember], title: str, parent_id: str, known_ids: Sequence[str]
+) -> list[FamilyMember]:
     known = set(known_ids)
-    return [
-        m
-        for m in same_title(family, title, parent_id)
-        if m.id not in known and not classify_status(m.status).is_terminal
-    ]
+    return [m for m in same_title(family, title, parent_id) if m.id not in known]
+
+
+def _terminal(member: FamilyMember) -> bool:
+    return classify_status(member.status).is_terminal
 
 
 class Provenance(StrEnum):

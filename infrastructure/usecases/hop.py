@@ -162,7 +162,9 @@ class HopRun:
         waiting = decide.slot_gate(slot.busy_for(attempt.id, self.now, self.grace_s), attempt.title)
         if isinstance(waiting, decide.Wait):
             return self._end(attempt, waiting)
-        new = releases.made_by_unresolved_create(self.svc, attempt, self._family_of(attempt))
+        family = self._family_of(attempt)
+        new = releases.made_by_unresolved_create(self.svc, attempt, family)
+        shells = releases.shells_of_unresolved_create(self.svc, attempt, family)
         requested_at = attempt.create_requested_at
         waited_s = 0.0 if requested_at is None else (self.now - requested_at).total_seconds()
         step = decide.recover(
@@ -172,11 +174,14 @@ class HopRun:
             hop=self.hop,
             waited_s=waited_s,
             grace_s=self.grace_s,
+            shells=shells,
         )
         if isinstance(step, decide.Accept):
             if slot.holder != attempt.id:  # no Freed to save: bump it another way
                 slot.note_adoption(attempt.id, step.workspace_id)
             self._accept(attempt, step.workspace_id, step.provenance, slot)
+            for shell in shells:  # the other shells: on record as surplus, owed a release
+                attempt.record_created(shell, self.hop)
             return None
         if isinstance(step, decide.Proceed):
             return None  # that create did not happen: adopt or create afresh

@@ -23,7 +23,7 @@ from domain import hop as decide
 from domain.attempt import ProvisioningAttempt
 from domain.claim import WorkspaceClaim
 from domain.ids import claim_aggregate_id
-from domain.policies import AttemptState, FailureReason, Provenance, new_since
+from domain.policies import AttemptState, FailureReason, Provenance, new_since, shells_since
 from domain.ports import FamilyMember, GatewayError, WorkspaceGone
 from domain.slot import TitleSlot
 from infrastructure.usecases.reads import ServiceReads
@@ -164,14 +164,26 @@ def made_by_unresolved_create(
 ) -> list[str]:
     """What the attempt's unconfirmed create may have made: same-title children new
     since it was requested, not already the attempt's own, not taken elsewhere."""
+    return _unowned(svc, attempt, new_since(family, *_since_args(attempt)))
+
+
+def shells_of_unresolved_create(
+    svc: ServiceReads, attempt: ProvisioningAttempt, family: list[FamilyMember]
+) -> list[str]:
+    """The same, already in a terminal status: shells our create made and the gateway
+    failed (their answer lost with a killed worker, say). Recorded, never bound."""
+    return _unowned(svc, attempt, shells_since(family, *_since_args(attempt)))
+
+
+def _since_args(attempt: ProvisioningAttempt) -> tuple[str, str, tuple[str, ...]]:
+    return attempt.title, attempt.parent_workspace_id, attempt.create_known_ids
+
+
+def _unowned(
+    svc: ServiceReads, attempt: ProvisioningAttempt, members: list[FamilyMember]
+) -> list[str]:
     own = {*attempt.created_ids, attempt.candidate_id}
-    return [
-        m.id
-        for m in new_since(
-            family, attempt.title, attempt.parent_workspace_id, attempt.create_known_ids
-        )
-        if m.id not in own and not taken_elsewhere(svc, m.id, attempt)
-    ]
+    return [m.id for m in members if m.id not in own and not taken_elsewhere(svc, m.id, attempt)]
 
 
 def claim_for(
@@ -257,14 +269,14 @@ def discharge(svc: ServiceReads, attempt: ProvisioningAttempt) -> tuple[str, ...
         earlier = [ws for ws in attempt.released_ids if ws not in released]
         released += [ws for ws in earlier if empty_shell_again(svc, attempt, ws)]
     if attempt.orphan_search:
-        found = _find_orphan(svc, attempt)
+        found = _find_orphans(svc, attempt)
         if found is not None:
-            orphan, slot = found
-            attempt.record_created(orphan, attempt.expected_hop)
-            slot.note_adoption(attempt.id, orphan)
+            orphans, slot = found
+            for orphan in orphans:
+                attempt.record_created(orphan, attempt.expected_hop)
+                slot.note_adoption(attempt.id, orphan)
             svc.app.save(attempt, slot)
-            if release_workspace(svc, attempt, orphan):
-                released.append(orphan)
+            released += [ws for ws in orphans if release_workspace(svc, attempt, ws)]
     touched: list[Aggregate] = []
     if attempt.state is not AttemptState.PROMOTED:
         claim = adopted_claim_to_release(svc, attempt)
@@ -310,9 +322,11 @@ def empty_shell_again(svc: ServiceReads, attempt: ProvisioningAttempt, workspace
     return True
 
 
-def _find_orphan(svc: ServiceReads, attempt: ProvisioningAttempt) -> tuple[str, TitleSlot] | None:
-    """The workspace an unresolved create made, if the family shows exactly one,
-    with the title slot as read before the family.
+def _find_orphans(
+    svc: ServiceReads, attempt: ProvisioningAttempt
+) -> tuple[list[str], TitleSlot] | None:
+    """What unresolved creates made: the live workspace if the family shows exactly
+    one, and every terminal shell; with the title slot as read before the family.
 
     Not while another attempt holds the slot afresh: its create of the same
     title may be in flight and would look like ours. Saved with the slot
@@ -324,4 +338,5 @@ def _find_orphan(svc: ServiceReads, attempt: ProvisioningAttempt) -> tuple[str, 
         return None
     family = svc.gateway.family(attempt.parent_workspace_id, attempt.title)
     new = made_by_unresolved_create(svc, attempt, family)
-    return (new[0], slot) if len(new) == 1 else None
+    found = (new if len(new) == 1 else []) + shells_of_unresolved_create(svc, attempt, family)
+    return (found, slot) if found else None

@@ -148,8 +148,14 @@ ACQUIRE_FAILED: list[Row] = [
 ]
 table("acquire_failed", ACQUIRE_FAILED, decide.acquire_failed, [(f,) for f in FAILURES])
 
-# Recovering an unconfirmed create: (new_ids, title, requested_hop, hop, waited_s, grace_s).
+# Recovering an unconfirmed create:
+# (new_ids, title, requested_hop, hop, waited_s, grace_s, shells).
 RECOVER: list[Row] = [
+    (
+        "no live workspace new, but a terminal shell: ours, its status decides next",
+        lambda n, t, r, h, w, g, s: not n and bool(s),
+        lambda n, t, r, h, w, g, s: Accept(s[0], Provenance.CREATED),
+    ),
     (
         "exactly one new workspace not taken elsewhere",
         lambda n, *a: len(n) == 1,
@@ -165,12 +171,12 @@ RECOVER: list[Row] = [
     ),
     (
         "none yet, requested by this hop",
-        lambda n, t, r, h, w, g: r == h,
+        lambda n, t, r, h, w, g, s: r == h,
         lambda *a: Wait("create unconfirmed; not in the family yet"),
     ),
     (
         "none yet, within the grace",
-        lambda n, t, r, h, w, g: w <= g,
+        lambda n, t, r, h, w, g, s: w <= g,
         lambda *a: Wait("create unconfirmed; not in the family yet"),
     ),
     ("none after the grace: it did not happen", lambda *a: True, lambda *a: Proceed()),
@@ -178,7 +184,9 @@ RECOVER: list[Row] = [
 table(
     "recover",
     RECOVER,
-    lambda n, t, r, h, w, g: decide.recover(n, t, requested_hop=r, hop=h, waited_s=w, grace_s=g),
+    lambda n, t, r, h, w, g, s: decide.recover(
+        n, t, requested_hop=r, hop=h, waited_s=w, grace_s=g, shells=s
+    ),
     itertools.product(
         [(), ("ws-1",), ("ws-1", "ws-2"), ("ws-1", "ws-2", "ws-3")],
         [TITLE],
@@ -186,6 +194,7 @@ table(
         [1, 2],
         [0.0, 59.9, 60.0, 60.1, 3600.0],
         [0.0, 60.0],
+        [(), ("shell-1",), ("shell-1", "shell-2")],
     ),
 )
 

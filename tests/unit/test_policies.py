@@ -8,6 +8,7 @@ from domain.policies import (
     adoption_shortlist,
     classify_status,
     new_since,
+    shells_since,
 )
 from domain.ports import FamilyMember
 
@@ -79,3 +80,5 @@ def test_new_since_ignores_what_was_known_and_terminal_children() -> None:
         ("dead", "Acme", "failed"),
     )
     assert [m.id for m in new_since(members, "Acme", PARENT, ["zombie"])] == ["fresh"]
+    assert [m.id for m in shells_since(members, "Acme", PARENT, ["zombie"])] == ["dead"]
+    assert shells_since(members, "Acme", PARENT, ["zombie", "dead"]) == []

@@ -343,6 +343,30 @@ def test_a_lost_create_whose_workspace_appears_after_a_later_create_is_released(
     assert gateway.workspaces[second.workspace_id].status() == "created"
 
 
+@pytest.mark.parametrize("status", ["creation_failed", "failed"])
+def test_a_lost_create_whose_shell_appears_late_in_a_terminal_status_goes_on_record(
+    service: ProvisioningService, gateway: MemoryGateway, clock: ManualClock, status: str
+) -> None:
+    """The orphan search records a late shell too (nothing to empty, never bound),
+    beside a late live workspace, which is still taken only when it is the only one."""
+    gateway.creates = ["none", "ok"]
+    attempt_id = service.request_provisioning("b1", TITLE, PARENT)
+    service.run_hop(attempt_id, 0)
+    clock.advance(61)
+    second = service.run_hop(attempt_id, 1)
+    shell = gateway.add(PARENT, TITLE, status)
+    late = gateway.add(PARENT, TITLE, "created", projects=1)
+
+    released = service.release(attempt_id)
+
+    assert second.outcome is Outcome.PROMOTED
+    assert sorted(released) == sorted((late, shell))
+    attempt = service.attempt(attempt_id)
+    assert set(attempt.created_ids) == {second.workspace_id, late, shell}
+    assert service.brand("b1").workspace_id == second.workspace_id
+    assert service.release(attempt_id) == ()
+
+
 def test_a_create_confirmed_or_refused_is_not_a_lost_create(
     service: ProvisioningService, gateway: MemoryGateway, clock: ManualClock
 ) -> None:
@@ -413,3 +437,72 @@ def test_an_adopted_candidate_whose_creation_failed_is_dropped_and_its_claim_ret
     attempt = service.attempt(attempt_id)
     assert adopted not in attempt.created_ids  # never ours to release
     assert second.released == ()
+
+
+def test_a_lost_create_whose_shell_failed_at_once_is_recorded_and_created_again(
+    service: ProvisioningService, gateway: MemoryGateway, clock: ManualClock
+) -> None:
+    """The answer lost (a killed worker, a dropped connection) and the shell already
+    `creation_failed` when the family is read: it is ours, on record, dropped."""
+    gateway.creates = ["lost"]
+    gateway.new_statuses = ["creation_failed"]
+    attempt_id = service.request_provisioning("b1", TITLE, PARENT)
+
+    first = service.run_hop(attempt_id, 0)
+    [shell] = gateway.children(PARENT, TITLE)
+    gateway.new_statuses = ["created"]
+    clock.advance(30)
+    second = service.run_hop(attempt_id, first.next_hop or 1)
+
+    attempt = service.attempt(attempt_id)
+    assert first.outcome is Outcome.SCHEDULED
+    assert second.outcome is Outcome.PROMOTED
+    assert attempt.created_ids[0] == shell.id
+    assert attempt.candidate_id != shell.id
+    assert gateway.calls["create_child"] == 2
+
+
+def test_a_lost_create_whose_shell_failed_for_good_fails_the_attempt_on_record(
+    service: ProvisioningService, gateway: MemoryGateway
+) -> None:
+    gateway.creates = ["lost"]
+    gateway.new_statuses = ["failed"]
+    attempt_id = service.request_provisioning("b1", TITLE, PARENT)
+
+    outcome = service.run_hop(attempt_id, 0)
+
+    attempt = service.attempt(attempt_id)
+    [shell] = gateway.children(PARENT, TITLE)
+    assert outcome.outcome is Outcome.FAILED
+    assert attempt.failure_reason is FailureReason.TERMINAL_STATUS
+    assert attempt.created_ids == (shell.id,)
+    assert gateway.calls["create_child"] == 1  # a new create is not safe after `failed`
+
+
+def test_shells_beside_the_live_workspace_a_lost_create_made_are_owed_a_release(
+    service: ProvisioningService, gateway: MemoryGateway
+) -> None:
+    """A shell that failed appears beside the live workspace a create's lost answer
+    made (an earlier create of ours, say): the live one is taken, the shell goes on
+    record as a surplus and is released."""
+    made: list[str] = []
+    create_child = gateway.create_child
+
+    def create_with_a_shell(parent_id: str, title: str) -> str:
+        made.append(gateway.add(parent_id, title, "creation_failed"))
+        return create_child(parent_id, title)
+
+    gateway.create_child = create_with_a_shell  # type: ignore[method-assign]
+    gateway.creates = ["lost"]
+    attempt_id = service.request_provisioning("b1", TITLE, PARENT)
+
+    outcome = service.run_hop(attempt_id, 0)
+
+    attempt = service.attempt(attempt_id)
+    [shell] = made
+    assert outcome.outcome is Outcome.PROMOTED
+    assert attempt.candidate_id not in (None, shell)
+    assert set(attempt.created_ids) == {attempt.candidate_id, shell}
+    assert attempt.owed_releases == (shell,)
+    service.release(attempt_id)  # as the reconciler's scan of owed releases does
+    assert service.attempt(attempt_id).released_ids == (shell,)
