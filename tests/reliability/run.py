@@ -15,7 +15,7 @@ from urllib.request import Request, urlopen
 from infrastructure import messages
 from infrastructure.broker import COMMAND_KEY
 from infrastructure.eventstore import open_event_store
-from infrastructure.views import PROJECTIONS, LogSource, SqlViewStore
+from infrastructure.views import SqlViewStore
 from tests.reliability import chaos, checks, facts
 from tests.reliability.plan import Plan, draw
 from tests.reliability.processes import Fleet, Isolation, environment, rabbitmqctl, start_fake
@@ -183,26 +183,24 @@ class Run:
         return all(parts[-1] == "0" for parts in counts if parts[0] != "provisioning.dead")
 
     def _behind(self) -> int:
-        """Events the slower projection is behind the log's head."""
-        app = open_event_store(self.iso.database_url, pool_size=1)
-        try:
-            head = LogSource(app).head()
-        finally:
-            app.close()
-        with SqlViewStore(self.iso.database_url) as store:
-            return max(head - store.position(proj)[1] for proj in PROJECTIONS.values())
+        """Events (of its topics) the slower projection is behind the log."""
+        return max(item["behind"] for item in facts.projection_status(self.iso.database_url))
 
     def _drain(self, timeout_s: float, what: str) -> None:
         """Until three checks a second apart find the queues empty, no attempt
         pending and the projections at the log's head."""
         deadline = time.monotonic() + timeout_s
         quiet = 0
+        state: tuple[bool, int, int] = (False, 0, 0)
         while time.monotonic() < deadline and quiet < 3:
             time.sleep(1.0)
-            drained = self._queues_empty() and self._pending() == 0 and self._behind() == 0
-            quiet = quiet + 1 if drained else 0
+            state = (self._queues_empty(), self._pending(), self._behind())
+            quiet = quiet + 1 if state == (True, 0, 0) else 0
         if quiet < 3:
-            self.notes.append(f"{what}: not drained after {timeout_s:.0f} s")
+            self.notes.append(
+                f"{what}: not drained after {timeout_s:.0f} s (queues empty {state[0]}, "
+                f"{state[1]} attempts pending, projections {state[2]} events behind)"
+            )
 
     def _drain_and_reconcile(self) -> None:
         started = time.monotonic()
@@ -300,7 +298,7 @@ class Run:
             "failure_reasons": dict(sorted(reasons.items())),
             "creates_upstream": sum(state["creates"].values()),
             "error_lines": sum(t.count('"level": "ERROR"') for t in logs.values()),
-            "driver_errors": sum(len(d.errors) for d in drivers),
+            "driver_errors": {d.name: len(d.errors) for d in drivers if d.errors},
             "chaos_s": round(self.chaos_s, 1),
             "drain_s": round(self.drain_s, 1),
             "notes": self.notes,
