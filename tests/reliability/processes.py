@@ -52,8 +52,8 @@ class Isolation:
     admin_database_url: str  # a superuser's URL on the server (CREATE ROLE/DATABASE)
     admin_broker_url: str  # the broker's host and port (the vhost is ours)
     name: str = field(default_factory=lambda: f"rel_{secrets.token_hex(5)}")
-    pg_password: str = field(default_factory=lambda: secrets.token_urlsafe(18), repr=False)
-    amqp_password: str = field(default_factory=lambda: secrets.token_urlsafe(18), repr=False)
+    pg_password: str = field(default_factory=lambda: secrets.token_hex(16), repr=False)
+    amqp_password: str = field(default_factory=lambda: secrets.token_hex(16), repr=False)
     token: str = field(default_factory=lambda: "tok-" + secrets.token_urlsafe(24), repr=False)
     created: list[str] = field(default_factory=list)
 
