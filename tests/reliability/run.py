@@ -246,12 +246,14 @@ class Run:
         assert isinstance(poisoner, chaos.Poisoner)
         self.fleet.stop(["fake-gateway"])
         logs = self.fleet.logs()
+        dead = facts.dead_letter_bodies(self.iso.broker_url)
+        self.dead_letter_repeats = checks.dead_letter_repeats(poisoner.sent, dead)
         found = checks.Facts(
             brands=brands,
             claims=claims,
             upstream=upstream,
             poison=poisoner.sent,
-            dead_letters=facts.dead_letter_bodies(self.iso.broker_url),
+            dead_letters=dead,
             projection_problems=replay,
             rebuild_problems=facts.rebuild_problems(before, after),
             secret_hits=checks.secret_hits(logs, self.iso.secrets()),
@@ -297,6 +299,7 @@ class Run:
             "attempts": dict(sorted(Counter(a.state for a in attempts).items())),
             "failure_reasons": dict(sorted(reasons.items())),
             "creates_upstream": sum(state["creates"].values()),
+            "dead_letter_repeats": self.dead_letter_repeats,
             "error_lines": sum(t.count('"level": "ERROR"') for t in logs.values()),
             "driver_errors": {d.name: len(d.errors) for d in drivers if d.errors},
             "chaos_s": round(self.chaos_s, 1),

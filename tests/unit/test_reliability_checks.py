@@ -153,14 +153,14 @@ def test_the_parent_touched_or_bound_is_reported() -> None:
     assert kinds(dataclasses.replace(facts, brands=brands))["parent_bound"] == 1
 
 
-def test_the_dead_letter_queue_must_hold_exactly_the_poison() -> None:
-    found = checks.dead_letters([b"a", b"b", b"b"], [b"b", b"c"])
-    assert sorted(v.kind for v in found) == [
-        "poison_not_dead_lettered",
-        "poison_not_dead_lettered",
-        "unexpected_dead_letter",
+def test_the_dead_letter_queue_must_hold_the_poison_and_nothing_else() -> None:
+    found = checks.dead_letters([b"a", b"b"], [b"b", b"c", b"c"])
+    assert [(v.kind, v.detail) for v in found] == [
+        ("poison_not_dead_lettered", "b'a'"),
+        ("unexpected_dead_letter", "2 x b'c'"),
     ]
-    assert checks.dead_letters([b"a", b"b"], [b"b", b"a"]) == []
+    assert checks.dead_letters([b"a", b"b"], [b"b", b"a", b"a"]) == []
+    assert checks.dead_letter_repeats([b"a", b"b"], [b"b", b"a", b"a"]) == 1
 
 
 def test_secret_hits_name_the_file_line_and_secret_but_never_repeat_it() -> None:
