@@ -138,8 +138,8 @@ def upstream_accounted(brands: Iterable[BrandFacts], upstream: Upstream) -> list
         released.update(brand.unbound_ids)
         for attempt in brand.attempts:
             released.update(attempt.released_ids)
-            for ws in attempt.created_ids:
-                creator[ws] = (brand.brand_id, attempt)
+            for made in attempt.created_ids:
+                creator[made] = (brand.brand_id, attempt)
     found: list[Violation] = []
     for ws_id, ws in upstream.workspaces.items():
         if ws_id in upstream.parents_before or ws_id in upstream.seeded:
@@ -147,7 +147,7 @@ def upstream_accounted(brands: Iterable[BrandFacts], upstream: Upstream) -> list
         if ws_id not in creator and ws_id not in bound:
             found.append(Violation("create_not_on_record", None, f"{ws_id} {dict(ws)}"))
             continue
-        brand_id, attempt = creator.get(ws_id, (None, None))
+        brand_id, attempt = creator.get(ws_id) or (None, None)
         if ws_id in bound:
             continue
         if ws_id in released:

@@ -19,6 +19,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote, urlsplit
 
 import psycopg
@@ -76,7 +77,7 @@ class Isolation:
             "broker password": self.amqp_password,
         }
 
-    def admin(self) -> psycopg.Connection:  # type: ignore[type-arg]
+    def admin(self) -> psycopg.Connection[Any]:
         return psycopg.connect(self.admin_database_url, autocommit=True, connect_timeout=5)
 
     def create(self) -> None:

@@ -222,11 +222,8 @@ class Run:
         url = self.iso.database_url
         app = open_event_store(url, pool_size=2)
         try:
-            brands = {
-                b: found
-                for b in self.plan.brands
-                if (found := facts.brand_facts(app, b)) is not None
-            }
+            read = {b: facts.brand_facts(app, b) for b in self.plan.brands}
+            brands = {b: f for b, f in read.items() if f is not None}
             bound = {f.workspace_id for f in brands.values() if f.workspace_id}
             claims = facts.claims_of(app, bound)
             replay = facts.replay_problems(app, url)
