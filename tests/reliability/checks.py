@@ -134,10 +134,12 @@ def upstream_accounted(brands: Iterable[BrandFacts], upstream: Upstream) -> list
     bound = {b.workspace_id for b in brands if b.workspace_id}
     released: set[str] = set()
     creator: dict[str, tuple[str, AttemptFacts]] = {}
+    titled: dict[str, str] = {}  # a title -> a brand that asked for it
     for brand in brands:
         released.update(brand.unbound_ids)
         for attempt in brand.attempts:
             released.update(attempt.released_ids)
+            titled.setdefault(attempt.title, brand.brand_id)
             for made in attempt.created_ids:
                 creator[made] = (brand.brand_id, attempt)
     found: list[Violation] = []
@@ -145,7 +147,12 @@ def upstream_accounted(brands: Iterable[BrandFacts], upstream: Upstream) -> list
         if ws_id in upstream.parents_before or ws_id in upstream.seeded:
             continue
         if ws_id not in creator and ws_id not in bound:
-            found.append(Violation("create_not_on_record", None, f"{ws_id} {dict(ws)}"))
+            # An empty shell in a terminal status: a create answered, and its status
+            # polled, but the save that would record it lost (a worker killed, a
+            # backend terminated); recovery skips terminal children (new_since).
+            shell = classify_status(str(ws.get("status"))).is_terminal and not ws.get("projects")
+            kind = "terminal_shell_not_on_record" if shell else "create_not_on_record"
+            found.append(Violation(kind, titled.get(str(ws.get("title"))), f"{ws_id} {dict(ws)}"))
             continue
         brand_id, attempt = creator.get(ws_id) or (None, None)
         if ws_id in bound:

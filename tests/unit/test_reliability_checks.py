@@ -108,6 +108,10 @@ def test_upstream_a_workspace_left_unreleased_or_never_on_record_is_reported() -
     workspaces = {**facts.upstream.workspaces, "w-ghost": ws("A")}
     upstream = dataclasses.replace(facts.upstream, workspaces=workspaces)
     assert kinds(dataclasses.replace(facts, upstream=upstream)) == {"create_not_on_record": 1}
+    workspaces = {**facts.upstream.workspaces, "w-shell": ws("C", "creation_failed")}
+    upstream = dataclasses.replace(facts.upstream, workspaces=workspaces)
+    found = checks.upstream_accounted(facts.brands.values(), upstream)
+    assert [(v.kind, v.brand_id) for v in found] == [("terminal_shell_not_on_record", "c")]
     workspaces = {**facts.upstream.workspaces, "w-c1": ws("C", projects=2)}
     upstream = dataclasses.replace(facts.upstream, workspaces=workspaces)
     assert kinds(dataclasses.replace(facts, upstream=upstream)) == {"released_not_empty": 1}
