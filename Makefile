@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test unit lint demo bench browser clean
+.PHONY: install test unit lint demo bench browser reliability clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -19,6 +19,11 @@ test: $(STAMP)
 
 unit: $(STAMP)
 	$(BIN)/python -m pytest tests/unit $(PYTEST_ARGS)
+
+# The service as separate processes under fire, then every promise checked (docs/operations.md);
+# ARGS='--brands 5000 --seed 7' for a bigger or a repeated run.
+reliability: $(STAMP)
+	$(BIN)/python -m tests.reliability $(ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -12,6 +12,7 @@
 | PROVISIONER_BACKOFF_BASE_S       | 5                                |
 | PROVISIONER_MAX_REQUEUES         | 5                                |
 | PROVISIONER_STALE_AFTER_S        | 600                              |
+| PROVISIONER_CREATE_GRACE_S       | 60 (an unconfirmed create's wait)|
 | PROVISIONER_CONCURRENCY          | 8                                |
 | PROVISIONER_METRICS_PORT         | 0 (metrics and probes off)       |
 | PROVISIONER_METRICS_HOST         | 127.0.0.1                        |
@@ -169,6 +170,7 @@ class Settings:
     backoff_base_s: float = 5.0
     max_requeues: int = 5
     stale_after_s: float = 600.0
+    create_grace_s: float = 60.0
     concurrency: int = 8
     metrics_port: int = 0
     metrics_host: str = "127.0.0.1"
@@ -217,6 +219,9 @@ class Settings:
             ),
             stale_after_s=_number(
                 env, "PROVISIONER_STALE_AFTER_S", 600.0, low=0, high=10**7, above=True
+            ),
+            create_grace_s=_number(
+                env, "PROVISIONER_CREATE_GRACE_S", 60.0, low=0, high=86400, above=True
             ),
             concurrency=int(
                 _number(env, "PROVISIONER_CONCURRENCY", 8, low=1, high=512, integer=True)
@@ -277,4 +282,8 @@ class Settings:
             raise SettingsError(
                 f"PROVISIONER_BACKOFF_BASE_S, PROVISIONER_MAX_REQUEUES: {exc}"
             ) from None
-        return EngineSettings(backoff=backoff, stale_after_s=self.stale_after_s)
+        return EngineSettings(
+            backoff=backoff,
+            stale_after_s=self.stale_after_s,
+            create_grace_s=self.create_grace_s,
+        )

@@ -19,13 +19,15 @@ Gateway calls (need ``Authorization: Bearer <non-empty>``, else 401)::
 
 Admin calls (JSON in and out, no auth, no faults, not counted)::
 
-    GET  /_fake/state                     workspaces, creates per title, calls per operation
+    GET  /_fake/state                     workspaces, creates per title, calls per operation,
+                                          faults played by kind
     POST /_fake/reset                     forget everything but the configured parents
     POST /_fake/config                    set knobs (a subset), answer the whole config
     POST /_fake/workspaces                seed {"title","parent","status","projects": n}
     POST /_fake/workspaces/{id}/projects  add a project, answer {"id": P}
     POST /_fake/scripts                   {"title": "fate"}: fix what creates of that
-                                          title do (zombie, creation_failed,
+                                          title do (zombie, creation_failed, failed,
+                                          error, invalid subscription,
                                           timeout_after_create, timeout_without_create,
                                           slow:N polls; "" clears); for demos and tests
 

@@ -244,6 +244,7 @@ class FakeGateway:
             raise KeyError(str(exc)) from None
 
     def script(self, title: str, fate: str) -> dict[str, str]:
-        """Fix the fate of creates titled ``title``: zombie, creation_failed,
+        """Fix the fate of creates titled ``title``: zombie, a terminal status
+        (creation_failed, failed, error, invalid subscription),
         timeout_after_create, timeout_without_create, slow:N ('' clears it)."""
         return self._state.script(title, fate)

@@ -18,6 +18,9 @@ from infrastructure.fake_gateway.config import FakeConfig, JsonObject
 
 OPERATIONS = ("create", "status", "family", "list_projects", "delete_project")
 NOT_READY = "not ready"
+# The terminal statuses a created child can settle into (docs/gateway.md).
+TERMINAL_FATES = ("creation_failed", "failed", "error", "invalid subscription")
+Fate = Literal["created", "zombie", "creation_failed", "failed", "error", "invalid subscription"]
 
 
 @dataclass
@@ -29,7 +32,7 @@ class Workspace:
     born: float
     projects: list[str] = field(default_factory=list)
     fixed_status: str | None = None
-    fate: Literal["created", "creation_failed", "zombie"] = "created"
+    fate: Fate = "created"
     settled: bool = False
     not_ready_polls: int = 0
     settle_polls: int | None = None  # a scripted title's own settle time
@@ -93,7 +96,8 @@ Handler = Callable[[Request, tuple[str, ...]], Reply]
 
 
 _SCRIPT = re.compile(
-    r"|zombie|creation_failed|timeout_after_create|timeout_without_create|slow:\d{1,6}"
+    r"|zombie|creation_failed|failed|error|invalid subscription"
+    r"|timeout_after_create|timeout_without_create|slow:\d{1,6}"
 )
 
 
@@ -109,6 +113,7 @@ class FakeState:
         self.workspaces: dict[str, Workspace] = {}
         self.creates: dict[str, int] = {}
         self.calls: dict[str, int] = dict.fromkeys(OPERATIONS, 0)
+        self.faults: dict[str, int] = {}
         self.scripts: dict[str, str] = {}
         self.parent_ids = tuple(parents)
         for parent in self.parent_ids:
@@ -122,6 +127,9 @@ class FakeState:
             if candidate not in self._issued:
                 self._issued.add(candidate)
                 return candidate
+
+    def _fault(self, kind: str) -> None:
+        self.faults[kind] = self.faults.get(kind, 0) + 1
 
     def _chance(self, rate: float) -> bool:
         if rate <= 0:
@@ -198,6 +206,7 @@ class FakeState:
                 "workspaces": [self._show(ws) for ws in self.workspaces.values()],
                 "creates": dict(self.creates),
                 "calls": dict(self.calls),
+                "faults": dict(self.faults),
             }
 
     def reset(self) -> None:
@@ -208,6 +217,7 @@ class FakeState:
             self.creates.clear()
             self.scripts.clear()
             self.calls = dict.fromkeys(OPERATIONS, 0)
+            self.faults.clear()
 
     def configure(self, knobs: typing.Mapping[str, object]) -> JsonObject:
         with self.lock:
@@ -220,7 +230,7 @@ class FakeState:
         """Fix what creates of this title do, instead of drawing it at random."""
         if not _SCRIPT.fullmatch(fate):
             raise ValueError(
-                f"fate must be one of zombie, creation_failed, timeout_after_create, "
+                f"fate must be one of zombie, {', '.join(TERMINAL_FATES)}, timeout_after_create, "
                 f"timeout_without_create, slow:N or '' (to clear), got {fate!r}"
             )
         with self.lock:
@@ -267,10 +277,13 @@ class FakeState:
             return error_reply(401, "missing or malformed bearer token")
         cfg = self.config
         if self._chance(cfg.unauthorized_rate):
+            self._fault("unauthorized")
             return error_reply(401, "invalid credentials")
         if request.method == "GET" and self._chance(cfg.throttle_rate):
+            self._fault("throttled")
             return error_reply(429, "too many requests")
         if request.method == "GET" and self._chance(cfg.server_error_rate):
+            self._fault("server_error")
             return error_reply(503, "service unavailable")
         return None
 
@@ -294,6 +307,9 @@ class FakeState:
                 ws = self._create_child(parent.id, title, resources, script)
                 answer = {"id": ws.id, "status": _recase(NOT_READY, cfg.status_case)}
             if after or without:
+                self._fault(
+                    "create_timeout_after_create" if after else "create_timeout_without_create"
+                )
                 return Reply(200, answer, timeout=True, hold_s=cfg.hang_s, answer_after_hold=after)
             return Reply(200, answer)
 
@@ -305,6 +321,7 @@ class FakeState:
             return
         for _ in range(count):
             self._seed(title, parent, "created", 1)
+            self._fault("same_title_other")
 
     def _create_child(
         self, parent: str, title: str, resources: JsonObject, script: str = ""
@@ -312,14 +329,18 @@ class FakeState:
         ws = Workspace(self._new_id("ws"), title, parent, _now_iso(), time.monotonic())
         ws.resources = resources
         if script:
-            if script in ("zombie", "creation_failed"):
-                ws.fate = "zombie" if script == "zombie" else "creation_failed"
+            if script == "zombie":
+                ws.fate = "zombie"
+            elif script in TERMINAL_FATES:
+                ws.fate = typing.cast(Fate, script)
             elif script.startswith("slow:"):
                 ws.settle_polls = int(script.split(":", 1)[1])
         elif self._chance(self.config.zombie_rate):
             ws.fate = "zombie"
         elif self._chance(self.config.terminal_rate):
             ws.fate = "creation_failed"
+        if ws.fate != "created":
+            self._fault("zombie" if ws.fate == "zombie" else f"terminal:{ws.fate}")
         self.workspaces[ws.id] = ws
         return ws
 

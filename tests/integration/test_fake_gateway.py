@@ -453,6 +453,30 @@ def test_scripted_titles_get_their_fate_instead_of_a_random_draw() -> None:
         assert answer.json() == {"Z": "zombie"}
 
 
+def test_scripted_terminal_statuses_of_each_kind_and_the_faults_played_are_counted() -> None:
+    kinds = ("creation_failed", "failed", "error", "invalid subscription")
+    with FakeGateway(parents=("p",)) as fake:
+        for kind in kinds:
+            fake.script(f"T {kind}", kind)
+        fake.configure(throttle_rate=1.0)
+        headers = {"Authorization": "Bearer t"}
+        with httpx.Client(base_url=fake.url, headers=headers) as client:
+            made = {
+                kind: client.post("/v2/workspaces/p/child", json={"title": f"T {kind}"}).json()
+                for kind in kinds
+            }
+            throttled = client.get(f"/v1/workspaces/{made['error']['id']}/status").status_code
+            fake.configure(throttle_rate=0.0)
+            settled = {
+                kind: client.get(f"/v1/workspaces/{answer['id']}/status").json()["status"]
+                for kind, answer in made.items()
+            }
+        faults = fake.state()["faults"]
+    assert throttled == 429
+    assert settled == {kind: kind for kind in kinds}
+    assert faults == {"throttled": 1, **{f"terminal:{kind}": 1 for kind in kinds}}
+
+
 def test_provisioner_fake_gateway_takes_every_knob_and_refuses_a_bad_one() -> None:
     from click.testing import CliRunner
 

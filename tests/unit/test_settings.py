@@ -153,3 +153,15 @@ def test_database_url_options_reach_libpq_unchanged() -> None:
     assert "s3cret" not in redact("postgresql://db.example/events?password=s3cret&sslmode=require")
     with pytest.raises(ConfigurationError, match='invalid URI query parameter: "sslmod"'):
         persistence_env("postgresql://db.example/events?sslmod=require")
+
+
+def test_the_create_grace_is_settable_and_reaches_the_engine() -> None:
+    assert Settings.from_env({}).engine().create_grace_s == 60.0
+    settings = Settings.from_env({"PROVISIONER_CREATE_GRACE_S": "2.5"})
+    assert settings.create_grace_s == 2.5
+    assert settings.engine().create_grace_s == 2.5
+    for bad in ("0", "-1", "soon", "86401"):
+        with pytest.raises(SettingsError, match=r"^PROVISIONER_CREATE_GRACE_S must be a number"):
+            Settings.from_env({"PROVISIONER_CREATE_GRACE_S": bad})
+    with pytest.raises(ConfigurationError, match=r"^PROVISIONER_CREATE_GRACE_S is set but empty"):
+        Settings.from_env({"PROVISIONER_CREATE_GRACE_S": " "})

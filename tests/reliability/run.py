@@ -1,0 +1,310 @@
+"""One run: set up, provision under fire, drain, reconcile, gather the facts, check."""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.request import Request, urlopen
+
+from infrastructure import messages
+from infrastructure.broker import COMMAND_KEY
+from infrastructure.eventstore import open_event_store
+from infrastructure.views import SqlViewStore
+from tests.reliability import chaos, checks, facts
+from tests.reliability.plan import Plan, draw
+from tests.reliability.processes import Fleet, Isolation, environment, rabbitmqctl, start_fake
+
+FAKE_FLAGS = {
+    "--settle-polls": "1",
+    "--create-timeout-after-create-rate": "0.10",
+    "--create-timeout-without-create-rate": "0.0556",  # drawn after the first: 5 % of all
+    "--zombie-rate": "0.05",
+    "--throttle-rate": "0.05",
+    "--server-error-rate": "0.05",
+    "--hang-s": "2.0",
+}
+SERVICE_KNOBS = {
+    "PROVISIONER_GATEWAY_TIMEOUT_S": "1.5",
+    "PROVISIONER_BACKOFF_BASE_S": "0.25",
+    "PROVISIONER_MAX_REQUEUES": "6",
+    "PROVISIONER_CREATE_GRACE_S": "2",
+    "PROVISIONER_CONCURRENCY": "8",
+}
+DUPLICATE_RATE = 0.20
+
+
+@dataclass
+class Outcome:
+    violations: list[checks.Violation]
+    summary: dict[str, Any]
+    histories: dict[str, str] = field(default_factory=dict)
+
+
+def _post(url: str, body: object) -> Any:
+    data = json.dumps(body).encode()
+    request = Request(url, data, {"Content-Type": "application/json"}, method="POST")
+    with urlopen(request, timeout=30) as answer:
+        return json.loads(answer.read())
+
+
+class Run:
+    def __init__(self, brands: int, seed: int, workers: int, iso: Isolation, run_dir: Path) -> None:
+        self.count, self.seed, self.workers, self.iso, self.run_dir = (
+            brands,
+            seed,
+            workers,
+            iso,
+            run_dir,
+        )
+        self.plan: Plan = draw(seed, brands, spread_s=max(5.0, brands / 60))
+        self.fleet = Fleet(run_dir, {})
+        self.stop = threading.Event()
+        self.notes: list[str] = []
+
+    def rng(self, name: str) -> random.Random:
+        return random.Random(f"{self.seed}:{name}")
+
+    # ------------------------------------------------------------------ phases
+
+    def execute(self) -> Outcome:
+        try:
+            self._set_up()
+            drivers = self._under_fire()
+            self._drain_and_reconcile()
+            return self._check(drivers)
+        finally:
+            self.stop.set()
+            self.fleet.stop()
+
+    def _set_up(self) -> None:
+        flags = [f"--seed={self.seed}", *(f"{k}={v}" for k, v in FAKE_FLAGS.items())]
+        flags += [f"--parent={p}" for p in self.plan.parents]
+        self.fake_url = start_fake(self.fleet, flags)
+        state = facts.fake_state(self.fake_url)
+        self.parents_before = {w["id"]: w for w in state["workspaces"]}
+        self.seeded: set[str] = set()
+        for title, parent, status, projects in self.plan.others:
+            body = {"title": title, "parent": parent, "status": status, "projects": projects}
+            self.seeded.add(_post(f"{self.fake_url}/_fake/workspaces", body)["id"])
+        if self.plan.terminal:
+            _post(f"{self.fake_url}/_fake/scripts", self.plan.terminal)
+        self.fleet.env = environment(self.iso, self.fake_url, SERVICE_KNOBS)
+        for command in (("db", "init"), ("broker", "init")):
+            done = self.fleet.one_shot(*command)
+            if done.returncode != 0:
+                raise RuntimeError(f"provisioner {' '.join(command)}: {done.stderr.strip()}")
+        self.worker_names = [f"worker-{n + 1}" for n in range(self.workers)]
+        for name in self.worker_names:
+            self.fleet.service(name, "worker")
+        self.fleet.service("relay", "relay")
+        self.fleet.service("projections", "projections", "run")
+        self.fleet.service(
+            "reconciler", "reconcile", "--overdue", "5", "--grace", "3", "--interval", "3",
+            "--deadline", "600",
+        )  # fmt: skip
+
+    def _under_fire(self) -> list[chaos.Driver]:
+        publisher = chaos.Publisher(self.iso.broker_url)
+        self.publisher = publisher
+        admin = self.iso.admin_database_url
+        poison = chaos.poison_bodies(self.rng("poison"), max(8, self.count // 40))
+        window = max(15.0, self.count / 25)
+        duplicator = chaos.HopDuplicator(
+            self.stop, self.rng("dup"), self.iso.broker_url, DUPLICATE_RATE
+        )
+        duplicator.start()
+        time.sleep(1.0)  # its queue bound before the first hop
+        started = time.monotonic()
+        cli = threading.Thread(target=self._provision_by_cli, daemon=True)
+        cli.start()
+        for brand, (title, parent) in self.plan.brands.items():
+            if brand not in self.plan.by_cli:
+                message = messages.provision(brand, title, parent, requested_at=chaos._now())
+                publisher.publish(message.encode(), COMMAND_KEY)
+        drivers: list[chaos.Driver] = [
+            duplicator,
+            chaos.WorkerKiller(self.stop, self.rng("kill"), self.fleet, self.worker_names),
+            chaos.BackendTerminator(self.stop, self.rng("pg"), admin, self.iso.name),
+            chaos.ConnectionCloser(self.stop, self.rng("amqp"), self.iso.name, publisher),
+            chaos.Poisoner(self.stop, self.rng("poisoner"), publisher, poison, window * 0.8),
+            chaos.CommandProducer(
+                self.stop, self.rng("commands"), publisher, self.plan.commands, started
+            ),
+        ]
+        for driver in drivers[1:]:
+            driver.start()
+        cli.join(120)
+        deadline = started + window * 4
+        while time.monotonic() < deadline:
+            time.sleep(1.0)
+            if time.monotonic() - started < window:
+                continue
+            producer, poisoner = drivers[5], drivers[4]
+            assert isinstance(producer, chaos.CommandProducer)
+            assert isinstance(poisoner, chaos.Poisoner)
+            if not producer.plan and not poisoner.todo and self._pending() == 0:
+                break
+        else:
+            self.notes.append(f"chaos window ended with {self._pending()} attempts pending")
+        self.stop.set()
+        for driver in drivers:
+            driver.join(60)
+        self.chaos_s = time.monotonic() - started
+        self.fleet.check_alive()
+        for name in self.worker_names:  # a worker killed last must be running for the drain
+            if self.fleet.procs[name].poll() is not None:
+                self.fleet.kill_and_restart(name)
+        return drivers
+
+    def _provision_by_cli(self) -> None:
+        for brand in self.plan.by_cli:
+            title, parent = self.plan.brands[brand]
+            done = self.fleet.one_shot("provision", brand, "--title", title, "--parent", parent)
+            if done.returncode != 0:
+                self.notes.append(f"provisioner provision {brand} exited {done.returncode}")
+
+    def _pending(self) -> int:
+        with SqlViewStore(self.iso.database_url) as store:
+            count = store.scalar("SELECT count(*) AS n FROM attempts WHERE state = 'pending'")
+            total = store.scalar("SELECT count(*) AS n FROM attempts")
+        return int(count) + max(0, self.count - int(total))
+
+    def _queues_empty(self) -> bool:
+        out = rabbitmqctl(
+            "list_queues", "-q", "--no-table-headers", "-p", self.iso.name, "name", "messages"
+        )
+        counts = [line.split() for line in out.splitlines() if line.strip()]
+        return all(parts[-1] == "0" for parts in counts if parts[0] != "provisioning.dead")
+
+    def _behind(self) -> int:
+        """Events (of its topics) the slower projection is behind the log."""
+        return max(item["behind"] for item in facts.projection_status(self.iso.database_url))
+
+    def _drain(self, timeout_s: float, what: str) -> None:
+        """Until three checks a second apart find the queues empty, no attempt
+        pending and the projections at the log's head."""
+        deadline = time.monotonic() + timeout_s
+        quiet = 0
+        state: tuple[bool, int, int] = (False, 0, 0)
+        while time.monotonic() < deadline and quiet < 3:
+            time.sleep(1.0)
+            state = (self._queues_empty(), self._pending(), self._behind())
+            quiet = quiet + 1 if state == (True, 0, 0) else 0
+        if quiet < 3:
+            self.notes.append(
+                f"{what}: not drained after {timeout_s:.0f} s (queues empty {state[0]}, "
+                f"{state[1]} attempts pending, projections {state[2]} events behind)"
+            )
+
+    def _drain_and_reconcile(self) -> None:
+        started = time.monotonic()
+        budget = max(60.0, self.count / 10)
+        self._drain(budget, "after the chaos")
+        for n in range(2):
+            done = self.fleet.one_shot("reconcile", "--once", "--overdue", "0", "--grace", "0")
+            self.notes.append(f"reconcile --once: {done.stdout.strip()}")
+            self._drain(budget, f"after reconcile {n + 1}")
+        self.drain_s = time.monotonic() - started
+        self.fleet.check_alive()
+        self.fleet.stop([*self.worker_names, "relay", "reconciler"])
+        self._drain(budget, "the projections")
+        self.fleet.stop(["projections"])
+
+    # ------------------------------------------------------------------ checks
+
+    def _check(self, drivers: list[chaos.Driver]) -> Outcome:
+        url = self.iso.database_url
+        app = open_event_store(url, pool_size=2)
+        try:
+            read = {b: facts.brand_facts(app, b) for b in self.plan.brands}
+            brands = {b: f for b, f in read.items() if f is not None}
+            bound = {f.workspace_id for f in brands.values() if f.workspace_id}
+            claims = facts.claims_of(app, bound)
+            replay = facts.replay_problems(app, url)
+        finally:
+            app.close()
+        before = facts.projection_rows(url)
+        rebuilt = self.fleet.one_shot("projections", "rebuild", timeout=600)
+        after = facts.projection_rows(url)
+        state = facts.fake_state(self.fake_url)
+        upstream = checks.Upstream(
+            {w["id"]: w for w in state["workspaces"]},
+            state["creates"],
+            self.parents_before,
+            frozenset(self.seeded),
+        )
+        poisoner = drivers[4]
+        assert isinstance(poisoner, chaos.Poisoner)
+        self.fleet.stop(["fake-gateway"])
+        logs = self.fleet.logs()
+        dead = facts.dead_letter_bodies(self.iso.broker_url)
+        self.dead_letter_repeats = checks.dead_letter_repeats(poisoner.sent, dead)
+        found = checks.Facts(
+            brands=brands,
+            claims=claims,
+            upstream=upstream,
+            poison=poisoner.sent,
+            dead_letters=dead,
+            projection_problems=replay,
+            rebuild_problems=facts.rebuild_problems(before, after),
+            secret_hits=checks.secret_hits(logs, self.iso.secrets()),
+        )
+        missing = sorted(set(self.plan.brands) - set(brands))
+        found.extra += [checks.Violation("brand_never_registered", b, "") for b in missing]
+        if rebuilt.returncode != 0:
+            found.extra.append(checks.Violation("rebuild_failed", None, rebuilt.stderr[-300:]))
+        found.extra += [checks.Violation("process_failed", None, e) for e in self.fleet.exits]
+        for name, text in logs.items():
+            if "Traceback" in text:
+                found.extra.append(checks.Violation("traceback_in_log", None, name))
+        violations = checks.check(found)
+        return Outcome(violations, self._summary(drivers, brands, state, violations, logs))
+
+    def _summary(
+        self,
+        drivers: list[chaos.Driver],
+        brands: dict[str, checks.BrandFacts],
+        state: dict[str, Any],
+        violations: list[checks.Violation],
+        logs: dict[str, str],
+    ) -> dict[str, Any]:
+        dup, killer, pg, amqp, poisoner, producer = drivers
+        assert isinstance(poisoner, chaos.Poisoner)
+        assert isinstance(producer, chaos.CommandProducer)
+        attempts = [a for b in brands.values() for a in b.attempts]
+        faults: dict[str, int] = dict(sorted(state.get("faults", {}).items()))
+        faults["terminal_titles_scripted"] = len(self.plan.terminal)
+        faults["same_title_workspaces_seeded"] = len(self.plan.others)
+        faults["same_title_brands"] = len(self.plan.brands) - len(set(self.plan.brands.values()))
+        faults["hops_duplicated"] = dup.count
+        faults.update({f"poison_{k}": n for k, n in sorted(poisoner.kinds.items())})
+        faults.update({f"command_{k}": n for k, n in sorted(producer.kinds.items())})
+        reasons = Counter(a.failure_reason for a in attempts if a.failure_reason)
+        return {
+            "brands": self.count,
+            "seed": self.seed,
+            "faults": faults,
+            "kills": killer.count,
+            "backend_terminations": pg.count,
+            "connection_closes": amqp.count,
+            "attempts": dict(sorted(Counter(a.state for a in attempts).items())),
+            "failure_reasons": dict(sorted(reasons.items())),
+            "creates_upstream": sum(state["creates"].values()),
+            "dead_letter_repeats": self.dead_letter_repeats,
+            "error_lines": sum(t.count('"level": "ERROR"') for t in logs.values()),
+            "driver_errors": {d.name: len(d.errors) for d in drivers if d.errors},
+            "chaos_s": round(self.chaos_s, 1),
+            "drain_s": round(self.drain_s, 1),
+            "notes": self.notes,
+            "violations": checks.by_kind(violations),
+        }
+
+    def history(self, brand_id: str) -> str:
+        done = self.fleet.one_shot("history", brand_id, "--json")
+        return done.stdout if done.returncode == 0 else done.stderr
