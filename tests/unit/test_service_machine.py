@@ -472,3 +472,31 @@ ServiceMachine.TestCase.settings = settings(
 )
 TestServiceMachine = ServiceMachine.TestCase
 
+
+# Examples the machine found, kept as plain tests.
+
+
+def test_a_refused_create_leaves_no_baseline_behind_so_others_workspaces_are_never_ours() -> None:
+    """A create refused (429) made nothing; a same-title workspace of someone else's
+    that appears before the next create is in that create's baseline, so the next
+    create's lost answer is recovered as ours alone, and the other's projects stay.
+    (The first create's baseline was kept: the other's workspace counted as new, the
+    attempt failed `ambiguous`, and the release emptied the other's workspace.)"""
+    gateway = MemoryGateway(PARENT)
+    clock = ManualClock()
+    settings_ = EngineSettings(backoff=Backoff(5.0, MAX_REQUEUES))
+    service = ProvisioningService(open_event_store("memory://"), gateway, clock, settings_)
+    gateway.creates = [TransientGatewayError("429"), "lost"]
+    attempt_id = service.request_provisioning("b1", "Bolt", PARENT)
+
+    first = service.run_hop(attempt_id, 0)
+    others = gateway.add(PARENT, "Bolt", "created", projects=1)
+    clock.advance(5)
+    second = service.run_hop(attempt_id, 1)
+    released = service.release(attempt_id)
+
+    assert first.detail == "gateway unavailable: 429"
+    assert second.outcome.value == "promoted", second.detail
+    assert second.workspace_id == gateway.made[0] != others
+    assert released == ()
+    assert gateway.workspaces[others].projects == ["p-1-0"]
