@@ -167,6 +167,11 @@ CLEAN = ({}, "application/json", "utf-8", None)
 @example(b'{"type": "provision", "version": 1, "brand_id": "b2", "title": "Acme", '
          b'"parent_workspace_id": "parent-1"}', (None, None, None, None))  # fmt: skip
 @example(b'{"type": "decommission", "version": 1, "brand_id": "nobody"}', CLEAN)
+# JSON may escape a lone surrogate, which no UTF-8 store can hold: refused, not retried.
+@example(b'{"type": "provision", "version": 1, "brand_id": "b\\ud800", "title": "Acme", '
+         b'"parent_workspace_id": "parent-1"}', CLEAN)  # fmt: skip
+@example(b'{"type": "decommission", "version": 1, "brand_id": "b\\udc00"}', CLEAN)
+@example(b'{"type": "deactivate", "version": 1, "brand_id": "\\ud83d"}', CLEAN)
 def test_every_delivery_ends_handled_retried_or_dead_lettered_with_a_reason(
     body: Any, envelope: tuple[Any, Any, Any, Any]
 ) -> None:
