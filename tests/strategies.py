@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from hypothesis import settings
 from hypothesis import strategies as st
 
 from domain.hop import Failed, Failure
@@ -19,6 +20,12 @@ SETTLING = ("not ready", "creating", "", "pending", "readyish")
 CREATION_FAILED = ("creation_failed", "creation failed", "Creation  Failed")
 TERMINAL = ("failed", "error", "invalid subscription", " ERROR")
 STATUSES = READY + SETTLING + CREATION_FAILED + TERMINAL
+
+
+def scaled(times: float) -> int:
+    """A number of examples relative to the loaded profile's (`default` or `deep`,
+    tests/conftest.py), for the tests that need more than the rest."""
+    return max(1, int(settings.default.max_examples * times))
 
 
 def statuses() -> st.SearchStrategy[str]:

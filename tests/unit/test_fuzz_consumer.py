@@ -22,7 +22,7 @@ from datetime import UTC, datetime
 from typing import Any
 from uuid import UUID, uuid4
 
-from hypothesis import event, example, given, note
+from hypothesis import event, example, given, note, settings
 from hypothesis import strategies as st
 
 from domain.errors import RetryLater
@@ -32,6 +32,7 @@ from infrastructure.eventstore import open_event_store
 from infrastructure.service import EngineSettings, ProvisioningService
 from tests.conftest import ManualClock
 from tests.memory_gateway import MemoryGateway
+from tests.strategies import scaled
 from tests.unit.test_delivery import FakeMessage, FakePublisher, settler
 from worker.consumer import DeadLetter, handle
 from worker.delivery import Delivery, Settler
@@ -162,6 +163,7 @@ def _run(service: ProvisioningService, message: messages.Message) -> Future[str]
 CLEAN = ({}, "application/json", "utf-8", None)
 
 
+@settings(max_examples=scaled(3))
 @given(body=bodies(), envelope=envelopes())
 @example(b'{"type": "hop", "version": 1, "attempt_id": "KNOWN", "hop": 1}', CLEAN)
 @example(b'{"type": "provision", "version": 1, "brand_id": "b2", "title": "Acme", '
@@ -271,6 +273,7 @@ def a_busier_service() -> tuple[ProvisioningService, list[UUID]]:
     return service, [first, second, third]
 
 
+@settings(max_examples=scaled(3))
 @given(data=st.data())
 def test_every_message_the_decoder_accepts_is_handled_retried_or_dead_lettered(
     data: st.DataObject,

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
-from hypothesis import event, example, given, note
+from hypothesis import event, example, given, note, settings
 from hypothesis import strategies as st
 
 from domain import hop as decide
@@ -42,6 +42,7 @@ from tests.strategies import (
     Member,
     World,
     failures,
+    scaled,
     statuses,
     worlds,
 )
@@ -379,6 +380,7 @@ def _check(walk: Walk) -> None:
         assert workspace_id in attempt.created_ids or attempt.orphan_search, workspace_id
 
 
+@settings(max_examples=scaled(5))
 @given(world=worlds(), data=st.data())
 def test_a_walk_of_hops_never_takes_anothers_nor_releases_an_adopted_nor_leaves_a_create(
     world: World, data: st.DataObject

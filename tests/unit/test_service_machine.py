@@ -65,6 +65,7 @@ from projections.core import catch_up
 from tests.conftest import ManualClock
 from tests.memory_gateway import MemoryGateway
 from tests.readmodels import mismatches
+from tests.strategies import scaled
 
 PARENT = "parent-1"
 BRANDS = ("b1", "b2", "b3")
@@ -467,9 +468,7 @@ class ServiceMachine(RuleBasedStateMachine):
             assert mismatches(self.app, views, 0) == []
 
 
-ServiceMachine.TestCase.settings = settings(
-    max_examples=settings.default.max_examples, stateful_step_count=40
-)
+ServiceMachine.TestCase.settings = settings(max_examples=scaled(2), stateful_step_count=50)
 TestServiceMachine = ServiceMachine.TestCase
 
 
