@@ -306,6 +306,12 @@ def created_is_claimed(claimed_because: str) -> Fail:
     return Fail(FailureReason.GATEWAY_BUG, f"create answered {claimed_because}")
 
 
+def created_again(workspace_id: str) -> Fail:
+    """The create answered an id this attempt's creates made before (dropped or released
+    since): a gateway bug; what it made, if anything, is looked for as unconfirmed."""
+    return Fail(FailureReason.GATEWAY_BUG, f"create answered {workspace_id}, made before")
+
+
 # Polling the candidate.
 
 

@@ -472,7 +472,7 @@ ServiceMachine.TestCase.settings = settings(max_examples=scaled(2), stateful_ste
 TestServiceMachine = ServiceMachine.TestCase
 
 
-# Examples the machine found, kept as plain tests.
+# Examples the property tests found, kept as plain tests.
 
 
 def test_a_refused_create_leaves_no_baseline_behind_so_others_workspaces_are_never_ours() -> None:
@@ -499,3 +499,27 @@ def test_a_refused_create_leaves_no_baseline_behind_so_others_workspaces_are_nev
     assert second.workspace_id == gateway.made[0] != others
     assert released == ()
     assert gateway.workspaces[others].projects == ["p-1-0"]
+
+
+def test_a_create_answering_an_id_it_made_before_fails_as_a_gateway_bug() -> None:
+    """The create answered the id of the shell this attempt made and dropped before:
+    failed `gateway_bug` (the hop polled no candidate: AssertionError, retried)."""
+    gateway = MemoryGateway(PARENT)
+    clock = ManualClock()
+    settings_ = EngineSettings(backoff=Backoff(5.0, MAX_REQUEUES))
+    service = ProvisioningService(open_event_store("memory://"), gateway, clock, settings_)
+    gateway.new_statuses = ["creation_failed"]
+    attempt_id = service.request_provisioning("b1", "Acme", PARENT)
+    dropped = service.run_hop(attempt_id, 0)
+    [shell] = gateway.made
+    gateway.create_child = lambda parent, title: shell  # type: ignore[method-assign]
+    clock.advance(5)
+
+    again = service.run_hop(attempt_id, 1)
+
+    assert dropped.detail == "candidate reported 'creation_failed'; creating again"
+    assert again.outcome.value == "failed"
+    assert again.detail == f"gateway_bug: create answered {shell}, made before"
+    attempt = service.attempt(attempt_id)
+    assert attempt.released_ids == (shell,)
+    assert attempt.created_ids == (shell,)
