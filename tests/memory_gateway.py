@@ -7,6 +7,7 @@ Faults it can play (the property tests drive them at random):
   answer lost: AmbiguousCreate), "none" (not made, AmbiguousCreate), "late" (made,
   answer lost, and the workspace shows in the family only after `reveal()`),
   "parent" (answers the parent's id, a gateway bug), "noid" (answers an empty id),
+  "echo" (answers the id of the newest child there is, made by nobody now),
   or a GatewayError to raise (429, 5xx, 401, 409 ...);
 - `fail` scripts a GatewayError for the next calls of a method by name;
 - `new_statuses` is the status script of the next workspaces made (the last repeats:
@@ -16,7 +17,8 @@ Faults it can play (the property tests drive them at random):
 - `hooks` runs a callback inside the next call of a method by name, after its
   effect and before its answer: another delivery, command or release that runs
   while this one waits on the gateway.
-What our creates made is listed in `made`, the projects deleted in `deleted`.
+What our creates made is listed in `made`, the projects deleted in `deleted`, the ids
+"echo" creates answered in `echoed`.
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ class Workspace:
 class MemoryGateway:
     """Parents and their children in a dict. `creates` scripts what the next create
     calls do: "ok" (made and answered), "lost" (made, answer lost: AmbiguousCreate),
-    "none" (not made, AmbiguousCreate), "late", "parent", "noid" (see the module), or
+    "none" (not made, AmbiguousCreate), "late", "parent", "noid", "echo" (see the module), or
     a GatewayError to raise. `fail` scripts a GatewayError for the next calls of a
     method by name."""
 
@@ -58,6 +60,7 @@ class MemoryGateway:
         self.made: list[str] = []  # every workspace a create call made, in order
         self.hidden: dict[str, Workspace] = {}  # made by a "late" create, not listed yet
         self.deleted: list[tuple[str, str]] = []  # (workspace, project) deleted
+        self.echoed: list[str] = []  # ids "echo" creates answered with
         self._next = 0
 
     def add(self, parent: str, title: str, *statuses: str, projects: int = 0) -> str:
@@ -118,6 +121,12 @@ class MemoryGateway:
         if what in ("parent", "noid"):
             self._hook("create_child")
             return parent_id if what == "parent" else ""
+        if what == "echo":  # a gateway bug: the id of a child that exists already
+            children = [w for w in self.workspaces.values() if w.parent == parent_id]
+            self._hook("create_child")
+            answer = children[-1].id if children else parent_id
+            self.echoed.append(answer)
+            return answer
         ws = self._new(parent_id, title, (), 0)
         self.made.append(ws.id)
         if what == "late":

@@ -85,7 +85,7 @@ ERRORS: dict[str, Callable[[], GatewayError]] = {
     "garbled": lambda: MalformedAnswer("not JSON"),
     "404": lambda: WorkspaceGone("404"),
 }
-CREATES = ("ok", "ok", "lost", "none", "late", "parent", "noid", "429", "503", "401", "409")
+CREATES = ("ok", "ok", "lost", "none", "late", "parent", "noid", "echo", "429", "503", "401", "409")
 METHODS = ("create_child", "status", "family", "list_projects", "delete_project")
 
 
@@ -105,9 +105,10 @@ class ServiceMachine(RuleBasedStateMachine):
         # Workspaces whose status went bad (or that vanished) after they were ready:
         # the gateway's doing, not ours; a brand bound to one is not "ready".
         self.spoiled: set[str] = set()
-        # Others' same-title workspaces that appeared while one of our creates of that
-        # title was unconfirmed: by the gateway's contract (no idempotency key) they
-        # look exactly like what that create made, and recovery may take them as ours.
+        # Others' same-title workspaces that appeared while what one of our creates of
+        # that title made may still show up (unconfirmed, or given up: the orphan search
+        # runs for an hour): by the gateway's contract (no idempotency key) they look
+        # exactly like it, and recovery or the orphan search may take them as ours.
         self.lookalikes: set[str] = set()
         self.depth = 0
 
@@ -216,8 +217,8 @@ class ServiceMachine(RuleBasedStateMachine):
     def add_other(self, title: str, status: str, projects: int) -> None:
         """Someone else's same-title workspace: ready (adoptable if empty), a zombie, failed."""
         workspace_id = self.gateway.add(PARENT, title, status, projects=projects)
-        unconfirmed = (self.service.attempt(a) for a in self.attempts)
-        if any(a.title == title and a.create_unresolved for a in unconfirmed):
+        searching = (self.service.attempt(a) for a in self.attempts)
+        if any(a.title == title and a.orphan_search for a in searching):
             self.lookalikes.add(workspace_id)
 
     def _children(self) -> list[str]:
@@ -437,7 +438,9 @@ class ServiceMachine(RuleBasedStateMachine):
         # so a `creation_failed` or `failed` shell of a lost create stays off the record.
         lost = {w for w in lost if not self._terminal(w)}
         assert lost == set(), f"made, neither on record nor bound: {lost}"
-        assert set(on_record) <= made | self.lookalikes, "on record as made; no create made it"
+        # A create that answers an id that was there before (a gateway bug) is believed.
+        believed = made | self.lookalikes | set(self.gateway.echoed)
+        assert set(on_record) <= believed, "on record as made; no create made it"
         unbound = self._unbound()
         for workspace_id, attempt in on_record.items():
             kept = workspace_id in bound.values()
