@@ -314,7 +314,7 @@ def _adopt_or_create(walk: Walk, data: st.DataObject, hop: int, now: datetime) -
     note(f"hop {hop}: create {kind} -> {answered}")
     if isinstance(answered, decide.Record):
         workspace_id = answered.workspace_id
-        if workspace_id in attempt.created_ids:
+        if workspace_id in (*known, *attempt.created_ids):
             _end(walk, decide.created_again(workspace_id), hop, now)
             return False
         if world.held_by_other(workspace_id):

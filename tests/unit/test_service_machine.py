@@ -523,7 +523,35 @@ def test_a_create_answering_an_id_it_made_before_fails_as_a_gateway_bug() -> Non
 
     assert dropped.detail == "candidate reported 'creation_failed'; creating again"
     assert again.outcome.value == "failed"
-    assert again.detail == f"gateway_bug: create answered {shell}, made before"
+    assert again.detail == f"gateway_bug: create answered {shell}, which existed before"
     attempt = service.attempt(attempt_id)
     assert attempt.released_ids == (shell,)
     assert attempt.created_ids == (shell,)
+
+
+def test_a_create_answering_the_id_of_a_workspace_listed_before_it_never_empties_it() -> None:
+    """The bound workspace reported `creation_failed` and was dropped; the create that
+    followed answered its id (a gateway bug): failed `gateway_bug`, and the workspace,
+    listed before that create, is not recorded as ours (it was: dropped as a created
+    candidate that reported `creation_failed`, it was then owed a release, emptied)."""
+    gateway = MemoryGateway(PARENT)
+    clock = ManualClock()
+    settings_ = EngineSettings(backoff=Backoff(5.0, MAX_REQUEUES))
+    service = ProvisioningService(open_event_store("memory://"), gateway, clock, settings_)
+    bound = gateway.add(PARENT, "Acme", "created")
+    service.run_hop(service.request_provisioning("b1", "Acme", PARENT), 0)  # adopts it
+    assert service.brand("b1").workspace_id == bound
+    gateway.workspaces[bound].projects = ["the brand's"]
+    gateway.workspaces[bound].statuses = ["creation_failed"]
+    attempt_id = service.request_provisioning("b1", "Acme", PARENT)
+    dropped = service.run_hop(attempt_id, 0)
+    gateway.create_child = lambda parent, title: bound  # type: ignore[method-assign]
+    clock.advance(5)
+
+    again = service.run_hop(attempt_id, 1)
+    service.release(attempt_id)
+
+    assert dropped.detail == "bound workspace reported 'creation_failed'"
+    assert again.detail == f"gateway_bug: create answered {bound}, which existed before"
+    assert bound not in service.attempt(attempt_id).created_ids
+    assert gateway.workspaces[bound].projects == ["the brand's"]
