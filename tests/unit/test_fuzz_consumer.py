@@ -169,6 +169,11 @@ CLEAN = ({}, "application/json", "utf-8", None)
 @example(b'{"type": "provision", "version": 1, "brand_id": "b2", "title": "Acme", '
          b'"parent_workspace_id": "parent-1"}', (None, None, None, None))  # fmt: skip
 @example(b'{"type": "decommission", "version": 1, "brand_id": "nobody"}', CLEAN)
+@example(
+    b'{"type": "provision", "version": 1, "brand_id": "b2", "title": "Bolt", '
+    b'"parent_workspace_id": "elsewhere"}',
+    ({"x-waits": 32}, "application/json", "utf-8", None),
+)  # RetryLater (b2 is bound: moving it waits for a deactivate), its hour spent
 # JSON may escape a lone surrogate, which no UTF-8 store can hold: refused, not retried.
 @example(b'{"type": "provision", "version": 1, "brand_id": "b\\ud800", "title": "Acme", '
          b'"parent_workspace_id": "parent-1"}', CLEAN)  # fmt: skip
@@ -178,7 +183,8 @@ def test_every_delivery_ends_handled_retried_or_dead_lettered_with_a_reason(
     body: Any, envelope: tuple[Any, Any, Any, Any]
 ) -> None:
     header, content_type, encoding, errors = envelope
-    service, attempt_id = a_service()
+    service, attempts = a_busier_service()
+    attempt_id = attempts[0]
     if isinstance(body, bytes):
         body = body.replace(b"KNOWN", str(attempt_id).encode())
     delivery_message = FakeMessage(
@@ -222,6 +228,11 @@ def _handle_and_settle(
         [(_, reason, _, _)] = publisher.dead
         assert reason == failure.reason != ""
         event(f"dead-lettered by the handler: {reason}")
+    elif publisher.dead:  # a failure retried as often as its schedule allows
+        [(_, reason, _, _)] = publisher.dead
+        assert reason == "retries exhausted"
+        assert publisher.published == []
+        event(f"retries exhausted: {type(failure).__name__}")
     elif failure is not None:
         [(_, _, retry_headers)] = publisher.published
         assert retry_headers
