@@ -27,6 +27,13 @@ is pending) and checks what must hold once everything ended (`teardown`):
 - the parent is never a candidate, claimed, bound, or emptied;
 - a deactivated brand holds no workspace once its decommission ran;
 - both projections, caught up, equal the state replayed from the log.
+
+What the gateway's contract cannot tell apart is not held against the service, and
+is said where the check makes the exception: a same-title workspace of someone
+else's that appears while an orphan search of that title may run (a *lookalike*:
+no idempotency key), an id a create answers that was there before (`echo`, a
+gateway bug), and the shell of an unconfirmed create whose status is already
+terminal (recovery counts only children not terminal: a known gap).
 """
 
 from __future__ import annotations
