@@ -106,8 +106,9 @@ class ProvisioningAttempt(Aggregate):
         self.provenance: Provenance | None = Provenance.EXISTING if existing_workspace_id else None
         self.create_requested_hop: int | None = None
         self.create_requested_at: datetime | None = None
-        # Same-title children present before this attempt's FIRST create: whatever
-        # appears beside them later may be ours, never what was there already.
+        # Same-title children present before the first create that may still show
+        # up (a later create keeps this baseline while an earlier one is unresolved
+        # or lost): whatever appears beside them may be ours, never what was there.
         self.create_known_ids: tuple[str, ...] = ()
         self.failure_reason: FailureReason | None = None
         self.created_ids: tuple[str, ...] = ()  # every workspace our creates made
@@ -181,7 +182,13 @@ class ProvisioningAttempt(Aggregate):
         self._require_pending("request a create")
         if self.candidate_id is not None:
             raise CommandRefused(f"attempt {self.id} already has candidate {self.candidate_id}")
-        baseline = self.create_known_ids if self.create_requested_at else tuple(known_ids)
+        # The first create's baseline is kept while an earlier create may still show
+        # up (unresolved now, or given up unconfirmed before): what appeared since
+        # may be what it made. When every earlier create was resolved (answered,
+        # refused, found), what appeared since is someone else's: the baseline is
+        # what is there now.
+        earlier_may_appear = self.create_unresolved or self.create_lost
+        baseline = self.create_known_ids if earlier_may_appear else tuple(known_ids)
         self._create_requested(hop, sorted(baseline), now)
 
     def record_create_refused(self, hop: int, message: str) -> None:

@@ -313,6 +313,14 @@ def created_is_claimed(claimed_because: str) -> Fail:
     return Fail(FailureReason.GATEWAY_BUG, f"create answered {claimed_because}")
 
 
+def created_again(workspace_id: str) -> Fail:
+    """The create answered an id that existed before it (listed in the family read
+    just before, or made by an earlier create of this attempt): a gateway bug. Never
+    recorded as ours (it would be owed a release: emptied); what the create made, if
+    anything, is looked for as an unconfirmed create's."""
+    return Fail(FailureReason.GATEWAY_BUG, f"create answered {workspace_id}, which existed before")
+
+
 # Polling the candidate.
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from hypothesis import HealthCheck, Phase, settings
 
 from domain.policies import Backoff
 from infrastructure.eventstore import ProvisionerApplication, init_database, open_event_store
@@ -21,6 +22,31 @@ from infrastructure.fake_gateway import FakeConfig, FakeGateway
 from infrastructure.gateway import HttpGateway
 from infrastructure.service import EngineSettings, ProvisioningService
 from infrastructure.views import init_read_models
+
+# Hypothesis: `default` (what `make test` runs) is deterministic, with no example
+# database and no deadline; `deep` (HYPOTHESIS_PROFILE=deep) searches far wider,
+# for runs by hand. The property tests size themselves from the loaded profile.
+settings.register_profile(
+    "default",
+    derandomize=True,
+    database=None,
+    deadline=None,
+    max_examples=100,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow],
+    phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink],
+)
+settings.register_profile(
+    "deep",
+    derandomize=False,
+    database=None,
+    deadline=None,
+    max_examples=2_000,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow],
+    phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink],
+)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
 PG_ADMIN = os.environ.get("PROVISIONER_TEST_PG", "postgresql://root@127.0.0.1:5432/postgres")
 TOKEN = "test-token-s3cr3t"

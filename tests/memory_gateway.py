@@ -1,10 +1,30 @@
 """An in-memory gateway implementing the port (`domain.ports.Gateway`), for service
 tests without sockets. Answers are scripted per call; the HTTP fake
-(`infrastructure.fake_gateway`) stays for the integration tests."""
+(`infrastructure.fake_gateway`) stays for the integration tests.
+
+Faults it can play (the property tests drive them at random):
+- `creates` scripts the next create calls: "ok" (made and answered), "lost" (made,
+  answer lost: AmbiguousCreate), "none" (not made, AmbiguousCreate), "late" (made,
+  answer lost, and the workspace shows in the family only after `reveal()`),
+  "parent" (answers the parent's id, a gateway bug), "noid" (answers an empty id),
+  "echo" (answers the id of the newest child there is, made by nobody now),
+  or a GatewayError to raise (429, 5xx, 401, 409 ...);
+- `fail` scripts a GatewayError for the next calls of a method by name;
+- `new_statuses` is the status script of the next workspaces made (the last repeats:
+  a zombie is one that stays "not ready", a terminal one ends "failed");
+- `add` puts same-title others (ready, zombies, with projects) beside ours;
+  `remove` makes a workspace answer 404;
+- `hooks` runs a callback inside the next call of a method by name, after its
+  effect and before its answer: another delivery, command or release that runs
+  while this one waits on the gateway.
+What our creates made is listed in `made`, the projects deleted in `deleted`, the ids
+"echo" creates answered in `echoed`.
+"""
 
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from domain.ports import AmbiguousCreate, FamilyMember, GatewayError, WorkspaceGone
@@ -26,8 +46,9 @@ class Workspace:
 class MemoryGateway:
     """Parents and their children in a dict. `creates` scripts what the next create
     calls do: "ok" (made and answered), "lost" (made, answer lost: AmbiguousCreate),
-    "none" (not made, AmbiguousCreate), or a GatewayError to raise. `fail` scripts a
-    GatewayError for the next calls of a method by name."""
+    "none" (not made, AmbiguousCreate), "late", "parent", "noid", "echo" (see the module), or
+    a GatewayError to raise. `fail` scripts a GatewayError for the next calls of a
+    method by name."""
 
     def __init__(self, *parents: str) -> None:
         self.workspaces: dict[str, Workspace] = {p: Workspace(p, "", "parent") for p in parents}
@@ -35,14 +56,35 @@ class MemoryGateway:
         self.fail: dict[str, list[GatewayError]] = {}
         self.new_statuses: list[str] = ["created"]
         self.calls: Counter[str] = Counter()
+        self.hooks: dict[str, list[Callable[[], None]]] = {}
+        self.made: list[str] = []  # every workspace a create call made, in order
+        self.hidden: dict[str, Workspace] = {}  # made by a "late" create, not listed yet
+        self.deleted: list[tuple[str, str]] = []  # (workspace, project) deleted
+        self.echoed: list[str] = []  # ids "echo" creates answered with
         self._next = 0
 
     def add(self, parent: str, title: str, *statuses: str, projects: int = 0) -> str:
+        ws = self._new(parent, title, statuses, projects)
+        self.workspaces[ws.id] = ws
+        return ws.id
+
+    def _new(self, parent: str, title: str, statuses: tuple[str, ...], projects: int) -> Workspace:
         self._next += 1
         ws = Workspace(f"ws-{self._next}", parent, title, list(statuses or self.new_statuses))
         ws.projects = [f"p-{self._next}-{n}" for n in range(projects)]
-        self.workspaces[ws.id] = ws
-        return ws.id
+        return ws
+
+    def remove(self, workspace_id: str) -> None:
+        """The workspace is gone upstream: every call about it answers 404."""
+        self.workspaces.pop(workspace_id, None)
+        self.hidden.pop(workspace_id, None)
+
+    def reveal(self) -> list[str]:
+        """The workspaces of "late" creates show up in the family at last."""
+        shown = list(self.hidden)
+        self.workspaces.update(self.hidden)
+        self.hidden.clear()
+        return shown
 
     def children(self, parent: str, title: str) -> list[Workspace]:
         return [w for w in self.workspaces.values() if w.parent == parent and w.title == title]
@@ -52,6 +94,11 @@ class MemoryGateway:
         scripted = self.fail.get(name)
         if scripted:
             raise scripted.pop(0)
+
+    def _hook(self, name: str) -> None:
+        hooks = self.hooks.get(name)
+        if hooks:
+            hooks.pop(0)()
 
     def _workspace(self, workspace_id: str) -> Workspace:
         try:
@@ -66,34 +113,58 @@ class MemoryGateway:
         self._workspace(parent_id)
         what = self.creates.pop(0) if self.creates else "ok"
         if isinstance(what, GatewayError):
+            self._hook("create_child")
             raise what
         if what == "none":
+            self._hook("create_child")
             raise AmbiguousCreate("timed out before creating")
-        workspace_id = self.add(parent_id, title)
-        if what == "lost":
+        if what in ("parent", "noid"):
+            self._hook("create_child")
+            return parent_id if what == "parent" else ""
+        if what == "echo":  # a gateway bug: the id of a child that exists already
+            children = [w for w in self.workspaces.values() if w.parent == parent_id]
+            self._hook("create_child")
+            answer = children[-1].id if children else parent_id
+            self.echoed.append(answer)
+            return answer
+        ws = self._new(parent_id, title, (), 0)
+        self.made.append(ws.id)
+        if what == "late":
+            self.hidden[ws.id] = ws
+        else:
+            self.workspaces[ws.id] = ws
+        self._hook("create_child")
+        if what in ("lost", "late"):
             raise AmbiguousCreate("timed out after creating")
-        return workspace_id
+        return ws.id
 
     def status(self, workspace_id: str) -> str:
         self._call("status")
-        return self._workspace(workspace_id).status()
+        status = self._workspace(workspace_id).status()
+        self._hook("status")
+        return status
 
     def family(self, parent_id: str, title: str | None = None) -> list[FamilyMember]:
         self._call("family")
         parent = self._workspace(parent_id)
         members = [parent, *(w for w in self.workspaces.values() if w.parent == parent_id)]
-        return [
+        listed = [
             FamilyMember(w.id, w.title, w.statuses[0])
             for w in members
             if title is None or w.title == title
         ]
+        self._hook("family")
+        return listed
 
     def list_projects(self, workspace_id: str) -> list[str]:
         self._call("list_projects")
-        return list(self._workspace(workspace_id).projects)
+        projects = list(self._workspace(workspace_id).projects)
+        self._hook("list_projects")
+        return projects
 
     def delete_project(self, workspace_id: str, project_id: str) -> None:
         self._call("delete_project")
         projects = self._workspace(workspace_id).projects
         if project_id in projects:
             projects.remove(project_id)
+            self.deleted.append((workspace_id, project_id))

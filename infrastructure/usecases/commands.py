@@ -23,7 +23,7 @@ from domain.brand import DEACTIVATE, PROVISION, Brand
 from domain.errors import AttemptInProgress, InvalidRequest, StaleCommand, UnknownBrand
 from domain.ids import brand_aggregate_id
 from domain.policies import AttemptState
-from infrastructure.usecases.reads import ServiceReads
+from infrastructure.usecases.reads import ServiceReads, is_unicode_text
 from infrastructure.usecases.retry import retry_on_conflict
 
 log = logging.getLogger("provisioner.engine")
@@ -48,6 +48,8 @@ def _require_text(name: str, value: object, secrets: tuple[str, ...] = ()) -> st
         raise InvalidRequest(f"{name} contains the gateway token: refused, not stored")
     if value != value.strip() or any(ord(c) < 32 for c in value):
         raise InvalidRequest(f"{name} must not have surrounding spaces or control characters")
+    if not is_unicode_text(value):  # a lone surrogate (JSON may escape one): no store holds it
+        raise InvalidRequest(f"{name} must be Unicode text (it holds a lone surrogate)")
     if len(value) > MAX_ID_CHARS:
         raise InvalidRequest(f"{name} must be at most {MAX_ID_CHARS} characters")
     return value

@@ -240,6 +240,8 @@ class HopRun:
             answer = decide.failed(exc)
         step = decide.create_answered(answer, parent)
         if isinstance(step, decide.Record):
+            if step.workspace_id in (*known, *attempt.created_ids):
+                return self._fail(attempt, decide.created_again(step.workspace_id))
             self.created = step.workspace_id
             return self._record_created(attempt)
         if isinstance(step, decide.Recover):

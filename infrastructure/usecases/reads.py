@@ -25,6 +25,15 @@ FACTS_KEPT = 50_000  # attempts whose brand, parent and title a service remember
 MIN_SECRET_CHARS = 8
 
 
+def is_unicode_text(text: str) -> bool:
+    """Whether `text` can be stored (as UTF-8): no lone surrogates."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 class SystemClock:
     def now(self) -> datetime:
         return datetime.now(UTC)
@@ -103,6 +112,8 @@ class ServiceReads:
         return aggregate
 
     def brand(self, brand_id: str) -> Brand:
+        if not is_unicode_text(brand_id):  # never registered: requests refuse such ids
+            raise UnknownBrand(f"no brand {brand_id!r} is registered")
         (brand,) = self.load(brand_aggregate_id(brand_id))
         return self.as_brand(brand, brand_id)
 
