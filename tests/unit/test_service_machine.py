@@ -31,9 +31,8 @@ is pending) and checks what must hold once everything ended (`teardown`):
 What the gateway's contract cannot tell apart is not held against the service, and
 is said where the check makes the exception: a same-title workspace of someone
 else's that appears while an orphan search of that title may run (a *lookalike*:
-no idempotency key), an id a create answers that was there before (`echo`, a
-gateway bug), and the shell of an unconfirmed create whose status is already
-terminal (recovery counts only children not terminal: a known gap).
+no idempotency key), and an id a create answers that was there before (`echo`, a
+gateway bug).
 """
 
 from __future__ import annotations
@@ -347,9 +346,6 @@ class ServiceMachine(RuleBasedStateMachine):
                 bound[brand_id] = brand.workspace_id
         return bound
 
-    def _terminal(self, workspace_id: str) -> bool:
-        return classify_status(self.gateway.workspaces[workspace_id].statuses[0]).is_terminal
-
     def lookalikes_upstream(self) -> set[str]:
         return self.lookalikes & set(self.gateway.workspaces)
 
@@ -441,10 +437,6 @@ class ServiceMachine(RuleBasedStateMachine):
         # (the search finds two new workspaces: ambiguous, neither is recorded).
         confusable = {self.gateway.workspaces[w].title for w in self.lookalikes_upstream()}
         lost = {w for w in lost if self.gateway.workspaces[w].title not in confusable}
-        # Known gap (docs/architecture.md, `recover`: *new* is "not terminal"): what an
-        # unconfirmed create made is never recognised once its status is terminal,
-        # so a `creation_failed` or `failed` shell of a lost create stays off the record.
-        lost = {w for w in lost if not self._terminal(w)}
         assert lost == set(), f"made, neither on record nor bound: {lost}"
         # A create that answers an id that was there before (a gateway bug) is believed.
         believed = made | self.lookalikes | set(self.gateway.echoed)
