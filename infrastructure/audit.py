@@ -28,6 +28,7 @@ from domain.brand import ACTIVE, DEACTIVATED, Brand
 from domain.errors import ProvisionerError, UnknownAttempt, UnknownBrand
 from domain.ids import brand_aggregate_id
 from infrastructure.service import ProvisioningService
+from infrastructure.usecases.reads import is_unicode_text
 from projections.brand_workspaces import brand_status as status_of
 
 
@@ -52,6 +53,16 @@ def _replayed(service: ProvisioningService, aggregate_id: UUID) -> tuple[Any, li
     """The aggregate and its events from ONE read of its stream (None if it has none)."""
     events: list[Any] = list(service.app.events.get(aggregate_id))
     return project_aggregate(None, events), events
+
+
+def _brand_stream(service: ProvisioningService, brand_id: str) -> tuple[Brand, list[Any]]:
+    """The brand and its events, or UnknownBrand (an id no request could register,
+    such as one holding a lone surrogate from undecodable bytes, included)."""
+    if is_unicode_text(brand_id):
+        brand, events = _replayed(service, brand_aggregate_id(brand_id))
+        if isinstance(brand, Brand):
+            return brand, events
+    raise UnknownBrand(f"no brand {brand_id!r} is registered")
 
 
 def _other_attempt(event: Any) -> str | None:
@@ -119,9 +130,7 @@ def _brand_event(event: Any) -> dict[str, Any]:
 def brand_history(service: ProvisioningService, brand_id: str) -> list[dict[str, Any]]:
     """The brand's own events and its attempts, in the brand's order (an attempt where
     the brand began it, with all its events): one read per stream."""
-    brand, events = _replayed(service, brand_aggregate_id(brand_id))
-    if not isinstance(brand, Brand):
-        raise UnknownBrand(f"no brand {brand_id!r} is registered")
+    _, events = _brand_stream(service, brand_id)
     items: list[dict[str, Any]] = []
     for event in events:
         if isinstance(event, Brand.AttemptBegun):
@@ -139,9 +148,7 @@ class NotYetRegistered(ProvisionerError):
 def pointer_at(service: ProvisioningService, brand_id: str, at: datetime) -> dict[str, Any]:
     """The workspace the brand was bound to at `at` (its stream replayed up to then),
     and the attempt that bound it."""
-    brand, events = _replayed(service, brand_aggregate_id(brand_id))
-    if not isinstance(brand, Brand):
-        raise UnknownBrand(f"no brand {brand_id!r} is registered")
+    brand, events = _brand_stream(service, brand_id)
     workspace_id: str | None = None
     bound_by: UUID | None = None
     lifecycle = ACTIVE
