@@ -235,6 +235,23 @@ def acquire_failed(failure: Failed) -> Fail | Wait:
     return Wait(f"gateway unavailable: {failure.message}")
 
 
+def ours_among(new_ids: Sequence[str], shells: Sequence[str], *, earlier_lost: bool) -> list[str]:
+    """What unconfirmed creates made, as far as the family can tell.
+
+    `new_ids` are the live children new since the create, `shells` the new ones
+    already terminal. One create makes at most one workspace: with no earlier
+    create given up (`earlier_lost`), that is the one live child, else the one
+    shell, else nothing we can tell apart. With one, every shell besides is an
+    earlier create's too (a shell is never usable, so recording it costs nothing).
+    """
+    live = list(new_ids[:1]) if len(new_ids) == 1 else []
+    if earlier_lost:
+        return live + list(shells)
+    if new_ids:
+        return live  # several live: none can be told apart
+    return list(shells) if len(shells) == 1 else []
+
+
 def recover(
     new_ids: Sequence[str],
     title: str,
@@ -244,25 +261,26 @@ def recover(
     waited_s: float,
     grace_s: float,
     shells: Sequence[str] = (),
+    earlier_lost: bool = False,
 ) -> Accept | Fail | Wait | Proceed:
     """An unconfirmed create: what is new since it and not taken elsewhere is ours.
 
-    `new_ids` are live (not terminal); `shells` are new children already in a
-    terminal status. One live: accept it. None live but a shell: accept the
-    shell, whose status then decides (`creation failed`: drop it and create
-    again; `failed`: fail), so what the create made is on record either way.
-    Nothing yet: wait while it may still appear (the hop that requested it, or
-    within the grace); after that it did not happen (Proceed: adopt or create).
+    Accept what `ours_among` attributes to our creates (a shell's status then
+    decides: `creation failed` drops it and creates again, `failed` fails), so
+    what a create made is on record either way. Several live, or several shells
+    that one create cannot all have made: ambiguous. Nothing yet: wait while it
+    may still appear (the hop that requested it, or within the grace); after
+    that it did not happen (Proceed: adopt or create).
     """
-    if not new_ids and shells:
-        return Accept(shells[0], Provenance.CREATED)
-    if len(new_ids) == 1:
-        return Accept(new_ids[0], Provenance.CREATED)
-    if len(new_ids) > 1:
+    ours = ours_among(new_ids, shells, earlier_lost=earlier_lost)
+    if len(new_ids) > 1 or (not ours and shells):
+        found = len(new_ids) if len(new_ids) > 1 else len(shells)
         return Fail(
             FailureReason.AMBIGUOUS,
-            f"{len(new_ids)} new workspaces titled {title!r} after an unconfirmed create",
+            f"{found} new workspaces titled {title!r} after an unconfirmed create",
         )
+    if ours:
+        return Accept(ours[0], Provenance.CREATED)
     if requested_hop == hop or waited_s <= grace_s:
         return Wait("create unconfirmed; not in the family yet")
     return Proceed()

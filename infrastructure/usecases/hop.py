@@ -175,13 +175,14 @@ class HopRun:
             waited_s=waited_s,
             grace_s=self.grace_s,
             shells=shells,
+            earlier_lost=attempt.create_lost,
         )
         if isinstance(step, decide.Accept):
             if slot.holder != attempt.id:  # no Freed to save: bump it another way
                 slot.note_adoption(attempt.id, step.workspace_id)
             self._accept(attempt, step.workspace_id, step.provenance, slot)
-            for shell in shells:  # the other shells: on record as surplus, owed a release
-                attempt.record_created(shell, self.hop)
+            for shell in decide.ours_among(new, shells, earlier_lost=attempt.create_lost):
+                attempt.record_created(shell, self.hop)  # the rest: surplus, owed a release
             return None
         if isinstance(step, decide.Proceed):
             return None  # that create did not happen: adopt or create afresh

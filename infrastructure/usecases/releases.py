@@ -325,8 +325,8 @@ def empty_shell_again(svc: ServiceReads, attempt: ProvisioningAttempt, workspace
 def _find_orphans(
     svc: ServiceReads, attempt: ProvisioningAttempt
 ) -> tuple[list[str], TitleSlot] | None:
-    """What unresolved creates made: the live workspace if the family shows exactly
-    one, and every terminal shell; with the title slot as read before the family.
+    """What unresolved creates made (`domain.hop.ours_among`), with the title slot
+    as read before the family.
 
     Not while another attempt holds the slot afresh: its create of the same
     title may be in flight and would look like ours. Saved with the slot
@@ -338,5 +338,6 @@ def _find_orphans(
         return None
     family = svc.gateway.family(attempt.parent_workspace_id, attempt.title)
     new = made_by_unresolved_create(svc, attempt, family)
-    found = (new if len(new) == 1 else []) + shells_of_unresolved_create(svc, attempt, family)
+    shells = shells_of_unresolved_create(svc, attempt, family)
+    found = decide.ours_among(new, shells, earlier_lost=attempt.create_lost)
     return (found, slot) if found else None

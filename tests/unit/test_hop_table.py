@@ -149,20 +149,10 @@ ACQUIRE_FAILED: list[Row] = [
 table("acquire_failed", ACQUIRE_FAILED, decide.acquire_failed, [(f,) for f in FAILURES])
 
 # Recovering an unconfirmed create:
-# (new_ids, title, requested_hop, hop, waited_s, grace_s, shells).
+# (new_ids, title, requested_hop, hop, waited_s, grace_s, shells, earlier_lost).
 RECOVER: list[Row] = [
     (
-        "no live workspace new, but a terminal shell: ours, its status decides next",
-        lambda n, t, r, h, w, g, s: not n and bool(s),
-        lambda n, t, r, h, w, g, s: Accept(s[0], Provenance.CREATED),
-    ),
-    (
-        "exactly one new workspace not taken elsewhere",
-        lambda n, *a: len(n) == 1,
-        lambda n, *a: Accept(n[0], Provenance.CREATED),
-    ),
-    (
-        "several",
+        "several live new workspaces",
         lambda n, *a: len(n) > 1,
         lambda n, t, *a: Fail(
             FailureReason.AMBIGUOUS,
@@ -170,13 +160,31 @@ RECOVER: list[Row] = [
         ),
     ),
     (
+        "exactly one live new workspace not taken elsewhere",
+        lambda n, *a: len(n) == 1,
+        lambda n, *a: Accept(n[0], Provenance.CREATED),
+    ),
+    (
+        "none live; one terminal shell, or shells after an earlier create was given up",
+        lambda n, t, r, h, w, g, s, lost: len(s) == 1 or (bool(s) and lost),
+        lambda n, t, r, h, w, g, s, lost: Accept(s[0], Provenance.CREATED),
+    ),
+    (
+        "none live; several shells, which one create cannot all have made",
+        lambda n, t, r, h, w, g, s, lost: len(s) > 1,
+        lambda n, t, r, h, w, g, s, lost: Fail(
+            FailureReason.AMBIGUOUS,
+            f"{len(s)} new workspaces titled {t!r} after an unconfirmed create",
+        ),
+    ),
+    (
         "none yet, requested by this hop",
-        lambda n, t, r, h, w, g, s: r == h,
+        lambda n, t, r, h, w, g, s, lost: r == h,
         lambda *a: Wait("create unconfirmed; not in the family yet"),
     ),
     (
         "none yet, within the grace",
-        lambda n, t, r, h, w, g, s: w <= g,
+        lambda n, t, r, h, w, g, s, lost: w <= g,
         lambda *a: Wait("create unconfirmed; not in the family yet"),
     ),
     ("none after the grace: it did not happen", lambda *a: True, lambda *a: Proceed()),
@@ -184,8 +192,8 @@ RECOVER: list[Row] = [
 table(
     "recover",
     RECOVER,
-    lambda n, t, r, h, w, g, s: decide.recover(
-        n, t, requested_hop=r, hop=h, waited_s=w, grace_s=g, shells=s
+    lambda n, t, r, h, w, g, s, lost: decide.recover(
+        n, t, requested_hop=r, hop=h, waited_s=w, grace_s=g, shells=s, earlier_lost=lost
     ),
     itertools.product(
         [(), ("ws-1",), ("ws-1", "ws-2"), ("ws-1", "ws-2", "ws-3")],
@@ -195,6 +203,33 @@ table(
         [0.0, 59.9, 60.0, 60.1, 3600.0],
         [0.0, 60.0],
         [(), ("shell-1",), ("shell-1", "shell-2")],
+        [False, True],
+    ),
+)
+
+# What unconfirmed creates made: (new_ids, shells, earlier_lost).
+OURS: list[Row] = [
+    (
+        "an earlier create given up: the one live workspace if any, and every shell",
+        lambda n, s, lost: lost,
+        lambda n, s, lost: (list(n) if len(n) == 1 else []) + list(s),
+    ),
+    ("one create: the one live workspace", lambda n, s, lost: len(n) == 1, lambda n, *a: list(n)),
+    (
+        "one create, none live: the one shell",
+        lambda n, s, lost: not n and len(s) == 1,
+        lambda n, s, lost: list(s),
+    ),
+    ("one create: nothing it can be told to have made", lambda *a: True, lambda *a: []),
+]
+table(
+    "ours_among",
+    OURS,
+    lambda n, s, lost: decide.ours_among(n, s, earlier_lost=lost),
+    itertools.product(
+        [(), ("ws-1",), ("ws-1", "ws-2")],
+        [(), ("shell-1",), ("shell-1", "shell-2")],
+        [False, True],
     ),
 )
 

@@ -480,29 +480,54 @@ def test_a_lost_create_whose_shell_failed_for_good_fails_the_attempt_on_record(
 
 
 def test_shells_beside_the_live_workspace_a_lost_create_made_are_owed_a_release(
-    service: ProvisioningService, gateway: MemoryGateway
+    service: ProvisioningService, gateway: MemoryGateway, clock: ManualClock
 ) -> None:
-    """A shell that failed appears beside the live workspace a create's lost answer
-    made (an earlier create of ours, say): the live one is taken, the shell goes on
-    record as a surplus and is released."""
+    """An earlier create was given up; a shell that failed appears beside the live
+    workspace the next create's lost answer made: the live one is taken, the shell
+    (the earlier create's, for all we can tell) goes on record as a surplus."""
     made: list[str] = []
     create_child = gateway.create_child
 
     def create_with_a_shell(parent_id: str, title: str) -> str:
-        made.append(gateway.add(parent_id, title, "creation_failed"))
+        if gateway.calls["create_child"] == 1:  # the second create
+            made.append(gateway.add(parent_id, title, "creation_failed"))
         return create_child(parent_id, title)
 
     gateway.create_child = create_with_a_shell  # type: ignore[method-assign]
-    gateway.creates = ["lost"]
+    gateway.creates = ["none", "lost"]
     attempt_id = service.request_provisioning("b1", TITLE, PARENT)
+    service.run_hop(attempt_id, 0)
+    clock.advance(61)  # past the grace: the first create is given up
 
-    outcome = service.run_hop(attempt_id, 0)
+    outcome = service.run_hop(attempt_id, 1)
 
     attempt = service.attempt(attempt_id)
     [shell] = made
     assert outcome.outcome is Outcome.PROMOTED
+    assert attempt.create_lost
     assert attempt.candidate_id not in (None, shell)
     assert set(attempt.created_ids) == {attempt.candidate_id, shell}
     assert attempt.owed_releases == (shell,)
     service.release(attempt_id)  # as the reconciler's scan of owed releases does
     assert service.attempt(attempt_id).released_ids == (shell,)
+
+
+def test_one_create_is_credited_with_one_workspace_only(
+    service: ProvisioningService, gateway: MemoryGateway, clock: ManualClock
+) -> None:
+    """A create that timed out, then someone else's live workspace and a shell of the
+    same title appear: one create made at most one of them, so the live one is taken
+    (the contract cannot tell it apart) and the shell is not put on record."""
+    gateway.creates = ["none"]
+    attempt_id = service.request_provisioning("b1", TITLE, PARENT)
+    service.run_hop(attempt_id, 0)
+    live = gateway.add(PARENT, TITLE, "created")
+    shell = gateway.add(PARENT, TITLE, "creation_failed")
+    clock.advance(5)
+
+    outcome = service.run_hop(attempt_id, 1)
+
+    attempt = service.attempt(attempt_id)
+    assert outcome.outcome is Outcome.PROMOTED
+    assert attempt.created_ids == (live,)
+    assert shell not in attempt.created_ids
