@@ -11,6 +11,7 @@ import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -26,26 +27,15 @@ from infrastructure.views import init_read_models
 # Hypothesis: `default` (what `make test` runs) is deterministic, with no example
 # database and no deadline; `deep` (HYPOTHESIS_PROFILE=deep) searches far wider,
 # for runs by hand. The property tests size themselves from the loaded profile.
-settings.register_profile(
-    "default",
-    derandomize=True,
-    database=None,
-    deadline=None,
-    max_examples=100,
-    print_blob=True,
-    suppress_health_check=[HealthCheck.too_slow],
-    phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink],
-)
-settings.register_profile(
-    "deep",
-    derandomize=False,
-    database=None,
-    deadline=None,
-    max_examples=2_000,
-    print_blob=True,
-    suppress_health_check=[HealthCheck.too_slow],
-    phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink],
-)
+_EVERY_PROFILE: dict[str, Any] = {
+    "database": None,
+    "deadline": None,
+    "print_blob": True,
+    "suppress_health_check": [HealthCheck.too_slow],
+    "phases": [Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink],
+}
+settings.register_profile("default", derandomize=True, max_examples=100, **_EVERY_PROFILE)
+settings.register_profile("deep", derandomize=False, max_examples=2_000, **_EVERY_PROFILE)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
 PG_ADMIN = os.environ.get("PROVISIONER_TEST_PG", "postgresql://root@127.0.0.1:5432/postgres")

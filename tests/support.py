@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shutil
+import subprocess
 from collections.abc import Callable
 from uuid import UUID
 
@@ -74,3 +76,16 @@ class Intercepting:
 
     def delete_project(self, workspace_id: str, project_id: str) -> None:
         self.inner.delete_project(workspace_id, project_id)
+
+
+def rabbitmqctl(*args: str, timeout: float = 60.0) -> str:
+    """Run the local RabbitMQ's rabbitmqctl; raises when it is missing or fails."""
+    exe = shutil.which("rabbitmqctl")
+    if exe is None:
+        raise FileNotFoundError("rabbitmqctl is not on PATH (vhosts, users, closing connections)")
+    done = subprocess.run(
+        [exe, *args], capture_output=True, text=True, timeout=timeout, check=False
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"rabbitmqctl {args[0]} failed: {done.stderr.strip()[-300:]}")
+    return done.stdout

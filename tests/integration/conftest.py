@@ -21,7 +21,6 @@ otherwise land in the next test.
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import uuid
 from collections.abc import Iterator
@@ -35,6 +34,7 @@ from infrastructure.eventstore import open_event_store
 from infrastructure.views import SqlViewStore
 from tests.conftest import unavailable
 from tests.readmodels import assert_projections_match
+from tests.support import rabbitmqctl
 
 BROKER = "amqp://guest:guest@127.0.0.1:5672"
 FIXED_QUEUES = (HOPS_QUEUE, COMMANDS_QUEUE, DEAD_QUEUE)
@@ -42,19 +42,6 @@ FIXED_QUEUES = (HOPS_QUEUE, COMMANDS_QUEUE, DEAD_QUEUE)
 # Wait queues seen in any listing of this session (they are never deleted).
 _known_wait_queues: set[str] = set()
 _listed: list[bool] = []  # non-empty once a listing was attempted this session
-
-
-def rabbitmqctl(*args: str, timeout: float = 30.0) -> str:
-    """Run rabbitmqctl as the test user; raises when it is missing or fails."""
-    exe = shutil.which("rabbitmqctl")
-    if exe is None:
-        raise FileNotFoundError("rabbitmqctl is not on PATH")
-    done = subprocess.run(
-        [exe, *args], capture_output=True, text=True, timeout=timeout, check=False
-    )
-    if done.returncode != 0:
-        raise RuntimeError(f"rabbitmqctl {' '.join(args)} failed: {done.stderr.strip()}")
-    return done.stdout
 
 
 def vhost_of(url: str) -> str:

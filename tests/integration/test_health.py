@@ -18,8 +18,8 @@ import pytest
 
 from infrastructure.fake_gateway import FakeGateway
 from infrastructure.settings import Settings
-from tests.integration.conftest import rabbitmqctl
 from tests.integration.test_cli_edges import PROVISIONER, clean_env, forwarder, free_port, pg_url
+from tests.support import rabbitmqctl
 from worker.health import Health, checks_for
 from worker.probes import Probes, serve
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
-import shutil
 import signal
 import subprocess
 import sys
@@ -24,6 +23,8 @@ from urllib.parse import quote, urlsplit
 
 import psycopg
 
+from tests.support import rabbitmqctl
+
 ROOT = Path(__file__).resolve().parents[2]
 PROVISIONER = ROOT / ".venv" / "bin" / "provisioner"
 
@@ -32,18 +33,6 @@ def provisioner() -> list[str]:
     if PROVISIONER.exists():
         return [str(PROVISIONER)]
     return [sys.executable, "-m", "worker.cli"]
-
-
-def rabbitmqctl(*args: str, timeout: float = 60.0) -> str:
-    exe = shutil.which("rabbitmqctl")
-    if exe is None:
-        raise FileNotFoundError("rabbitmqctl is not on PATH: the run needs it (vhost, closes)")
-    done = subprocess.run(
-        [exe, *args], capture_output=True, text=True, timeout=timeout, check=False
-    )
-    if done.returncode != 0:
-        raise RuntimeError(f"rabbitmqctl {args[0]} failed: {done.stderr.strip()[-300:]}")
-    return done.stdout
 
 
 @dataclass
