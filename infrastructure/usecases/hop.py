@@ -119,18 +119,15 @@ class HopRun:
         if placed_late:
             self._record_created(attempt)
             self._save(attempt)
-        self._release_owed(attempt)
+        releases.release_owed(self.svc, attempt, self.released)
         gate = decide.gate(attempt.state, attempt.expected_hop, self.hop, placed_late)
         if isinstance(gate, decide.Stand):
-            return self._stand(attempt, gate)
+            return self._outcome(attempt, gate.outcome, gate.detail, stand_down=gate.why)
         if attempt.candidate_id is None:
             outcome = self._acquire(attempt)
             if outcome is not None:
                 return outcome
         return self._poll(attempt)
-
-    def _release_owed(self, attempt: ProvisioningAttempt) -> None:
-        releases.release_owed(self.svc, attempt, self.released)
 
     # Create or adopt.
 
@@ -162,9 +159,9 @@ class HopRun:
         waiting = decide.slot_gate(slot.busy_for(attempt.id, self.now, self.grace_s), attempt.title)
         if isinstance(waiting, decide.Wait):
             return self._end(attempt, waiting)
-        family = self._family_of(attempt)
-        new = releases.made_by_unresolved_create(self.svc, attempt, family)
-        shells = releases.shells_of_unresolved_create(self.svc, attempt, family)
+        new, shells = releases.made_by_unresolved_create(
+            self.svc, attempt, self._family_of(attempt)
+        )
         requested_at = attempt.create_requested_at
         waited_s = 0.0 if requested_at is None else (self.now - requested_at).total_seconds()
         step = decide.recover(
@@ -231,7 +228,7 @@ class HopRun:
             again = self.svc.attempt(attempt.id)
             lost = decide.lost_create_race(again.create_requested_hop, again.candidate_id, self.hop)
             if isinstance(lost, decide.Stand):
-                return self._stand(again, lost)
+                return self._outcome(again, lost.outcome, lost.detail, stand_down=lost.why)
             raise
         parent = attempt.parent_workspace_id
         answer: str | decide.Failed
@@ -424,12 +421,9 @@ class HopRun:
             if slot not in self.pending:
                 touched.append(slot)
         self._save(attempt, *touched)
-        self._release_owed(attempt)
+        releases.release_owed(self.svc, attempt, self.released)
         outcome, detail = decide.ended(fail)
         return self._outcome(attempt, outcome, detail)
-
-    def _stand(self, attempt: ProvisioningAttempt, stand: decide.Stand) -> HopOutcome:
-        return self._outcome(attempt, stand.outcome, stand.detail, stand_down=stand.why)
 
     def _outcome(
         self,

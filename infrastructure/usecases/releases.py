@@ -161,22 +161,13 @@ def taken_elsewhere(svc: ServiceReads, workspace_id: str, attempt: ProvisioningA
 
 def made_by_unresolved_create(
     svc: ServiceReads, attempt: ProvisioningAttempt, family: list[FamilyMember]
-) -> list[str]:
-    """What the attempt's unconfirmed create may have made: same-title children new
-    since it was requested, not already the attempt's own, not taken elsewhere."""
-    return _unowned(svc, attempt, new_since(family, *_since_args(attempt)))
-
-
-def shells_of_unresolved_create(
-    svc: ServiceReads, attempt: ProvisioningAttempt, family: list[FamilyMember]
-) -> list[str]:
-    """The same, already in a terminal status: shells our create made and the gateway
-    failed (their answer lost with a killed worker, say). Recorded, never bound."""
-    return _unowned(svc, attempt, shells_since(family, *_since_args(attempt)))
-
-
-def _since_args(attempt: ProvisioningAttempt) -> tuple[str, str, tuple[str, ...]]:
-    return attempt.title, attempt.parent_workspace_id, attempt.create_known_ids
+) -> tuple[list[str], list[str]]:
+    """What the attempt's unconfirmed creates may have made: same-title children new
+    since the first of them, not already the attempt's own, not taken elsewhere; the
+    live ones, and the shells (already terminal: a create the gateway failed, its
+    answer lost with a killed worker, say), which are recorded but never bound."""
+    args = (family, attempt.title, attempt.parent_workspace_id, attempt.create_known_ids)
+    return _unowned(svc, attempt, new_since(*args)), _unowned(svc, attempt, shells_since(*args))
 
 
 def _unowned(
@@ -337,7 +328,6 @@ def _find_orphans(
     if isinstance(decide.slot_gate(busy, attempt.title), decide.Wait):
         return None
     family = svc.gateway.family(attempt.parent_workspace_id, attempt.title)
-    new = made_by_unresolved_create(svc, attempt, family)
-    shells = shells_of_unresolved_create(svc, attempt, family)
+    new, shells = made_by_unresolved_create(svc, attempt, family)
     found = decide.ours_among(new, shells, earlier_lost=attempt.create_lost)
     return (found, slot) if found else None
