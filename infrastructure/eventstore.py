@@ -198,10 +198,11 @@ def persistence_env(
 
 
 # scheme://netloc of any URL in a text; a query key that names a password, and its value.
-# scheme://user:password@host: the password runs to the token's last "@", so
-# one holding an unencoded "@", "/", "?" or "#" is hidden whole (a URL with an
-# "@" later in its path loses a little more than its password, never less).
-_URL_PASSWORD = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://[^:/?#\s@\"'<>]*:)[^\s\"'<>]*@")
+# scheme://user:password@host: the password runs to the last "@" before white
+# space, so one holding any unencoded character ("@", "/", "?", "#", quotes) is
+# hidden whole. A URL with an "@" later on (`?application_name=a@b`) loses its
+# host and path from the message too: more than its password, never less.
+_URL_PASSWORD = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://[^:/?#\s@\"'<>]*:)\S*@")
 _PASSWORD_KEY = re.compile(r"(?i)([?&;][^=&#\s]*password[^=&#\s]*=)[^&#\s]*")
 
 

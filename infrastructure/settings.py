@@ -252,6 +252,12 @@ class Settings:
             raise SettingsError(
                 f"{FAKE_SWITCH}=1 and PROVISIONER_GATEWAY_URL are both set: choose one"
             )
+        if settings.create_grace_s <= settings.gateway_timeout_s:
+            raise SettingsError(
+                f"PROVISIONER_CREATE_GRACE_S ({settings.create_grace_s:g}) must be longer than "
+                f"PROVISIONER_GATEWAY_TIMEOUT_S ({settings.gateway_timeout_s:g}): a create "
+                "still in flight would otherwise be given up and the title created again"
+            )
         settings.engine()  # the backoff's own limits, checked at start-up too
         return settings
 

@@ -24,6 +24,7 @@ message ends its thread:
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -96,7 +97,19 @@ class Settler:
         self.dead_letter = dead_letter  # raised by handlers: never retried
         self.wait_delays_s = wait_delays_s
         self.refused_for_now = refused_for_now  # raised by handlers: retried on its own schedule
-        self.secrets = tuple(secret.encode() for secret in secrets if secret)
+        # The token as it may appear in a body: raw, and as JSON writes it (escaped
+        # quotes and backslashes; non-ASCII escaped or not).
+        forms = {
+            form.encode()
+            for secret in secrets
+            if secret
+            for form in (
+                secret,
+                json.dumps(secret)[1:-1],
+                json.dumps(secret, ensure_ascii=False)[1:-1],
+            )
+        }
+        self.secrets = tuple(sorted(forms, key=len, reverse=True))
 
     def read(self, message: Any) -> Delivery | None:
         """The delivery to hand to a handler, or None once it has been dead-lettered."""

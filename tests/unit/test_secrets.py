@@ -39,6 +39,8 @@ TOKEN = "tok-SECRET-5f3a9c"
         ("postgresql://u:pa/ss@db/ev", "postgresql://u:***@db/ev", "pa/ss"),
         ("amqp://guest:a?b#c@rabbit/v", "amqp://guest:***@rabbit/v", "a?b#c"),
         ('{"url": "amqp://g:x/y@h/v", "n": 1}', '"amqp://g:***@h/v", "n": 1}', "x/y"),
+        ("postgresql://u:pa'ss@h/db", "postgresql://u:***@h/db", "pa'ss"),
+        ('postgresql://u:p"a<s>s@h/db', "postgresql://u:***@h/db", 'p"a<s>s'),
     ],
 )
 def test_redact_hides_every_password_of_a_url(url: str, shown: str, hidden: str) -> None:
@@ -130,7 +132,13 @@ def test_the_runtime_gives_the_service_the_gateway_token() -> None:
             built.service.request_provisioning("b1", TOKEN, "parent")
 
 
-def test_a_dead_lettered_body_loses_the_token_it_held() -> None:
+@pytest.mark.parametrize(
+    ("token", "ensure_ascii"),
+    [(TOKEN, True), ('tok-"quoted"\\-5f3a9c', True), ("tok-\u00e9t\u00e9-5f3a9c", True),
+     ("tok-\u00e9t\u00e9-5f3a9c", False)],
+)  # fmt: skip
+def test_a_dead_lettered_body_loses_the_token_it_held(token: str, ensure_ascii: bool) -> None:
+    """Raw or as JSON writes it (escaped quotes and backslashes, \\u escapes or not)."""
     publisher = FakePublisher()
     settle = Settler(
         publisher,  # type: ignore[arg-type]
@@ -139,23 +147,23 @@ def test_a_dead_lettered_body_loses_the_token_it_held() -> None:
         connection_errors=(ConnectionError,),
         database=Outage(logging.getLogger("test"), "worker", "db", announce_start=False),
         dead_letter=DeadLetter,
-        secrets=(TOKEN,),
+        secrets=(token,),
     )
-    body = messages.encode(
-        "provision", 1, brand_id="b1", title=f"x{TOKEN}x", parent_workspace_id="p"
-    )
-    message = FakeMessage(body)
+    fields = {"type": "provision", "version": 1, "brand_id": "b1", "title": f"x{token}x",
+              "parent_workspace_id": "p"}  # fmt: skip
+    message = FakeMessage(json.dumps(fields, ensure_ascii=ensure_ascii).encode())
     delivery = settle.read(message)
     assert delivery is not None
+    svc = ProvisioningService(open_event_store("memory://"), gateway=None, secrets=(token,))  # type: ignore[arg-type]
     refused: Future[str] = Future()
     try:
-        _handle(service(), delivery.message)
+        _handle(svc, delivery.message)
     except DeadLetter as exc:
         refused.set_exception(exc)
     settle.settle(message, Delivery(delivery.message, 0), refused)
 
     [(dead_body, reason, errors, _)] = publisher.dead
     assert reason == "InvalidRequest"
-    assert TOKEN.encode() not in dead_body
+    assert token not in json.loads(dead_body)["title"]
     assert json.loads(dead_body)["title"] == "x***x"  # the rest is kept for the operator
-    assert TOKEN not in json.dumps(errors)
+    assert token not in json.dumps(errors, ensure_ascii=False)

@@ -157,9 +157,16 @@ def test_database_url_options_reach_libpq_unchanged() -> None:
 
 def test_the_create_grace_is_settable_and_reaches_the_engine() -> None:
     assert Settings.from_env({}).engine().create_grace_s == 60.0
-    settings = Settings.from_env({"PROVISIONER_CREATE_GRACE_S": "2.5"})
+    quick = {"PROVISIONER_CREATE_GRACE_S": "2.5", "PROVISIONER_GATEWAY_TIMEOUT_S": "1"}
+    settings = Settings.from_env(quick)
     assert settings.create_grace_s == 2.5
     assert settings.engine().create_grace_s == 2.5
+    # Not shorter than a create may take: the slot would open while ours is in flight.
+    for grace in ("10", "2.5"):
+        with pytest.raises(
+            SettingsError, match=r"^PROVISIONER_CREATE_GRACE_S \(.*\) must be longer"
+        ):
+            Settings.from_env({"PROVISIONER_CREATE_GRACE_S": grace})
     for bad in ("0", "-1", "soon", "86401"):
         with pytest.raises(SettingsError, match=r"^PROVISIONER_CREATE_GRACE_S must be a number"):
             Settings.from_env({"PROVISIONER_CREATE_GRACE_S": bad})
