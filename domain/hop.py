@@ -279,9 +279,13 @@ def recover(
             FailureReason.AMBIGUOUS,
             f"{found} new workspaces titled {title!r} after an unconfirmed create",
         )
-    if ours:
+    may_still_appear = requested_hop == hop or waited_s <= grace_s
+    # Only shells, after an earlier create was given up: they may be that one's,
+    # while this create's workspace is still on its way; taking one would end the
+    # wait for it (and a dropped shell would send another create). Wait it out.
+    if ours and (new_ids or not (earlier_lost and may_still_appear)):
         return Accept(ours[0], Provenance.CREATED)
-    if requested_hop == hop or waited_s <= grace_s:
+    if may_still_appear:
         return Wait("create unconfirmed; not in the family yet")
     return Proceed()
 

@@ -165,8 +165,18 @@ RECOVER: list[Row] = [
         lambda n, *a: Accept(n[0], Provenance.CREATED),
     ),
     (
-        "none live; one terminal shell, or shells after an earlier create was given up",
-        lambda n, t, r, h, w, g, s, lost: len(s) == 1 or (bool(s) and lost),
+        "none live; one shell, no create given up: this create's",
+        lambda n, t, r, h, w, g, s, lost: len(s) == 1 and not lost,
+        lambda n, t, r, h, w, g, s, lost: Accept(s[0], Provenance.CREATED),
+    ),
+    (
+        "none live; shells after an earlier create was given up, this one may still appear",
+        lambda n, t, r, h, w, g, s, lost: bool(s) and lost and (r == h or w <= g),
+        lambda *a: Wait("create unconfirmed; not in the family yet"),
+    ),
+    (
+        "none live; shells after an earlier create was given up, and this one's grace is over",
+        lambda n, t, r, h, w, g, s, lost: bool(s) and lost,
         lambda n, t, r, h, w, g, s, lost: Accept(s[0], Provenance.CREATED),
     ),
     (

@@ -531,3 +531,32 @@ def test_one_create_is_credited_with_one_workspace_only(
     assert outcome.outcome is Outcome.PROMOTED
     assert attempt.created_ids == (live,)
     assert shell not in attempt.created_ids
+
+
+def test_an_earlier_creates_shell_does_not_end_the_wait_for_the_create_in_flight(
+    service: ProvisioningService, gateway: MemoryGateway, clock: ManualClock
+) -> None:
+    """A create given up, then another sent: a shell that turns up meanwhile may be
+    the first one's. Taking it would end the wait for the second and, once dropped,
+    send a third create while the second may still appear."""
+    gateway.creates = ["none", "none"]
+    attempt_id = service.request_provisioning("b1", TITLE, PARENT)
+    service.run_hop(attempt_id, 0)
+    clock.advance(61)  # the first create is given up; the second is sent
+    second = service.run_hop(attempt_id, 1)
+    shell = gateway.add(PARENT, TITLE, "creation_failed")  # the first one's, late
+    clock.advance(5)
+
+    waiting = service.run_hop(attempt_id, second.next_hop or 2)
+    live = gateway.add(PARENT, TITLE, "created")  # the second one's, late
+    clock.advance(5)
+    found = service.run_hop(attempt_id, waiting.next_hop or 3)
+
+    assert waiting.outcome is Outcome.SCHEDULED
+    assert waiting.detail == "create unconfirmed; not in the family yet"
+    assert found.outcome is Outcome.PROMOTED
+    assert found.workspace_id == live
+    attempt = service.attempt(attempt_id)
+    assert set(attempt.created_ids) == {live, shell}
+    assert attempt.owed_releases == (shell,)
+    assert gateway.calls["create_child"] == 2
