@@ -4,12 +4,14 @@ Its stream is the audit trail of the attempt and the record of ownership: a
 candidate with provenance `created` is ours to release if the attempt does
 not end promoted, and `CandidateReleased` records that the release happened.
 Repeated identical polls are summarised in `HopScheduled`, so the stream is
-bounded by the hop budget.
+bounded by the settle budget and, for hops the gateway did not answer
+(`HopScheduled.deferred`), by the attempt's deadline over the deferral cap.
 """
 
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Any
 from uuid import UUID, uuid4
 
 from eventsourcing.domain import Aggregate, event
@@ -19,6 +21,11 @@ from domain.policies import AttemptState, FailureReason, Provenance, owed_releas
 
 # Stored error texts are summaries for people; they are cut to this length.
 MAX_MESSAGE_CHARS = 300
+
+
+def _settle_hop(state: dict[str, Any]) -> None:
+    """Upcaster: before deferrals, every scheduled hop was a settle wait."""
+    state["deferred"] = False
 
 
 def safe_message(text: str) -> str:
@@ -59,9 +66,15 @@ class ProvisioningAttempt(Aggregate):
         hop: int
 
     class HopScheduled(Aggregate.Event):
+        class_version = 2
         hop: int
         not_before: datetime
         last_status: str
+        # The gateway did not answer (429, 5xx, timeout, refused, circuit open): the
+        # hop asks again later; it does not use up the settle budget.
+        deferred: bool
+
+        upcast_v1_v2 = staticmethod(_settle_hop)
 
     class Promoted(Aggregate.Event):
         workspace_id: str
@@ -118,6 +131,10 @@ class ProvisioningAttempt(Aggregate):
         # the later create did.
         self.create_lost = False
         self.released_ids: tuple[str, ...] = ()  # emptied, or handed to a later attempt
+        self.settle_hops = 0  # hops the gateway answered "not yet" (the settle budget)
+        self.deferrals = 0  # hops the gateway did not answer, in all
+        self.deferred_in_row = 0  # ... since the last hop it answered
+        self.unavailable_since: datetime | None = None  # the first of those
 
     @classmethod
     def create_id(cls, **_: object) -> UUID:
@@ -230,11 +247,15 @@ class ProvisioningAttempt(Aggregate):
             raise CommandRefused(f"attempt {self.id} has no candidate to drop")
         self._candidate_dropped(self.candidate_id, safe_message(status), hop)
 
-    def schedule_hop(self, hop: int, not_before: datetime, last_status: str) -> None:
+    def schedule_hop(
+        self, hop: int, not_before: datetime, last_status: str, *, deferred: bool = False
+    ) -> None:
+        """The next hop: a settle wait (at most `max_hop` of them), or a deferral."""
         self._require_pending("schedule a hop")
-        if hop != self.expected_hop + 1 or hop > self.max_hop:
+        spent = not deferred and self.settle_hops >= self.max_hop
+        if hop != self.expected_hop + 1 or spent:
             raise CommandRefused(f"attempt {self.id} cannot schedule hop {hop}")
-        self._hop_scheduled(hop, not_before, safe_message(last_status))
+        self._hop_scheduled(hop, not_before, safe_message(last_status), deferred)
 
     def promote(self, hop: int) -> None:
         self._require_pending("be promoted")
@@ -304,10 +325,21 @@ class ProvisioningAttempt(Aggregate):
         self.last_status = status
 
     @event(HopScheduled)
-    def _hop_scheduled(self, hop: int, not_before: datetime, last_status: str) -> None:
+    def _hop_scheduled(
+        self, hop: int, not_before: datetime, last_status: str, deferred: bool
+    ) -> None:
         self.expected_hop = hop
         self.not_before = not_before
         self.last_status = last_status
+        if deferred:
+            if not self.deferred_in_row:
+                self.unavailable_since = self.modified_on  # this event's time
+            self.deferrals += 1
+            self.deferred_in_row += 1
+        else:
+            self.settle_hops += 1
+            self.deferred_in_row = 0
+            self.unavailable_since = None
 
     @event(Promoted)
     def _promoted(self, workspace_id: str, hop: int) -> None:

@@ -8,8 +8,11 @@ failure reaches here as a `Failure` value, the time as an argument.
 Steps (what the service does next):
     Stand(why, detail, outcome)   do nothing to the attempt: report why
     Wait(status)                  not yet: schedule the next hop, or fail exhausted
-                                  when out of hops (`schedule_or_exhaust`)
-    Schedule(hop, not_before, delay_s, status)   record it, and stop
+                                  when the settle budget is spent (`schedule_or_exhaust`)
+    Defer(status, retry_after_s)  no answer (429, 5xx, timeout, refused, circuit open):
+                                  run the hop again later without using the settle
+                                  budget, or fail at the deadline (`defer_or_expire`)
+    Schedule(hop, not_before, delay_s, status, deferred)   record it, and stop
     Fail(reason, message)         fail the attempt (then release what it owes)
     Refused(detail, then)         record the create as refused, then `then`
     Accept(workspace_id, provenance)   make it the attempt's candidate, then poll
@@ -33,7 +36,14 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 
 from domain.outcomes import Outcome, StandDown
-from domain.policies import AttemptState, Backoff, FailureReason, Provenance, StatusClass
+from domain.policies import (
+    AttemptState,
+    Backoff,
+    Deferral,
+    FailureReason,
+    Provenance,
+    StatusClass,
+)
 from domain.policies import classify_status as _classify
 from domain.ports import (
     AmbiguousCreate,
@@ -50,7 +60,7 @@ class Failure(StrEnum):
     """Every failure kind of the gateway port, as a value."""
 
     AMBIGUOUS = "ambiguous"  # a create that may or may not have happened
-    TRANSIENT = "transient"  # timeout, 429, 5xx after retries, never sent
+    TRANSIENT = "transient"  # no answer: timeout, 429, 5xx, never sent, held by the pace
     GONE = "gone"  # 404 for a workspace
     REJECTED = "rejected"  # refused for good (409, 422, other 4xx)
     UNAUTHORIZED = "unauthorized"  # 401, 403
@@ -73,14 +83,16 @@ class Failed:
 
     kind: Failure
     message: str
+    retry_after_s: float = 0.0  # a transient failure: when the gateway or the pace allows
 
 
 def failed(exc: GatewayError) -> Failed:
     """The port's exception as a value (an unknown subclass counts as transient)."""
+    retry_after_s = getattr(exc, "retry_after_s", 0.0)
     for cls, kind in _KINDS:
         if isinstance(exc, cls):
-            return Failed(kind, str(exc))
-    return Failed(Failure.TRANSIENT, str(exc))
+            return Failed(kind, str(exc), retry_after_s)
+    return Failed(Failure.TRANSIENT, str(exc), retry_after_s)
 
 
 # Steps.
@@ -99,11 +111,18 @@ class Wait:
 
 
 @dataclass(frozen=True, slots=True)
+class Defer:
+    status: str
+    retry_after_s: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
 class Schedule:
     hop: int
     not_before: datetime
     delay_s: float
     status: str
+    deferred: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,7 +134,7 @@ class Fail:
 @dataclass(frozen=True, slots=True)
 class Refused:
     detail: str
-    then: Fail | Wait
+    then: Fail | Defer
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,6 +181,7 @@ class Proceed:
 Step = (
     Stand
     | Wait
+    | Defer
     | Schedule
     | Fail
     | Refused
@@ -226,13 +246,23 @@ def slot_gate(busy: bool, title: str) -> Wait | Proceed:
     return Proceed()
 
 
-def acquire_failed(failure: Failed) -> Fail | Wait:
-    """A gateway call while acquiring a candidate failed (family, list projects, create)."""
+def acquire_failed(failure: Failed) -> Fail | Wait | Defer:
+    """A gateway call while acquiring a candidate failed (family, list projects, create).
+
+    No answer defers the hop; an answer we cannot use (malformed, a refused read)
+    counts against the settle budget, as a workspace still settling does."""
     if failure.kind is Failure.UNAUTHORIZED:
         return Fail(FailureReason.UNAUTHORIZED, f"gateway refused: {failure.message}")
     if failure.kind is Failure.GONE:
         return Fail(FailureReason.REJECTED, f"parent workspace not found: {failure.message}")
-    return Wait(f"gateway unavailable: {failure.message}")
+    if failure.kind is Failure.TRANSIENT:
+        return unavailable(failure)
+    return Wait(f"gateway answered badly: {failure.message}")  # malformed, a refused read
+
+
+def unavailable(failure: Failed) -> Defer:
+    """The gateway did not answer: defer, after its Retry-After if it gave one."""
+    return Defer(f"gateway unavailable: {failure.message}", failure.retry_after_s)
 
 
 def ours_among(new_ids: Sequence[str], shells: Sequence[str], *, earlier_lost: bool) -> list[str]:
@@ -316,9 +346,9 @@ def create_answered(answer: str | Failed, parent_id: str) -> Step:
     if kind is Failure.REJECTED:  # refused outright: nothing was made
         return Refused(message, Fail(FailureReason.REJECTED, f"create rejected: {message}"))
     if kind is Failure.UNAUTHORIZED:
-        return Refused(message, acquire_failed(answer))
-    if kind is Failure.TRANSIENT:  # throttled (429) or never sent
-        return Refused(message, acquire_failed(answer))
+        return Refused(message, Fail(FailureReason.UNAUTHORIZED, f"gateway refused: {message}"))
+    if kind is Failure.TRANSIENT:  # throttled (429) or never sent: nothing was made
+        return Refused(message, unavailable(answer))
     if kind is Failure.MALFORMED:
         return Fail(FailureReason.GATEWAY_BUG, f"create answer: {message}")
     return acquire_failed(answer)  # GONE: the parent
@@ -348,7 +378,7 @@ def created_again(workspace_id: str) -> Fail:
 
 def status_answered(
     answer: str | Failed, provenance: Provenance | None, workspace_id: str
-) -> Promote | Wait | DropExisting | DropCandidate | Fail:
+) -> Promote | Wait | Defer | DropExisting | DropCandidate | Fail:
     """What the candidate's status says: promote, wait, drop it, or fail.
 
     `creation failed` means nothing usable was made: a new create is safe, so
@@ -359,7 +389,9 @@ def status_answered(
     if isinstance(answer, Failed):
         if answer.kind is Failure.UNAUTHORIZED:
             return Fail(FailureReason.UNAUTHORIZED, f"gateway refused: {answer.message}")
-        if answer.kind is not Failure.GONE:  # transient or malformed: still settling
+        if answer.kind is Failure.TRANSIENT:
+            return unavailable(answer)
+        if answer.kind is not Failure.GONE:  # malformed: counted as still settling
             return Wait(f"unknown ({answer.message})")
         if provenance is Provenance.EXISTING:
             return DropExisting("gone (404)")
@@ -394,17 +426,52 @@ def drop_candidate_status(raw: str) -> Wait:
 
 
 def schedule_or_exhaust(
-    hop: int, max_hop: int, backoff: Backoff, now: datetime, status: str
+    hop: int, max_hop: int, backoff: Backoff, now: datetime, status: str, *, settled: int
 ) -> Schedule | Fail:
-    """Not yet: the next hop after the backoff, or failed when out of hops."""
-    if hop < max_hop and backoff.can_requeue(hop):
-        delay = backoff.delay_after(hop)
+    """Not yet: the next hop after the backoff, or failed when the settle budget is
+    spent. `settled`: the settle waits used so far (deferred hops are not counted)."""
+    if settled < max_hop and backoff.can_requeue(settled):
+        delay = backoff.delay_after(settled)
         return Schedule(hop + 1, now + timedelta(seconds=delay), delay, status)
-    return Fail(FailureReason.EXHAUSTED, f"not confirmed after {hop + 1} hops; last: {status}")
+    return Fail(
+        FailureReason.EXHAUSTED, f"not confirmed after {settled + 1} answered hops; last: {status}"
+    )
+
+
+def defer_or_expire(
+    hop: int,
+    step: Defer,
+    *,
+    in_row: int,
+    unavailable_since: datetime | None,
+    deadline_at: datetime,
+    now: datetime,
+    deferral: Deferral,
+    jitter: float,
+) -> Schedule | Fail:
+    """No answer: the same question again later, without using the settle budget.
+
+    Later means after the shared Retry-After and the jittered backoff of the
+    `in_row`-th deferral in a row, and no later than the deadline; at the
+    deadline the attempt fails (`deadline`), naming since when nothing answered.
+    """
+    since = unavailable_since or now
+    if now >= deadline_at:
+        return Fail(
+            FailureReason.DEADLINE,
+            f"no answer from the gateway since {since.isoformat(timespec='seconds')}; "
+            f"last: {step.status}",
+        )
+    delay = deferral.delay(in_row, step.retry_after_s, jitter)
+    not_before = min(now + timedelta(seconds=delay), deadline_at)
+    delay_s = (not_before - now).total_seconds()
+    return Schedule(hop + 1, not_before, delay_s, step.status, deferred=True)
 
 
 def ended(step: Fail | Schedule) -> tuple[Outcome, str]:
     """The outcome a hop reports for its last step."""
     if isinstance(step, Fail):
         return Outcome.FAILED, f"{step.reason.value}: {step.message}"
+    if step.deferred:
+        return Outcome.DEFERRED, step.status
     return Outcome.SCHEDULED, step.status

@@ -10,6 +10,7 @@ from uuid import UUID
 class Outcome(StrEnum):
     PROMOTED = "promoted"
     SCHEDULED = "scheduled"
+    DEFERRED = "deferred"  # no answer from the gateway: the hop runs again later
     FAILED = "failed"
     STOOD_DOWN = "stood_down"
     DUPLICATE = "duplicate"

@@ -71,6 +71,32 @@ class Backoff:
         return sum(self.delay_after(h) for h in range(self.max_requeues))
 
 
+@dataclass(frozen=True, slots=True)
+class Deferral:
+    """How long a hop that got no answer waits before it runs again.
+
+    The n-th deferral in a row waits `min(max_s, base_s * 2**n)`, jittered down
+    to half of that at random, or until the gateway's shared `Retry-After`,
+    whichever is later. Deferred hops never use up the settle budget (`Backoff`);
+    they go on until the attempt's deadline, `deadline_s` after it started.
+    """
+
+    base_s: float = 2.0
+    max_s: float = 30.0
+    deadline_s: float = 86_400.0
+
+    def __post_init__(self) -> None:
+        if not 0 < self.base_s <= self.max_s:
+            raise ValueError("deferral base must be > 0 and at most the maximum")
+        if self.deadline_s <= 0:
+            raise ValueError("the attempt deadline must be > 0 seconds")
+
+    def delay(self, in_row: int, retry_after_s: float, jitter: float) -> float:
+        """`jitter` in [0, 1): where between half and all of the backoff this one waits."""
+        backoff = min(self.max_s, self.base_s * 2.0 ** min(in_row, 30))
+        return max(retry_after_s, backoff * (0.5 + 0.5 * jitter))
+
+
 def same_title(family: Iterable[FamilyMember], title: str, parent_id: str) -> list[FamilyMember]:
     """Children of the parent carrying exactly this title; the parent itself never."""
     return [m for m in family if m.title == title and m.id != parent_id and m.id]
@@ -151,7 +177,8 @@ class FailureReason(StrEnum):
     REJECTED = "rejected"
     UNAUTHORIZED = "unauthorized"
     GATEWAY_BUG = "gateway_bug"
-    DEADLINE = "deadline"  # still pending long after its hops should have ended it
+    DEADLINE = "deadline"  # still pending at its deadline (the gateway never answered)
+    INTERNAL_ERROR = "internal_error"  # a hop kept raising an unexpected exception (a bug)
 
 
 def owed_releases(

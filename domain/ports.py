@@ -9,7 +9,7 @@ Exception tree::
     GatewayError                 anything the gateway did that was not an answer
     ├── AmbiguousCreate          a create that may or may not have happened
     │                            (timeout, dropped connection, 5xx on the POST)
-    ├── TransientGatewayError    timeout, 429 or 5xx on a read or delete, after retries
+    ├── TransientGatewayError    no answer: timeout, 429, 5xx, refused, or held by the pace
     ├── WorkspaceGone            404 for a workspace (list projects, status)
     ├── RequestRejected          409/422 (quota, conflict) or another 4xx: terminal
     ├── Unauthorized             401/403: credentials; terminal for the attempt, alert
@@ -34,7 +34,13 @@ class AmbiguousCreate(GatewayError):
 
 
 class TransientGatewayError(GatewayError):
-    """A read or delete failed in a way that may succeed later."""
+    """No answer now (throttled, down, unreachable, or held back by the fleet's pace):
+    may succeed later. `retry_after_s`: when the gateway, or the fleet's shared
+    pace, says to try again (0 when nothing says)."""
+
+    def __init__(self, message: str = "", *, retry_after_s: float = 0.0) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
 
 
 class WorkspaceGone(GatewayError):

@@ -9,6 +9,7 @@ Off the request path (what the worker runs, one short step at a time):
                                                deciding with `domain.hop`
     release(attempt_id)        the owed release of an attempt that ended unpromoted
     expire(attempt_id, t)      fail an attempt still pending past its deadline
+    fail_internal(id, hop, e)  fail an attempt whose hop raised a bug on every retry
     decommission(brand_id)     empty, unbind and unclaim a deactivated brand's workspace
                                (those three: `infrastructure.usecases.releases`)
 
@@ -90,6 +91,10 @@ class ProvisioningService(ServiceReads):
         """Fail a pending attempt that started before `started_before` (its deadline)."""
         return releases.expire(self, attempt_id, started_before)
 
+    def fail_internal(self, attempt_id: UUID, hop: int, error: str) -> bool:
+        """Fail an attempt whose hop raised an unexpected `error` on every retry."""
+        return releases.fail_internal(self, attempt_id, hop, error)
+
     def decommission(self, brand_id: str) -> int | None:
         """Empty a deactivated brand's workspace, then unbind it and release its claim."""
         return releases.decommission(self, brand_id)
@@ -107,19 +112,17 @@ __all__ = [
 
 def hop_line(outcome: HopOutcome) -> tuple[int, str | None, str]:
     """A hop decision's log level, reason and advice: ERROR for a failed attempt
-    (401/403: the token needs rotating), WARNING when the gateway did not answer
-    or throttled, INFO for every other decision."""
+    (401/403: the token needs rotating), INFO for every other decision."""
     if outcome.outcome is Outcome.FAILED:
         reason = outcome.detail.split(":", 1)[0] or None
         if reason == FailureReason.UNAUTHORIZED:
             return logging.ERROR, reason, "; the gateway refused the token: rotate it"
         return logging.ERROR, reason, ""
-    if outcome.outcome is Outcome.SCHEDULED and outcome.detail.startswith(_GATEWAY_DOWN):
-        return logging.WARNING, "gateway_unavailable", ""
+    if outcome.outcome is Outcome.DEFERRED:
+        # The gateway's outage or throttle is logged once by the pace (open/close):
+        # the hops it holds back are INFO, or an outage would flood the log.
+        return logging.INFO, "deferred", ""
     if outcome.stand_down is not None:
         return logging.INFO, outcome.stand_down.value, ""
     return logging.INFO, None, ""
 
-
-# How domain/hop.py words a wait on a gateway that failed (unreachable, 429, 5xx).
-_GATEWAY_DOWN = ("gateway unavailable", "unknown (")

@@ -34,7 +34,12 @@ def statuses() -> st.SearchStrategy[str]:
 
 
 def failures() -> st.SearchStrategy[Failed]:
-    return st.builds(Failed, st.sampled_from(list(Failure)), st.text(max_size=20))
+    return st.builds(
+        Failed,
+        st.sampled_from(list(Failure)),
+        st.text(max_size=20),
+        st.sampled_from([0.0, 0.0, 1.0, 90.0]),  # a Retry-After, shared or the gateway's
+    )
 
 
 @dataclass

@@ -9,7 +9,7 @@ that loses a race reads afresh and decides again (`retry_on_conflict`).
 from __future__ import annotations
 
 import logging
-from datetime import datetime
+from datetime import datetime, timedelta
 from uuid import UUID
 
 from eventsourcing.domain import Aggregate
@@ -249,7 +249,7 @@ class HopRun:
         if isinstance(step, decide.Refused):
             attempt.record_create_refused(self.hop, step.detail)
             return self._end(attempt, step.then)
-        assert isinstance(step, decide.Fail | decide.Wait)
+        assert isinstance(step, decide.Fail | decide.Wait | decide.Defer)
         return self._end(attempt, step)
 
     def _accept(
@@ -373,24 +373,37 @@ class HopRun:
     def _end(
         self,
         attempt: ProvisioningAttempt,
-        step: decide.Wait | decide.Fail,
+        step: decide.Wait | decide.Defer | decide.Fail,
         touched: list[Aggregate] | None = None,
     ) -> HopOutcome:
-        """Wait (the next hop, or failed when out of hops) or fail."""
+        """Wait (the next hop, or failed when the settle budget is spent), defer (the
+        next hop, or failed at the deadline), or fail."""
+        settings = self.svc.settings
+        ending: decide.Schedule | decide.Fail
         if isinstance(step, decide.Wait):
-            backoff = self.svc.settings.backoff
             ending = decide.schedule_or_exhaust(
-                self.hop, attempt.max_hop, backoff, self.now, step.status
+                self.hop, attempt.max_hop, settings.backoff, self.now, step.status,
+                settled=attempt.settle_hops,
+            )  # fmt: skip
+        elif isinstance(step, decide.Defer):
+            ending = decide.defer_or_expire(
+                self.hop,
+                step,
+                in_row=attempt.deferred_in_row,
+                unavailable_since=attempt.unavailable_since,
+                deadline_at=attempt.created_on + timedelta(seconds=settings.deferral.deadline_s),
+                now=self.now,
+                deferral=settings.deferral,
+                jitter=self.svc.jitter(),
             )
         else:
             ending = step
         if isinstance(ending, decide.Fail):
             return self._fail(attempt, ending, touched)
-        attempt.schedule_hop(ending.hop, ending.not_before, ending.status)
+        attempt.schedule_hop(ending.hop, ending.not_before, ending.status, deferred=ending.deferred)
         self._save(attempt, *(touched or []))
-        return self._outcome(
-            attempt, Outcome.SCHEDULED, ending.status, next_hop=ending.hop, delay_s=ending.delay_s
-        )
+        outcome, detail = decide.ended(ending)
+        return self._outcome(attempt, outcome, detail, next_hop=ending.hop, delay_s=ending.delay_s)
 
     def _fail(
         self,

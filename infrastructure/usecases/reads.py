@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -16,7 +18,7 @@ from domain.brand import Brand
 from domain.claim import WorkspaceClaim
 from domain.errors import UnknownAttempt, UnknownBrand
 from domain.ids import brand_aggregate_id, claim_aggregate_id, slot_aggregate_id
-from domain.policies import Backoff
+from domain.policies import Backoff, Deferral
 from domain.ports import Clock, Gateway
 from domain.slot import TitleSlot
 from infrastructure.eventstore import ProvisionerApplication
@@ -42,6 +44,8 @@ class SystemClock:
 @dataclass(frozen=True, slots=True)
 class EngineSettings:
     backoff: Backoff = field(default_factory=Backoff)
+    # Hops the gateway did not answer: their backoff, and the attempt's deadline.
+    deferral: Deferral = field(default_factory=Deferral)
     stale_after_s: float = 600.0
     # How long an unconfirmed create may still turn up in the family listing;
     # until then no second create of that title is made under that parent.
@@ -59,8 +63,11 @@ class ServiceReads:
         clock: Clock | None = None,
         settings: EngineSettings | None = None,
         secrets: tuple[str, ...] = (),
+        *,
+        jitter: Callable[[], float] = random.random,
     ) -> None:
         self.app = app
+        self.jitter = jitter  # a number in [0, 1): spreads deferred hops apart
         self.gateway = gateway
         # Texts that must never reach an event or a log line (the gateway token);
         # one shorter than MIN_SECRET_CHARS would refuse ordinary ids, so it is not

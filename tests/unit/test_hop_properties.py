@@ -25,6 +25,7 @@ from domain.hop import Failed, Failure
 from domain.policies import (
     AttemptState,
     Backoff,
+    Deferral,
     FailureReason,
     Provenance,
     StatusClass,
@@ -50,6 +51,7 @@ from tests.strategies import (
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 GRACE_S = 60.0
 BACKOFF = Backoff(5.0, 3)
+DEFERRAL = Deferral(2.0, 30.0, 600.0)  # a short deadline: a walk of deferrals ends
 
 
 def family(world: World) -> list[FamilyMember]:
@@ -234,17 +236,34 @@ def _release_owed(walk: Walk) -> None:
         _give_back(walk, workspace_id)
 
 
-def _end(walk: Walk, step: decide.Wait | decide.Fail, hop: int, now: datetime) -> None:
+def _end(
+    walk: Walk, step: decide.Wait | decide.Defer | decide.Fail, hop: int, now: datetime
+) -> None:
     attempt = walk.attempt
-    ending = (
-        decide.schedule_or_exhaust(hop, attempt.max_hop, BACKOFF, now, step.status)
-        if isinstance(step, decide.Wait)
-        else step
-    )
+    ending: decide.Schedule | decide.Fail
+    if isinstance(step, decide.Wait):
+        ending = decide.schedule_or_exhaust(
+            hop, attempt.max_hop, BACKOFF, now, step.status, settled=attempt.settle_hops
+        )
+    elif isinstance(step, decide.Defer):
+        ending = decide.defer_or_expire(
+            hop, step, in_row=attempt.deferred_in_row, unavailable_since=attempt.unavailable_since,
+            deadline_at=NOW + timedelta(seconds=DEFERRAL.deadline_s), now=now,
+            deferral=DEFERRAL, jitter=0.5,
+        )  # fmt: skip
+    else:
+        ending = step
     note(f"hop {hop}: {ending}")
     if isinstance(ending, decide.Schedule):
-        attempt.schedule_hop(ending.hop, ending.not_before, ending.status)
+        settled = attempt.settle_hops
+        attempt.schedule_hop(ending.hop, ending.not_before, ending.status, deferred=ending.deferred)
+        # A deferral never spends the settle budget; a settle wait spends one hop of it.
+        assert attempt.settle_hops == settled + (0 if ending.deferred else 1)
         return
+    if ending.reason is FailureReason.EXHAUSTED:
+        assert attempt.settle_hops == attempt.max_hop, "exhausted with settle hops left"
+    if ending.reason is FailureReason.DEADLINE:
+        assert now >= NOW + timedelta(seconds=DEFERRAL.deadline_s), "failed before its deadline"
     attempt.fail(ending.reason, ending.message, hop)
     if attempt.provenance is Provenance.ADOPTED and attempt.candidate_id:
         _give_back(walk, attempt.candidate_id)
@@ -333,7 +352,7 @@ def _adopt_or_create(walk: Walk, data: st.DataObject, hop: int, now: datetime) -
         attempt.record_create_refused(hop, answered.detail)
         _end(walk, answered.then, hop, now)
         return False
-    assert isinstance(answered, decide.Fail | decide.Wait), answered
+    assert isinstance(answered, decide.Fail | decide.Wait | decide.Defer), answered
     _end(walk, answered, hop, now)
     return False
 
@@ -408,7 +427,8 @@ def test_a_walk_of_hops_never_takes_anothers_nor_releases_an_adopted_nor_leaves_
         elif _adopt_or_create(walk, data, hop, now):
             _poll(walk, data, hop, now)
         _check(walk)
-        now += timedelta(seconds=BACKOFF.delay_after(hop))
+        if attempt.not_before is not None:
+            now = max(now, attempt.not_before)
     _release_owed(walk)
     _check(walk)
     event(f"ended {attempt.state.value} {attempt.failure_reason or ''}".strip())

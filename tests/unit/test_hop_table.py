@@ -19,6 +19,7 @@ from domain import hop as decide
 from domain.hop import (
     Accept,
     Create,
+    Defer,
     DropCandidate,
     DropExisting,
     Fail,
@@ -34,7 +35,7 @@ from domain.hop import (
     Wait,
 )
 from domain.outcomes import Outcome, StandDown
-from domain.policies import AttemptState, Backoff, FailureReason, Provenance
+from domain.policies import AttemptState, Backoff, Deferral, FailureReason, Provenance
 from domain.ports import (
     AmbiguousCreate,
     GatewayError,
@@ -49,7 +50,9 @@ Row = tuple[str, Callable[..., bool], Callable[..., object]]
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 PARENT = "parent-1"
 TITLE = "Acme"
-FAILURES = [Failed(kind, f"{kind.value} answer") for kind in Failure]
+FAILURES = [Failed(kind, f"{kind.value} answer") for kind in Failure] + [
+    Failed(Failure.TRANSIENT, "throttled (HTTP 429)", retry_after_s=7.0)
+]
 CASES: list[tuple[str, Callable[..., object], tuple[Any, ...], list[Row]]] = []
 REACHED: set[str] = set()
 
@@ -141,9 +144,14 @@ ACQUIRE_FAILED: list[Row] = [
         lambda f: Fail(FailureReason.REJECTED, f"parent workspace not found: {f.message}"),
     ),
     (
-        "anything else (transient, malformed, refused read)",
+        "no answer (timeout, 429, 5xx, refused, held by the pace): defer",
+        lambda f: f.kind is Failure.TRANSIENT,
+        lambda f: Defer(f"gateway unavailable: {f.message}", f.retry_after_s),
+    ),
+    (
+        "an answer we cannot use (malformed, a refused read): a settle wait",
         lambda f: True,
-        lambda f: Wait(f"gateway unavailable: {f.message}"),
+        lambda f: Wait(f"gateway answered badly: {f.message}"),
     ),
 ]
 table("acquire_failed", ACQUIRE_FAILED, decide.acquire_failed, [(f,) for f in FAILURES])
@@ -302,7 +310,9 @@ CREATE: list[Row] = [
     (
         "429 or never sent",
         lambda a, p: a.kind is Failure.TRANSIENT,
-        lambda a, p: Refused(a.message, Wait(f"gateway unavailable: {a.message}")),
+        lambda a, p: Refused(
+            a.message, Defer(f"gateway unavailable: {a.message}", a.retry_after_s)
+        ),
     ),
     (
         "an answer off the contract",
@@ -360,7 +370,12 @@ STATUS: list[Row] = [
         lambda a, p, w: Fail(FailureReason.UNAUTHORIZED, f"gateway refused: {a.message}"),
     ),
     (
-        "timeout, 429, 5xx, malformed",
+        "no answer (timeout, 429, 5xx, refused, held by the pace): defer",
+        lambda a, p, w: isinstance(a, Failed) and a.kind is Failure.TRANSIENT,
+        lambda a, p, w: Defer(f"gateway unavailable: {a.message}", a.retry_after_s),
+    ),
+    (
+        "malformed and the like: counted as still settling",
         lambda a, p, w: isinstance(a, Failed) and a.kind is not Failure.GONE,
         lambda a, p, w: Wait(f"unknown ({a.message})"),
     ),
@@ -403,29 +418,85 @@ table(
     ),
 )
 
-# Not yet: (hop, max_hop, backoff, now, status).
+# Not yet: (hop, settled, max_hop, backoff, now, status). The hop number counts
+# deferrals too; only `settled` (the answered "not yet"s) spends the budget.
 BACKOFFS = [Backoff(5.0, 5), Backoff(0.0, 0), Backoff(1.5, 3)]
 ENDINGS: list[Row] = [
     (
-        "hops left",
-        lambda h, m, b, n, s: h < m and b.can_requeue(h),
-        lambda h, m, b, n, s: Schedule(
-            h + 1, n + timedelta(seconds=b.base_s * 2**h), b.base_s * 2**h, s
+        "settle hops left",
+        lambda h, d, m, b, n, s: d < m and b.can_requeue(d),
+        lambda h, d, m, b, n, s: Schedule(
+            h + 1, n + timedelta(seconds=b.base_s * 2**d), b.base_s * 2**d, s
         ),
     ),
     (
-        "out of hops",
+        "settle budget spent",
         lambda *a: True,
-        lambda h, m, b, n, s: Fail(
-            FailureReason.EXHAUSTED, f"not confirmed after {h + 1} hops; last: {s}"
+        lambda h, d, m, b, n, s: Fail(
+            FailureReason.EXHAUSTED, f"not confirmed after {d + 1} answered hops; last: {s}"
         ),
     ),
 ]
 table(
     "schedule_or_exhaust",
     ENDINGS,
-    decide.schedule_or_exhaust,
-    itertools.product(range(8), [0, 3, 5, 8], BACKOFFS, [NOW], ["not ready"]),
+    lambda h, d, m, b, n, s: decide.schedule_or_exhaust(h, m, b, n, s, settled=d),
+    [
+        (h, d, m, b, n, s)
+        for h, d, m, b, n, s in itertools.product(
+            range(0, 40, 3), range(8), [0, 3, 5, 8], BACKOFFS, [NOW], ["not ready"]
+        )
+        if d <= h
+    ],
+)
+
+# No answer: (hop, step, in_row, unavailable_since, deadline_at, now, deferral, jitter).
+DEFERRALS = [Deferral(2.0, 30.0, 3600.0), Deferral(1.0, 1.0, 60.0)]
+NO_ANSWER = [
+    Defer("gateway unavailable: HTTP 503"),
+    Defer("gateway unavailable: throttled (HTTP 429)", retry_after_s=45.0),
+]
+
+
+def _deferred_until(h: int, st: Defer, r: int, n: datetime, dl: datetime, d: Deferral,
+                    j: float) -> Schedule:  # fmt: skip
+    backoff = min(d.max_s, d.base_s * 2**r) * (0.5 + 0.5 * j)
+    until = min(n + timedelta(seconds=max(st.retry_after_s, backoff)), dl)
+    return Schedule(h + 1, until, (until - n).total_seconds(), st.status, deferred=True)
+
+
+DEFER: list[Row] = [
+    (
+        "the deadline has come: fail, naming since when nothing answered",
+        lambda h, st, r, since, dl, n, d, j: n >= dl,
+        lambda h, st, r, since, dl, n, d, j: Fail(
+            FailureReason.DEADLINE,
+            f"no answer from the gateway since {(since or n).isoformat(timespec='seconds')}; "
+            f"last: {st.status}",
+        ),
+    ),
+    (
+        "before it: the next hop after Retry-After and the jittered backoff, by the deadline",
+        lambda *a: True,
+        lambda h, st, r, since, dl, n, d, j: _deferred_until(h, st, r, n, dl, d, j),
+    ),
+]
+table(
+    "defer_or_expire",
+    DEFER,
+    lambda h, st, r, since, dl, n, d, j: decide.defer_or_expire(
+        h, st, in_row=r, unavailable_since=since, deadline_at=dl, now=n, deferral=d, jitter=j
+    ),
+    itertools.product(
+        [0, 7],
+        NO_ANSWER,
+        [0, 1, 4, 20],
+        [None, NOW - timedelta(minutes=5)],
+        [NOW + timedelta(seconds=10), NOW + timedelta(hours=1), NOW],
+        [NOW],
+        DEFERRALS,
+        [0.0, 0.5, 0.999],
+    ),
 )
 
 # Port failures as values: (exception,).
@@ -488,3 +559,5 @@ def test_the_ending_reports_its_outcome() -> None:
     )
     schedule = Schedule(1, NOW, 5.0, "not ready")
     assert decide.ended(schedule) == (Outcome.SCHEDULED, "not ready")
+    deferred = Schedule(1, NOW, 5.0, "gateway unavailable: HTTP 503", deferred=True)
+    assert decide.ended(deferred) == (Outcome.DEFERRED, "gateway unavailable: HTTP 503")

@@ -163,7 +163,7 @@ def test_a_create_that_did_not_happen_is_not_repeated_within_the_grace(
     [
         (RequestRejected("409 quota"), Outcome.FAILED, FailureReason.REJECTED),
         (Unauthorized("401"), Outcome.FAILED, FailureReason.UNAUTHORIZED),
-        (TransientGatewayError("429"), Outcome.SCHEDULED, None),
+        (TransientGatewayError("429"), Outcome.DEFERRED, None),
     ],
 )
 def test_a_refused_create_is_recorded_as_refused(

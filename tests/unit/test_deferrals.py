@@ -1,0 +1,163 @@
+"""Two budgets: hops the gateway did not answer are deferred, never spend the settle
+budget, and go on until the attempt's deadline; a hop that keeps raising a bug
+fails `internal_error`. Against the in-memory gateway and event store."""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from eventsourcing.persistence import StoredEvent
+
+from domain.attempt import ProvisioningAttempt
+from domain.outcomes import Outcome
+from domain.policies import AttemptState, Backoff, Deferral, FailureReason
+from domain.ports import TransientGatewayError
+from infrastructure.eventstore import open_event_store
+from infrastructure.service import EngineSettings, ProvisioningService
+from tests.conftest import ManualClock
+from tests.memory_gateway import MemoryGateway
+
+PARENT = "parent-1"
+TITLE = "Acme"
+DEADLINE_S = 3600.0
+
+
+@pytest.fixture
+def gateway() -> MemoryGateway:
+    return MemoryGateway(PARENT)
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    return ManualClock()
+
+
+@pytest.fixture
+def service(gateway: MemoryGateway, clock: ManualClock) -> ProvisioningService:
+    settings = EngineSettings(backoff=Backoff(5.0, 3), deferral=Deferral(2.0, 30.0, DEADLINE_S))
+    return ProvisioningService(
+        open_event_store("memory://"), gateway, clock, settings, jitter=lambda: 0.5
+    )
+
+
+def down(gateway: MemoryGateway, call: str, times: int, **kw: Any) -> None:
+    gateway.fail[call] = [TransientGatewayError(f"{call}: HTTP 503", **kw) for _ in range(times)]
+
+
+def test_an_outage_longer_than_the_settle_budget_does_not_fail_the_attempt(
+    service: ProvisioningService, gateway: MemoryGateway, clock: ManualClock
+) -> None:
+    gateway.new_statuses = ["not ready", "not ready", "ready"]
+    attempt_id = service.request_provisioning("b1", TITLE, PARENT)
+    down(gateway, "family", 20)  # far more hops than the settle budget (3)
+
+    outcomes = []
+    for hop in range(20):
+        outcomes.append(service.run_hop(attempt_id, hop))
+        clock.advance(outcomes[-1].delay_s or 0)
+    attempt = service.attempt(attempt_id)
+
+    assert {o.outcome for o in outcomes} == {Outcome.DEFERRED}
+    assert attempt.state is AttemptState.PENDING
+    assert (attempt.deferrals, attempt.deferred_in_row, attempt.settle_hops) == (20, 20, 0)
+    # The gateway is back: the whole settle budget is still there.
+    results = []
+    for hop in range(20, 25):
+        results.append(service.run_hop(attempt_id, hop))
+        clock.advance(results[-1].delay_s or 0)
+        if results[-1].outcome is Outcome.PROMOTED:
+            break
+    assert [r.outcome for r in results] == [Outcome.SCHEDULED, Outcome.SCHEDULED, Outcome.PROMOTED]
+    assert service.attempt(attempt_id).deferred_in_row == 0
+
+
+def test_a_deferral_waits_out_the_retry_after_and_a_capped_jittered_backoff(
+    service: ProvisioningService, gateway: MemoryGateway, clock: ManualClock
+) -> None:
+    attempt_id = service.request_provisioning("b1", TITLE, PARENT)
+    down(gateway, "family", 1, retry_after_s=40.0)
+    down(gateway, "create_child", 8)
+
+    first = service.run_hop(attempt_id, 0)
+    delays = [first.delay_s]
+    for hop in range(1, 9):
+        outcome = service.run_hop(attempt_id, hop)
+        assert outcome.outcome is Outcome.DEFERRED, outcome
+        delays.append(outcome.delay_s)
+
+    assert delays[0] == 40.0  # the gateway's Retry-After beats the 1.5 s backoff
+    # 2 s doubling, capped at 30, each at 0.75 of its step (the jitter given)
+    assert delays[1:] == [3.0, 6.0, 12.0, 22.5, 22.5, 22.5, 22.5, 22.5]
+    # A create refused (never sent) made nothing: nothing to look for, or owe.
+    attempt = service.attempt(attempt_id)
+    assert not attempt.create_unresolved and not attempt.orphan_search
+    assert gateway.made == []
+
+
+def test_deferral_ends_at_the_deadline_naming_since_when(
+    service: ProvisioningService, gateway: MemoryGateway, clock: ManualClock
+) -> None:
+    attempt_id = service.request_provisioning("b1", TITLE, PARENT)
+    down(gateway, "family", 10_000)
+    hop, outcome = 0, service.run_hop(attempt_id, 0)
+    while outcome.outcome is Outcome.DEFERRED:
+        clock.advance(outcome.delay_s or 0)
+        hop += 1
+        outcome = service.run_hop(attempt_id, hop)
+    attempt = service.attempt(attempt_id)
+
+    assert outcome.outcome is Outcome.FAILED
+    assert attempt.failure_reason is FailureReason.DEADLINE
+    assert "no answer from the gateway since" in attempt.last_status
+    age = clock.now() - attempt.created_on
+    assert timedelta(seconds=DEADLINE_S) <= age < timedelta(seconds=DEADLINE_S + 1)
+    # Bounded by the deadline over the cap: 3600 s / 22.5 s, plus the ramp.
+    assert 150 <= attempt.deferrals <= 170
+
+
+def test_a_hop_that_raises_a_bug_on_every_retry_fails_internal_error(
+    service: ProvisioningService,
+) -> None:
+    attempt_id = service.request_provisioning("b1", TITLE, PARENT)
+
+    assert not service.fail_internal(attempt_id, 3, "KeyError")  # not the hop it expects
+    assert service.fail_internal(attempt_id, 0, "KeyError")
+    assert not service.fail_internal(attempt_id, 0, "KeyError")  # already ended
+    attempt = service.attempt(attempt_id)
+
+    assert attempt.failure_reason is FailureReason.INTERNAL_ERROR
+    assert attempt.last_status == "hop 0 raised KeyError on every retry"
+
+
+def _as_written_before_deferrals(stored: StoredEvent) -> StoredEvent:
+    state: dict[str, Any] = json.loads(stored.state)
+    state.pop("deferred", None)
+    state.pop("class_version", None)
+    return StoredEvent(
+        stored.originator_id, stored.originator_version, stored.topic, json.dumps(state).encode()
+    )
+
+
+def test_a_log_written_before_deferrals_still_loads(
+    service: ProvisioningService, gateway: MemoryGateway, clock: ManualClock
+) -> None:
+    attempt = ProvisioningAttempt.start("b1", TITLE, PARENT, None, max_hop=3)
+    attempt.schedule_hop(1, clock.now(), "not ready")
+    attempt.schedule_hop(2, clock.now(), "not ready")
+    app = service.app
+    old = [_as_written_before_deferrals(app.mapper.to_stored_event(e))
+           for e in attempt.collect_events()]  # fmt: skip
+    assert all(b"deferred" not in s.state for s in old)
+    app.recorder.insert_events(old)
+
+    loaded = service.attempt(attempt.id)
+
+    # Every hop scheduled before deferrals existed was a settle wait.
+    assert (loaded.settle_hops, loaded.deferrals, loaded.expected_hop) == (2, 0, 2)
+    loaded.schedule_hop(3, clock.now(), "not ready")
+    with pytest.raises(Exception, match="cannot schedule hop 4"):
+        loaded.schedule_hop(4, clock.now(), "not ready")  # the settle budget is spent
+    loaded.schedule_hop(4, clock.now(), "gateway unavailable", deferred=True)  # a deferral is not
