@@ -17,11 +17,13 @@ Gateway calls (need ``Authorization: Bearer <non-empty>``, else 401)::
     GET    /v1/workspaces/{id}/projects?type=ai   {"items": [{"id": P}, ...]}
     DELETE /v1/workspaces/{id}/projects/{pid}     204, 404 when gone
 
-Admin calls (JSON in and out, no auth, no faults, not counted)::
+Admin calls (JSON in and out, no auth, no faults, no rate limit, not counted)::
 
     GET  /_fake/state                     workspaces, creates per title, calls per operation,
-                                          faults played by kind
-    POST /_fake/reset                     forget everything but the configured parents
+                                          calls_total, faults played by kind, throttled,
+                                          outage, outage_calls
+    POST /_fake/reset                     forget everything but the configured parents;
+                                          zero the counts, refill the bucket, end an outage
     POST /_fake/config                    set knobs (a subset), answer the whole config
     POST /_fake/workspaces                seed {"title","parent","status","projects": n}
     POST /_fake/workspaces/{id}/projects  add a project, answer {"id": P}
@@ -30,6 +32,8 @@ Admin calls (JSON in and out, no auth, no faults, not counted)::
                                           error, invalid subscription,
                                           timeout_after_create, timeout_without_create,
                                           slow:N polls; "" clears); for demos and tests
+    POST /_fake/outage                    {"seconds": N, "mode": "503" | "refuse"}: an
+                                          outage of N s (0 ends one now); answers it
 
 Behaviour worth knowing:
 
@@ -45,7 +49,16 @@ Behaviour worth knowing:
   or holds the request ``hang_s`` seconds (past the client's read timeout), then
   sends the real answer (timeout after create) or closes unanswered (timeout
   without create). Every create received is counted in ``creates``, including
-  those that time out or are refused.
+  those that time out or are refused (401, 429, 503).
+* ``rate_limit`` (calls/s, 0 = off) and ``burst`` (default 1): a token bucket
+  over every gateway call, checked first (after an outage): a call beyond it is
+  answered 429 with ``Retry-After`` (whole seconds, at least 1), does nothing
+  and is counted in ``throttled``. Setting either knob, or a reset, refills it.
+* An outage answers every gateway call 503 (with ``Retry-After``) and does
+  nothing (mode "503"), or closes the listening socket so that connections are
+  refused, then binds the same port again when it ends (mode "refuse"; the admin
+  calls are unreachable too, so it ends by itself, and its ``calls`` stay 0).
+  ``outage`` in the state is the current or last one (``ends_in_s`` 0 once over).
 * ``same_title_others`` = n: on a create of title T under a parent that has no
   child titled T yet, n ready children titled T with one project each are
   seeded first. They stand for same-title workspaces of OTHER brands.

@@ -15,7 +15,13 @@ from typing import Any
 
 import click
 
-from infrastructure.fake_gateway.config import KNOB_NAMES, KNOB_TYPES, STATUS_CASES, FakeConfig
+from infrastructure.fake_gateway.config import (
+    KNOB_HELP,
+    KNOB_NAMES,
+    KNOB_TYPES,
+    STATUS_CASES,
+    FakeConfig,
+)
 from infrastructure.fake_gateway.server import FakeGateway
 
 
@@ -25,12 +31,13 @@ def _knob_options(command: Callable[..., None]) -> Callable[..., None]:
     for name in reversed(KNOB_NAMES):
         kind = KNOB_TYPES[name]
         option_type: Any = click.Choice(STATUS_CASES) if kind is str else kind
+        meaning = f"{KNOB_HELP[name]}; " if name in KNOB_HELP else ""
         command = click.option(
             "--" + name.replace("_", "-"),
             name,
             type=option_type,
             default=None,
-            help=f"default {getattr(defaults, name)!r}",
+            help=f"{meaning}default {getattr(defaults, name)!r}",
         )(command)
     return command
 
@@ -47,7 +54,15 @@ def _knob_options(command: Callable[..., None]) -> Callable[..., None]:
 )
 @_knob_options
 def serve(host: str, port: int, parents: tuple[str, ...], **knobs: object) -> None:
-    """Serve the fake workspace gateway (docs/gateway.md) until interrupted."""
+    """Serve the fake workspace gateway (docs/gateway.md) until interrupted.
+
+    Admin endpoints (JSON, no auth, never throttled, not counted): GET /_fake/state
+    (workspaces, creates, calls, faults, throttled, outage), POST /_fake/reset
+    (forget all but the parents; keeps the config), GET|POST /_fake/config (read
+    or set knobs), POST /_fake/scripts ({"title": "fate"}), POST /_fake/workspaces
+    (seed one; .../{id}/projects adds a project) and POST /_fake/outage
+    ({"seconds": N, "mode": "503" | "refuse"}; a refuse outage ends by itself).
+    """
     config = FakeConfig()
     try:
         config.update({name: value for name, value in knobs.items() if value is not None})

@@ -41,6 +41,8 @@ class FakeConfig:
     hang_s: float = 0.0
     same_title_others: int = 0
     status_case: str = "lower"
+    rate_limit: float = 0.0  # calls/s admitted over all gateway calls; 0 = no limit
+    burst: int = 1  # calls admitted at once before the rate applies (the bucket's size)
 
     def __post_init__(self) -> None:
         self.update(asdict(self))
@@ -62,6 +64,11 @@ class FakeConfig:
 KNOB_NAMES: tuple[str, ...] = tuple(f.name for f in fields(FakeConfig))
 KNOB_TYPES: dict[str, type] = {
     name: hint for name, hint in typing.get_type_hints(FakeConfig).items() if name in KNOB_NAMES
+}
+# What a knob means, where its name does not say it (shown by `--help`).
+KNOB_HELP: dict[str, str] = {
+    "rate_limit": "calls/s over all gateway calls, beyond which they are answered 429; 0 = off",
+    "burst": "calls admitted at once before --rate-limit applies (at least 1)",
 }
 
 
@@ -92,6 +99,8 @@ def _check_knob(name: str, value: object) -> object:
         raise InvalidKnobError(f"{name} is out of range, got {value!r}") from None
     if name != "seed" and number < 0:
         raise InvalidKnobError(f"{name} must not be negative, got {value!r}")
+    if name == "burst" and number < 1:
+        raise InvalidKnobError(f"burst must be at least 1, got {value!r}")
     if name in _RATE_KNOBS and number > 1:
         raise InvalidKnobError(f"{name} is a rate between 0 and 1, got {value!r}")
     return number

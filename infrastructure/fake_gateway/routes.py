@@ -15,6 +15,7 @@ from infrastructure.fake_gateway.state import (
     Reply,
     Request,
     error_reply,
+    refuses,
 )
 
 _WS = r"([^/]+)"
@@ -39,6 +40,7 @@ class _Admin:
             ("GET", re.compile(r"/_fake/config"), self.get_config),
             ("POST", re.compile(r"/_fake/workspaces"), self.seed_workspace),
             ("POST", re.compile(r"/_fake/scripts"), self.script),
+            ("POST", re.compile(r"/_fake/outage"), self.outage),
             ("POST", re.compile(rf"/_fake/workspaces/{_WS}/projects"), self.add_project),
         )
 
@@ -92,6 +94,13 @@ class _Admin:
         except ValueError as exc:
             return error_reply(400, str(exc))
         return Reply(200, scripts)
+
+    def outage(self, request: Request, _params: tuple[str, ...]) -> Reply:
+        body = request.json()
+        if not isinstance(body, dict) or "seconds" not in body or set(body) - {"seconds", "mode"}:
+            return error_reply(400, 'body must be {"seconds": N, "mode": "503" | "refuse"}')
+        outage = self.state.start_outage(body["seconds"], body.get("mode", "503"))
+        return Reply(200, outage, close_listener=refuses(outage))
 
 
 def _route(

@@ -1,5 +1,9 @@
 """The fake gateway's HTTP server (the standard library's `http.server`) and
-`FakeGateway`, which starts and stops it and offers the admin calls in process."""
+`FakeGateway`, which starts and stops it and offers the admin calls in process.
+
+A refuse outage closes the listening socket, so that clients see a connection
+refused, and binds the same port again when it ends: the serving thread does
+both (no other thread touches the listening socket) and keeps running."""
 
 from __future__ import annotations
 
@@ -17,7 +21,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from infrastructure.fake_gateway.config import FakeConfig, JsonObject
 from infrastructure.fake_gateway.routes import Dispatcher
-from infrastructure.fake_gateway.state import FakeState, NotFoundError, Reply, Request
+from infrastructure.fake_gateway.state import FakeState, NotFoundError, Reply, Request, refuses
 
 
 class _Server(ThreadingHTTPServer):
@@ -28,7 +32,52 @@ class _Server(ThreadingHTTPServer):
         self.dispatcher = dispatcher
         self.connections: set[socket.socket] = set()
         self.connections_lock = threading.Lock()
+        self.refuse_lock = threading.Lock()  # one refusal at a time
+        self.refusing = threading.Event()  # asked to close the listening socket
+        self.closed = threading.Event()  # the listening socket is closed
         super().__init__(address, _RequestHandler)
+
+    def serve(self) -> None:
+        """Serve until the fake stops; sit out refuse outages with the port closed."""
+        state = self.dispatcher.state
+        while not state.stopping.is_set():
+            self.serve_forever(poll_interval=0.05)
+            if not self.refusing.is_set():
+                continue
+            self.socket.close()
+            self.closed.set()
+            while (left := state.refusing_s()) > 0 and not state.stopping.wait(min(left, 0.05)):
+                pass
+            self._listen_again()
+
+    def refuse(self, spare: socket.socket | None = None) -> None:
+        """Close the listening socket (connections are refused from now on) and
+        drop every open connection but ``spare``; return once it is closed."""
+        stopping = self.dispatcher.state.stopping
+        with self.refuse_lock:
+            if self.closed.is_set():
+                return
+            self.refusing.set()
+            self.shutdown()  # serve_forever returns, and polls the socket no more
+            while not self.closed.wait(0.05) and not stopping.is_set():
+                pass
+        self.drop_connections(spare)
+
+    def _listen_again(self) -> None:
+        """Bind the same port again (SO_REUSEADDR, as at start), unless stopping."""
+        stopping = self.dispatcher.state.stopping
+        with self.refuse_lock:
+            while not stopping.is_set():
+                self.socket = socket.socket(self.address_family, self.socket_type)
+                try:
+                    self.server_bind()
+                    self.server_activate()
+                    break
+                except OSError:  # the port is taken meanwhile: try again shortly
+                    self.socket.close()
+                    stopping.wait(0.05)
+            self.refusing.clear()
+            self.closed.clear()
 
     def server_bind(self) -> None:
         """Bind without ``socket.getfqdn`` (a DNS lookup the fake has no use for)."""
@@ -43,10 +92,10 @@ class _Server(ThreadingHTTPServer):
             else:
                 self.connections.discard(connection)
 
-    def drop_connections(self) -> None:
-        """Shut down every open keep-alive connection so its thread ends."""
+    def drop_connections(self, spare: socket.socket | None = None) -> None:
+        """Shut down every open keep-alive connection but ``spare`` so its thread ends."""
         with self.connections_lock:
-            open_connections = list(self.connections)
+            open_connections = [c for c in self.connections if c is not spare]
         for connection in open_connections:
             with contextlib.suppress(OSError):
                 connection.shutdown(socket.SHUT_RDWR)
@@ -94,10 +143,13 @@ class _RequestHandler(BaseHTTPRequestHandler):
         if request is None:
             return
         reply = self.server.dispatcher.dispatch(request)
+        if reply.close_listener:  # before answering: the next connect must be refused
+            self.close_connection = True
+            self.server.refuse(spare=self.connection)
         if reply.timeout:
             self._play_timeout(reply)
         else:
-            self._send(reply.status, reply.body)
+            self._send(reply.status, reply.body, reply.headers)
 
     def _read_request(self) -> Request | None:
         if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
@@ -130,10 +182,12 @@ class _RequestHandler(BaseHTTPRequestHandler):
                 return
         self.close_connection = True  # close unanswered: nothing is written
 
-    def _send(self, status: int, body: object) -> None:
+    def _send(self, status: int, body: object, headers: dict[str, str] | None = None) -> None:
         payload = b"" if status == 204 else json.dumps(body, separators=(",", ":")).encode()
         try:
             self.send_response(status)
+            for name, value in (headers or {}).items():
+                self.send_header(name, value)
             if status != 204:
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(payload)))
@@ -169,12 +223,7 @@ class FakeGateway:
             return self
         self._state.stopping.clear()
         self._server = _Server(self._address, Dispatcher(self._state))
-        self._thread = threading.Thread(
-            target=self._server.serve_forever,
-            kwargs={"poll_interval": 0.05},
-            name="fake-gateway",
-            daemon=True,
-        )
+        self._thread = threading.Thread(target=self._server.serve, name="fake-gateway", daemon=True)
         self._thread.start()
         return self
 
@@ -185,9 +234,9 @@ class FakeGateway:
             return
         self._state.stopping.set()
         server.shutdown()
+        thread.join()
         server.drop_connections()
         server.server_close()
-        thread.join()
         self._server = self._thread = None
 
     def __enter__(self) -> Self:
@@ -220,8 +269,18 @@ class FakeGateway:
         return self._state.configure(knobs)
 
     def reset(self) -> None:
-        """Forget every workspace but the parents, and the call counts; keep the config."""
+        """Forget every workspace but the parents, the call counts and any outage;
+        keep the config."""
         self._state.reset()
+
+    def outage(self, seconds: float, mode: str = "503") -> JsonObject | None:
+        """As ``POST /_fake/outage``: every gateway call answered 503 (mode "503"), or
+        connections refused (mode "refuse"), for ``seconds``; 0 ends one now.
+        ValueError on a bad duration or mode."""
+        outage = self._state.start_outage(seconds, mode)
+        if refuses(outage) and self._server is not None:
+            self._server.refuse()
+        return outage
 
     def state(self) -> JsonObject:
         """The same document as ``GET /_fake/state``."""

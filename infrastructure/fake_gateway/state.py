@@ -4,6 +4,7 @@ gateway calls it answers, as plain requests and replies: no HTTP here."""
 from __future__ import annotations
 
 import json
+import math
 import random
 import re
 import threading
@@ -21,6 +22,56 @@ NOT_READY = "not ready"
 # The terminal statuses a created child can settle into (docs/gateway.md).
 TERMINAL_FATES = ("creation_failed", "failed", "error", "invalid subscription")
 Fate = Literal["created", "zombie", "creation_failed", "failed", "error", "invalid subscription"]
+OUTAGE_MODES = ("503", "refuse")
+
+
+class TokenBucket:
+    """The rate limit: ``rate`` tokens a second, at most ``burst`` held, one per call.
+
+    A rate of 0 admits everything. The bucket starts full, and is full again
+    after `refill` (a reset, or a new rate or burst). Pure: time is ``now()``.
+    """
+
+    def __init__(self, rate: float, burst: int, now: Callable[[], float] = time.monotonic) -> None:
+        self.now = now
+        self.rate = rate
+        self.burst = burst
+        self.tokens = float(burst)
+        self.stamp = now()
+
+    def refill(self, rate: float | None = None, burst: int | None = None) -> None:
+        self.rate = self.rate if rate is None else rate
+        self.burst = self.burst if burst is None else burst
+        self.tokens, self.stamp = float(self.burst), self.now()
+
+    def take(self) -> float:
+        """Take a token for a call: 0.0 if there was one, else the seconds until the next."""
+        if self.rate <= 0:
+            return 0.0
+        now = self.now()
+        self.tokens = min(float(self.burst), self.tokens + (now - self.stamp) * self.rate)
+        self.stamp = now
+        if self.tokens >= 1:
+            self.tokens -= 1
+            return 0.0
+        return (1 - self.tokens) / self.rate
+
+
+def refuses(outage: JsonObject | None) -> bool:
+    """Whether an outage (as the state shows it) refuses connections now."""
+    return outage is not None and outage["mode"] == "refuse" and outage["ends_in_s"] > 0
+
+
+def retry_after(wait_s: float) -> int:
+    """A ``Retry-After`` in whole seconds: the wait rounded up, at least 1."""
+    return max(1, math.ceil(wait_s - 1e-9))  # 1e-9: float noise must not add a second
+
+
+@dataclass
+class Outage:
+    mode: str  # one of OUTAGE_MODES
+    ends_at: float  # time.monotonic()
+    calls: int = 0  # gateway calls answered 503 (a refused connection is not seen)
 
 
 @dataclass
@@ -48,6 +99,8 @@ class Reply:
     timeout: bool = False
     hold_s: float = 0.0
     answer_after_hold: bool = False
+    headers: dict[str, str] = field(default_factory=dict)
+    close_listener: bool = False  # a refuse outage begins: stop listening, then answer
 
 
 @dataclass
@@ -115,6 +168,10 @@ class FakeState:
         self.calls: dict[str, int] = dict.fromkeys(OPERATIONS, 0)
         self.faults: dict[str, int] = {}
         self.scripts: dict[str, str] = {}
+        self.bucket = TokenBucket(config.rate_limit, config.burst)
+        self.throttled = 0  # calls answered 429 by the bucket (throttle_rate counts in faults)
+        self.outage: Outage | None = None  # the current or last one
+        self.outage_calls = 0
         self.parent_ids = tuple(parents)
         for parent in self.parent_ids:
             self._add_parent(parent)
@@ -198,6 +255,16 @@ class FakeState:
             "resources": dict(ws.resources),
         }
 
+    def _show_outage(self) -> JsonObject | None:
+        if self.outage is None:
+            return None
+        ends_in_s = max(0.0, self.outage.ends_at - time.monotonic())
+        return {
+            "mode": self.outage.mode,
+            "ends_in_s": round(ends_in_s, 3),
+            "calls": self.outage.calls,
+        }
+
     # ---- admin operations (take the lock)
 
     def snapshot(self) -> JsonObject:
@@ -206,7 +273,11 @@ class FakeState:
                 "workspaces": [self._show(ws) for ws in self.workspaces.values()],
                 "creates": dict(self.creates),
                 "calls": dict(self.calls),
+                "calls_total": sum(self.calls.values()),
                 "faults": dict(self.faults),
+                "throttled": self.throttled,
+                "outage": self._show_outage(),
+                "outage_calls": self.outage_calls,
             }
 
     def reset(self) -> None:
@@ -218,13 +289,42 @@ class FakeState:
             self.scripts.clear()
             self.calls = dict.fromkeys(OPERATIONS, 0)
             self.faults.clear()
+            self.bucket.refill()
+            self.throttled = self.outage_calls = 0
+            self.outage = None
 
     def configure(self, knobs: typing.Mapping[str, object]) -> JsonObject:
         with self.lock:
             self.config.update(knobs)
             if "seed" in knobs:
                 self.rng.seed(self.config.seed)
+            if "rate_limit" in knobs or "burst" in knobs:
+                self.bucket.refill(self.config.rate_limit, self.config.burst)
             return self.config.to_dict()
+
+    def start_outage(self, seconds: object, mode: object = "503") -> JsonObject | None:
+        """Begin an outage of ``seconds`` (0 ends the current one now); answer it as
+        the state shows it. BadRequestError (a ValueError) on a bad duration or mode."""
+        if isinstance(seconds, bool) or not isinstance(seconds, int | float):
+            raise BadRequestError(400, f"seconds must be a number, got {seconds!r}")
+        if not math.isfinite(seconds) or seconds < 0:
+            raise BadRequestError(400, f"seconds must be finite, not negative, got {seconds!r}")
+        if mode not in OUTAGE_MODES:
+            raise BadRequestError(400, f'mode must be "503" or "refuse", got {mode!r}')
+        with self.lock:
+            now = time.monotonic()
+            if seconds > 0:
+                self.outage = Outage(str(mode), now + seconds)
+            elif self.outage is not None:
+                self.outage.ends_at = min(self.outage.ends_at, now)
+            return self._show_outage()
+
+    def refusing_s(self) -> float:
+        """How long a refuse outage still runs (0.0 when there is none)."""
+        with self.lock:
+            if self.outage is None or self.outage.mode != "refuse":
+                return 0.0
+            return max(0.0, self.outage.ends_at - time.monotonic())
 
     def script(self, title: str, fate: str) -> dict[str, str]:
         """Fix what creates of this title do, instead of drawing it at random."""
@@ -256,13 +356,33 @@ class FakeState:
     # ---- gateway operations
 
     def begin_call(self, operation: str, request: Request) -> tuple[float, Reply | None]:
-        """Count the call, draw its faults; return (latency in s, fault reply or None)."""
+        """Count the call, check the outage and the rate limit, then draw its faults;
+        return (latency in s, fault reply or None)."""
         with self.lock:
             self.calls[operation] += 1
             if operation == "create":
                 self._count_create(request)
-            fault = self._draw_fault(request)
+            fault = self._refusal() or self._draw_fault(request)
             return self.config.latency_ms / 1000.0, fault
+
+    def _refusal(self) -> Reply | None:
+        """The answer of an outage under way or of an empty bucket, else None."""
+        outage = self.outage
+        if outage is not None and time.monotonic() < outage.ends_at:
+            if outage.mode == "refuse":  # on a connection opened before the port closed
+                return Reply(timeout=True)
+            outage.calls += 1
+            self.outage_calls += 1
+            reply = error_reply(503, "service unavailable (outage)")
+            reply.headers["Retry-After"] = str(retry_after(outage.ends_at - time.monotonic()))
+            return reply
+        wait_s = self.bucket.take()
+        if wait_s > 0:
+            self.throttled += 1
+            reply = error_reply(429, "rate limit exceeded")
+            reply.headers["Retry-After"] = str(retry_after(wait_s))
+            return reply
+        return None
 
     def _count_create(self, request: Request) -> None:
         try:
