@@ -383,6 +383,10 @@ def reconcile(
 
 main.add_command(serve_fake_gateway, "fake-gateway")
 main.add_command(dead_letters)
+from worker.cli_rollout import retry, rollout  # noqa: E402 - registered here, beside them
+
+main.add_command(rollout)
+main.add_command(retry)
 
 
 @main.command()
