@@ -73,7 +73,7 @@ def main() -> int:
                 outcome = service.run_hop(attempt_id, hop)
                 if count_hop is not None:
                     count_hop(outcome.outcome.value)
-                if outcome.outcome is not Outcome.SCHEDULED or outcome.next_hop is None:
+                if outcome.next_hop is None:
                     return outcome.outcome
                 hop = outcome.next_hop
 

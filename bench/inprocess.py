@@ -143,7 +143,10 @@ class InProcessEngine:
         report.outcomes.append(outcome)
         if self.on_outcome is not None:
             self.on_outcome(outcome)
-        if outcome.outcome is Outcome.SCHEDULED and outcome.next_hop is not None:
+        if (
+            outcome.outcome in (Outcome.SCHEDULED, Outcome.DEFERRED)
+            and outcome.next_hop is not None
+        ):
             self.submit(
                 outcome.attempt_id, outcome.next_hop, (outcome.delay_s or 0) * self.time_scale
             )

@@ -18,12 +18,13 @@ what happened                              create_child (POST)     status / fami
 shape (not JSON, wrong type)
 never sent: ConnectError, ConnectTimeout,  TransientGatewayError   retried, then
 PoolTimeout, UnsupportedProtocol,                                  TransientGatewayError
-ProxyError, LocalProtocolError
+ProxyError, LocalProtocolError, or held
+back by the pace (not retried)
 sent, then timeout / dropped connection /  AmbiguousCreate         retried, then
 RemoteProtocolError (any TransportError)                           TransientGatewayError
 answer unreadable (DecodingError, ...)     AmbiguousCreate         MalformedAnswer
-429                                        TransientGatewayError   retried, then
-                                           (nothing created)       TransientGatewayError
+429                                        TransientGatewayError   TransientGatewayError
+                                           (nothing created)       (not retried)
 5xx                                        AmbiguousCreate         retried, then
                                                                    TransientGatewayError
 401 / 403                                  Unauthorized            Unauthorized
@@ -34,9 +35,16 @@ answer unreadable (DecodingError, ...)     AmbiguousCreate         MalformedAnsw
 1xx / 3xx (redirects are not followed)     MalformedAnswer         MalformedAnswer
 =========================================  ======================  =========================
 
-Retries (reads and deletes only): up to ``retries`` extra attempts, sleeping
-``retry_backoff_s * 2**n`` before retry ``n`` (0-based), or a numeric
-``Retry-After`` if longer, capped at 1 s. A 4xx is never retried.
+Retries (reads and deletes only, after no answer or a 5xx): up to ``retries``
+extra attempts, sleeping ``retry_backoff_s * 2**n`` before retry ``n`` (0-based).
+A 4xx is never retried, nor a 429: its numeric ``Retry-After`` travels on the
+error (``retry_after_s``), and the hop is deferred until then instead of
+holding its thread.
+
+With a `Pace` (infrastructure/pacing.py), every request first asks it for its
+turn: the fleet's rate, the shared Retry-After and the circuit. A request it
+holds back is not sent (``TransientGatewayError`` with ``retry_after_s``), and
+every answer is reported to it.
 
 Rejection messages carry the gateway's error text, whitespace-collapsed and
 truncated to 200 characters. No message, repr or log line carries the token or
@@ -60,11 +68,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Literal, Self
+from typing import TYPE_CHECKING, Any, Literal, Self
 from urllib.parse import quote
 
 import httpx
 
+from domain.pacing import Result
 from domain.ports import (
     AmbiguousCreate,
     FamilyMember,
@@ -75,12 +84,15 @@ from domain.ports import (
     WorkspaceGone,
 )
 
+if TYPE_CHECKING:
+    from infrastructure.pacing import Pace
+
 __all__ = ["HttpGateway"]
 
 log = logging.getLogger(__name__)
 
 _SUMMARY_MAX = 200
-_RETRY_AFTER_CAP_S = 1.0
+_RETRY_AFTER_CAP_S = 3600.0  # a Retry-After beyond an hour is not believed
 _ANSWER_MAX = 16 * 1024 * 1024  # decoded; no gateway answer we read is anywhere near this
 
 # Raised before the request left the client: nothing can have happened upstream.
@@ -98,8 +110,9 @@ _NOT_SENT: tuple[type[httpx.HTTPError], ...] = (
 class _Failure:
     """A request that produced no usable response, described without headers."""
 
-    kind: Literal["not_sent", "transport", "unreadable"]
+    kind: Literal["not_sent", "transport", "unreadable", "held"]
     summary: str
+    retry_after_s: float = 0.0  # "held": when the pace lets it go
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,6 +149,7 @@ class HttpGateway:
         transport: httpx.BaseTransport | None = None,
         max_connections: int = 64,
         observe: Callable[[str, int | None, float], None] | None = None,
+        pace: Pace | None = None,
     ) -> None:
         if not token:
             raise ValueError("the gateway token must not be empty")
@@ -150,6 +164,7 @@ class HttpGateway:
         self._sleep: Callable[[float], None] = time.sleep  # swapped in tests
         # Told of every request: (operation, HTTP status or None without one, seconds).
         self._observe = observe
+        self._pace = pace
         limits = httpx.Limits(
             max_connections=max_connections, max_keepalive_connections=max_connections
         )
@@ -195,8 +210,10 @@ class HttpGateway:
         path = f"/v2/workspaces/{_seg(parent_id)}/child"
         outcome = self._attempt(op, "POST", path, json={"title": title, "resources": {}})
         if isinstance(outcome, _Failure):
-            if outcome.kind == "not_sent":
-                raise TransientGatewayError(f"{op}: not sent ({outcome.summary})")
+            if outcome.kind in ("not_sent", "held"):
+                raise TransientGatewayError(
+                    f"{op}: not sent ({outcome.summary})", retry_after_s=outcome.retry_after_s
+                )
             raise AmbiguousCreate(f"{op}: outcome unknown ({outcome.summary})")
         code = outcome.status_code
         if 200 <= code < 300:
@@ -207,7 +224,10 @@ class HttpGateway:
         if code in (401, 403):
             raise Unauthorized(f"{op}: credentials refused (HTTP {code})")
         if code == 429:
-            raise TransientGatewayError(f"{op}: throttled (HTTP 429), nothing created")
+            raise TransientGatewayError(
+                f"{op}: throttled (HTTP 429), nothing created",
+                retry_after_s=_retry_after(outcome),
+            )
         if code >= 500:
             raise AmbiguousCreate(f"{op}: outcome unknown (HTTP {code})")
         if 400 <= code < 500:
@@ -284,6 +304,10 @@ class HttpGateway:
             if isinstance(outcome, _Failure):
                 if outcome.kind == "unreadable":
                     raise MalformedAnswer(f"{op}: {outcome.summary}")
+                if outcome.kind == "held":
+                    raise TransientGatewayError(
+                        f"{op}: not sent ({outcome.summary})", retry_after_s=outcome.retry_after_s
+                    )
                 last = outcome.summary
             else:
                 code = outcome.status_code
@@ -291,12 +315,15 @@ class HttpGateway:
                     return outcome
                 if code in (401, 403):
                     raise Unauthorized(f"{op}: credentials refused (HTTP {code})")
-                if code != 429 and code < 500:
+                if code == 429:
+                    raise TransientGatewayError(
+                        f"{op}: throttled (HTTP 429)", retry_after_s=_retry_after(outcome)
+                    )
+                if code < 500:
                     if 400 <= code < 500:
                         raise RequestRejected(f"{op}: HTTP {code}: {self._error_text(outcome)}")
                     raise MalformedAnswer(f"{op}: unexpected HTTP {code}")
                 last = f"HTTP {code}"
-                delay = max(delay, _retry_after(outcome))
             if n + 1 < attempts:
                 log.info("gateway %s: attempt %d/%d failed (%s)", op, n + 1, attempts, last)
                 self._sleep(delay)
@@ -321,11 +348,19 @@ class HttpGateway:
         if json is not None:
             content = jsonlib.dumps(json, ensure_ascii=False, separators=(",", ":")).encode()
             headers = {"Content-Type": "application/json"}
+        if self._pace is not None and (held := self._pace.before()) is not None:
+            return _Failure("held", held.why, held.wait_s)
         started = time.monotonic()
         outcome = self._send(method, path, params, content, headers)
+        code = outcome.status_code if isinstance(outcome, _Answer) else None
         if self._observe is not None:
-            code = outcome.status_code if isinstance(outcome, _Answer) else None
             self._observe(op, code, time.monotonic() - started)
+        if self._pace is not None:
+            self._pace.after(
+                _result(outcome),
+                retry_after_s=_retry_after(outcome) if isinstance(outcome, _Answer) else 0.0,
+                error=outcome.summary if isinstance(outcome, _Failure) else f"{op}: HTTP {code}",
+            )
         return outcome
 
     def _send(
@@ -415,6 +450,15 @@ def _text(value: object, op: str, field: str) -> str:
     if isinstance(value, int) and not isinstance(value, bool):
         return str(value)
     raise MalformedAnswer(f"{op}: field {field!r} is not a string")
+
+
+def _result(outcome: _Answer | _Failure) -> Result:
+    """What the pace learns from a request: answered, throttled, or unreachable."""
+    if isinstance(outcome, _Failure):
+        return Result.ANSWERED if outcome.kind == "unreadable" else Result.UNREACHABLE
+    if outcome.status_code == 429:
+        return Result.THROTTLED
+    return Result.UNREACHABLE if outcome.status_code >= 500 else Result.ANSWERED
 
 
 def _retry_after(response: _Answer) -> float:

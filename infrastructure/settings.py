@@ -13,6 +13,11 @@
 | PROVISIONER_MAX_REQUEUES         | 5                                |
 | PROVISIONER_STALE_AFTER_S        | 600                              |
 | PROVISIONER_CREATE_GRACE_S       | 60 (an unconfirmed create's wait)|
+| PROVISIONER_ATTEMPT_DEADLINE_S   | 86400 (a day: deferral's end)    |
+| PROVISIONER_DEFER_MAX_S          | 30 (cap of a deferred hop's wait)|
+| PROVISIONER_GATEWAY_RATE         | (none: learned from 429s)        |
+| PROVISIONER_GATEWAY_BURST        | 1                                |
+| PROVISIONER_GATEWAY_PROBE_S      | 10 (circuit open: probe interval)|
 | PROVISIONER_CONCURRENCY          | 8                                |
 | PROVISIONER_METRICS_PORT         | 0 (metrics and probes off)       |
 | PROVISIONER_METRICS_HOST         | 127.0.0.1                        |
@@ -38,7 +43,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
-from domain.policies import Backoff
+from domain.pacing import PaceRules
+from domain.policies import Backoff, Deferral
 from infrastructure.eventstore import DATABASE_SCHEMES, check_database_url
 from infrastructure.failures import ConfigurationError
 from infrastructure.service import EngineSettings
@@ -87,6 +93,13 @@ def _number(
         bound = f"> {low:g}" if above else f">= {low:g}"
         raise SettingsError(f"{key} must be {kind} {bound} and <= {high:g}, got {raw!r}")
     return value
+
+
+def _rate(env: Mapping[str, str]) -> float | None:
+    """PROVISIONER_GATEWAY_RATE: calls/s for the whole fleet; unset, learned from 429s."""
+    if _raw(env, "PROVISIONER_GATEWAY_RATE") is None:
+        return None
+    return _number(env, "PROVISIONER_GATEWAY_RATE", 0, low=0, high=10**6, above=True)
 
 
 def _choice(env: Mapping[str, str], key: str, choices: tuple[str, ...]) -> str:
@@ -171,6 +184,11 @@ class Settings:
     max_requeues: int = 5
     stale_after_s: float = 600.0
     create_grace_s: float = 60.0
+    attempt_deadline_s: float = 86_400.0
+    defer_max_s: float = 30.0
+    gateway_rate: float | None = None
+    gateway_burst: int = 1
+    gateway_probe_s: float = 10.0
     concurrency: int = 8
     metrics_port: int = 0
     metrics_host: str = "127.0.0.1"
@@ -223,6 +241,17 @@ class Settings:
             create_grace_s=_number(
                 env, "PROVISIONER_CREATE_GRACE_S", 60.0, low=0, high=86400, above=True
             ),
+            attempt_deadline_s=_number(
+                env, "PROVISIONER_ATTEMPT_DEADLINE_S", 86_400.0, low=0, high=10**8, above=True
+            ),
+            defer_max_s=_number(env, "PROVISIONER_DEFER_MAX_S", 30.0, low=2, high=86400),
+            gateway_rate=_rate(env),
+            gateway_burst=int(
+                _number(env, "PROVISIONER_GATEWAY_BURST", 1, low=1, high=10**6, integer=True)
+            ),
+            gateway_probe_s=_number(
+                env, "PROVISIONER_GATEWAY_PROBE_S", 10.0, low=0, high=3600, above=True
+            ),
             concurrency=int(
                 _number(env, "PROVISIONER_CONCURRENCY", 8, low=1, high=512, integer=True)
             ),
@@ -258,7 +287,12 @@ class Settings:
                 f"PROVISIONER_GATEWAY_TIMEOUT_S ({settings.gateway_timeout_s:g}): a create "
                 "still in flight would otherwise be given up and the title created again"
             )
-        settings.engine()  # the backoff's own limits, checked at start-up too
+        if settings.attempt_deadline_s <= settings.engine().backoff.total_s():
+            raise SettingsError(
+                f"PROVISIONER_ATTEMPT_DEADLINE_S ({settings.attempt_deadline_s:g}) must be "
+                f"longer than the settle budget ({settings.engine().backoff.total_s():g} s "
+                "from PROVISIONER_BACKOFF_BASE_S and PROVISIONER_MAX_REQUEUES)"
+            )
         return settings
 
     def gateway(self) -> tuple[str, str] | None:
@@ -290,6 +324,13 @@ class Settings:
             ) from None
         return EngineSettings(
             backoff=backoff,
+            deferral=Deferral(max_s=self.defer_max_s, deadline_s=self.attempt_deadline_s),
             stale_after_s=self.stale_after_s,
             create_grace_s=self.create_grace_s,
+        )
+
+    def pace(self) -> PaceRules:
+        """The fleet's pace of gateway calls (domain/pacing.py)."""
+        return PaceRules(
+            rate=self.gateway_rate, burst=self.gateway_burst, probe_every_s=self.gateway_probe_s
         )

@@ -17,7 +17,7 @@ import psycopg
 import pytest
 from hypothesis import HealthCheck, Phase, settings
 
-from domain.policies import Backoff
+from domain.policies import Backoff, Deferral
 from infrastructure.eventstore import ProvisionerApplication, init_database, open_event_store
 from infrastructure.fake_gateway import FakeConfig, FakeGateway
 from infrastructure.gateway import HttpGateway
@@ -123,7 +123,12 @@ def clock() -> ManualClock:
 
 @pytest.fixture
 def settings() -> EngineSettings:
-    return EngineSettings(backoff=Backoff(base_s=5.0, max_requeues=5), stale_after_s=600.0)
+    # A deadline of 10 minutes: an outage the tests keep up ends in a few dozen deferrals.
+    return EngineSettings(
+        backoff=Backoff(base_s=5.0, max_requeues=5),
+        deferral=Deferral(base_s=2.0, max_s=30.0, deadline_s=600.0),
+        stale_after_s=600.0,
+    )
 
 
 @pytest.fixture

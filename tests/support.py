@@ -16,15 +16,15 @@ def drive(
     service: ProvisioningService,
     attempt_id: UUID,
     advance: Callable[[float], None] | None = None,
-    max_hops: int = 20,
+    max_hops: int = 100,
 ) -> list[HopOutcome]:
-    """Run hops as the worker would, following each scheduled next hop."""
+    """Run hops as the worker would, following each scheduled (or deferred) next hop."""
     outcomes: list[HopOutcome] = []
     hop = 0
     for _ in range(max_hops):
         outcome = service.run_hop(attempt_id, hop)
         outcomes.append(outcome)
-        if outcome.outcome is not Outcome.SCHEDULED:
+        if outcome.outcome not in (Outcome.SCHEDULED, Outcome.DEFERRED):
             return outcomes
         assert outcome.next_hop is not None
         if advance is not None and outcome.delay_s is not None:

@@ -231,7 +231,7 @@ def _serve(
     concurrency: int | None,
     *,
     batch: int = 2000,
-    reconcile_every: tuple[float, float, float, float] = (60.0, 60.0, 30.0, 3600.0),
+    reconcile_every: tuple[float, float, float, float | None] = (60.0, 60.0, 30.0, None),
 ) -> None:
     """Run the chosen parts until SIGTERM or SIGINT, then stop them cleanly."""
     import signal
@@ -345,10 +345,13 @@ def run(concurrency: int | None) -> None:
 @click.option("--grace", default=60.0, show_default=True, help="Seconds before owed work counts.")
 @click.option("--interval", default=30.0, show_default=True, help="Seconds between sweeps.")
 @click.option(
-    "--deadline", default=3600.0, show_default=True, help="Seconds before a pending attempt fails."
+    "--deadline",
+    type=float,
+    default=None,
+    help="Seconds before a pending attempt fails (PROVISIONER_ATTEMPT_DEADLINE_S, a day).",
 )
 def reconcile(
-    *, once: bool, overdue: float, grace: float, interval: float, deadline: float
+    *, once: bool, overdue: float, grace: float, interval: float, deadline: float | None
 ) -> None:
     """Re-publish overdue hops, owed releases and decommissions; fail attempts past their
     deadline (safe to run anywhere, any number of times)."""
@@ -365,8 +368,8 @@ def reconcile(
         raise ConfigurationError("memory:// is in-process: the reconciler runs inside `run`")
     service = service_only()
     reconciler = Reconciler(
-        settings.database_url, overdue_s=overdue, grace_s=grace, deadline_s=deadline,
-        service=service,
+        settings.database_url, overdue_s=overdue, grace_s=grace,
+        deadline_s=deadline or settings.attempt_deadline_s, service=service,
     )  # fmt: skip
     topology = Topology(queue_type=settings.queue_type)
     try:

@@ -50,12 +50,13 @@ from domain.errors import (
     UnknownAttempt,
     UnknownBrand,
 )
+from domain.ports import GatewayError
 from infrastructure.broker import Broker, DelayScheduler, Topology, connect
 from infrastructure.broker_failures import BROKER_ERRORS, broker_refusal
 from infrastructure.failures import Backoff
 from infrastructure.messages import Message
-from infrastructure.outages import Outage
-from infrastructure.service import ProvisioningService
+from infrastructure.outages import Outage, is_database_error
+from infrastructure.service import ContentionError, ProvisioningService
 from worker import metrics
 from worker.delivery import WAIT_DELAYS_S, Delivery, Settler
 
@@ -122,6 +123,13 @@ def _handle(service: ProvisioningService, message: Message) -> str:
     raise DeadLetter("unhandled type", {"type": message.type})
 
 
+def is_bug(exc: BaseException) -> bool:
+    """Not the database, not the gateway, not contention: an unexpected exception."""
+    return not (
+        is_database_error(exc) or isinstance(exc, GatewayError | ContentionError | OSError)
+    )
+
+
 class HopWorker:
     def __init__(
         self,
@@ -162,6 +170,13 @@ class HopWorker:
                 *probe.connection_errors,
                 *probe.channel_errors,
             )
+
+    def _given_up(self, message: Message, exc: BaseException) -> None:
+        """A hop that raised a bug on every retry fails its attempt `internal_error`
+        (naming the exception's type) rather than sit pending until its deadline."""
+        if message.type == "hop" and is_bug(exc):
+            f = message.fields
+            self.service.fail_internal(f["attempt_id"], f["hop"], type(exc).__name__)
 
     def run(self, stop: threading.Event) -> None:
         """Consume until `stop` is set. A broker that is down (at start too) or drops
@@ -206,6 +221,7 @@ class HopWorker:
                 database=self.database_outage,
                 dead_letter=DeadLetter,
                 secrets=self.service.secrets,
+                given_up=self._given_up,
             )
             try:
                 # One limit for the channel (global), not one per consumer: with two

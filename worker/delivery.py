@@ -10,7 +10,8 @@ message ends its thread:
   errors) — by dead-lettering it with the reason, then acking it.
 - `Settler.settle` acks a handled message, dead-letters a `DeadLetter`, and
   re-publishes any other failure after a delay with `x-retries` + 1 (dead-
-  lettered as `retries exhausted` after the last delay: about 200 s). A
+  lettered as `retries exhausted` after the last delay: about 200 s; a hop
+  that raised a bug every time fails its attempt `internal_error` first). A
   command refused only for now (`RetryLater`: a decommission in progress)
   has its own, longer schedule and count (`x-waits`, `WAIT_DELAYS_S`: 5, 15,
   60 s, then every 120 s, about an hour in all), so only a decommission
@@ -88,6 +89,7 @@ class Settler:
         wait_delays_s: tuple[float, ...] = WAIT_DELAYS_S,
         refused_for_now: type[Exception] = RetryLater,
         secrets: tuple[str, ...] = (),
+        given_up: Callable[[Message, BaseException], None] | None = None,
     ) -> None:
         self.publisher = publisher
         self.stats = stats
@@ -97,6 +99,8 @@ class Settler:
         self.dead_letter = dead_letter  # raised by handlers: never retried
         self.wait_delays_s = wait_delays_s
         self.refused_for_now = refused_for_now  # raised by handlers: retried on its own schedule
+        # Told of a message whose retries are spent, before it is dead-lettered.
+        self.given_up = given_up
         # The token as it may appear in a body: raw, and as JSON writes it (escaped
         # quotes and backslashes; non-ASCII escaped or not).
         forms = {
@@ -158,6 +162,8 @@ class Settler:
             return
         tries, decoded = delivery.tries, delivery.message
         if tries >= len(self.retry_delays_s):
+            if self.given_up is not None:
+                self.given_up(decoded, exc)
             self.dead(message, "retries exhausted", {"error": repr(exc)[:300]})
             return
         delay = self.retry_delays_s[tries]

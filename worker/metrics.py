@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from prometheus_client import Counter, Histogram
+from prometheus_client import Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -35,7 +35,8 @@ RETRIED = Counter(
 RELAYED = Counter("provisioner_relayed_total", "Messages the relay published, by kind", ["kind"])
 HOPS = Counter(
     "provisioner_hops_total",
-    "Hops run by this worker, by outcome (promoted, scheduled, failed, stood_down, duplicate)",
+    "Hops run by this worker, by outcome (promoted, scheduled, deferred, failed, stood_down, "
+    "duplicate)",
     ["outcome"],
 )
 ATTEMPTS_ENDED = Counter(
@@ -58,6 +59,19 @@ GATEWAY_SECONDS = Histogram(
     "Duration of one gateway request (each retry counts apart), by operation",
     ["operation"],
     buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+)
+
+GATEWAY_CIRCUIT_OPEN = Gauge(
+    "provisioner_gateway_circuit_open",
+    "1 while this process last saw the fleet's gateway circuit open (calls held), else 0",
+)
+GATEWAY_HELD = Counter(
+    "provisioner_gateway_held_total",
+    "Gateway calls held back by the fleet's pace (rate, Retry-After, open circuit): not sent",
+)
+GATEWAY_THROTTLE_WAIT = Counter(
+    "provisioner_gateway_throttle_wait_seconds_total",
+    "Seconds calls waited for their turn at the fleet's rate before they were sent",
 )
 
 OPERATIONS = frozenset(
@@ -86,6 +100,16 @@ def observe_gateway(operation: str, code: int | None, seconds: float) -> None:
     GATEWAY_SECONDS.labels(op).observe(seconds)
     if code in (401, 403):
         GATEWAY_AUTH_FAILURES.labels(op).inc()
+
+
+def observe_pace(kind: str, value: float) -> None:
+    """What the pace did (the `on_event` hook of `infrastructure.pacing.Pace`)."""
+    if kind == "waited":
+        GATEWAY_THROTTLE_WAIT.inc(value)
+    elif kind == "held":
+        GATEWAY_HELD.inc(value)
+    elif kind == "circuit":
+        GATEWAY_CIRCUIT_OPEN.set(value)
 
 
 def count_hop(outcome: str) -> None:

@@ -77,7 +77,7 @@ class Reconciler:
         interval_s: float = 30.0,
         resend_s: float = 300.0,
         orphan_window_s: float = 3600.0,
-        deadline_s: float = 3600.0,
+        deadline_s: float = 86_400.0,
         service: ProvisioningService | None = None,
     ) -> None:
         self.views_url = views_url

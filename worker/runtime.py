@@ -21,6 +21,7 @@ from infrastructure.eventstore import (
 from infrastructure.failures import ConfigurationError
 from infrastructure.fake_gateway import FakeConfig, FakeGateway
 from infrastructure.gateway import HttpGateway
+from infrastructure.pacing import MemoryPaceStore, Pace, PaceStore, PgPaceStore
 from infrastructure.service import ProvisioningService
 from infrastructure.settings import Settings
 from infrastructure.views import SqlViewStore, memory_views_url
@@ -111,14 +112,23 @@ class Runtime(_Threads):
         overdue_s: float = 60.0,
         grace_s: float = 60.0,
         interval_s: float = 30.0,
-        deadline_s: float = 3600.0,
+        deadline_s: float | None = None,
     ) -> tuple[Reconciler, Broker]:
         broker = Broker(self.settings.broker_url, self.topology, scheduler=self.scheduler)
         reconciler = Reconciler(
             self.views_url, overdue_s=overdue_s, grace_s=grace_s, interval_s=interval_s,
-            deadline_s=deadline_s, service=self.service,
+            deadline_s=deadline_s or self.settings.attempt_deadline_s, service=self.service,
         )  # fmt: skip
         return reconciler, broker
+
+
+def pace_store(settings: Settings, gateway_url: str, *, calls: bool) -> PaceStore:
+    """The fleet's shared pace in PostgreSQL (one row per gateway) for a process that
+    calls the gateway; in the process's memory otherwise (SQLite and memory://,
+    where `run` alone calls it)."""
+    if calls and is_postgres(settings.database_url):
+        return PgPaceStore(settings.database_url, gateway_url)
+    return MemoryPaceStore()
 
 
 @contextmanager
@@ -150,11 +160,15 @@ def build(
             log.info("PROVISIONER_FAKE_GATEWAY=1: the in-process fake gateway at %s", url)
         else:
             url, token = chosen
+        store = pace_store(settings, url, calls="worker" in parts)
+        pace = Pace(store, settings.pace(), on_event=metrics.observe_pace)
+        stack.callback(pace.close)
         gateway = stack.enter_context(
             HttpGateway(
-                url, token, read_timeout=settings.gateway_timeout_s, observe=metrics.observe_gateway
+                url, token, read_timeout=settings.gateway_timeout_s,
+                observe=metrics.observe_gateway, pace=pace,
             )
-        )
+        )  # fmt: skip
         topology = Topology(queue_type=settings.queue_type)
         scheduler = None
         if is_memory(settings.broker_url):

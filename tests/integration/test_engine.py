@@ -287,7 +287,7 @@ def test_an_orphan_of_a_create_unresolved_while_another_held_the_slot_is_found_l
     # Y's create makes a workspace but times out, and then the family cannot be listed.
     intercept = _create_lost_to_an_outage(service, fake, settle_polls=10)
     y = service.request_provisioning(f"y-{uuid4().hex[:8]}", title, PARENT)
-    assert service.run_hop(y, 0).outcome is Outcome.SCHEDULED
+    assert service.run_hop(y, 0).outcome is Outcome.DEFERRED  # no family: no answer
     [orphan] = [w["id"] for w in upstream(fake, title)]
     _outage_over(fake, intercept)
     clock.advance(61)  # Y's reservation lapses; X takes the slot and creates.
@@ -411,7 +411,7 @@ def test_a_throttled_create_is_tried_again_at_the_next_hop_without_waiting_the_g
     intercept.create_answer = _refuse(TransientGatewayError("create_child: throttled (HTTP 429)"))
     service.gateway = intercept
     attempt_id = service.request_provisioning(brand_id, title, PARENT)
-    assert service.run_hop(attempt_id, 0).outcome is Outcome.SCHEDULED
+    assert service.run_hop(attempt_id, 0).outcome is Outcome.DEFERRED
     intercept.create_answer = None
     clock.advance(5)  # well within the 60 s grace of an unconfirmed create
 
@@ -601,7 +601,7 @@ def test_superseded_mid_flight_never_releases_an_adopted_candidate(
     intercept.status_answer[adoptable["id"]] = unavailable
     service.gateway = intercept
     old = service.request_provisioning(brand_id, title, PARENT)
-    assert service.run_hop(old, 0).outcome is Outcome.SCHEDULED
+    assert service.run_hop(old, 0).outcome is Outcome.DEFERRED
     fake.add_project(adoptable["id"])  # now someone else's data may live there
     clock.advance(601)
     service.request_provisioning(brand_id, title, PARENT)
@@ -708,7 +708,7 @@ def test_an_existing_pointer_gone_terminal_is_unbound_and_the_next_hop_creates_f
 # Gateway failures on status.
 
 
-def test_429_and_5xx_on_status_count_as_settling(
+def test_429_and_5xx_on_status_are_deferred_without_spending_the_settle_budget(
     service: ProvisioningService, fake: FakeGateway, clock: ManualClock, brand_id: str, title: str
 ) -> None:
     fake.configure(settle_polls=1)
@@ -723,10 +723,12 @@ def test_429_and_5xx_on_status_count_as_settling(
     recovered = service.run_hop(attempt_id, 3)
 
     assert [throttled.outcome, erroring.outcome, recovered.outcome] == [
-        Outcome.SCHEDULED,
-        Outcome.SCHEDULED,
+        Outcome.DEFERRED,
+        Outcome.DEFERRED,
         Outcome.PROMOTED,
     ]
+    attempt = service.attempt(attempt_id)
+    assert (attempt.settle_hops, attempt.deferrals) == (1, 2)
     assert "429" in throttled.detail
     assert "503" in erroring.detail or "5" in erroring.detail
 

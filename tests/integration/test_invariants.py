@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from bench.inprocess import InProcessEngine
-from domain.policies import AttemptState, Backoff, FailureReason
+from domain.policies import AttemptState, Backoff, Deferral, FailureReason
 from domain.ports import TransientGatewayError
 from infrastructure.eventstore import ProvisionerApplication
 from infrastructure.fake_gateway import FakeGateway
@@ -43,7 +43,11 @@ def test_under_every_fault_at_once_the_promises_hold(
     fake.add_project(PARENT)
     parent_before = _workspace(fake, PARENT)
     fake.configure(**FAULTS)
-    settings = EngineSettings(backoff=Backoff(base_s=0.02, max_requeues=6), create_grace_s=0.2)
+    settings = EngineSettings(
+        backoff=Backoff(base_s=0.02, max_requeues=6),
+        deferral=Deferral(base_s=0.02, max_s=0.2, deadline_s=60.0),
+        create_grace_s=0.2,
+    )
     run = uuid.uuid4().hex[:6]
     with HttpGateway(fake.url, TOKEN, read_timeout=2.0, retries=1, retry_backoff_s=0.0) as gw:
         service = ProvisioningService(app, gw, settings=settings)

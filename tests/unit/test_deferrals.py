@@ -93,7 +93,8 @@ def test_a_deferral_waits_out_the_retry_after_and_a_capped_jittered_backoff(
     assert delays[1:] == [3.0, 6.0, 12.0, 22.5, 22.5, 22.5, 22.5, 22.5]
     # A create refused (never sent) made nothing: nothing to look for, or owe.
     attempt = service.attempt(attempt_id)
-    assert not attempt.create_unresolved and not attempt.orphan_search
+    assert not attempt.create_unresolved
+    assert not attempt.orphan_search
     assert gateway.made == []
 
 

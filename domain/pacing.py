@@ -1,0 +1,175 @@
+"""The fleet's pace of calls to the gateway, as pure functions of plain values.
+
+Every worker process of a deployment shares one `PaceState` (a row in
+PostgreSQL, or memory in a lone process); each call asks `admit` before it is
+sent and reports what came of it to `observe`. Times are seconds on one clock
+(the database's, when shared).
+
+- **A rate.** A configured rate (calls/s) and burst are a GCRA: the
+  "theoretical arrival time" `tat` of the next call moves on by 1/rate per
+  call, and a call may go `burst - 1` intervals ahead of it.
+- **No rate configured: learned.** Unlimited until the gateway throttles (429).
+  Then the rate is set to `backoff_factor` of what the fleet was sending (at
+  most once a second, however many calls were throttled together) and grows
+  again by `growth_per_s` per second without a 429 (the next 429 cuts it
+  again): additive-increase/multiplicative-decrease, as TCP finds a link's rate.
+- **A shared Retry-After.** A 429's Retry-After pauses every call of the fleet
+  until then.
+- **A circuit.** `open_after` unreachable answers in a row (refused, timeout,
+  5xx) open it: calls are held without being sent, and one probe goes out
+  every `probe_every_s`. Any answer closes it.
+
+A call waits in its thread at most `max_wait_s`; a longer wait is a `Hold`:
+the hop is deferred until then (domain/hop.py) and holds no thread or slot.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from enum import StrEnum
+
+
+@dataclass(frozen=True, slots=True)
+class PaceRules:
+    rate: float | None = None  # calls/s for the whole fleet; None: learned from 429s
+    burst: int = 10
+    max_wait_s: float = 2.0
+    open_after: int = 5
+    probe_every_s: float = 10.0
+    backoff_factor: float = 0.7
+    growth_per_s: float = 0.05
+    min_rate: float = 0.2
+    unlimited_above: float = 10_000.0  # a learned rate grown past this is no limit
+
+    def __post_init__(self) -> None:
+        if self.rate is not None and self.rate <= 0:
+            raise ValueError("the gateway rate must be > 0 calls/s")
+        if self.burst < 1:
+            raise ValueError("the gateway burst must be at least 1")
+        if self.open_after < 1 or self.probe_every_s <= 0 or self.max_wait_s < 0:
+            raise ValueError("the circuit needs open_after >= 1 and a probe interval > 0")
+
+
+@dataclass(frozen=True, slots=True)
+class PaceState:
+    tat: float = 0.0  # GCRA: when the next call is due at the rate
+    learned: float | None = None  # the rate set at the last 429 (no rate configured)
+    learned_at: float = 0.0
+    paused_until: float = 0.0  # the shared Retry-After
+    unreachable: int = 0  # unreachable answers in a row
+    unreachable_since: float | None = None
+    open_since: float | None = None  # the circuit; None: closed
+    probe_at: float = 0.0  # while open: when the next probe may go
+    last_error: str = ""
+    window_at: float = 0.0  # calls counted since then (what a first 429 learns from)
+    window_calls: int = 0
+    window_rate: float = 0.0  # calls/s in the last whole window
+
+
+class Result(StrEnum):
+    ANSWERED = "answered"  # any HTTP answer but 429 and 5xx
+    THROTTLED = "throttled"  # 429
+    UNREACHABLE = "unreachable"  # refused, timed out, dropped, 5xx
+
+
+@dataclass(frozen=True, slots=True)
+class Go:
+    wait_s: float  # sleep this long, then send
+    probe: bool = False  # the one call let through an open circuit
+
+
+@dataclass(frozen=True, slots=True)
+class Hold:
+    wait_s: float  # do not send; try again after this long
+    why: str
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    """The circuit opened or closed: logged once, by the process that changed it."""
+
+    opened: bool
+    since: float
+    error: str
+
+
+def rate_now(rules: PaceRules, state: PaceState, now: float) -> float | None:
+    """Calls/s allowed now; None: no limit."""
+    if rules.rate is not None:
+        return rules.rate
+    if state.learned is None:
+        return None
+    grown = state.learned * (1.0 + rules.growth_per_s) ** max(0.0, now - state.learned_at)
+    return None if grown > rules.unlimited_above else grown
+
+
+def admit(rules: PaceRules, state: PaceState, now: float) -> tuple[PaceState, Go | Hold]:
+    """May a call go now, after a short wait, or must it be held back?"""
+    if state.open_since is not None:
+        if now < state.probe_at:
+            return state, Hold(state.probe_at - now, f"circuit open: {state.last_error}")
+        return replace(state, probe_at=now + rules.probe_every_s), Go(0.0, probe=True)
+    if state.paused_until - now > rules.max_wait_s:
+        return state, Hold(state.paused_until - now, "throttled: the gateway's Retry-After")
+    start = max(now, state.paused_until)
+    state = _counted(state, now)
+    rate = rate_now(rules, state, now)
+    if rate is None:
+        return state, Go(start - now)
+    interval = 1.0 / rate
+    due = max(state.tat, start)
+    wait = max(start, due - (rules.burst - 1) * interval) - now
+    if wait > rules.max_wait_s:
+        return state, Hold(wait, f"paced at {rate:.3g} calls/s")
+    return replace(state, tat=due + interval), Go(wait)
+
+
+def _counted(state: PaceState, now: float) -> PaceState:
+    elapsed = now - state.window_at
+    if elapsed >= 1.0:
+        rate = state.window_calls / elapsed if elapsed < 10.0 else 0.0
+        return replace(state, window_at=now, window_calls=1, window_rate=rate)
+    return replace(state, window_calls=state.window_calls + 1)
+
+
+def observe(
+    rules: PaceRules,
+    state: PaceState,
+    now: float,
+    result: Result,
+    *,
+    retry_after_s: float = 0.0,
+    error: str = "",
+) -> tuple[PaceState, Change | None]:
+    """What a call's answer changes; the same state back when nothing changed."""
+    if result is Result.UNREACHABLE:
+        since = state.unreachable_since if state.unreachable_since is not None else now
+        failing = replace(
+            state, unreachable=state.unreachable + 1, unreachable_since=since, last_error=error
+        )
+        if state.open_since is None and failing.unreachable >= rules.open_after:
+            opened = replace(failing, open_since=now, probe_at=now + rules.probe_every_s)
+            return opened, Change(True, since, error)
+        return failing, None
+    answered = state
+    change = None
+    if state.open_since is not None:
+        change = Change(False, state.open_since, state.last_error)
+    if state.unreachable or state.open_since is not None:
+        answered = replace(state, unreachable=0, unreachable_since=None, open_since=None)
+    if result is Result.ANSWERED:
+        return answered, change
+    pause = max(retry_after_s, 1.0)  # a 429 without Retry-After still pauses a second
+    answered = replace(answered, paused_until=max(state.paused_until, now + pause))
+    if rules.rate is None and now - state.learned_at >= 1.0:
+        sending = rate_now(rules, state, now) or _sent_rate(state, now)
+        learned = max(rules.min_rate, sending * rules.backoff_factor)
+        answered = replace(answered, learned=learned, learned_at=now)
+    return answered, change
+
+
+def _sent_rate(state: PaceState, now: float) -> float:
+    """What the fleet was sending when no rate held it: the busier of the last
+    whole window and the current one."""
+    elapsed = max(now - state.window_at, 1e-3)
+    return max(state.window_rate, state.window_calls / max(elapsed, 1.0))

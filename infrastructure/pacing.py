@@ -1,0 +1,210 @@
+"""Where the fleet's pace lives, and the pace a gateway adapter asks before each call.
+
+`Pace.before()` is asked before every request: it sleeps a short wait itself
+(never inside a database transaction) or answers a `Hold` (the request is not
+sent; the hop is deferred). `Pace.after()` reports what came back. The rules
+are `domain.pacing`'s; the state is shared through a store:
+
+- `PgPaceStore`: one row of `provisioner_gateway_pace` per gateway, read and
+  written under `SELECT ... FOR UPDATE` in one short transaction per call, on
+  the database's clock. Every worker process of a deployment shares it.
+- `MemoryPaceStore`: the same in one process (SQLite and memory:// deployments,
+  where `provisioner run` is the only process that calls the gateway).
+
+An answered call changes nothing while the circuit is closed and nothing
+failed, so it writes nothing: a call costs one transaction (its admission).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, fields
+from datetime import UTC, datetime
+from typing import Any, TypeVar
+
+import psycopg
+from psycopg_pool import ConnectionPool
+
+from domain.pacing import Change, Go, Hold, PaceRules, PaceState, Result, admit, observe
+from infrastructure.eventstore import postgres_conninfo
+
+log = logging.getLogger("provisioner.gateway")
+
+T = TypeVar("T")
+Update = Callable[[PaceState, float], tuple[PaceState, T]]
+_FIELDS = frozenset(f.name for f in fields(PaceState))
+
+
+def _state(raw: Any) -> PaceState:
+    data = raw if isinstance(raw, dict) else json.loads(raw or "{}")
+    return PaceState(**{k: v for k, v in data.items() if k in _FIELDS})
+
+
+class MemoryPaceStore:
+    """The pace of one process."""
+
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._state = PaceState()
+
+    def update(self, fn: Update[T]) -> T:
+        with self._lock:
+            self._state, out = fn(self._state, self._clock())
+            return out
+
+    def read(self) -> tuple[PaceState, float]:
+        with self._lock:
+            return self._state, self._clock()
+
+    def close(self) -> None:
+        pass
+
+
+class PgPaceStore:
+    """The pace of every process that shares this database, in one row per gateway."""
+
+    def __init__(self, url: str, key: str, *, max_size: int = 4) -> None:
+        self.key = key
+        self._pool: ConnectionPool[Any] = ConnectionPool(
+            postgres_conninfo(url),
+            min_size=1,
+            max_size=max_size,
+            kwargs={"autocommit": True},
+            open=True,
+        )
+        with self._pool.connection() as conn:
+            create_table(conn)
+            conn.execute(
+                "INSERT INTO provisioner_gateway_pace (key, state) VALUES (%s, '{}') "
+                "ON CONFLICT (key) DO NOTHING",
+                (key,),
+            )
+
+    def update(self, fn: Update[T]) -> T:
+        with self._pool.connection() as conn, conn.transaction():
+            raw, now = conn.execute(
+                "SELECT state, extract(epoch FROM clock_timestamp())::float8 "
+                "FROM provisioner_gateway_pace WHERE key = %s FOR UPDATE",
+                (self.key,),
+            ).fetchone() or ({}, time.time())
+            before = _state(raw)
+            after, out = fn(before, now)
+            if after != before:
+                conn.execute(
+                    "UPDATE provisioner_gateway_pace SET state = %s WHERE key = %s",
+                    (json.dumps(asdict(after)), self.key),
+                )
+            return out
+
+    def read(self) -> tuple[PaceState, float]:
+        with self._pool.connection() as conn:
+            raw, now = conn.execute(
+                "SELECT state, extract(epoch FROM clock_timestamp())::float8 "
+                "FROM provisioner_gateway_pace WHERE key = %s",
+                (self.key,),
+            ).fetchone() or ({}, time.time())
+            return _state(raw), now
+
+    def close(self) -> None:
+        self._pool.close()
+
+
+def create_table(conn: Any) -> None:
+    """Idempotent; concurrent creators may race on the catalogue, so a loser retries."""
+    for _ in range(3):
+        try:
+            conn.execute(
+                "CREATE TABLE IF NOT EXISTS provisioner_gateway_pace "
+                "(key text PRIMARY KEY, state jsonb NOT NULL)"
+            )
+        except psycopg.errors.UniqueViolation:  # "... pg_type": another creator won the race
+            time.sleep(0.05)
+        else:
+            return
+    conn.execute("SELECT 1 FROM provisioner_gateway_pace LIMIT 0")  # exists now, or the error
+
+
+PaceStore = MemoryPaceStore | PgPaceStore
+
+
+def _ignore(_kind: str, _value: float) -> None:
+    pass
+
+
+class Pace:
+    """The pace one gateway adapter keeps; thread-safe.
+
+    `on_event(kind, value)` is told of: ("waited", seconds slept before a call),
+    ("held", 1 per call held back), ("circuit", 1.0 open / 0.0 closed), as metrics.
+    """
+
+    def __init__(
+        self,
+        store: PaceStore,
+        rules: PaceRules | None = None,
+        *,
+        sleep: Callable[[float], None] = time.sleep,
+        on_event: Callable[[str, float], None] | None = None,
+    ) -> None:
+        self.store = store
+        self.rules = rules or PaceRules()
+        self._sleep = sleep
+        self._on_event = on_event or _ignore
+        self._clean = False  # last seen: circuit closed, nothing failing (answers write nothing)
+
+    def before(self) -> Hold | None:
+        """Wait for this call's turn (a short wait, slept here); a Hold when it must
+        not be sent now."""
+
+        def step(state: PaceState, now: float) -> tuple[PaceState, Go | Hold]:
+            new, decision = admit(self.rules, state, now)
+            self._clean = new.open_since is None and new.unreachable == 0
+            return new, decision
+
+        decision = self.store.update(step)
+        if isinstance(decision, Hold):
+            self._on_event("held", 1.0)
+            return decision
+        if decision.wait_s > 0:
+            self._on_event("waited", decision.wait_s)
+            self._sleep(decision.wait_s)
+        return None
+
+    def after(self, result: Result, *, retry_after_s: float = 0.0, error: str = "") -> None:
+        if result is Result.ANSWERED and self._clean:
+            return
+
+        def step(state: PaceState, now: float) -> tuple[PaceState, Change | None]:
+            new, change = observe(
+                self.rules, state, now, result, retry_after_s=retry_after_s, error=error
+            )
+            self._clean = new.open_since is None and new.unreachable == 0
+            return new, change
+
+        change = self.store.update(step)
+        if change is not None:
+            self._announce(change)
+
+    def _announce(self, change: Change) -> None:
+        since = datetime.fromtimestamp(change.since, UTC).isoformat(timespec="seconds")
+        self._on_event("circuit", 1.0 if change.opened else 0.0)
+        if change.opened:
+            log.warning(
+                "gateway circuit open: %d calls in a row got no answer since %s (last: %s); "
+                "calls are held and hops deferred, one probe every %.0f s",
+                self.rules.open_after, since, change.error, self.rules.probe_every_s,
+            )  # fmt: skip
+        else:
+            log.info("gateway circuit closed: the gateway answers again (down since %s)", since)
+
+    def state(self) -> tuple[PaceState, float]:
+        """The shared state and the store's time now (for health and metrics)."""
+        return self.store.read()
+
+    def close(self) -> None:
+        self.store.close()

@@ -1,0 +1,199 @@
+"""The fleet's pace (domain/pacing.py) as pure rules, and through the gateway adapter
+with an in-memory store: a rate, a shared Retry-After, a learned rate, a circuit."""
+
+from __future__ import annotations
+
+import logging
+
+import httpx
+import pytest
+
+from domain.pacing import (
+    Go,
+    Hold,
+    PaceRules,
+    PaceState,
+    Result,
+    admit,
+    observe,
+    rate_now,
+)
+from domain.ports import TransientGatewayError
+from infrastructure.gateway import HttpGateway
+from infrastructure.pacing import MemoryPaceStore, Pace
+
+
+def calls(rules: PaceRules, state: PaceState, times: list[float]) -> list[Go | Hold]:
+    out = []
+    for now in times:
+        state, decision = admit(rules, state, now)
+        out.append(decision)
+    return out
+
+
+def test_a_configured_rate_spaces_calls_after_the_burst() -> None:
+    rules = PaceRules(rate=10.0, burst=3, max_wait_s=0.25)
+    decisions = calls(rules, PaceState(), [100.0] * 6)
+
+    waits = [d.wait_s for d in decisions if isinstance(d, Go)]
+    assert waits == pytest.approx([0.0, 0.0, 0.0, 0.1, 0.2])  # 3 at once, then 1/rate apart
+    assert isinstance(decisions[5], Hold)  # 0.3 s away: the hop is deferred, no thread held
+    assert decisions[5].wait_s == pytest.approx(0.3)
+    assert "paced at 10 calls/s" in decisions[5].why
+
+
+def test_idle_time_refills_the_burst_but_never_banks_more() -> None:
+    rules = PaceRules(rate=10.0, burst=2)
+    state, _ = admit(rules, PaceState(), 0.0)
+    state, _ = admit(rules, state, 0.0)
+    later = [admit(rules, state, 60.0)[1], admit(rules, admit(rules, state, 60.0)[0], 60.0)[1]]
+    assert [d.wait_s for d in later if isinstance(d, Go)] == [0.0, 0.0]
+
+
+def test_a_retry_after_pauses_every_call_of_the_fleet() -> None:
+    rules = PaceRules(rate=None, max_wait_s=2.0)
+    state, change = observe(rules, PaceState(), 10.0, Result.THROTTLED, retry_after_s=30.0)
+    assert change is None
+    _, held = admit(rules, state, 11.0)
+    assert isinstance(held, Hold)
+    assert held.wait_s == pytest.approx(29.0)
+    _, soon = admit(rules, state, 38.5)
+    assert soon == Go(pytest.approx(1.5))  # a short rest is waited out in the thread
+    _, free = admit(rules, state, 40.0)
+    assert isinstance(free, Go)
+    assert free.wait_s == 0.0
+
+
+def test_without_a_rate_the_first_429_learns_one_and_success_grows_it() -> None:
+    rules = PaceRules(rate=None, growth_per_s=0.05, backoff_factor=0.7)
+    state = PaceState()
+    for n in range(60):  # 60 calls in 2 s: 30 calls/s, unlimited
+        state, decision = admit(rules, state, 100.0 + n / 30)
+        assert decision == Go(0.0)
+    assert rate_now(rules, state, 102.0) is None
+    state, _ = observe(rules, state, 102.0, Result.THROTTLED, retry_after_s=1.0)
+    learned = rate_now(rules, state, 102.0)
+    assert learned == pytest.approx(0.7 * 30, rel=0.1)
+    # Throttled again at once (the same burst of 429s): cut once, not once per call.
+    again, _ = observe(rules, state, 102.2, Result.THROTTLED, retry_after_s=1.0)
+    assert again.learned == state.learned
+    grown = rate_now(rules, state, 112.0)
+    assert grown == pytest.approx(learned * 1.05**10)
+    assert rate_now(rules, state, 102.0 + 10_000) is None  # grown past any limit: no limit
+
+
+def test_repeated_failures_open_the_circuit_and_one_probe_goes_per_interval() -> None:
+    rules = PaceRules(open_after=3, probe_every_s=10.0)
+    state = PaceState()
+    changes = []
+    for n in range(3):
+        state, change = observe(rules, state, 50.0 + n, Result.UNREACHABLE, error="HTTP 503")
+        changes.append(change)
+    assert changes[:2] == [None, None]
+    assert changes[2] is not None
+    assert changes[2].opened
+    assert changes[2].since == 50.0
+
+    decisions = calls(rules, state, [52.5, 55.0, 61.9])
+    assert all(isinstance(d, Hold) and "circuit open: HTTP 503" in d.why for d in decisions)
+    state, probe = admit(rules, state, 62.0)
+    assert probe == Go(0.0, probe=True)
+    _, after_probe = admit(rules, state, 62.1)
+    assert isinstance(after_probe, Hold)  # one probe at a time, one per interval
+    assert after_probe.wait_s == pytest.approx(9.9)
+
+    closed, change = observe(rules, state, 62.3, Result.ANSWERED)
+    assert change is not None
+    assert not change.opened
+    assert closed.open_since is None
+    assert isinstance(admit(rules, closed, 62.4)[1], Go)
+
+
+def test_an_answer_between_failures_keeps_the_circuit_closed() -> None:
+    rules = PaceRules(open_after=3)
+    state = PaceState()
+    for result in [Result.UNREACHABLE, Result.UNREACHABLE, Result.ANSWERED, Result.UNREACHABLE,
+                   Result.THROTTLED, Result.UNREACHABLE, Result.UNREACHABLE]:  # fmt: skip
+        state, change = observe(rules, state, 1.0, result)
+        assert change is None
+    assert state.open_since is None
+    unchanged, _ = observe(rules, PaceState(), 1.0, Result.ANSWERED)
+    assert unchanged == PaceState()  # nothing to write
+
+
+# Through the adapter.
+
+
+class Upstream:
+    """A scripted gateway: answers from `script`, then 200s; counts what reached it."""
+
+    def __init__(self, *script: httpx.Response) -> None:
+        self.script = list(script)
+        self.count = 0
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        self.count += 1
+        if self.script:
+            return self.script.pop(0)
+        return httpx.Response(200, json={"status": "created"})
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def adapter(upstream: Upstream, rules: PaceRules, clock: Clock) -> tuple[HttpGateway, Pace]:
+    events: list[tuple[str, float]] = []
+    pace = Pace(MemoryPaceStore(clock), rules, sleep=lambda s: None,
+                on_event=lambda k, v: events.append((k, v)))  # fmt: skip
+    gateway = HttpGateway("https://gw.test", "token-123456", retries=0,
+                          transport=httpx.MockTransport(upstream), pace=pace)  # fmt: skip
+    return gateway, pace
+
+
+def test_an_outage_opens_the_circuit_once_and_calls_stop_reaching_the_gateway(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    upstream = Upstream(*[httpx.Response(503) for _ in range(5)])
+    clock = Clock()
+    gateway, _pace = adapter(upstream, PaceRules(open_after=5, probe_every_s=10.0), clock)
+    caplog.set_level(logging.INFO, "provisioner.gateway")
+
+    for _ in range(20):
+        with pytest.raises(TransientGatewayError):
+            gateway.status("ws-1")
+    assert upstream.count == 5  # after the fifth failure nothing was sent
+    with pytest.raises(TransientGatewayError, match="circuit open") as held:
+        gateway.status("ws-1")
+    assert held.value.retry_after_s == pytest.approx(10.0)
+
+    clock.now += 10.0
+    assert gateway.status("ws-1") == "created"  # the probe: the gateway is back
+    assert gateway.status("ws-1") == "created"
+    assert upstream.count == 7
+    lines = [(r.levelname, r.getMessage()) for r in caplog.records]
+    assert [level for level, _ in lines] == ["WARNING", "INFO"]
+    assert "gateway circuit open: 5 calls in a row got no answer" in lines[0][1]
+    assert "gateway circuit closed" in lines[1][1]
+    gateway.close()
+
+
+def test_a_429_pauses_the_next_calls_without_sending_them() -> None:
+    upstream = Upstream(httpx.Response(429, headers={"Retry-After": "20"}))
+    clock = Clock()
+    gateway, _ = adapter(upstream, PaceRules(), clock)
+
+    with pytest.raises(TransientGatewayError, match="429") as first:
+        gateway.family("parent")
+    with pytest.raises(TransientGatewayError, match="Retry-After") as second:
+        gateway.create_child("parent", "Acme")  # never sent: nothing can have been made
+    assert first.value.retry_after_s == 20.0
+    assert second.value.retry_after_s == pytest.approx(20.0)
+    assert upstream.count == 1
+    clock.now += 20.0
+    assert gateway.status("ws-1") == "created"
+    gateway.close()
