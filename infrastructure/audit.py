@@ -4,7 +4,9 @@ and every event of each, oldest first. JSON shapes (other tools rely on them):
     status  -> {brand_id, title, lifecycle, status, workspace_id, attempt_id, attempt_state}
     pointer -> {brand_id, at, workspace_id, attempt_id (the one that bound it), lifecycle}
     attempt -> {attempt_id, brand_id, state, failure_reason, failure_message,
-                events: [{at, type, hop, workspace_id, provenance, reason, message}, ...]}
+                settle_hops, max_hop, deferrals,
+                events: [{at, type, hop, workspace_id, provenance, reason, message,
+                          deferred}, ...]}
     history -> [item, ...] in the brand's own order, where an item is either
                {kind: "attempt", at, <attempt>} (placed where the brand began it) or
                {kind: "brand", at, type, workspace_id, attempt_id, reason}, one of the
@@ -13,6 +15,10 @@ and every event of each, oldest first. JSON shapes (other tools rely on them):
 `reason` is an event's reason code (or why, or the status a hop saw, or the attempt
 that took over from a superseded one); `message` is
 the text that came with it (a failure's or a refusal's message, a dropped status).
+Deferred hops in a row (`HopScheduled` with `deferred`: the gateway did not
+answer) are one entry: `deferred` is how many, `at` the first, `until` the last,
+and `reason` says so: "deferred ×7: gateway unavailable: ... since 10:02:11".
+`settle_hops` of `max_hop` is the settle budget used; `deferrals` every deferral.
 """
 
 from __future__ import annotations
@@ -78,9 +84,12 @@ def attempt_story(service: ProvisioningService, attempt_id: UUID) -> dict[str, A
     attempt, history = _replayed(service, attempt_id)
     if not isinstance(attempt, ProvisioningAttempt):
         raise UnknownAttempt(f"no attempt {attempt_id} exists")
-    events = []
+    events: list[dict[str, Any]] = []
     for event in history:
         fields = vars(event)
+        if getattr(event, "deferred", False):
+            _fold_deferral(events, event)
+            continue
         provenance = fields.get("provenance")
         if isinstance(event, ProvisioningAttempt.Started) and event.existing_workspace_id:
             provenance = "existing"
@@ -96,6 +105,7 @@ def attempt_story(service: ProvisioningService, attempt_id: UUID) -> dict[str, A
                 or fields.get("last_status")
                 or _other_attempt(event),
                 "message": fields.get("message") or fields.get("status"),
+                "deferred": 0,
             }
         )
     failure = attempt.failure_reason
@@ -105,8 +115,25 @@ def attempt_story(service: ProvisioningService, attempt_id: UUID) -> dict[str, A
         "state": attempt.state.value,
         "failure_reason": failure.value if failure is not None else None,
         "failure_message": attempt.last_status if failure is not None else None,
+        "settle_hops": attempt.settle_hops,
+        "max_hop": attempt.max_hop,
+        "deferrals": attempt.deferrals,
         "events": events,
     }
+
+
+def _fold_deferral(events: list[dict[str, Any]], event: Any) -> None:
+    """A deferred hop: a new entry, or one more of the deferrals just before it."""
+    last = events[-1] if events else None
+    if last is None or not last["deferred"]:
+        last = {"at": event.timestamp.isoformat(), "type": "HopScheduled", "workspace_id": None,
+                "provenance": None, "message": None, "deferred": 0}  # fmt: skip
+        events.append(last)
+    last["deferred"] += 1
+    last["hop"] = event.hop
+    last["until"] = event.timestamp.isoformat()
+    since = last["at"][11:19]
+    last["reason"] = f"deferred ×{last['deferred']}: {event.last_status} since {since}"
 
 
 def _brand_event(event: Any) -> dict[str, Any]:

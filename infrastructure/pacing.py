@@ -132,6 +132,22 @@ def create_table(conn: Any) -> None:
 PaceStore = MemoryPaceStore | PgPaceStore
 
 
+def read_pace(url: str, key: str, *, timeout_s: float = 3.0) -> tuple[PaceState, float] | None:
+    """The shared pace as stored (one short connection; nothing created); None when no
+    process has called the gateway yet."""
+    conninfo = postgres_conninfo(url)
+    with psycopg.connect(conninfo, connect_timeout=max(1, round(timeout_s))) as conn:
+        exists = conn.execute("SELECT to_regclass('provisioner_gateway_pace')").fetchone()
+        if not exists or exists[0] is None:
+            return None
+        row = conn.execute(
+            "SELECT state, extract(epoch FROM clock_timestamp())::float8 "
+            "FROM provisioner_gateway_pace WHERE key = %s",
+            (key,),
+        ).fetchone()
+    return None if row is None else (_state(row[0]), row[1])
+
+
 def _ignore(_kind: str, _value: float) -> None:
     pass
 

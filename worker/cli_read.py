@@ -43,6 +43,10 @@ def _events_table(story: dict[str, Any]) -> Any:
     state = story["state"]
     if story.get("failure_reason"):
         state = f"{state} ({story['failure_reason']})"
+    if "settle_hops" in story:
+        state += f"; settle hops {story['settle_hops']} of {story['max_hop']}"
+        if story.get("deferrals"):
+            state += f", {story['deferrals']} deferred (the gateway did not answer)"
     table = compact_table(
         f"attempt {story['attempt_id']} of brand {story['brand_id']}: {state}",
         caption=f"times UTC on {day}" if day else None,

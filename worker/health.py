@@ -11,6 +11,7 @@ Which checks a process runs: docs/operations.md, "Health and metrics".
 
 from __future__ import annotations
 
+import functools
 import sqlite3
 import threading
 import time
@@ -24,7 +25,8 @@ from urllib.parse import urlsplit
 import psycopg
 from kombu.connection import Connection
 
-from domain.ports import Gateway, Unauthorized, WorkspaceGone
+from domain.pacing import PaceRules, PaceState, rate_now
+from domain.ports import Gateway, TransientGatewayError, Unauthorized, WorkspaceGone
 from infrastructure.eventstore import (
     is_postgres,
     open_event_store,
@@ -34,6 +36,7 @@ from infrastructure.eventstore import (
 )
 from infrastructure.gateway import HttpGateway
 from infrastructure.outbox import TOPICS
+from infrastructure.pacing import read_pace
 from infrastructure.settings import Settings
 from infrastructure.view_queries import count_attempts, list_attempts, relay_position
 from infrastructure.views import LogSource, SqlViewStore
@@ -60,25 +63,34 @@ class Unhealthy(Exception):
         self.since = since
 
 
+class Degraded(Unhealthy):
+    """Not failing, but not well: the process still does its work (say, the gateway is
+    down, so hops are deferred while commands are still consumed). Readiness holds."""
+
+
 @dataclass(frozen=True, slots=True)
 class CheckResult:
     name: str
     ok: bool
     detail: str
-    since: datetime | None = None  # when a failing check started failing
+    since: datetime | None = None  # when a failing (or degraded) check started so
+    degraded: bool = False  # ok, but not well (`Degraded`)
 
     def as_json(self) -> dict[str, Any]:
         return {
             "name": self.name,
             "ok": self.ok,
+            "degraded": self.degraded,
             "detail": self.detail,
             "since": self.since.isoformat() if self.since else None,
         }
 
     def line(self) -> str:
+        since = f" (since {self.since.isoformat(timespec='seconds')})" if self.since else ""
+        if self.degraded:
+            return f"DEGRADED {self.name}: {self.detail}{since}"
         if self.ok:
             return f"ok       {self.name}: {self.detail}"
-        since = f" (since {self.since.isoformat(timespec='seconds')})" if self.since else ""
         return f"FAILING  {self.name}: {self.detail}{since}"
 
 
@@ -104,7 +116,8 @@ class Health:
             since = exc.since if isinstance(exc, Unhealthy) else None
             with self._lock:
                 first = self._since.setdefault(name, since or self._clock())
-            return CheckResult(name, False, _describe(exc), since or first)
+            degraded = isinstance(exc, Degraded)
+            return CheckResult(name, degraded, _describe(exc), since or first, degraded)
         with self._lock:
             self._since.pop(name, None)
         return CheckResult(name, True, detail)
@@ -115,10 +128,10 @@ def healthy(results: Sequence[CheckResult]) -> bool:
 
 
 def report(results: Sequence[CheckResult]) -> dict[str, Any]:
-    return {
-        "status": "ok" if healthy(results) else "failing",
-        "checks": [r.as_json() for r in results],
-    }
+    status = "ok" if healthy(results) else "failing"
+    if status == "ok" and any(r.degraded for r in results):
+        status = "degraded"
+    return {"status": status, "checks": [r.as_json() for r in results]}
 
 
 def _describe(exc: BaseException) -> str:
@@ -196,11 +209,46 @@ class GatewayCheck:
         except Unauthorized as exc:
             self._since = self._since or _now()
             return Unhealthy(f"the token is refused ({exc}): rotate it", self._since)
-        except Exception as exc:  # noqa: BLE001 - unreachable, throttled, broken answers
+        except TransientGatewayError as exc:  # down or throttled: hops wait, commands go on
+            self._since = self._since or _now()
+            return Degraded(
+                f"no answer ({_describe(exc)}): hops are deferred until it answers", self._since
+            )
+        except Exception as exc:  # noqa: BLE001 - broken answers
             self._since = self._since or _now()
             return Unhealthy(f"unreachable or failing: {_describe(exc)}", self._since)
         self._since = None
         return "reachable, token accepted"
+
+
+def circuit_check(
+    read: Callable[[], tuple[PaceState, float] | None], rules: PaceRules
+) -> Callable[[], str]:
+    """The fleet's pace of gateway calls (infrastructure/pacing.py): an open circuit
+    or a Retry-After in force is degraded, never failing (hops are deferred)."""
+
+    def check() -> str:
+        found = read()
+        if found is None:
+            return "no gateway call made yet"
+        state, now = found
+        if state.open_since is not None:
+            raise Degraded(
+                f"circuit open: the gateway has not answered ({state.last_error}); calls held, "
+                f"hops deferred, one probe every {rules.probe_every_s:g} s",
+                datetime.fromtimestamp(state.open_since, UTC),
+            )
+        if state.paused_until > now:
+            raise Degraded(
+                f"throttled: the gateway's Retry-After holds every call for "
+                f"{state.paused_until - now:.0f} s more"
+            )
+        rate = rate_now(rules, state, now)
+        how = "configured" if rules.rate is not None else "learned from 429s"
+        pace = "no limit" if rate is None else f"{rate:.3g} calls/s ({how})"
+        return f"circuit closed; pace {pace}"
+
+    return check
 
 
 def relay_lag_check(facts: Callable[[], dict[str, Any]], max_lag: int) -> Callable[[], str]:
@@ -350,6 +398,7 @@ def checks_for(
     gateway: Gateway | None,
     app: Any = None,
     views_url: str | None = None,
+    pace: Callable[[], tuple[PaceState, float] | None] | None = None,
 ) -> tuple[list[Check], StoredFacts]:
     """The checks of a process running `parts` (all of them: the `health` command),
     and the stored facts they and the gauges read."""
@@ -362,6 +411,8 @@ def checks_for(
         checks.append(("broker", broker_check(settings.broker_url)))
     if gateway is not None:
         checks.append(("gateway", GatewayCheck(gateway)))
+    if pace is not None:
+        checks.append(("gateway_circuit", circuit_check(pace, settings.pace())))
     if "relay" in parts:
         checks.append(("relay_lag", relay_lag_check(facts, settings.health_max_lag)))
     if "projections" in parts:
@@ -378,9 +429,12 @@ def check_once(settings: Settings) -> list[CheckResult]:
     gateway = None
     if chosen is not None:
         gateway = HttpGateway(*chosen, read_timeout=settings.gateway_timeout_s, retries=0)
+    pace = None
+    if chosen is not None and is_postgres(settings.database_url):
+        pace = functools.partial(read_pace, settings.database_url, chosen[0])
     try:
         checks, _ = checks_for(
-            settings, ("worker", "relay", "projections", "reconciler"), gateway=gateway
+            settings, ("worker", "relay", "projections", "reconciler"), gateway=gateway, pace=pace
         )
         if gateway is None:
             why = "the in-process fake" if settings.fake_gateway else "no gateway configured"

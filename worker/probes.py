@@ -51,11 +51,13 @@ class Probes:
         """The process's own checks and gauges: its gateway client, its in-process
         store if any, and liveness from its parts' threads."""
         gateway = getattr(runtime, "gateway", None) if "worker" in parts else None
+        pace = getattr(runtime, "pace", None) if "worker" in parts else None
         in_process = urlsplit(runtime.settings.database_url).scheme == "memory"
         checks, facts = checks_for(
             runtime.settings, parts, gateway=gateway,
             app=runtime.app if in_process else None,
             views_url=getattr(runtime, "views_url", None) or None,
+            pace=pace.state if pace is not None else None,
         )  # fmt: skip
         self.watch_state(facts)
         self.live = lambda: _stopped(runtime.threads)

@@ -82,6 +82,7 @@ class Runtime(_Threads):
     scheduler: DelayScheduler | None
     views_url: str = ""
     fake: FakeGateway | None = None
+    pace: Pace | None = None
     threads: list[threading.Thread] = field(default_factory=list)
     failures: dict[str, BaseException] = field(default_factory=dict)
 
@@ -182,7 +183,7 @@ def build(
             views_url = memory_views_url()
             # An in-process database lives while one connection to it is open.
             stack.enter_context(SqlViewStore(views_url)).setup()
-        yield Runtime(settings, app, gateway, service, topology, scheduler, views_url, fake)
+        yield Runtime(settings, app, gateway, service, topology, scheduler, views_url, fake, pace)
 
 
 @dataclass

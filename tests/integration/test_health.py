@@ -10,13 +10,16 @@ import urllib.error
 import urllib.request
 import uuid
 from contextlib import suppress
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
 
+from domain.pacing import PaceState
 from infrastructure.fake_gateway import FakeGateway
+from infrastructure.pacing import PgPaceStore
 from infrastructure.settings import Settings
 from tests.integration.test_cli_edges import PROVISIONER, clean_env, forwarder, free_port, pg_url
 from tests.support import rabbitmqctl
@@ -152,9 +155,32 @@ def test_the_health_command_exits_0_when_healthy_and_1_naming_what_fails(
     assert ok.returncode == 0, ok.stdout + ok.stderr
     checks = {c["name"]: c for c in json.loads(ok.stdout)["checks"]}
     assert set(checks) == {
-        "database", "broker", "gateway", "relay_lag", "projection_lag", "stuck_attempts",
+        "database", "broker", "gateway", "gateway_circuit", "relay_lag", "projection_lag",
+        "stuck_attempts",
     }  # fmt: skip
     assert checks["gateway"]["detail"] == "reachable, token accepted"
+    assert not checks["gateway_circuit"]["degraded"]
+
+    # The fleet's circuit is open (as a worker left it in the shared row): degraded, exit 0.
+    store = PgPaceStore(pg_database, fake.url)
+    try:
+        store.update(
+            lambda state, now: (replace(state, open_since=now - 30, last_error="HTTP 503"), None)
+        )
+        opened = subprocess.run(
+            [PROVISIONER, "health", "--json"], env=env, capture_output=True, text=True,
+            timeout=60, check=False,
+        )  # fmt: skip
+        store.update(lambda state, now: (PaceState(), None))
+    finally:
+        store.close()
+    assert opened.returncode == 0, opened.stdout + opened.stderr
+    report = json.loads(opened.stdout)
+    circuit = next(c for c in report["checks"] if c["name"] == "gateway_circuit")
+    assert report["status"] == "degraded"
+    assert circuit["degraded"]
+    assert "circuit open" in circuit["detail"]
+    assert "HTTP 503" in circuit["detail"]
 
     down = dict(env, PROVISIONER_DATABASE_URL=pg_url("x", port=free_port()),
                 PROVISIONER_BROKER_URL=f"amqp://guest:guest@127.0.0.1:{free_port()}//")  # fmt: skip

@@ -13,12 +13,14 @@ import pytest
 from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
 
 from domain.attempt import ProvisioningAttempt
+from domain.pacing import PaceRules, PaceState
 from domain.ports import TransientGatewayError, Unauthorized, WorkspaceGone
 from infrastructure.gateway import HttpGateway
 from worker import metrics
 from worker.health import (
     PROBE_WORKSPACE,
     GatewayCheck,
+    circuit_check,
     Health,
     Unhealthy,
     healthy,
@@ -109,18 +111,21 @@ def test_the_gateway_check_reads_a_status_that_cannot_exist_and_keeps_the_answer
 
 
 @pytest.mark.parametrize(
-    ("error", "says"),
+    ("error", "says", "degraded"),
     [
-        (Unauthorized("status: credentials refused (HTTP 401)"), "the token is refused"),
-        (TransientGatewayError("status: ConnectError after 1 attempt(s)"), "unreachable"),
+        (Unauthorized("status: credentials refused (HTTP 401)"), "the token is refused", False),
+        # Down: degraded, not failing; hops are deferred and commands still consumed.
+        (TransientGatewayError("status: ConnectError after 1 attempt(s)"), "no answer", True),
     ],
 )
 def test_the_gateway_check_names_a_refused_token_or_an_unreachable_gateway(
-    error: BaseException, says: str
+    error: BaseException, says: str, degraded: bool
 ) -> None:
     check = GatewayCheck(ScriptedGateway(error, error), ttl_s=0)  # type: ignore[arg-type]
     (first,) = Health([("gateway", check)]).run()
-    assert not first.ok
+    assert first.ok is degraded
+    assert first.degraded is degraded
+    assert report([first])["status"] == ("degraded" if degraded else "failing")
     assert says in first.detail
     assert first.since is not None
     (again,) = Health([("gateway", check)]).run()
@@ -330,3 +335,28 @@ def test_a_figure_that_cannot_be_read_fails_only_the_checks_that_read_it() -> No
     body = call(probes, "/metrics")[1].decode()
     assert "provisioner_relay_lag_events 3.0" in body
     assert "provisioner_projection_lag_events" not in body
+
+
+def test_an_open_circuit_or_a_retry_after_is_degraded_and_a_closed_one_ok() -> None:
+    rules = PaceRules(rate=20.0, probe_every_s=10.0)
+    opened = PaceState(open_since=1_000.0, last_error="HTTP 503", unreachable=7)
+    throttled = PaceState(paused_until=1_030.0)
+    results = Health(
+        [
+            ("open", circuit_check(lambda: (opened, 1_005.0), rules)),
+            ("paused", circuit_check(lambda: (throttled, 1_005.0), rules)),
+            ("closed", circuit_check(lambda: (PaceState(), 1_005.0), rules)),
+            ("unused", circuit_check(lambda: None, rules)),
+        ]
+    ).run()
+
+    assert [(r.ok, r.degraded) for r in results] == [(True, True), (True, True),
+                                                     (True, False), (True, False)]  # fmt: skip
+    assert "circuit open" in results[0].detail
+    assert "HTTP 503" in results[0].detail
+    assert results[0].since == datetime.fromtimestamp(1_000.0, UTC)
+    assert "25 s more" in results[1].detail
+    assert results[2].detail == "circuit closed; pace 20 calls/s (configured)"
+    assert results[0].line().startswith("DEGRADED open: circuit open")
+    assert healthy(results)
+    assert report(results)["status"] == "degraded"
