@@ -20,9 +20,9 @@ from worker import metrics
 from worker.health import (
     PROBE_WORKSPACE,
     GatewayCheck,
-    circuit_check,
     Health,
     Unhealthy,
+    circuit_check,
     healthy,
     projection_lag_check,
     relay_lag_check,
