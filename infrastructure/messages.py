@@ -35,11 +35,13 @@ from uuid import UUID
 from marshmallow import Schema, ValidationError, fields, validate
 
 TEXT = validate.Length(min=1, max=200)
+# Deferred hops count too: a day's deadline over a 15 s shortest capped wait is 5,760.
+MAX_HOP = 1_000_000
 
 
 class HopSchema(Schema):
     attempt_id = fields.UUID(required=True)
-    hop = fields.Integer(required=True, strict=True, validate=validate.Range(min=0, max=1000))
+    hop = fields.Integer(required=True, strict=True, validate=validate.Range(min=0, max=MAX_HOP))
 
 
 class ReleaseSchema(Schema):

@@ -14,7 +14,8 @@ consuming thread empties between drains.
 - An infrastructure failure (database down, too much contention) is not the
   brand's fault: the message is re-published after a delay with a retry count
   and the attempt stays untouched; after the last retry it is dead-lettered.
-  A command refused only for now (RetryLater: a decommission in progress) is
+  A command refused only for now (RetryLater: a decommission in progress), or
+  a release the gateway did not answer (TransientGatewayError), is
   re-published on its own schedule, for about an hour (worker/delivery.py).
 - Prefetch is the concurrency plus a little headroom (a quarter, at least 2):
   a pool thread that finishes a hop starts the next message at once instead
@@ -46,11 +47,12 @@ from domain.errors import (
     BrandDeactivated,
     CommandRefused,
     InvalidRequest,
+    RetryLater,
     StaleCommand,
     UnknownAttempt,
     UnknownBrand,
 )
-from domain.ports import GatewayError
+from domain.ports import GatewayError, TransientGatewayError
 from infrastructure.broker import Broker, DelayScheduler, Topology, connect
 from infrastructure.broker_failures import BROKER_ERRORS, broker_refusal
 from infrastructure.failures import Backoff
@@ -125,9 +127,7 @@ def _handle(service: ProvisioningService, message: Message) -> str:
 
 def is_bug(exc: BaseException) -> bool:
     """Not the database, not the gateway, not contention: an unexpected exception."""
-    return not (
-        is_database_error(exc) or isinstance(exc, GatewayError | ContentionError | OSError)
-    )
+    return not (is_database_error(exc) or isinstance(exc, GatewayError | ContentionError | OSError))
 
 
 class HopWorker:
@@ -220,6 +220,9 @@ class HopWorker:
                 connection_errors=self._connection_errors,
                 database=self.database_outage,
                 dead_letter=DeadLetter,
+                # A release or decommission the gateway did not answer (or the pace held
+                # back) waits on the long schedule, as a decommission in progress does.
+                refused_for_now=(RetryLater, TransientGatewayError),
                 secrets=self.service.secrets,
                 given_up=self._given_up,
             )

@@ -87,7 +87,7 @@ class Settler:
         database: Outage,
         dead_letter: type[Exception],
         wait_delays_s: tuple[float, ...] = WAIT_DELAYS_S,
-        refused_for_now: type[Exception] = RetryLater,
+        refused_for_now: type[Exception] | tuple[type[Exception], ...] = RetryLater,
         secrets: tuple[str, ...] = (),
         given_up: Callable[[Message, BaseException], None] | None = None,
     ) -> None:

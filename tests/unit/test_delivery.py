@@ -11,13 +11,16 @@ from concurrent.futures import Future
 from typing import Any
 from uuid import uuid4
 
+import psycopg
 import pytest
 from kombu import Connection
 
+from domain.ports import TransientGatewayError
 from infrastructure import messages
 from infrastructure.broker import COMMANDS_QUEUE, DEAD_QUEUE, HOPS_QUEUE, Broker, Topology
 from infrastructure.outages import Outage
-from worker.consumer import DeadLetter, HopWorker, WorkerStats
+from infrastructure.service import ContentionError
+from worker.consumer import DeadLetter, HopWorker, WorkerStats, is_bug
 from worker.delivery import Delivery, Settler
 
 GOOD = messages.hop(uuid4(), 0).encode()
@@ -290,3 +293,35 @@ def test_the_consuming_thread_survives_poison_on_both_queues_of_the_memory_trans
 
     assert service.hops == [(good.fields["attempt_id"], 0)]
     assert worker.stats.dead_lettered == 11  # 2 x 5 poison, and the good hop's UnknownAttempt
+
+
+def test_a_hop_that_raised_a_bug_on_every_retry_fails_internal_error_then_is_dead_lettered() -> (
+    None
+):
+    publisher = FakePublisher()
+    given_up: list[tuple[str, str]] = []
+    settle = settler(publisher, delays=(1.0,))
+    settle.given_up = lambda message, exc: given_up.append((message.type, type(exc).__name__))
+    decoded = messages.decode(GOOD)
+
+    settle.settle(FakeMessage(), Delivery(decoded, 0), finished(KeyError("x")))
+    assert given_up == []  # a retry is left: not given up yet
+    settle.settle(FakeMessage(), Delivery(decoded, 1), finished(KeyError("x")))
+
+    assert given_up == [("hop", "KeyError")]
+    assert [d[1] for d in publisher.dead] == ["retries exhausted"]  # the message is kept
+
+
+@pytest.mark.parametrize(
+    ("exc", "bug"),
+    [
+        (KeyError("x"), True),
+        (AssertionError("y"), True),
+        (TransientGatewayError("503"), False),
+        (ContentionError("busy"), False),
+        (psycopg.OperationalError("server closed the connection"), False),
+        (ConnectionResetError(), False),
+    ],
+)
+def test_only_an_unexpected_exception_counts_as_a_bug(exc: BaseException, bug: bool) -> None:
+    assert is_bug(exc) is bug
