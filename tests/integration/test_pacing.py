@@ -1,0 +1,147 @@
+"""The fleet's pace against real PostgreSQL and the fake gateway over HTTP: two
+processes' worth of clients share one rate, one Retry-After and one circuit."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from domain.pacing import PaceRules
+from domain.ports import TransientGatewayError, WorkspaceGone
+from infrastructure.fake_gateway import FakeGateway
+from infrastructure.gateway import HttpGateway
+from infrastructure.pacing import Pace, PgPaceStore, read_pace
+from tests.conftest import TOKEN
+
+pytestmark = pytest.mark.postgres
+
+
+@pytest.fixture
+def key() -> str:
+    return f"https://gateway-{uuid.uuid4().hex[:8]}.test"
+
+
+@pytest.fixture
+def stores(pg_database: str, key: str) -> Iterator[list[PgPaceStore]]:
+    """Two stores of one row, each with its own pool: two worker processes."""
+    made = [PgPaceStore(pg_database, key), PgPaceStore(pg_database, key)]
+    yield made
+    for store in made:
+        store.close()
+
+
+def clients(fake: FakeGateway, stores: list[PgPaceStore], rules: PaceRules) -> list[HttpGateway]:
+    return [
+        HttpGateway(
+            fake.url,
+            TOKEN,
+            retries=1,
+            retry_backoff_s=0.0,
+            read_timeout=2.0,
+            pace=Pace(store, rules),
+        )
+        for store in stores
+    ]
+
+
+def hammer(gateways: list[HttpGateway], threads_each: int, seconds: float) -> tuple[int, int]:
+    """Every thread reads a status as fast as the pace lets it; (answered, held)."""
+    done = time.monotonic() + seconds
+    counts = {"answered": 0, "held": 0}
+    lock = threading.Lock()
+
+    def run(gateway: HttpGateway) -> None:
+        while time.monotonic() < done:
+            try:
+                gateway.status("ws-none")
+            except WorkspaceGone:
+                outcome = "answered"
+            except TransientGatewayError:
+                outcome = "held"
+                time.sleep(0.05)
+            else:
+                outcome = "answered"
+            with lock:
+                counts[outcome] += 1
+
+    workers = [
+        threading.Thread(target=run, args=(g,)) for g in gateways for _ in range(threads_each)
+    ]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    return counts["answered"], counts["held"]
+
+
+def test_a_configured_rate_holds_across_processes_and_the_gateway_throttles_nothing(
+    fake: FakeGateway, stores: list[PgPaceStore]
+) -> None:
+    fake.configure(rate_limit=20.0, burst=3)
+    gateways = clients(fake, stores, PaceRules(rate=20.0, burst=1, max_wait_s=0.5))
+
+    answered, _ = hammer(gateways, threads_each=8, seconds=2.0)
+
+    state = fake.state()
+    assert state["throttled"] == 0
+    assert state["calls_total"] == answered
+    # The fleet's rate, not each client's (a call admitted before the end may wait
+    # up to max_wait_s for its turn, then go).
+    assert 30 <= answered <= 20 * (2.0 + 0.5) + 1
+    for gateway in gateways:
+        gateway.close()
+
+
+def test_a_429_pauses_every_process_until_its_retry_after(
+    fake: FakeGateway, stores: list[PgPaceStore], pg_database: str, key: str
+) -> None:
+    fake.configure(rate_limit=0.2, burst=1)  # a token every 5 s: Retry-After 5
+    first, second = clients(fake, stores, PaceRules(max_wait_s=2.0))
+    with pytest.raises(WorkspaceGone):
+        first.status("ws-none")  # the one token
+    with pytest.raises(TransientGatewayError, match="429") as throttled:
+        first.status("ws-none")
+    calls = fake.state()["calls_total"]
+
+    with pytest.raises(TransientGatewayError, match="Retry-After") as held:
+        second.status("ws-none")  # the other process: held, never sent
+
+    assert throttled.value.retry_after_s == 5.0
+    assert fake.state()["calls_total"] == calls
+    assert 4.0 < held.value.retry_after_s <= 5.0  # the hop is deferred until then
+    found = read_pace(pg_database, key)
+    assert found is not None
+    assert found[0].paused_until > found[1]
+    assert found[0].learned is not None  # no rate configured: one is learned
+    first.close()
+    second.close()
+
+
+def test_an_outage_opens_one_circuit_for_both_processes_with_one_probe_per_interval(
+    fake: FakeGateway, stores: list[PgPaceStore], pg_database: str, key: str
+) -> None:
+    rules = PaceRules(open_after=5, probe_every_s=0.5)
+    gateways = clients(fake, stores, rules)
+    fake.outage(3.0, "503")
+
+    hammer(gateways, threads_each=4, seconds=2.5)
+
+    during = fake.state()["outage_calls"]
+    found = read_pace(pg_database, key)
+    assert found is not None
+    assert found[0].open_since is not None
+    # Before it opened: at most the five failures in a row and what was in flight
+    # (8 threads, one retry each); after: one probe per half second for both.
+    assert during <= 5 + 16 + 2.5 / 0.5 + 1
+    time.sleep(1.0)  # the gateway is back; the next probe closes the circuit
+    answered, _ = hammer(gateways, threads_each=1, seconds=1.0)
+    assert answered > 0
+    found = read_pace(pg_database, key)
+    assert found is not None
+    assert found[0].open_since is None
+    for gateway in gateways:
+        gateway.close()
