@@ -401,6 +401,12 @@ class ServiceMachine(RuleBasedStateMachine):
             event(f"attempt {attempt.state.value} {attempt.failure_reason or ''}".strip())
             if attempt.create_lost:
                 event("attempt with a lost create")
+            if attempt.deferrals:
+                event("attempt with deferred hops")
+            # Only answered "not yet"s spend the settle budget; a deferral never does.
+            assert attempt.settle_hops <= attempt.max_hop
+            if attempt.failure_reason is FailureReason.EXHAUSTED:
+                assert attempt.settle_hops == attempt.max_hop, attempt.id
         event(f"workspaces made: {min(len(self.gateway.made), 5)}")
         pending = [a for a, attempt in ended.items() if not attempt.is_terminal]
         assert pending == [], f"still pending after the drain: {pending}"
