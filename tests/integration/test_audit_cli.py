@@ -51,7 +51,7 @@ def test_status_history_and_attempt_tell_a_brands_story(
     accepted = next(e for e in one["events"] if e["type"] == "CandidateAccepted")
     assert accepted["provenance"] == "created"
     assert set(accepted) == {
-        "at", "type", "hop", "workspace_id", "provenance", "reason", "message"
+        "at", "type", "hop", "workspace_id", "provenance", "reason", "message", "deferred"
     }  # fmt: skip
     assert [item["type"] for item in story if item["kind"] == "brand"] == [
         "Registered", "WorkspaceBound"

@@ -148,7 +148,7 @@ def test_a_sweep_with_the_service_fails_the_attempts_past_their_deadline(
     app = open_event_store(url)
     service = ProvisioningService(app, http_gateway)
     seed_histories(app, 2 * len(FATES))  # two pending attempts
-    later = datetime.now(UTC) + timedelta(hours=2)
+    later = datetime.now(UTC) + timedelta(hours=25)  # past the default deadline, a day
     broker = RecordingBroker()
     with SqlViewStore(url) as store:
         caught_up(app, store)

@@ -15,6 +15,7 @@ from domain.attempt import ProvisioningAttempt
 from domain.outcomes import Outcome
 from domain.policies import AttemptState, Backoff, Deferral, FailureReason
 from domain.ports import TransientGatewayError
+from infrastructure.audit import attempt_story
 from infrastructure.eventstore import open_event_store
 from infrastructure.service import EngineSettings, ProvisioningService
 from tests.conftest import ManualClock
@@ -162,3 +163,26 @@ def test_a_log_written_before_deferrals_still_loads(
     with pytest.raises(Exception, match="cannot schedule hop 4"):
         loaded.schedule_hop(4, clock.now(), "not ready")  # the settle budget is spent
     loaded.schedule_hop(4, clock.now(), "gateway unavailable", deferred=True)  # a deferral is not
+
+
+def test_the_audit_folds_deferrals_in_a_row_into_one_entry(
+    service: ProvisioningService, gateway: MemoryGateway, clock: ManualClock
+) -> None:
+    gateway.new_statuses = ["not ready", "ready"]
+    attempt_id = service.request_provisioning("b1", TITLE, PARENT)
+    down(gateway, "family", 7)
+    hop = 0
+    while (outcome := service.run_hop(attempt_id, hop)).next_hop is not None:
+        clock.advance(outcome.delay_s or 0)
+        hop = outcome.next_hop
+
+    story = attempt_story(service, attempt_id)
+
+    rows = [(e["type"], e["deferred"]) for e in story["events"]]
+    assert rows == [("Started", 0), ("HopScheduled", 7), ("CreateRequested", 0),
+                    ("CandidateAccepted", 0), ("HopScheduled", 0), ("Promoted", 0)]  # fmt: skip
+    folded = story["events"][1]
+    assert folded["reason"].startswith("deferred ×7: gateway unavailable: family: HTTP 503 since ")
+    assert folded["hop"] == 7
+    assert folded["until"] > folded["at"]
+    assert (story["settle_hops"], story["max_hop"], story["deferrals"]) == (1, 3, 7)
