@@ -36,7 +36,9 @@ def test_the_brand_list_shows_every_brand_with_its_status(web: TestClient) -> No
     page = web.get("/")
 
     assert page.status_code == 200
-    assert page.text.count('class="brand-row"') == 14
+    assert (
+        page.text.count('class="brand-row"') == 15
+    )  # the demo's 13, the markup brand, the deferred one
     assert "demo-01" in page.text
     assert '<span class="status status-deactivated">deactivated</span>' in page.text
 

@@ -130,6 +130,18 @@ def test_a_person_finds_brands_by_status_and_reads_a_timeline(
     assert "CreateRequested" in events
     assert any(row[0] and row[0][:4].isdigit() for row in timeline)  # each row has its time
     assert "failed: exhausted" in browser.find_element(By.CSS_SELECTOR, ".attempt h3").text
+    browser.get(site + "/")
+    _follow(browser, browser.find_element(By.LINK_TEXT, "demo-deferred"))
+    rows = _cells(browser, "tr.timeline-row.deferred")
+    heading = browser.find_element(By.CSS_SELECTOR, ".attempt h3").text
+
+    assert [row[1] for row in rows] == ["HopScheduled (deferred)"]
+    assert rows[0][4].startswith("deferred ×2: gateway unavailable: ")
+    assert "settle hops 0 of 5" in heading
+    assert "deferred ×2" in heading
+
+    browser.get(site + "/")
+    _follow(browser, browser.find_element(By.LINK_TEXT, "demo-09"))
     shot = Path(SCREENSHOT_TO) if SCREENSHOT_TO else tmp_path / "web-brand.png"
     assert browser.save_screenshot(str(shot))
     assert shot.stat().st_size > 10_000  # a page was drawn, not a blank

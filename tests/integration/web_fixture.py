@@ -1,19 +1,21 @@
 """A SQLite store for the web view's tests: the demo's brands (the in-process fake),
-plus a brand whose id and title are markup, still pending, with its read models
-caught up."""
+plus a brand whose id and title are markup, still pending, and one whose gateway
+never answers (two hops deferred), with its read models caught up."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from domain.policies import Deferral
 from infrastructure.eventstore import open_event_store
 from infrastructure.gateway import HttpGateway
-from infrastructure.service import ProvisioningService
+from infrastructure.service import EngineSettings, ProvisioningService
 from infrastructure.views import SqlViewStore
 from worker.demo import run_demo
 from worker.projector import Projector
 
 HOSTILE_ID = "<script>alert(1)</script>"
+DEFERRED_ID = "demo-deferred"  # its gateway never answers: two hops deferred
 HOSTILE_TITLE = "<b>Bold & Co</b>"
 DEMO_BRANDS = 13  # demo-07 and -09 fail, demo-13 is deactivated, the rest are ready
 
@@ -23,8 +25,15 @@ def filled_store(directory: Path) -> str:
     assert run_demo(brands=DEMO_BRANDS, seed=11, database_url=url) == 0
     app = open_event_store(url)
     try:
-        service = ProvisioningService(app, HttpGateway("http://127.0.0.1:9", "unused"))
+        # Nothing listens on port 9: every call is refused. Deferred 10 minutes ahead,
+        # so the brand is never overdue while the tests look.
+        settings = EngineSettings(deferral=Deferral(base_s=600.0, max_s=600.0))
+        gateway = HttpGateway("http://127.0.0.1:9", "unused", retry_backoff_s=0.0)
+        service = ProvisioningService(app, gateway, settings=settings)
         service.request_provisioning(HOSTILE_ID, HOSTILE_TITLE, "org-parent")
+        deferred = service.request_provisioning(DEFERRED_ID, "Deferred Co", "org-parent")
+        service.run_hop(deferred, 0)
+        service.run_hop(deferred, 1)
         with SqlViewStore(url) as store:
             Projector(app, url, database_url=url).step(store)
     finally:
