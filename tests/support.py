@@ -2,14 +2,29 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 from collections.abc import Callable
+from typing import Any
 from uuid import UUID
+
+from eventsourcing.persistence import StoredEvent
 
 from domain.outcomes import HopOutcome, Outcome
 from domain.ports import FamilyMember, Gateway, TransientGatewayError
 from infrastructure.service import ProvisioningService
+
+
+def as_stored_before(stored: StoredEvent, *new_fields: str) -> StoredEvent:
+    """A stored event as a version before `new_fields` (and `class_version`) existed
+    wrote it: what an upcaster must read."""
+    state: dict[str, Any] = json.loads(stored.state)
+    for name in (*new_fields, "class_version"):
+        state.pop(name, None)
+    return StoredEvent(
+        stored.originator_id, stored.originator_version, stored.topic, json.dumps(state).encode()
+    )
 
 
 def drive(

@@ -4,14 +4,12 @@ request path never calls the gateway."""
 
 from __future__ import annotations
 
-import json
 from datetime import UTC, datetime, timedelta
 from itertools import permutations
 from typing import Any
 from uuid import uuid4
 
 import pytest
-from eventsourcing.persistence import StoredEvent
 
 from domain.attempt import ProvisioningAttempt
 from domain.brand import ACTIVE, DEACTIVATED, Brand
@@ -20,6 +18,7 @@ from domain.policies import AttemptState
 from infrastructure import messages
 from infrastructure.eventstore import open_event_store
 from infrastructure.service import ProvisioningService
+from tests.support import as_stored_before
 from tests.unit.test_delivery import FakeMessage, FakePublisher, finished, settler
 from worker.delivery import WAIT_DELAYS_S, Delivery
 
@@ -297,15 +296,6 @@ def test_without_a_producer_time_a_command_is_ordered_after_everything_applied()
     assert brand.command_time(at(3), at(20)) == at(3)  # a producer's time is kept
 
 
-def _as_written_before_command_times(stored: StoredEvent) -> StoredEvent:
-    state: dict[str, Any] = json.loads(stored.state)
-    state.pop("requested_at", None)
-    state.pop("class_version", None)
-    return StoredEvent(
-        stored.originator_id, stored.originator_version, stored.topic, json.dumps(state).encode()
-    )
-
-
 def test_a_log_written_before_commands_carried_a_time_still_loads() -> None:
     service = new_service()
     app = service.app
@@ -316,7 +306,7 @@ def test_a_log_written_before_commands_carried_a_time_still_loads() -> None:
     attempt.cancel("brand deactivated")
     app.save(attempt)
     events = brand.collect_events()
-    old = [_as_written_before_command_times(app.mapper.to_stored_event(e)) for e in events]
+    old = [as_stored_before(app.mapper.to_stored_event(e), "requested_at") for e in events]
     assert all(b"requested_at" not in s.state for s in old)
     app.recorder.insert_events(old)
 

@@ -4,12 +4,10 @@ fails `internal_error`. Against the in-memory gateway and event store."""
 
 from __future__ import annotations
 
-import json
 from datetime import timedelta
 from typing import Any
 
 import pytest
-from eventsourcing.persistence import StoredEvent
 
 from domain.attempt import ProvisioningAttempt
 from domain.outcomes import Outcome
@@ -20,6 +18,7 @@ from infrastructure.eventstore import open_event_store
 from infrastructure.service import EngineSettings, ProvisioningService
 from tests.conftest import ManualClock
 from tests.memory_gateway import MemoryGateway
+from tests.support import as_stored_before
 
 PARENT = "parent-1"
 TITLE = "Acme"
@@ -134,15 +133,6 @@ def test_a_hop_that_raises_a_bug_on_every_retry_fails_internal_error(
     assert attempt.last_status == "hop 0 raised KeyError on every retry"
 
 
-def _as_written_before_deferrals(stored: StoredEvent) -> StoredEvent:
-    state: dict[str, Any] = json.loads(stored.state)
-    state.pop("deferred", None)
-    state.pop("class_version", None)
-    return StoredEvent(
-        stored.originator_id, stored.originator_version, stored.topic, json.dumps(state).encode()
-    )
-
-
 def test_a_log_written_before_deferrals_still_loads(
     service: ProvisioningService, gateway: MemoryGateway, clock: ManualClock
 ) -> None:
@@ -150,7 +140,7 @@ def test_a_log_written_before_deferrals_still_loads(
     attempt.schedule_hop(1, clock.now(), "not ready")
     attempt.schedule_hop(2, clock.now(), "not ready")
     app = service.app
-    old = [_as_written_before_deferrals(app.mapper.to_stored_event(e))
+    old = [as_stored_before(app.mapper.to_stored_event(e), "deferred")
            for e in attempt.collect_events()]  # fmt: skip
     assert all(b"deferred" not in s.state for s in old)
     app.recorder.insert_events(old)
