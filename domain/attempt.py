@@ -134,7 +134,12 @@ class ProvisioningAttempt(Aggregate):
         self.settle_hops = 0  # hops the gateway answered "not yet" (the settle budget)
         self.deferrals = 0  # hops the gateway did not answer, in all
         self.deferred_in_row = 0  # ... since the last hop it answered
-        self.unavailable_since: datetime | None = None  # the first of those
+        # When the gateway last answered this attempt, as far as the stream tells: the
+        # time of the last event before the first of those deferrals.
+        self.unavailable_since: datetime | None = None
+        # When the last deferral ended (its next hop's not_before): an unconfirmed
+        # create's grace restarts then, as the family could not be listed meanwhile.
+        self.deferred_until: datetime | None = None
 
     @classmethod
     def create_id(cls, **_: object) -> UUID:
@@ -332,8 +337,9 @@ class ProvisioningAttempt(Aggregate):
         self.not_before = not_before
         self.last_status = last_status
         if deferred:
+            self.deferred_until = not_before
             if not self.deferred_in_row:
-                self.unavailable_since = self.modified_on  # this event's time
+                self.unavailable_since = self.modified_on  # the event before this one
             self.deferrals += 1
             self.deferred_in_row += 1
         else:

@@ -462,7 +462,7 @@ def defer_or_expire(
             f"no answer from the gateway since {since.isoformat(timespec='seconds')}; "
             f"last: {step.status}",
         )
-    delay = deferral.delay(in_row, step.retry_after_s, jitter)
+    delay = deferral.delay(in_row, step.retry_after_s, jitter, (now - since).total_seconds())
     not_before = min(now + timedelta(seconds=delay), deadline_at)
     delay_s = (not_before - now).total_seconds()
     return Schedule(hop + 1, not_before, delay_s, step.status, deferred=True)

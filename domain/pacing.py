@@ -11,13 +11,17 @@ sent and reports what came of it to `observe`. Times are seconds on one clock
 - **No rate configured: learned.** Unlimited until the gateway throttles (429).
   Then the rate is set to `backoff_factor` of what the fleet was sending (at
   most once a second, however many calls were throttled together) and grows
-  again by `growth_per_s` per second without a 429 (the next 429 cuts it
-  again): additive-increase/multiplicative-decrease, as TCP finds a link's rate.
+  again by `growth_per_s` a second, compounded, without a 429; the next 429
+  cuts it again. Grown past `unlimited_above`, it is no limit again. (A steady
+  5 % a second finds the limit again within seconds of a cut, where adding a
+  fixed step would crawl for a gateway allowing hundreds of calls a second.)
 - **A shared Retry-After.** A 429's Retry-After pauses every call of the fleet
   until then.
 - **A circuit.** `open_after` unreachable answers in a row (refused, timeout,
-  5xx) open it: calls are held without being sent, and one probe goes out
-  every `probe_every_s`. Any answer closes it.
+  dropped, 502, 503, 504) open it: calls are held without being sent, and one
+  probe goes out every `probe_every_s`. Any answer closes it. "In a row" as
+  the processes see it: an answer resets the count when the call that got it
+  was admitted while calls were failing.
 
 A call waits in its thread at most `max_wait_s`; a longer wait is a `Hold`:
 the hop is deferred until then (domain/hop.py) and holds no thread or slot.
@@ -25,6 +29,7 @@ the hop is deferred until then (domain/hop.py) and holds no thread or slot.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from enum import StrEnum
 
@@ -99,8 +104,10 @@ def rate_now(rules: PaceRules, state: PaceState, now: float) -> float | None:
         return rules.rate
     if state.learned is None:
         return None
-    grown = state.learned * (1.0 + rules.growth_per_s) ** max(0.0, now - state.learned_at)
-    return None if grown > rules.unlimited_above else grown
+    exponent = max(0.0, now - state.learned_at) * math.log1p(rules.growth_per_s)
+    if exponent > math.log(rules.unlimited_above / state.learned):
+        return None  # grown past any limit (and never overflows, however long ago)
+    return state.learned * math.exp(exponent)
 
 
 def admit(rules: PaceRules, state: PaceState, now: float) -> tuple[PaceState, Go | Hold]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from enum import Enum, StrEnum
+from typing import ClassVar
 
 from domain.ports import FamilyMember
 
@@ -75,11 +76,17 @@ class Backoff:
 class Deferral:
     """How long a hop that got no answer waits before it runs again.
 
-    The n-th deferral in a row waits `min(max_s, base_s * 2**n)`, jittered down
-    to half of that at random, or until the gateway's shared `Retry-After`,
-    whichever is later. Deferred hops never use up the settle budget (`Backoff`);
-    they go on until the attempt's deadline, `deadline_s` after it started.
+    The n-th deferral in a row waits `min(cap, base_s * 2**n)`, jittered down to
+    half of that at random, or until the gateway's shared `Retry-After`,
+    whichever is later. The cap is `max_s` in the first hour of silence and
+    doubles with each further hour, up to `LONGEST_S`: brands resume within
+    `max_s` of a short outage, and a day-long one records a few hundred
+    deferrals per attempt, not thousands. Deferred hops never use up the settle
+    budget (`Backoff`); they go on until the attempt's deadline, `deadline_s`
+    after it started.
     """
+
+    LONGEST_S: ClassVar[float] = 600.0
 
     base_s: float = 2.0
     max_s: float = 30.0
@@ -91,9 +98,14 @@ class Deferral:
         if self.deadline_s <= 0:
             raise ValueError("the attempt deadline must be > 0 seconds")
 
-    def delay(self, in_row: int, retry_after_s: float, jitter: float) -> float:
-        """`jitter` in [0, 1): where between half and all of the backoff this one waits."""
-        backoff = min(self.max_s, self.base_s * 2.0 ** min(in_row, 30))
+    def delay(
+        self, in_row: int, retry_after_s: float, jitter: float, silent_s: float = 0.0
+    ) -> float:
+        """`jitter` in [0, 1): where between half and all of the backoff this one waits;
+        `silent_s`: how long the gateway has not answered this attempt."""
+        hours = min(int(max(silent_s, 0.0) // 3600), 10)
+        cap = max(self.max_s, min(self.LONGEST_S, self.max_s * 2.0**hours))
+        backoff = min(cap, self.base_s * 2.0 ** min(in_row, 30))
         return max(retry_after_s, backoff * (0.5 + 0.5 * jitter))
 
 

@@ -34,6 +34,7 @@ import heapq
 import itertools
 import json
 import logging
+import math
 import threading
 import time
 import uuid
@@ -140,6 +141,24 @@ class Topology:
         self.events_exchange.bind(channel).declare()
         for queue in (self.hops, self.commands, self.dead):
             queue.bind(channel).declare()
+
+
+# Each delay has a wait queue of its own (a per-queue TTL keeps the order of expiry);
+# delays are rounded up to a rung of this ladder so that jittered ones (deferred hops)
+# share a bounded set: 0.1 s steps to a second, whole seconds to 10 s, 5 s steps
+# to a minute, 30 s steps to ten minutes, 5 minutes beyond (about 60 queues up to
+# an hour). A message is never due early (by more than a millisecond).
+_RUNGS_S = ((1.0, 0.1), (10.0, 1.0), (60.0, 5.0), (600.0, 30.0), (float("inf"), 300.0))
+
+
+def wait_rung_ms(delay_s: float) -> int:
+    """The wait queue's delay for a message due in `delay_s` (0: no wait)."""
+    if delay_s * 1000 < 1:
+        return 0
+    for limit, step in _RUNGS_S:
+        if delay_s <= limit:
+            return round(math.ceil((delay_s - 0.001) / step) * step * 1000)  # 1 ms early at most
+    raise AssertionError("unreachable: the last rung has no limit")
 
 
 def is_memory(url: str) -> bool:
@@ -260,7 +279,7 @@ class Broker:
     ) -> _Envelope | None:
         """Where a work or command message goes; None when the scheduler keeps it."""
         key = COMMAND_KEY if message.type in COMMAND_TYPES else WORK_KEY
-        delay_ms = round(delay_s * 1000)
+        delay_ms = wait_rung_ms(delay_s)
         if delay_ms <= 0:
             return _Envelope(message.encode(), EXCHANGE, key, headers)
         if self.scheduler is not None:

@@ -458,7 +458,8 @@ def _result(outcome: _Answer | _Failure) -> Result:
         return Result.ANSWERED if outcome.kind == "unreadable" else Result.UNREACHABLE
     if outcome.status_code == 429:
         return Result.THROTTLED
-    return Result.UNREACHABLE if outcome.status_code >= 500 else Result.ANSWERED
+    # The gateway (or what fronts it) is down; a 500 is one request broken, not an outage.
+    return Result.UNREACHABLE if outcome.status_code in (502, 503, 504) else Result.ANSWERED
 
 
 def _retry_after(response: _Answer) -> float:

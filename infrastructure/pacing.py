@@ -13,6 +13,9 @@ are `domain.pacing`'s; the state is shared through a store:
 
 An answered call changes nothing while the circuit is closed and nothing
 failed, so it writes nothing: a call costs one transaction (its admission).
+The pace never stops a call for its own sake: a store that cannot be read
+(the database down) holds the call back unsent, and a report it cannot take
+is dropped (both logged once an outage).
 """
 
 from __future__ import annotations
@@ -65,6 +68,16 @@ class MemoryPaceStore:
         pass
 
 
+_LOCKED = (
+    "SELECT state, extract(epoch FROM clock_timestamp())::float8 "
+    "FROM provisioner_gateway_pace WHERE key = %s FOR UPDATE"
+)
+_INSERT = (
+    "INSERT INTO provisioner_gateway_pace (key, state) VALUES (%s, '{}') "
+    "ON CONFLICT (key) DO NOTHING"
+)
+
+
 class PgPaceStore:
     """The pace of every process that shares this database, in one row per gateway."""
 
@@ -75,23 +88,20 @@ class PgPaceStore:
             min_size=1,
             max_size=max_size,
             kwargs={"autocommit": True},
+            timeout=10.0,
             open=True,
         )
         with self._pool.connection() as conn:
             create_table(conn)
-            conn.execute(
-                "INSERT INTO provisioner_gateway_pace (key, state) VALUES (%s, '{}') "
-                "ON CONFLICT (key) DO NOTHING",
-                (key,),
-            )
+            conn.execute(_INSERT, (key,))
 
     def update(self, fn: Update[T]) -> T:
         with self._pool.connection() as conn, conn.transaction():
-            raw, now = conn.execute(
-                "SELECT state, extract(epoch FROM clock_timestamp())::float8 "
-                "FROM provisioner_gateway_pace WHERE key = %s FOR UPDATE",
-                (self.key,),
-            ).fetchone() or ({}, time.time())
+            row = conn.execute(_LOCKED, (self.key,)).fetchone()
+            if row is None:  # deleted under us: put it back, then lock it
+                conn.execute(_INSERT, (self.key,))
+                row = conn.execute(_LOCKED, (self.key,)).fetchone()
+            raw, now = row
             before = _state(raw)
             after, out = fn(before, now)
             if after != before:
@@ -171,18 +181,28 @@ class Pace:
         self.rules = rules or PaceRules()
         self._sleep = sleep
         self._on_event = on_event or _ignore
-        self._clean = False  # last seen: circuit closed, nothing failing (answers write nothing)
+        # Per thread: whether its call was admitted with the circuit closed and nothing
+        # failing; then an answer to it changes nothing and is not written.
+        self._admitted = threading.local()
+        self._store_down = False
 
     def before(self) -> Hold | None:
         """Wait for this call's turn (a short wait, slept here); a Hold when it must
-        not be sent now."""
+        not be sent now (the store unreadable too: a call is never sent unpaced)."""
 
         def step(state: PaceState, now: float) -> tuple[PaceState, Go | Hold]:
             new, decision = admit(self.rules, state, now)
-            self._clean = new.open_since is None and new.unreachable == 0
+            self._admitted.clean = new.open_since is None and new.unreachable == 0
+            self._on_event("circuit", 0.0 if new.open_since is None else 1.0)
             return new, decision
 
-        decision = self.store.update(step)
+        try:
+            decision = self.store.update(step)
+        except Exception as exc:  # noqa: BLE001 - the database down: hold, never send unpaced
+            self._down(exc)
+            self._admitted.clean = False
+            return Hold(5.0, f"the pace's database is unavailable ({type(exc).__name__})")
+        self._up()
         if isinstance(decision, Hold):
             self._on_event("held", 1.0)
             return decision
@@ -192,19 +212,33 @@ class Pace:
         return None
 
     def after(self, result: Result, *, retry_after_s: float = 0.0, error: str = "") -> None:
-        if result is Result.ANSWERED and self._clean:
+        """Report what the admitted call got; never raises (a report lost is logged)."""
+        if result is Result.ANSWERED and getattr(self._admitted, "clean", False):
             return
 
         def step(state: PaceState, now: float) -> tuple[PaceState, Change | None]:
-            new, change = observe(
-                self.rules, state, now, result, retry_after_s=retry_after_s, error=error
-            )
-            self._clean = new.open_since is None and new.unreachable == 0
-            return new, change
+            return observe(self.rules, state, now, result, retry_after_s=retry_after_s,
+                           error=error)  # fmt: skip
 
-        change = self.store.update(step)
+        try:
+            change = self.store.update(step)
+        except Exception as exc:  # noqa: BLE001 - what the call got stands; the report is lost
+            self._down(exc)
+            return
+        self._up()
         if change is not None:
             self._announce(change)
+
+    def _down(self, exc: Exception) -> None:
+        if not self._store_down:
+            self._store_down = True
+            log.warning("the gateway pace cannot be read or written (%s): calls are held "
+                        "until the database answers", " ".join(str(exc).split())[:200])  # fmt: skip
+
+    def _up(self) -> None:
+        if self._store_down:
+            self._store_down = False
+            log.info("the gateway pace is readable again")
 
     def _announce(self, change: Change) -> None:
         since = datetime.fromtimestamp(change.since, UTC).isoformat(timespec="seconds")

@@ -47,6 +47,7 @@ from domain.pacing import PaceRules
 from domain.policies import Backoff, Deferral
 from infrastructure.eventstore import DATABASE_SCHEMES, check_database_url
 from infrastructure.failures import ConfigurationError
+from infrastructure.messages import MAX_HOP
 from infrastructure.service import EngineSettings
 
 DEFAULT_DATABASE_URL = "sqlite:///var/provisioner.sqlite"
@@ -292,6 +293,11 @@ class Settings:
                 f"PROVISIONER_ATTEMPT_DEADLINE_S ({settings.attempt_deadline_s:g}) must be "
                 f"longer than the settle budget ({settings.engine().backoff.total_s():g} s "
                 "from PROVISIONER_BACKOFF_BASE_S and PROVISIONER_MAX_REQUEUES)"
+            )
+        if settings.attempt_deadline_s / (settings.defer_max_s / 2) >= MAX_HOP:
+            raise SettingsError(
+                "PROVISIONER_ATTEMPT_DEADLINE_S over half of PROVISIONER_DEFER_MAX_S allows "
+                f"more than {MAX_HOP:,} hops: a shorter deadline or a longer cap"
             )
         return settings
 

@@ -162,8 +162,11 @@ class HopRun:
         new, shells = releases.made_by_unresolved_create(
             self.svc, attempt, self._family_of(attempt)
         )
-        requested_at = attempt.create_requested_at
-        waited_s = 0.0 if requested_at is None else (self.now - requested_at).total_seconds()
+        # The grace counts from the create, or from the end of the last deferral after
+        # it: while the gateway did not answer, the family could not show the create.
+        since = max(filter(None, (attempt.create_requested_at, attempt.deferred_until)),
+                    default=None)  # fmt: skip
+        waited_s = 0.0 if since is None else (self.now - since).total_seconds()
         step = decide.recover(
             new,
             attempt.title,

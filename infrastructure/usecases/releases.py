@@ -25,7 +25,7 @@ from domain.attempt import ProvisioningAttempt
 from domain.claim import WorkspaceClaim
 from domain.ids import claim_aggregate_id
 from domain.policies import AttemptState, FailureReason, Provenance, new_since, shells_since
-from domain.ports import FamilyMember, GatewayError, WorkspaceGone
+from domain.ports import FamilyMember, GatewayError, TransientGatewayError, WorkspaceGone
 from domain.slot import TitleSlot
 from infrastructure.usecases.reads import ServiceReads
 from infrastructure.usecases.retry import retry_on_conflict
@@ -275,6 +275,8 @@ def release_owed(svc: ServiceReads, attempt: ProvisioningAttempt, released: list
             for workspace_id in attempt.owed_releases:
                 if release_workspace(svc, attempt, workspace_id):
                     released.append(workspace_id)
+    except TransientGatewayError as exc:  # no answer: the pace logs the outage once
+        log.info("release deferred attempt=%s: %s", attempt.id, exc)
     except GatewayError as exc:
         log.warning("release deferred attempt=%s: %s", attempt.id, exc)
 

@@ -14,6 +14,7 @@ from domain.outcomes import Outcome
 from domain.policies import AttemptState, Backoff, Deferral, FailureReason
 from domain.ports import TransientGatewayError
 from infrastructure.audit import attempt_story
+from infrastructure.broker import wait_rung_ms
 from infrastructure.eventstore import open_event_store
 from infrastructure.service import EngineSettings, ProvisioningService
 from tests.conftest import ManualClock
@@ -176,3 +177,46 @@ def test_the_audit_folds_deferrals_in_a_row_into_one_entry(
     assert folded["hop"] == 7
     assert folded["until"] > folded["at"]
     assert (story["settle_hops"], story["max_hop"], story["deferrals"]) == (1, 3, 7)
+
+
+def test_an_unconfirmed_create_gets_its_grace_again_after_an_outage(
+    service: ProvisioningService, gateway: MemoryGateway, clock: ManualClock
+) -> None:
+    """The family could not be listed during the outage, so it could not show the
+    create: the grace restarts when the gateway answers, and no title is made twice."""
+    gateway.creates = ["late"]  # made, but the create timed out and it is not listed yet
+    attempt_id = service.request_provisioning("b1", TITLE, PARENT)
+    first = service.run_hop(attempt_id, 0)
+    assert first.detail == "create unconfirmed; not in the family yet"
+    down(gateway, "family", 12)  # the gateway is down for minutes: far past the grace
+    hop, outcome = 1, first
+    while True:
+        clock.advance(outcome.delay_s or 0)
+        outcome = service.run_hop(attempt_id, hop)
+        hop += 1
+        if outcome.outcome is not Outcome.DEFERRED:
+            break
+    assert service.attempt(attempt_id).deferrals == 12
+
+    # Back, and still not listed: within its new grace the create may yet appear.
+    assert outcome.outcome is Outcome.SCHEDULED
+    assert outcome.detail == "create unconfirmed; not in the family yet"
+    gateway.reveal()
+    clock.advance(outcome.delay_s or 0)
+    assert service.run_hop(attempt_id, hop).outcome is Outcome.PROMOTED
+    assert gateway.calls["create_child"] == 1
+
+
+def test_jittered_delays_share_a_bounded_set_of_wait_queues_and_never_run_early() -> None:
+    delays = [n / 1000 for n in range(0, 3_600_000, 7)]  # every 7 ms up to an hour
+    rungs = {wait_rung_ms(d) for d in delays}
+
+    assert len(rungs) <= 70  # one RabbitMQ wait queue per rung
+    assert all(wait_rung_ms(d) >= d * 1000 - 1 for d in delays)
+    assert [wait_rung_ms(d) for d in (0.5, 4.9995, 5.0, 22.4, 3600.0)] == [
+        500,
+        5000,
+        5000,
+        25000,
+        3600000,
+    ]

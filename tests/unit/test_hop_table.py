@@ -458,9 +458,12 @@ NO_ANSWER = [
 ]
 
 
-def _deferred_until(h: int, st: Defer, r: int, n: datetime, dl: datetime, d: Deferral,
-                    j: float) -> Schedule:  # fmt: skip
-    backoff = min(d.max_s, d.base_s * 2**r) * (0.5 + 0.5 * j)
+def _deferred_until(h: int, st: Defer, r: int, since: datetime | None, n: datetime,
+                    dl: datetime, d: Deferral, j: float) -> Schedule:  # fmt: skip
+    # The cap doubles for each whole hour the gateway has been silent, up to 600 s.
+    hours = int((n - (since or n)).total_seconds() // 3600)
+    cap = max(d.max_s, min(600.0, d.max_s * 2**hours))
+    backoff = min(cap, d.base_s * 2**r) * (0.5 + 0.5 * j)
     until = min(n + timedelta(seconds=max(st.retry_after_s, backoff)), dl)
     return Schedule(h + 1, until, (until - n).total_seconds(), st.status, deferred=True)
 
@@ -478,7 +481,7 @@ DEFER: list[Row] = [
     (
         "before it: the next hop after Retry-After and the jittered backoff, by the deadline",
         lambda *a: True,
-        lambda h, st, r, since, dl, n, d, j: _deferred_until(h, st, r, n, dl, d, j),
+        lambda h, st, r, since, dl, n, d, j: _deferred_until(h, st, r, since, n, dl, d, j),
     ),
 ]
 table(
@@ -491,7 +494,7 @@ table(
         [0, 7],
         NO_ANSWER,
         [0, 1, 4, 20],
-        [None, NOW - timedelta(minutes=5)],
+        [None, NOW - timedelta(minutes=5), NOW - timedelta(hours=2, minutes=1)],
         [NOW + timedelta(seconds=10), NOW + timedelta(hours=1), NOW],
         [NOW],
         DEFERRALS,

@@ -197,3 +197,52 @@ def test_a_429_pauses_the_next_calls_without_sending_them() -> None:
     clock.now += 20.0
     assert gateway.status("ws-1") == "created"
     gateway.close()
+
+
+def test_a_learned_rate_grows_into_no_limit_and_never_overflows() -> None:
+    rules = PaceRules()
+    state = PaceState(learned=10.0, learned_at=0.0)
+    assert rate_now(rules, state, 60.0) == pytest.approx(10.0 * 1.05**60)
+    for later in (200.0, 4 * 3600.0, 10 * 86400.0, 1e12):  # hours, days after the last 429
+        assert rate_now(rules, state, later) is None
+        assert admit(rules, state, later)[1] == Go(0.0)
+
+
+def test_a_500_is_one_request_broken_and_a_502_503_504_the_gateway_down() -> None:
+    upstream = Upstream(*[httpx.Response(500) for _ in range(10)])
+    gateway, pace = adapter(upstream, PaceRules(open_after=2), Clock())
+    for _ in range(10):
+        with pytest.raises(TransientGatewayError):
+            gateway.status("ws-1")
+    assert upstream.count == 10  # a broken workspace never opens the fleet's circuit
+    for code in (502, 504):
+        upstream.script = [httpx.Response(code)]
+        with pytest.raises(TransientGatewayError):
+            gateway.status("ws-1")
+    assert pace.state()[0].open_since is not None
+    gateway.close()
+
+
+class BrokenStore(MemoryPaceStore):
+    def update(self, fn: object) -> object:  # type: ignore[override]
+        raise ConnectionError("the database is down")
+
+
+def test_a_pace_it_cannot_read_holds_the_call_unsent_and_a_lost_report_is_dropped(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    upstream = Upstream()
+    pace = Pace(BrokenStore(), PaceRules(), sleep=lambda s: None)
+    gateway = HttpGateway("https://gw.test", "token-123456", retries=0,
+                          transport=httpx.MockTransport(upstream), pace=pace)  # fmt: skip
+    caplog.set_level(logging.INFO, "provisioner.gateway")
+
+    for _ in range(3):
+        with pytest.raises(TransientGatewayError, match="database is unavailable"):
+            gateway.create_child("parent", "Acme")  # never sent: nothing made
+    pace.after(Result.UNREACHABLE, error="HTTP 503")  # a report it cannot take: no raise
+
+    assert upstream.count == 0
+    warnings = [r for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1  # once for the outage, not once a call
+    gateway.close()
