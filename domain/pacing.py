@@ -23,8 +23,10 @@ sent and reports what came of it to `observe`. Times are seconds on one clock
   the processes see it: an answer resets the count when the call that got it
   was admitted while calls were failing.
 
-A call waits in its thread at most `max_wait_s`; a longer wait is a `Hold`:
-the hop is deferred until then (domain/hop.py) and holds no thread or slot.
+A call waits in its thread at most `max_wait_s` (a create, `create_wait_s`: its
+hop has listed the family already, and a deferral would list it again); a
+longer wait is a `Hold`: the hop is deferred until then (domain/hop.py) and
+holds no thread or slot.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ class PaceRules:
     rate: float | None = None  # calls/s for the whole fleet; None: learned from 429s
     burst: int = 10
     max_wait_s: float = 2.0
+    create_wait_s: float = 10.0
     open_after: int = 5
     probe_every_s: float = 10.0
     backoff_factor: float = 0.7
@@ -110,13 +113,16 @@ def rate_now(rules: PaceRules, state: PaceState, now: float) -> float | None:
     return state.learned * math.exp(exponent)
 
 
-def admit(rules: PaceRules, state: PaceState, now: float) -> tuple[PaceState, Go | Hold]:
+def admit(
+    rules: PaceRules, state: PaceState, now: float, *, create: bool = False
+) -> tuple[PaceState, Go | Hold]:
     """May a call go now, after a short wait, or must it be held back?"""
+    patience = rules.create_wait_s if create else rules.max_wait_s
     if state.open_since is not None:
         if now < state.probe_at:
             return state, Hold(state.probe_at - now, f"circuit open: {state.last_error}")
         return replace(state, probe_at=now + rules.probe_every_s), Go(0.0, probe=True)
-    if state.paused_until - now > rules.max_wait_s:
+    if state.paused_until - now > patience:
         return state, Hold(state.paused_until - now, "throttled: the gateway's Retry-After")
     start = max(now, state.paused_until)
     state = _counted(state, now)
@@ -126,7 +132,7 @@ def admit(rules: PaceRules, state: PaceState, now: float) -> tuple[PaceState, Go
     interval = 1.0 / rate
     due = max(state.tat, start)
     wait = max(start, due - (rules.burst - 1) * interval) - now
-    if wait > rules.max_wait_s:
+    if wait > patience:
         return state, Hold(wait, f"paced at {rate:.3g} calls/s")
     return replace(state, tat=due + interval), Go(wait)
 

@@ -348,7 +348,8 @@ class HttpGateway:
         if json is not None:
             content = jsonlib.dumps(json, ensure_ascii=False, separators=(",", ":")).encode()
             headers = {"Content-Type": "application/json"}
-        if self._pace is not None and (held := self._pace.before()) is not None:
+        pace = self._pace
+        if pace is not None and (held := pace.before(create=method == "POST")) is not None:
             return _Failure("held", held.why, held.wait_s)
         started = time.monotonic()
         outcome = self._send(method, path, params, content, headers)

@@ -186,12 +186,13 @@ class Pace:
         self._admitted = threading.local()
         self._store_down = False
 
-    def before(self) -> Hold | None:
-        """Wait for this call's turn (a short wait, slept here); a Hold when it must
-        not be sent now (the store unreadable too: a call is never sent unpaced)."""
+    def before(self, *, create: bool = False) -> Hold | None:
+        """Wait for this call's turn (a short wait, slept here; a create waits longer);
+        a Hold when it must not be sent now (the store unreadable too: a call is never
+        sent unpaced)."""
 
         def step(state: PaceState, now: float) -> tuple[PaceState, Go | Hold]:
-            new, decision = admit(self.rules, state, now)
+            new, decision = admit(self.rules, state, now, create=create)
             self._admitted.clean = new.open_since is None and new.unreachable == 0
             self._on_event("circuit", 0.0 if new.open_since is None else 1.0)
             return new, decision

@@ -246,3 +246,17 @@ def test_a_pace_it_cannot_read_holds_the_call_unsent_and_a_lost_report_is_droppe
     warnings = [r for r in caplog.records if r.levelname == "WARNING"]
     assert len(warnings) == 1  # once for the outage, not once a call
     gateway.close()
+
+
+def test_a_create_waits_longer_for_its_turn_than_a_read() -> None:
+    """Its hop listed the family already: deferring it would list the family again."""
+    rules = PaceRules(rate=1.0, burst=1, max_wait_s=2.0, create_wait_s=10.0)
+    state = PaceState()
+    for _ in range(3):
+        state, _ = admit(rules, state, 0.0)  # three calls at 1/s: the next is due at 3 s
+
+    _, read = admit(rules, state, 0.0)
+    _, create = admit(rules, state, 0.0, create=True)
+
+    assert isinstance(read, Hold)
+    assert create == Go(pytest.approx(3.0))
