@@ -26,6 +26,7 @@ MAX_MESSAGE_CHARS = 300
 def _settle_hop(state: dict[str, Any]) -> None:
     """Upcaster: before deferrals, every scheduled hop was a settle wait."""
     state["deferred"] = False
+    state["spent"] = True
 
 
 def safe_message(text: str) -> str:
@@ -73,6 +74,9 @@ class ProvisioningAttempt(Aggregate):
         # The gateway did not answer (429, 5xx, timeout, refused, circuit open): the
         # hop asks again later; it does not use up the settle budget.
         deferred: bool
+        # It spent a hop of the settle budget: a workspace still settling (not a
+        # deferral, nor the wait for an unconfirmed create within its grace).
+        spent: bool
 
         upcast_v1_v2 = staticmethod(_settle_hop)
 
@@ -253,14 +257,21 @@ class ProvisioningAttempt(Aggregate):
         self._candidate_dropped(self.candidate_id, safe_message(status), hop)
 
     def schedule_hop(
-        self, hop: int, not_before: datetime, last_status: str, *, deferred: bool = False
+        self,
+        hop: int,
+        not_before: datetime,
+        last_status: str,
+        *,
+        deferred: bool = False,
+        spends: bool = True,
     ) -> None:
-        """The next hop: a settle wait (at most `max_hop` of them), or a deferral."""
+        """The next hop: a settle wait (at most `max_hop` of them), a wait that spends
+        none of them, or a deferral (never spends one)."""
         self._require_pending("schedule a hop")
-        spent = not deferred and self.settle_hops >= self.max_hop
-        if hop != self.expected_hop + 1 or spent:
+        spent = spends and not deferred
+        if hop != self.expected_hop + 1 or (spent and self.settle_hops >= self.max_hop):
             raise CommandRefused(f"attempt {self.id} cannot schedule hop {hop}")
-        self._hop_scheduled(hop, not_before, safe_message(last_status), deferred)
+        self._hop_scheduled(hop, not_before, safe_message(last_status), deferred, spent)
 
     def promote(self, hop: int) -> None:
         self._require_pending("be promoted")
@@ -331,7 +342,7 @@ class ProvisioningAttempt(Aggregate):
 
     @event(HopScheduled)
     def _hop_scheduled(
-        self, hop: int, not_before: datetime, last_status: str, deferred: bool
+        self, hop: int, not_before: datetime, last_status: str, deferred: bool, spent: bool
     ) -> None:
         self.expected_hop = hop
         self.not_before = not_before
@@ -343,7 +354,7 @@ class ProvisioningAttempt(Aggregate):
             self.deferrals += 1
             self.deferred_in_row += 1
         else:
-            self.settle_hops += 1
+            self.settle_hops += spent
             self.deferred_in_row = 0
             self.unavailable_since = None
 

@@ -108,6 +108,9 @@ class Stand:
 @dataclass(frozen=True, slots=True)
 class Wait:
     status: str
+    # False: not a workspace settling (an unconfirmed create's grace, bounded by it):
+    # the wait does not spend the settle budget.
+    spends: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,6 +126,7 @@ class Schedule:
     delay_s: float
     status: str
     deferred: bool = False
+    spends: bool = True  # spends a hop of the settle budget (never when deferred)
 
 
 @dataclass(frozen=True, slots=True)
@@ -316,7 +320,7 @@ def recover(
     if ours and (new_ids or not (earlier_lost and may_still_appear)):
         return Accept(ours[0], Provenance.CREATED)
     if may_still_appear:
-        return Wait("create unconfirmed; not in the family yet")
+        return Wait("create unconfirmed; not in the family yet", spends=False)
     return Proceed()
 
 
@@ -426,10 +430,22 @@ def drop_candidate_status(raw: str) -> Wait:
 
 
 def schedule_or_exhaust(
-    hop: int, max_hop: int, backoff: Backoff, now: datetime, status: str, *, settled: int
+    hop: int,
+    max_hop: int,
+    backoff: Backoff,
+    now: datetime,
+    status: str,
+    *,
+    settled: int,
+    spends: bool = True,
 ) -> Schedule | Fail:
     """Not yet: the next hop after the backoff, or failed when the settle budget is
-    spent. `settled`: the settle waits used so far (deferred hops are not counted)."""
+    spent. `settled`: the settle waits used so far (deferred hops are not counted).
+    A wait that does not spend the budget (`spends=False`: an unconfirmed create's
+    grace) comes after the first step of the backoff, whatever is left of it."""
+    if not spends:
+        delay = backoff.delay_after(0)
+        return Schedule(hop + 1, now + timedelta(seconds=delay), delay, status, spends=False)
     if settled < max_hop and backoff.can_requeue(settled):
         delay = backoff.delay_after(settled)
         return Schedule(hop + 1, now + timedelta(seconds=delay), delay, status)
@@ -465,7 +481,7 @@ def defer_or_expire(
     delay = deferral.delay(in_row, step.retry_after_s, jitter, (now - since).total_seconds())
     not_before = min(now + timedelta(seconds=delay), deadline_at)
     delay_s = (not_before - now).total_seconds()
-    return Schedule(hop + 1, not_before, delay_s, step.status, deferred=True)
+    return Schedule(hop + 1, not_before, delay_s, step.status, deferred=True, spends=False)
 
 
 def ended(step: Fail | Schedule) -> tuple[Outcome, str]:

@@ -386,7 +386,7 @@ class HopRun:
         if isinstance(step, decide.Wait):
             ending = decide.schedule_or_exhaust(
                 self.hop, attempt.max_hop, settings.backoff, self.now, step.status,
-                settled=attempt.settle_hops,
+                settled=attempt.settle_hops, spends=step.spends,
             )  # fmt: skip
         elif isinstance(step, decide.Defer):
             ending = decide.defer_or_expire(
@@ -403,7 +403,8 @@ class HopRun:
             ending = step
         if isinstance(ending, decide.Fail):
             return self._fail(attempt, ending, touched)
-        attempt.schedule_hop(ending.hop, ending.not_before, ending.status, deferred=ending.deferred)
+        attempt.schedule_hop(ending.hop, ending.not_before, ending.status,
+                             deferred=ending.deferred, spends=ending.spends)  # fmt: skip
         self._save(attempt, *(touched or []))
         outcome, detail = decide.ended(ending)
         return self._outcome(attempt, outcome, detail, next_hop=ending.hop, delay_s=ending.delay_s)

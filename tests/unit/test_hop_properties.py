@@ -243,8 +243,9 @@ def _end(
     ending: decide.Schedule | decide.Fail
     if isinstance(step, decide.Wait):
         ending = decide.schedule_or_exhaust(
-            hop, attempt.max_hop, BACKOFF, now, step.status, settled=attempt.settle_hops
-        )
+            hop, attempt.max_hop, BACKOFF, now, step.status, settled=attempt.settle_hops,
+            spends=step.spends,
+        )  # fmt: skip
     elif isinstance(step, decide.Defer):
         ending = decide.defer_or_expire(
             hop, step, in_row=attempt.deferred_in_row, unavailable_since=attempt.unavailable_since,
@@ -256,9 +257,11 @@ def _end(
     note(f"hop {hop}: {ending}")
     if isinstance(ending, decide.Schedule):
         settled = attempt.settle_hops
-        attempt.schedule_hop(ending.hop, ending.not_before, ending.status, deferred=ending.deferred)
-        # A deferral never spends the settle budget; a settle wait spends one hop of it.
-        assert attempt.settle_hops == settled + (0 if ending.deferred else 1)
+        attempt.schedule_hop(ending.hop, ending.not_before, ending.status,
+                             deferred=ending.deferred, spends=ending.spends)  # fmt: skip
+        # A deferral never spends the settle budget, nor does an unconfirmed create's
+        # grace; a settle wait spends one hop of it.
+        assert attempt.settle_hops == settled + (1 if ending.spends else 0)
         return
     if ending.reason is FailureReason.EXHAUSTED:
         assert attempt.settle_hops == attempt.max_hop, "exhausted with settle hops left"

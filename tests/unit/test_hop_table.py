@@ -180,7 +180,7 @@ RECOVER: list[Row] = [
     (
         "none live; shells after an earlier create was given up, this one may still appear",
         lambda n, t, r, h, w, g, s, lost: bool(s) and lost and (r == h or w <= g),
-        lambda *a: Wait("create unconfirmed; not in the family yet"),
+        lambda *a: Wait("create unconfirmed; not in the family yet", spends=False),
     ),
     (
         "none live; shells after an earlier create was given up, and this one's grace is over",
@@ -198,12 +198,12 @@ RECOVER: list[Row] = [
     (
         "none yet, requested by this hop",
         lambda n, t, r, h, w, g, s, lost: r == h,
-        lambda *a: Wait("create unconfirmed; not in the family yet"),
+        lambda *a: Wait("create unconfirmed; not in the family yet", spends=False),
     ),
     (
         "none yet, within the grace",
         lambda n, t, r, h, w, g, s, lost: w <= g,
-        lambda *a: Wait("create unconfirmed; not in the family yet"),
+        lambda *a: Wait("create unconfirmed; not in the family yet", spends=False),
     ),
     ("none after the grace: it did not happen", lambda *a: True, lambda *a: Proceed()),
 ]
@@ -418,21 +418,28 @@ table(
     ),
 )
 
-# Not yet: (hop, settled, max_hop, backoff, now, status). The hop number counts
-# deferrals too; only `settled` (the answered "not yet"s) spends the budget.
+# Not yet: (hop, settled, max_hop, backoff, now, status, spends). The hop number
+# counts deferrals too; only `settled` (the answered "not yet"s) spends the budget.
 BACKOFFS = [Backoff(5.0, 5), Backoff(0.0, 0), Backoff(1.5, 3)]
 ENDINGS: list[Row] = [
     (
+        "a wait that spends no budget (an unconfirmed create's grace): the first backoff step",
+        lambda h, d, m, b, n, s, sp: not sp,
+        lambda h, d, m, b, n, s, sp: Schedule(
+            h + 1, n + timedelta(seconds=b.base_s), b.base_s, s, spends=False
+        ),
+    ),
+    (
         "settle hops left",
-        lambda h, d, m, b, n, s: d < m and b.can_requeue(d),
-        lambda h, d, m, b, n, s: Schedule(
+        lambda h, d, m, b, n, s, sp: d < m and b.can_requeue(d),
+        lambda h, d, m, b, n, s, sp: Schedule(
             h + 1, n + timedelta(seconds=b.base_s * 2**d), b.base_s * 2**d, s
         ),
     ),
     (
         "settle budget spent",
         lambda *a: True,
-        lambda h, d, m, b, n, s: Fail(
+        lambda h, d, m, b, n, s, sp: Fail(
             FailureReason.EXHAUSTED, f"not confirmed after {d + 1} answered hops; last: {s}"
         ),
     ),
@@ -440,11 +447,11 @@ ENDINGS: list[Row] = [
 table(
     "schedule_or_exhaust",
     ENDINGS,
-    lambda h, d, m, b, n, s: decide.schedule_or_exhaust(h, m, b, n, s, settled=d),
+    lambda h, d, m, b, n, s, sp: decide.schedule_or_exhaust(h, m, b, n, s, settled=d, spends=sp),
     [
-        (h, d, m, b, n, s)
-        for h, d, m, b, n, s in itertools.product(
-            range(0, 40, 3), range(8), [0, 3, 5, 8], BACKOFFS, [NOW], ["not ready"]
+        (h, d, m, b, n, s, sp)
+        for h, d, m, b, n, s, sp in itertools.product(
+            range(0, 40, 3), range(8), [0, 3, 5, 8], BACKOFFS, [NOW], ["not ready"], [True, False]
         )
         if d <= h
     ],
@@ -465,7 +472,8 @@ def _deferred_until(h: int, st: Defer, r: int, since: datetime | None, n: dateti
     cap = max(d.max_s, min(600.0, d.max_s * 2**hours))
     backoff = min(cap, d.base_s * 2**r) * (0.5 + 0.5 * j)
     until = min(n + timedelta(seconds=max(st.retry_after_s, backoff)), dl)
-    return Schedule(h + 1, until, (until - n).total_seconds(), st.status, deferred=True)
+    return Schedule(h + 1, until, (until - n).total_seconds(), st.status, deferred=True,
+                    spends=False)  # fmt: skip
 
 
 DEFER: list[Row] = [
