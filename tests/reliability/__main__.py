@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from tests.reliability.processes import Isolation
-from tests.reliability.run import Outcome, Run
+from tests.reliability.run import SETTLE_BUDGET_S, Outcome, Run
 
 SHOWN_BRANDS = 10
 
@@ -39,9 +39,18 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--keep", action="store_true", help="keep the database, vhost and run directory"
     )
+    parser.add_argument(
+        "--outage-s",
+        type=float,
+        default=None,
+        help="every outage lasts this long (default: drawn, 1.3 to 1.8 times the settle "
+        f"budget of {SETTLE_BUDGET_S:g} s); must be longer than that budget",
+    )
     args = parser.parse_args(argv)
     if args.brands < 1 or args.workers < 1:
         parser.error("--brands and --workers must be at least 1")
+    if args.outage_s is not None and not args.outage_s > SETTLE_BUDGET_S:
+        parser.error(f"--outage-s must be longer than the settle budget ({SETTLE_BUDGET_S:g} s)")
     return args
 
 
@@ -55,6 +64,13 @@ def report(outcome: Outcome) -> None:
         f"faults {s['faults']}; {s['kills']} worker kills, {s['backend_terminations']} "
         f"backend terminations, {s['connection_closes']} connection closes; "
         f"chaos {s['chaos_s']} s, drain {s['drain_s']} s"
+    )
+    g = s["gateway"]
+    print(
+        f"gateway: {g['calls_total']} calls (busiest 2 s: {g['peak_calls_per_s']} calls/s), "
+        f"{g['rate_limited']} answered 429 by its rate limit of {g['rate_limit']:g} calls/s "
+        f"(pace {g['pace']}), {g['outage_calls']} answered 503 by outages, "
+        f"{g['hops_deferred']} hops deferred; outages {s['outages']}"
     )
     for note in s["notes"]:
         print(f"note: {note}")
@@ -74,8 +90,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     iso = Isolation(args.database_url, args.broker_url)
     outcome: Outcome | None = None
     try:
+        run = Run(args.brands, seed, args.workers, iso, run_dir, outage_s=args.outage_s)
+        print(run.describe(), flush=True)
         iso.create()
-        run = Run(args.brands, seed, args.workers, iso, run_dir)
         outcome = run.execute()
         named = [v.brand_id for v in outcome.violations if v.brand_id]
         for brand in list(dict.fromkeys(named))[:SHOWN_BRANDS]:

@@ -1,7 +1,7 @@
 """The fault drivers, each on a thread of its own, drawing from its own seeded
 random stream: the worker killer, PostgreSQL backend terminations, broker
-connection closes, the hop duplicator, the poisoner and the producer of
-deactivations and re-requests.
+connection closes, the hop duplicator, the poisoner, the producer of
+deactivations and re-requests, the gateway's outages and a meter of its calls.
 
 What the run publishes itself goes through one `Publisher` (publisher confirms)
 under a lock the connection closer also takes: a close never lands in the middle
@@ -14,18 +14,23 @@ from __future__ import annotations
 import contextlib
 import json
 import random
+import socket
 import threading
 import time
 from collections import Counter
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
+from urllib.error import URLError
+from urllib.parse import urlsplit
+from urllib.request import Request, urlopen
 
 import psycopg
 from kombu import Connection, Exchange, Queue
 
 from infrastructure import messages
 from infrastructure.broker import COMMAND_KEY, EXCHANGE, WORK_KEY
+from tests.reliability.plan import OutagePlan
 from tests.reliability.processes import Fleet, rabbitmqctl
 
 COPY_MARK = "x-reliability-copy"
@@ -311,3 +316,121 @@ def _at(item: tuple[float, str, messages.Message]) -> float:
 
 def _now() -> datetime:
     return datetime.now(UTC)
+
+
+def fake_admin(url: str, path: str, body: object = None, timeout: float = 30.0) -> Any:
+    """A `/_fake/` admin call (GET, or POST with a JSON body); its JSON answer."""
+    data = None if body is None else json.dumps(body).encode()
+    method = "GET" if body is None else "POST"
+    request = Request(f"{url}/_fake/{path}", data, {"Content-Type": "application/json"},
+                      method=method)  # fmt: skip
+    with urlopen(request, timeout=timeout) as answer:
+        return json.loads(answer.read())
+
+
+def refuses_connections(url: str) -> bool:
+    """Whether a TCP connect to the fake is refused now."""
+    where = urlsplit(url)
+    try:
+        socket.create_connection((where.hostname, where.port or 80), timeout=2).close()
+    except ConnectionRefusedError:
+        return True
+    except OSError:
+        return False
+    return False
+
+
+class OutageMaker(Driver):
+    """The planned outages of the gateway, each at its time: `POST /_fake/outage`.
+
+    For each it records what was asked and what happened: when it began (seconds
+    after the run began sending the brands), the calls it answered 503 (read once
+    it is over; 0 for "refuse"), and for mode "refuse" whether a connect was
+    refused half-way through. An outage once begun runs its length even if the
+    run stops; one not begun by then is left out (`todo`)."""
+
+    def __init__(
+        self,
+        stop: threading.Event,
+        rng: random.Random,
+        url: str,
+        plan: list[OutagePlan],
+        started: float,
+    ) -> None:
+        super().__init__("outage-maker", stop, rng)
+        self.url, self.todo, self.started = url, list(plan), started
+        self.done: list[dict[str, Any]] = []
+
+    def run(self) -> None:
+        while self.todo:
+            outage = self.todo[0]
+            if self.stop.wait(max(0.0, self.started + outage.at_s - time.monotonic())):
+                return
+            self.todo.pop(0)
+            try:
+                self.done.append(self._play(outage))
+                self.count += 1
+            except Exception as exc:  # a fault driver must keep going
+                self.errors.append(f"{type(exc).__name__}: {exc}"[:300])
+
+    def _play(self, outage: OutagePlan) -> dict[str, Any]:
+        began = time.monotonic()
+        fake_admin(self.url, "outage", {"seconds": outage.seconds, "mode": outage.mode})
+        played: dict[str, Any] = {
+            "mode": outage.mode,
+            "seconds": outage.seconds,
+            "at_s": round(began - self.started, 1),
+        }
+        ends = began + outage.seconds
+        if outage.mode == "refuse":
+            time.sleep(outage.seconds / 2)
+            played["refused_seen"] = refuses_connections(self.url)
+        time.sleep(max(0.0, ends - time.monotonic()))
+        state = self._state_again(ends)
+        if state is not None and state.get("outage"):
+            played["calls"] = state["outage"]["calls"]
+        return played
+
+    def _state_again(self, ends: float) -> dict[str, Any] | None:
+        """The fake's state once it answers again (a refuse outage re-binds its port)."""
+        for _ in range(120):
+            try:
+                state: dict[str, Any] = fake_admin(self.url, "state", timeout=10)
+            except (URLError, OSError):
+                time.sleep(0.5)
+                continue
+            while state.get("outage") and state["outage"]["ends_in_s"] > 0:
+                time.sleep(state["outage"]["ends_in_s"])
+                state = fake_admin(self.url, "state", timeout=10)
+            return state
+        self.errors.append(f"the fake did not answer for 60 s after the outage ended at {ends}")
+        return None
+
+
+class GatewayMeter(Driver):
+    """Samples the fake's `calls_total` and `throttled` every 2 s (admin calls are
+    never counted or throttled): the busiest 2 s of calls, for reading a run. A
+    sample during a refuse outage fails and is skipped."""
+
+    def __init__(self, stop: threading.Event, rng: random.Random, url: str) -> None:
+        super().__init__("gateway-meter", stop, rng)
+        self.url = url
+        self.samples: list[tuple[float, int, int]] = []  # (monotonic, calls_total, throttled)
+
+    def pause(self) -> float:
+        return 2.0
+
+    def act(self) -> None:
+        try:
+            state = fake_admin(self.url, "state", timeout=10)
+        except (URLError, OSError):
+            return  # refused: an outage
+        self.samples.append((time.monotonic(), state["calls_total"], state["throttled"]))
+
+    def peak_calls_per_s(self) -> float:
+        rates = [
+            (c2 - c1) / (t2 - t1)
+            for (t1, c1, _), (t2, c2, _) in zip(self.samples, self.samples[1:], strict=False)
+            if t2 > t1
+        ]
+        return round(max(rates, default=0.0), 1)

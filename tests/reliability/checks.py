@@ -31,6 +31,8 @@ class AttemptFacts:
     created_ids: tuple[str, ...] = ()
     released_ids: tuple[str, ...] = ()  # by CandidateReleased (emptied), not handed over
     events: tuple[str, ...] = ()  # event class names, in order
+    failure_message: str | None = None
+    deferrals: int = 0  # hops the gateway did not answer (HopScheduled.deferred)
 
 
 @dataclass(frozen=True)
@@ -236,6 +238,83 @@ def parents_untouched(brands: Iterable[BrandFacts], upstream: Upstream) -> list[
     return found
 
 
+# Why an attempt may end failed under the run's faults; every other reason
+# (deadline, internal_error, unauthorized, rejected, gateway_bug) is a violation:
+# the run's deadline is longer than the run, the fake answers 401 only without a
+# token, never refuses a parent nor lies about an id, and no outage, 429 or 503
+# may cost an attempt its settle budget.
+EXPLAINED_REASONS = {
+    "terminal_status": "its workspace went terminal upstream (a title scripted to)",
+    "exhausted": "a workspace it made never settled (a zombie) or failed creation again",
+    "ambiguous": "two or more workspaces upstream carry its title (same-title faults)",
+}
+
+
+def failure_explained(attempt: AttemptFacts, upstream: Upstream) -> bool:
+    """Whether the run's faults account for this failed attempt's reason, by what
+    the fake holds: `terminal_status` needs its candidate terminal upstream
+    (`failed`, `error`, `invalid subscription`); `exhausted` one of its own
+    workspaces still settling (a zombie never settles) or `creation failed` (a
+    title scripted so is created again and fails again); `ambiguous` at least two
+    workspaces of its title besides the parents (only the seeded lookalikes and
+    brands sharing a title make those; creates beyond the record are checked apart)."""
+    reason = attempt.failure_reason
+
+    def status(ws_id: str | None) -> StatusClass | None:
+        ws = upstream.workspaces.get(ws_id) if ws_id else None
+        return None if ws is None else classify_status(str(ws.get("status")))
+
+    if reason == "terminal_status":
+        return status(attempt.candidate_id) is StatusClass.TERMINAL
+    if reason == "exhausted":
+        own = {attempt.candidate_id, *attempt.created_ids} - {None}
+        stuck = (StatusClass.SETTLING, StatusClass.CREATION_FAILED)
+        return any(status(ws_id) in stuck for ws_id in own)
+    if reason == "ambiguous":
+        alike = [
+            ws_id
+            for ws_id, ws in upstream.workspaces.items()
+            if ws.get("title") == attempt.title and ws_id not in upstream.parents_before
+        ]
+        return len(alike) >= 2
+    return False
+
+
+def failures_explained(brands: Iterable[BrandFacts], upstream: Upstream) -> list[Violation]:
+    """Every failed attempt failed for a reason the run's faults account for
+    (`failure_explained`): none `exhausted` or `deadline` for an outage, a 429 or a 503."""
+    return [
+        Violation(
+            "failure_unexplained",
+            brand.brand_id,
+            f"attempt {a.attempt_id} failed {a.failure_reason}: {a.failure_message} "
+            f"({a.deferrals} hops deferred)",
+        )
+        for brand in brands
+        for a in brand.attempts
+        if a.state == "failed" and not failure_explained(a, upstream)
+    ]
+
+
+def brands_ready(brands: Iterable[BrandFacts], upstream: Upstream) -> list[Violation]:
+    """Every active brand ends ready (its last attempt promoted; `bindings` checks
+    the workspace) unless its last attempt failed for a reason the faults explain."""
+    found = []
+    for brand in brands:
+        if brand.lifecycle == "deactivated":
+            continue
+        last = brand.attempts[-1] if brand.attempts else None
+        if last is not None and last.state == "promoted":
+            continue
+        if last is not None and last.state == "failed" and failure_explained(last, upstream):
+            continue
+        what = "no attempt" if last is None else f"last attempt {last.attempt_id} {last.state}"
+        if last is not None and last.failure_reason:
+            what += f" ({last.failure_reason})"
+        found.append(Violation("brand_not_ready", brand.brand_id, what))
+    return found
+
+
 def dead_letters(poison: Sequence[bytes], dead: Sequence[bytes]) -> list[Violation]:
     """The dead-letter queue holds the poisoned messages and nothing else: each one
     at least once (a worker killed between dead-lettering and acking one gets it
@@ -267,6 +346,8 @@ def check(facts: Facts) -> list[Violation]:
         *upstream_accounted(brands, facts.upstream),
         *creates(brands, facts.upstream),
         *parents_untouched(brands, facts.upstream),
+        *failures_explained(brands, facts.upstream),
+        *brands_ready(brands, facts.upstream),
         *dead_letters(facts.poison, facts.dead_letters),
     ]
     found += [

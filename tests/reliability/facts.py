@@ -42,6 +42,8 @@ def attempt_facts(app: ProvisionerApplication, attempt_id: Any) -> AttemptFacts:
         created_ids=tuple(attempt.created_ids),
         released_ids=released,
         events=tuple(type(e).__name__ for e in events),
+        failure_message=attempt.last_status if attempt.failure_reason else None,
+        deferrals=attempt.deferrals,
     )
 
 

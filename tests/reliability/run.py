@@ -7,17 +7,22 @@ import random
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 from urllib.request import Request, urlopen
 
+import psycopg
+
+from domain.policies import Backoff
 from infrastructure import messages
 from infrastructure.broker import COMMAND_KEY
 from infrastructure.eventstore import open_event_store
+from infrastructure.failures import ServiceUnavailable
 from infrastructure.views import SqlViewStore
 from tests.reliability import chaos, checks, facts
-from tests.reliability.plan import Plan, draw
+from tests.reliability.plan import Plan, draw, draw_metering, draw_outages
 from tests.reliability.processes import Fleet, Isolation, environment, rabbitmqctl, start_fake
 
 FAKE_FLAGS = {
@@ -35,8 +40,34 @@ SERVICE_KNOBS = {
     "PROVISIONER_MAX_REQUEUES": "6",
     "PROVISIONER_CREATE_GRACE_S": "2",
     "PROVISIONER_CONCURRENCY": "8",
+    "PROVISIONER_DEFER_MAX_S": "4",  # a deferred hop asks again within 4 s
+    "PROVISIONER_GATEWAY_PROBE_S": "2",  # an open circuit probes every 2 s
 }
+# What a hop may wait out in settle waits (the backoff's sum): every outage is longer.
+SETTLE_BUDGET_S = Backoff(
+    float(SERVICE_KNOBS["PROVISIONER_BACKOFF_BASE_S"]),
+    int(SERVICE_KNOBS["PROVISIONER_MAX_REQUEUES"]),
+).total_s()
 DUPLICATE_RATE = 0.20
+CALLS_PER_BRAND = 8  # about what a brand costs the gateway under the run's faults
+
+
+@dataclass
+class Drivers:
+    duplicator: chaos.HopDuplicator
+    killer: chaos.WorkerKiller
+    pg: chaos.BackendTerminator
+    amqp: chaos.ConnectionCloser
+    poisoner: chaos.Poisoner
+    producer: chaos.CommandProducer
+    outages: chaos.OutageMaker
+    meter: chaos.GatewayMeter
+
+    def all(self) -> list[chaos.Driver]:
+        return [
+            self.duplicator, self.killer, self.pg, self.amqp, self.poisoner, self.producer,
+            self.outages, self.meter,
+        ]  # fmt: skip
 
 
 @dataclass
@@ -53,8 +84,33 @@ def _post(url: str, body: object) -> Any:
         return json.loads(answer.read())
 
 
+T = TypeVar("T")
+
+
+def _asked_again(ask: Callable[[], T], tries: int = 30) -> T:
+    """The run's own reads of its database, asked again for a while when they fail:
+    the backend terminator ends our connections too, and the server may be out of
+    connection slots for a moment (it is shared)."""
+    for attempt in range(tries):
+        try:
+            return ask()
+        except (psycopg.OperationalError, ServiceUnavailable):
+            if attempt == tries - 1:
+                raise
+            time.sleep(1.0)
+    raise AssertionError("unreachable")
+
+
 class Run:
-    def __init__(self, brands: int, seed: int, workers: int, iso: Isolation, run_dir: Path) -> None:
+    def __init__(
+        self,
+        brands: int,
+        seed: int,
+        workers: int,
+        iso: Isolation,
+        run_dir: Path,
+        outage_s: float | None = None,
+    ) -> None:
         self.count, self.seed, self.workers, self.iso, self.run_dir = (
             brands,
             seed,
@@ -63,12 +119,24 @@ class Run:
             run_dir,
         )
         self.plan: Plan = draw(seed, brands, spread_s=max(5.0, brands / 60))
+        self.window = max(15.0, brands / 25)
+        self.metering = draw_metering(seed, workers)
+        self.outages = draw_outages(seed, SETTLE_BUDGET_S, self.window * 0.4, outage_s)
+        # Longer than any run: an attempt failed `deadline` is a violation.
+        self.deadline_s = 3600 + brands
         self.fleet = Fleet(run_dir, {})
         self.stop = threading.Event()
         self.notes: list[str] = []
 
     def rng(self, name: str) -> random.Random:
         return random.Random(f"{self.seed}:{name}")
+
+    def describe(self) -> str:
+        """The gateway's faults drawn for this run, in one line (printed after the seed)."""
+        outages = ", ".join(o.describe() for o in self.outages)
+        return (
+            f"{self.metering.describe()}; outages: {outages} (settle budget {SETTLE_BUDGET_S:g} s)"
+        )
 
     # ------------------------------------------------------------------ phases
 
@@ -83,7 +151,11 @@ class Run:
             self.fleet.stop()
 
     def _set_up(self) -> None:
-        flags = [f"--seed={self.seed}", *(f"{k}={v}" for k, v in FAKE_FLAGS.items())]
+        fake = dict(FAKE_FLAGS)
+        if not self.metering.random_429s:
+            fake["--throttle-rate"] = "0"
+        flags = [f"--seed={self.seed}", *(f"{k}={v}" for k, v in fake.items())]
+        flags += [f"--rate-limit={self.metering.rate_limit:g}", f"--burst={self.metering.burst}"]
         flags += [f"--parent={p}" for p in self.plan.parents]
         self.fake_url = start_fake(self.fleet, flags)
         state = facts.fake_state(self.fake_url)
@@ -94,7 +166,8 @@ class Run:
             self.seeded.add(_post(f"{self.fake_url}/_fake/workspaces", body)["id"])
         if self.plan.terminal:
             _post(f"{self.fake_url}/_fake/scripts", self.plan.terminal)
-        self.fleet.env = environment(self.iso, self.fake_url, SERVICE_KNOBS)
+        knobs = {**SERVICE_KNOBS, **self.metering.env()}
+        self.fleet.env = environment(self.iso, self.fake_url, knobs)
         for command in (("db", "init"), ("broker", "init")):
             done = self.fleet.one_shot(*command)
             if done.returncode != 0:
@@ -106,15 +179,15 @@ class Run:
         self.fleet.service("projections", "projections", "run")
         self.fleet.service(
             "reconciler", "reconcile", "--overdue", "5", "--grace", "3", "--interval", "3",
-            "--deadline", "600",
+            "--deadline", str(self.deadline_s),
         )  # fmt: skip
 
-    def _under_fire(self) -> list[chaos.Driver]:
+    def _under_fire(self) -> Drivers:
         publisher = chaos.Publisher(self.iso.broker_url)
         self.publisher = publisher
         admin = self.iso.admin_database_url
         poison = chaos.poison_bodies(self.rng("poison"), max(8, self.count // 40))
-        window = max(15.0, self.count / 25)
+        window = self.window
         duplicator = chaos.HopDuplicator(
             self.stop, self.rng("dup"), self.iso.broker_url, DUPLICATE_RATE
         )
@@ -127,33 +200,39 @@ class Run:
             if brand not in self.plan.by_cli:
                 message = messages.provision(brand, title, parent, requested_at=chaos._now())
                 publisher.publish(message.encode(), COMMAND_KEY)
-        drivers: list[chaos.Driver] = [
-            duplicator,
-            chaos.WorkerKiller(self.stop, self.rng("kill"), self.fleet, self.worker_names),
-            chaos.BackendTerminator(self.stop, self.rng("pg"), admin, self.iso.name),
-            chaos.ConnectionCloser(self.stop, self.rng("amqp"), self.iso.name, publisher),
-            chaos.Poisoner(self.stop, self.rng("poisoner"), publisher, poison, window * 0.8),
-            chaos.CommandProducer(
-                self.stop, self.rng("commands"), publisher, self.plan.commands, started
+        rng = self.rng
+        drivers = Drivers(
+            duplicator=duplicator,
+            killer=chaos.WorkerKiller(self.stop, rng("kill"), self.fleet, self.worker_names),
+            pg=chaos.BackendTerminator(self.stop, rng("pg"), admin, self.iso.name),
+            amqp=chaos.ConnectionCloser(self.stop, rng("amqp"), self.iso.name, publisher),
+            poisoner=chaos.Poisoner(self.stop, rng("poisoner"), publisher, poison, window * 0.8),
+            producer=chaos.CommandProducer(
+                self.stop, rng("commands"), publisher, self.plan.commands, started
             ),
-        ]
-        for driver in drivers[1:]:
+            outages=chaos.OutageMaker(
+                self.stop, rng("outage-maker"), self.fake_url, self.outages, started
+            ),
+            meter=chaos.GatewayMeter(self.stop, rng("meter"), self.fake_url),
+        )
+        for driver in drivers.all()[1:]:
             driver.start()
         cli.join(120)
-        deadline = started + window * 4
+        # The rate limit sets the pace: as long as the brands need at it, and the outages.
+        paced_s = self.count * CALLS_PER_BRAND / self.metering.rate_limit
+        deadline = started + max(window * 4, paced_s * 3) + sum(o.seconds for o in self.outages)
         while time.monotonic() < deadline:
             time.sleep(1.0)
             if time.monotonic() - started < window:
                 continue
-            producer, poisoner = drivers[5], drivers[4]
-            assert isinstance(producer, chaos.CommandProducer)
-            assert isinstance(poisoner, chaos.Poisoner)
-            if not producer.plan and not poisoner.todo and self._pending() == 0:
+            producer, poisoner = drivers.producer, drivers.poisoner
+            busy = producer.plan or poisoner.todo or drivers.outages.is_alive()
+            if not busy and self._pending() == 0:
                 break
         else:
             self.notes.append(f"chaos window ended with {self._pending()} attempts pending")
         self.stop.set()
-        for driver in drivers:
+        for driver in drivers.all():
             driver.join(60)
         self.chaos_s = time.monotonic() - started
         self.fleet.check_alive()
@@ -170,10 +249,13 @@ class Run:
                 self.notes.append(f"provisioner provision {brand} exited {done.returncode}")
 
     def _pending(self) -> int:
-        with SqlViewStore(self.iso.database_url) as store:
-            count = store.scalar("SELECT count(*) AS n FROM attempts WHERE state = 'pending'")
-            total = store.scalar("SELECT count(*) AS n FROM attempts")
-        return int(count) + max(0, self.count - int(total))
+        def ask() -> int:
+            with SqlViewStore(self.iso.database_url) as store:
+                count = store.scalar("SELECT count(*) AS n FROM attempts WHERE state = 'pending'")
+                total = store.scalar("SELECT count(*) AS n FROM attempts")
+            return int(count) + max(0, self.count - int(total))
+
+        return _asked_again(ask)
 
     def _queues_empty(self) -> bool:
         out = rabbitmqctl(
@@ -184,7 +266,8 @@ class Run:
 
     def _behind(self) -> int:
         """Events (of its topics) the slower projection is behind the log."""
-        return max(item["behind"] for item in facts.projection_status(self.iso.database_url))
+        status = _asked_again(lambda: facts.projection_status(self.iso.database_url))
+        return max(item["behind"] for item in status)
 
     def _drain(self, timeout_s: float, what: str) -> None:
         """Until three checks a second apart find the queues empty, no attempt
@@ -218,7 +301,7 @@ class Run:
 
     # ------------------------------------------------------------------ checks
 
-    def _check(self, drivers: list[chaos.Driver]) -> Outcome:
+    def _check(self, drivers: Drivers) -> Outcome:
         url = self.iso.database_url
         app = open_event_store(url, pool_size=2)
         try:
@@ -239,8 +322,7 @@ class Run:
             self.parents_before,
             frozenset(self.seeded),
         )
-        poisoner = drivers[4]
-        assert isinstance(poisoner, chaos.Poisoner)
+        poisoner = drivers.poisoner
         self.fleet.stop(["fake-gateway"])
         logs = self.fleet.logs()
         dead = facts.dead_letter_bodies(self.iso.broker_url)
@@ -268,37 +350,51 @@ class Run:
 
     def _summary(
         self,
-        drivers: list[chaos.Driver],
+        drivers: Drivers,
         brands: dict[str, checks.BrandFacts],
         state: dict[str, Any],
         violations: list[checks.Violation],
         logs: dict[str, str],
     ) -> dict[str, Any]:
-        dup, killer, pg, amqp, poisoner, producer = drivers
-        assert isinstance(poisoner, chaos.Poisoner)
-        assert isinstance(producer, chaos.CommandProducer)
+        poisoner, producer = drivers.poisoner, drivers.producer
         attempts = [a for b in brands.values() for a in b.attempts]
         faults: dict[str, int] = dict(sorted(state.get("faults", {}).items()))
         faults["terminal_titles_scripted"] = len(self.plan.terminal)
         faults["same_title_workspaces_seeded"] = len(self.plan.others)
         faults["same_title_brands"] = len(self.plan.brands) - len(set(self.plan.brands.values()))
-        faults["hops_duplicated"] = dup.count
+        faults["hops_duplicated"] = drivers.duplicator.count
         faults.update({f"poison_{k}": n for k, n in sorted(poisoner.kinds.items())})
         faults.update({f"command_{k}": n for k, n in sorted(producer.kinds.items())})
         reasons = Counter(a.failure_reason for a in attempts if a.failure_reason)
+        m = self.metering
+        gateway = {
+            "rate_limit": m.rate_limit,
+            "burst": m.burst,
+            "pace": m.pace,
+            "service_rate": m.service_rate,
+            "service_burst": m.service_burst,
+            "random_429s": m.random_429s,
+            "rate_limited": state.get("throttled", 0),
+            "outage_calls": state.get("outage_calls", 0),
+            "calls_total": state.get("calls_total", 0),
+            "peak_calls_per_s": drivers.meter.peak_calls_per_s(),
+            "hops_deferred": sum(a.deferrals for a in attempts),
+        }
         return {
             "brands": self.count,
             "seed": self.seed,
             "faults": faults,
-            "kills": killer.count,
-            "backend_terminations": pg.count,
-            "connection_closes": amqp.count,
+            "gateway": gateway,
+            "outages": drivers.outages.done,
+            "kills": drivers.killer.count,
+            "backend_terminations": drivers.pg.count,
+            "connection_closes": drivers.amqp.count,
             "attempts": dict(sorted(Counter(a.state for a in attempts).items())),
             "failure_reasons": dict(sorted(reasons.items())),
             "creates_upstream": sum(state["creates"].values()),
             "dead_letter_repeats": self.dead_letter_repeats,
             "error_lines": sum(t.count('"level": "ERROR"') for t in logs.values()),
-            "driver_errors": {d.name: len(d.errors) for d in drivers if d.errors},
+            "driver_errors": {d.name: len(d.errors) for d in drivers.all() if d.errors},
             "chaos_s": round(self.chaos_s, 1),
             "drain_s": round(self.drain_s, 1),
             "notes": self.notes,

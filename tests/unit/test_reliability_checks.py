@@ -4,9 +4,10 @@ each promise holds on a good history and is reported, by kind and brand, on a ba
 from __future__ import annotations
 
 import dataclasses
+from collections import Counter
 from typing import Any
 
-from tests.reliability import checks
+from tests.reliability import checks, plan
 from tests.reliability.checks import AttemptFacts, BrandFacts, Facts, Upstream
 
 PARENT = {"p": {"id": "p", "title": "Org", "status": "active", "projects": ["prj-1"]}}
@@ -172,3 +173,130 @@ def test_secret_hits_name_the_file_line_and_secret_but_never_repeat_it() -> None
     hits = checks.secret_hits(logs, {"broker password": "s3cr3t-pw", "token": "tok-xyz"})
     assert hits == ["worker-1.1.log:2: broker password", "relay.1.log:1: token"]
     assert not any("s3cr3t" in hit for hit in hits)
+
+
+def failed(
+    attempt_id: str, title: str, reason: str, workspace: str | None = None, **kw: Any
+) -> AttemptFacts:
+    made = (workspace,) if workspace else ()
+    return AttemptFacts(
+        attempt_id, title, "failed", reason, candidate_id=workspace, created_ids=made,
+        events=("Started", "CreateRequested", "CandidateAccepted", "Failed"),
+        failure_message=f"{reason}: ...", **kw,
+    )  # fmt: skip
+
+
+def with_brand(facts: Facts, brand: BrandFacts, **workspaces: dict[str, Any]) -> Facts:
+    upstream = dataclasses.replace(
+        facts.upstream,
+        workspaces={**facts.upstream.workspaces, **workspaces},
+        creates={**facts.upstream.creates, **{w["title"]: 1 for w in workspaces.values()}},
+    )
+    return dataclasses.replace(
+        facts, brands={**facts.brands, brand.brand_id: brand}, upstream=upstream
+    )
+
+
+def test_failures_the_faults_explain_hold_every_promise() -> None:
+    """A zombie's attempt exhausted, a title scripted `creation failed` created again
+    until exhausted, one scripted `error`, and one ambiguous between two seeded
+    lookalikes: every promise holds, and the brands end failed, not ready."""
+    facts = good()
+    zombie = failed("z1", "Z", "exhausted", "w-z", released_ids=("w-z",), deferrals=40)
+    facts = with_brand(
+        facts, BrandFacts("z", "active", None, (zombie,)), **{"w-z": ws("Z", "not ready")}
+    )
+    again = dataclasses.replace(
+        failed("f1", "F", "exhausted"), created_ids=("w-f1",), released_ids=("w-f1",)
+    )
+    shell = ws("F", "creation_failed")
+    facts = with_brand(facts, BrandFacts("f", "active", None, (again,)), **{"w-f1": shell})
+    dead = failed("t1", "T", "terminal_status", "w-t")
+    facts = with_brand(facts, BrandFacts("t", "active", None, (dead,)), **{"w-t": ws("T", "error")})
+    twins = failed("m1", "M", "ambiguous")
+    lookalikes = {"w-m1": ws("M", "created", 1), "w-m2": ws("M")}
+    facts = with_brand(facts, BrandFacts("m", "active", None, (twins,)), **lookalikes)
+    seeded = facts.upstream.seeded | set(lookalikes)
+    facts = dataclasses.replace(facts, upstream=dataclasses.replace(facts.upstream, seeded=seeded))
+    assert checks.failures_explained(facts.brands.values(), facts.upstream) == []
+    assert checks.brands_ready(facts.brands.values(), facts.upstream) == []
+    assert checks.check(facts) == []
+
+
+def test_exhausted_or_deadline_with_nothing_stuck_upstream_is_unexplained() -> None:
+    facts = good()
+    # Its workspace settled (ready upstream): only the gateway's silence, an outage,
+    # can have spent its settle hops.
+    outage = failed("o1", "O", "exhausted", "w-o", deferrals=3)
+    facts = with_brand(facts, BrandFacts("o", "active", None, (outage,)), **{"w-o": ws("O")})
+    facts = dataclasses.replace(
+        facts,
+        brands={**facts.brands, "o": dataclasses.replace(facts.brands["o"], unbound_ids=("w-o",))},
+    )
+    found = checks.failures_explained(facts.brands.values(), facts.upstream)
+    assert [(v.kind, v.brand_id) for v in found] == [("failure_unexplained", "o")]
+    assert "failed exhausted" in found[0].detail
+    assert "3 hops deferred" in found[0].detail
+    assert checks.brands_ready(facts.brands.values(), facts.upstream)[0].kind == "brand_not_ready"
+    # Waiting on another create of its title, with nothing made: unexplained too.
+    waited = dataclasses.replace(failed("w1", "W", "exhausted"), events=("Started", "Failed"))
+    assert not checks.failure_explained(waited, facts.upstream)
+    for reason in ("deadline", "internal_error", "unauthorized", "rejected", "gateway_bug"):
+        attempt = failed("x1", "A", reason, "w-a")
+        assert not checks.failure_explained(attempt, facts.upstream), reason
+    # terminal_status needs its candidate terminal upstream; ambiguous two lookalikes.
+    assert not checks.failure_explained(failed("x2", "A", "terminal_status", "w-a"), facts.upstream)
+    assert not checks.failure_explained(failed("x3", "B", "ambiguous"), facts.upstream)
+
+
+def test_an_active_brand_not_ready_is_reported_unless_deactivated() -> None:
+    facts = good()
+    cancelled = AttemptFacts("a2", "A", "cancelled", events=("Started", "Cancelled"))
+    a = facts.brands["a"]
+    brands = {**facts.brands, "a": dataclasses.replace(a, attempts=(*a.attempts, cancelled))}
+    found = checks.brands_ready(brands.values(), facts.upstream)
+    assert [(v.kind, v.brand_id, v.detail) for v in found] == [
+        ("brand_not_ready", "a", "last attempt a2 cancelled")
+    ]
+    gone = dataclasses.replace(brands["a"], lifecycle="deactivated", workspace_id=None)
+    assert checks.brands_ready([gone], facts.upstream) == []
+    never = BrandFacts("n", "active", None, ())
+    assert [v.detail for v in checks.brands_ready([never], facts.upstream)] == ["no attempt"]
+    # A failure the faults explain is the brand's end; one they do not is not.
+    zombie = failed("z1", "Z", "exhausted", "w-z")
+    upstream = dataclasses.replace(
+        facts.upstream, workspaces={**facts.upstream.workspaces, "w-z": ws("Z", "not ready")}
+    )
+    assert checks.brands_ready([BrandFacts("z", "active", None, (zombie,))], upstream) == []
+    bug = failed("i1", "Z", "internal_error", "w-z")
+    found = checks.brands_ready([BrandFacts("z", "active", None, (bug,))], upstream)
+    assert [v.detail for v in found] == ["last attempt i1 failed (internal_error)"]
+
+
+def test_the_gateway_faults_drawn_from_a_seed() -> None:
+    """Every outage outlasts the settle budget; two are one of each mode; the pace is
+    configured near the limit or learned (then without the fake's random 429s)."""
+    budget = 15.75
+    kinds: Counter[tuple[str, ...]] = Counter()
+    for seed in range(200):
+        outages = plan.draw_outages(seed, budget, first_by_s=6.0)
+        assert outages == plan.draw_outages(seed, budget, first_by_s=6.0)
+        kinds[tuple(o.mode for o in outages)] += 1
+        assert all(o.seconds > budget for o in outages)
+        assert 3.0 <= outages[0].at_s <= 6.0
+        if len(outages) == 2:
+            assert outages[1].at_s >= outages[0].at_s + outages[0].seconds + 3.0
+        fixed = plan.draw_outages(seed, budget, first_by_s=6.0, seconds=17.0)
+        assert [(o.mode, o.seconds) for o in fixed] == [(o.mode, 17.0) for o in outages]
+        m = plan.draw_metering(seed, workers=2)
+        assert 28.0 <= m.rate_limit <= 40.0
+        assert 2 <= m.burst <= 5
+        if m.pace == "configured":
+            assert m.service_rate is not None
+            assert 0.8 * m.rate_limit - 0.1 <= m.service_rate <= 1.2 * m.rate_limit + 0.1
+            assert m.env()["PROVISIONER_GATEWAY_RATE"] == f"{m.service_rate:g}"
+            assert m.random_429s
+        else:
+            assert m.env() == {}
+            assert not m.random_429s
+    assert set(kinds) == {("503",), ("refuse",), ("503", "refuse"), ("refuse", "503")}
