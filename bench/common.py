@@ -1,18 +1,24 @@
-"""What the benchmarks share: starting the fake gateway, reading CPU time, percentiles.
+"""What the benchmarks share: starting the fake gateway, reading CPU time, percentiles,
+running the service's commands as processes and reading their metrics.
 
 Imported by the scripts in bench/ (which put the project root on sys.path first).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
+import time
+import urllib.request
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote
 
 import psycopg
@@ -61,16 +67,23 @@ def delete_vhost(name: str | None) -> None:
 
 
 def start_fake(
-    parents: Sequence[str] = (), *, latency_ms: float = 0.0, seed: int | None = None
+    parents: Sequence[str] = (),
+    *,
+    latency_ms: float = 0.0,
+    seed: int | None = None,
+    knobs: Mapping[str, float] | None = None,
 ) -> tuple[subprocess.Popen[str], str]:
     """`provisioner fake-gateway` in a subprocess on a free port: (process, base URL).
 
     A random seed unless one is given, so that runs do not replay one draw.
+    `knobs`: more of its flags by knob name, e.g. {"rate_limit": 20, "settle_polls": 1}.
     """
     args = [sys.executable, "-m", "infrastructure.fake_gateway", "--port", "0"]
     for parent in parents:
         args += ["--parent", parent]
     args += ["--latency-ms", str(latency_ms)]
+    for name, value in (knobs or {}).items():
+        args += ["--" + name.replace("_", "-"), str(value)]
     args += ["--seed", str(uuid.uuid4().int % 2**31 if seed is None else seed)]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True)
@@ -140,3 +153,99 @@ def percentile(samples: Sequence[float], q: float) -> float:
     """The q-quantile (0..1) of the samples, nearest rank."""
     ordered = sorted(samples)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+# --------------------------------------------------------------------------- service processes
+
+
+def fake_call(base_url: str, path: str, body: object = None) -> dict[str, Any]:
+    """One admin call to the fake (`/_fake/...`): GET, or POST with a JSON body."""
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(
+        base_url + path, data=data, headers={"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(request, timeout=10) as answer:
+        result: dict[str, Any] = json.loads(answer.read() or b"{}")
+        return result
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now (another process may take it later)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def service_env(**settings: str) -> dict[str, str]:
+    """The environment for `provisioner` subprocesses: this one without any
+    PROVISIONER_* variable (every setting at its default), plus `settings`."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PROVISIONER_")}
+    env["PYTHONPATH"] = str(ROOT)
+    env.update(settings)
+    return env
+
+
+def provisioner(args: Sequence[str], env: Mapping[str, str], log: Path) -> subprocess.Popen[bytes]:
+    """`provisioner ARGS...` in a subprocess, its stdout and stderr appended to `log`."""
+    with log.open("ab") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "worker.cli", *args],
+            cwd=ROOT,
+            env=dict(env),
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+
+
+def stop(procs: Sequence[subprocess.Popen[bytes]], timeout_s: float = 30.0) -> None:
+    """SIGTERM each process, wait for all, and kill any still running after `timeout_s`."""
+    for proc in procs:
+        if proc.poll() is None:
+            proc.terminate()
+    deadline = time.monotonic() + timeout_s
+    for proc in procs:
+        try:
+            proc.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+
+
+def wait_live(port: int, timeout_s: float = 60.0) -> None:
+    """Until the process serving metrics on `port` answers `/healthz` 200."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            raise SystemExit(f"the process on metrics port {port} did not come up")
+        time.sleep(0.2)
+
+
+def scrape(ports: Sequence[int]) -> dict[str, float]:
+    """Every sample of the processes' `/metrics`, summed over the processes, by its
+    series (`name{labels}` as exposed)."""
+    total: dict[str, float] = {}
+    for port in ports:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+            for line in r.read().decode().splitlines():
+                if line and not line.startswith("#"):
+                    series, value = line.rsplit(" ", 1)
+                    total[series] = total.get(series, 0.0) + float(value)
+    return total
+
+
+def metric(samples: Mapping[str, float], name: str, **labels: str) -> float:
+    """The sum of a metric's series that carry every label given."""
+    wanted = [f'{k}="{v}"' for k, v in labels.items()]
+    return sum(
+        value
+        for series, value in samples.items()
+        if series.split("{", 1)[0] == name and all(w in series for w in wanted)
+    )

@@ -9,7 +9,11 @@ Runs, one after another, each as a subprocess with `--json`:
 - `pipeline-0ms` and `pipeline-100ms`: bench/pipeline.py at zero latency and at
   100 ms per gateway call (each with the raw publish and bare save rates);
 - `readmodels`: bench/readmodels.py (the rebuild with the raw notification-log
-  scan, and the read commands' latencies).
+  scan, and the read commands' latencies);
+- `rollout-metered`: bench/rollout.py metered (300 brands against a gateway
+  metered at 20 calls/s, the fleet's rate configured, then learned);
+- `rollout-outage`: bench/rollout.py outage (a 10-minute outage with 200
+  brands in flight; 30 s under `--quick`), run once whatever `--repeat`.
 
 Around each run it samples the load average, the machine's busy CPU, the CPU
 of the run's own process tree, of the PostgreSQL server and of RabbitMQ
@@ -68,6 +72,10 @@ class Bench:
     script: str
     full: tuple[str, ...]
     quick: tuple[str, ...]
+    max_runs: int | None = None  # at most this many runs, whatever --repeat (a long one)
+
+    def runs(self, repeat: int) -> int:
+        return repeat if self.max_runs is None else min(repeat, self.max_runs)
 
     def argv(self, quick: bool) -> list[str]:
         return [self.script, *(self.quick if quick else self.full)]
@@ -101,6 +109,21 @@ BENCHES = (
         "bench/readmodels.py",
         ("--json",),
         ("--events", "20000", "--samples", "50", "--json"),
+    ),
+    Bench(
+        "rollout-metered",
+        "rollout at a metered gateway, 2 x 16",
+        "bench/rollout.py",
+        ("metered", "--json"),
+        ("metered", "--brands", "40", "--json"),
+    ),
+    Bench(
+        "rollout-outage",
+        "gateway outage longer than the settle budget, 2 x 16",
+        "bench/rollout.py",
+        ("outage", "--json"),
+        ("outage", "--brands", "40", "--outage-s", "30", "--json"),
+        max_runs=1,
     ),
 )
 
@@ -160,6 +183,22 @@ def _engine_to_skeleton(r: dict[str, Any]) -> float:
 def _pipeline_workers_cpu(r: dict[str, Any]) -> float:
     cpu = r["cpu_ms_per_provision"]
     return float(sum(v for k, v in cpu.items() if k.startswith("worker")))
+
+
+def _not_ready(r: dict[str, Any]) -> float:
+    return float(r["brands"] - r["ready"])
+
+
+def _metered_not_ready(r: dict[str, Any]) -> float:
+    return sum(_not_ready({"brands": r["brands"], **r[run]}) for run in ("configured", "learned"))
+
+
+def _calls_over_probes(r: dict[str, Any]) -> float:
+    """Calls that reached the gateway after the circuit opened, over one per probe
+    interval (rounded up) of the outage left then; no open circuit reads infinite."""
+    if r["calls_after_open"] is None:
+        return float("inf")
+    return float(r["calls_after_open"]) / max(int(r["allowed_after_open"]), 1)
 
 
 FIGURES = (
@@ -250,6 +289,70 @@ FIGURES = (
         ".1f",
         ("<=", 100),
     ),
+    Figure(
+        "rollout, rate configured: seconds / floor",
+        "rollout-metered",
+        lambda r: float(r["configured"]["seconds_over_floor"]),
+        "",
+        ".2f",
+        ("<=", 1.15),
+    ),
+    Figure(
+        "rollout, rate configured: calls answered 429 (%)",
+        "rollout-metered",
+        lambda r: 100 * float(r["configured"]["share_429"]),
+        " %",
+        ".1f",
+        ("<=", 2),
+    ),
+    Figure(
+        "rollout, rate learned: seconds / floor",
+        "rollout-metered",
+        lambda r: float(r["learned"]["seconds_over_floor"]),
+        "",
+        ".2f",
+        ("<=", 1.5),
+    ),
+    Figure(
+        "rollout, rate learned: calls answered 429 (%)",
+        "rollout-metered",
+        lambda r: 100 * float(r["learned"]["share_429"]),
+        " %",
+        ".1f",
+        ("<=", 10),
+    ),
+    Figure(
+        "rollout, brands not ready (both runs)",
+        "rollout-metered",
+        _metered_not_ready,
+        "",
+        ".0f",
+        ("<=", 0),
+    ),
+    Figure(
+        "outage, calls after the circuit opened / one per probe interval",
+        "rollout-outage",
+        _calls_over_probes,
+        "",
+        ".2f",
+        ("<=", 1),
+    ),
+    Figure(
+        "outage, seconds from the gateway's return to the last brand ready",
+        "rollout-outage",
+        lambda r: float(r["recovery_s"]),
+        " s",
+        ".1f",
+        ("<=", 60),
+    ),
+    Figure(
+        "outage, brands not ready",
+        "rollout-outage",
+        _not_ready,
+        "",
+        ".0f",
+        ("<=", 0),
+    ),
 )
 
 
@@ -317,7 +420,8 @@ def render(machine: dict[str, str], runs: Sequence[Run], *, quick: bool) -> str:
     repeats = max((len(v) for v in by_bench.values()), default=0)
     lines += [
         f"Taken {machine['date']} at commit {machine['commit']}, "
-        f"{'quick' if quick else 'full'} sizes, {repeats} run(s) of each.",
+        f"{'quick' if quick else 'full'} sizes, {repeats} run(s) of each"
+        f"{_fewer(runs, repeats)}.",
         "",
         f"Machine: {machine['cores']} cores ({machine['cpu']}), {machine['ram']} RAM; "
         f"{machine['python']}; PostgreSQL {machine['postgresql']}; "
@@ -338,8 +442,23 @@ def render(machine: dict[str, str], runs: Sequence[Run], *, quick: bool) -> str:
         [(r, b) for b in ("pipeline-0ms", "pipeline-100ms") for r in by_bench.get(b, [])]
     )
     lines += _readmodels_table(by_bench.get("readmodels", []))
+    lines += _rollout_table(by_bench.get("rollout-metered", []))
+    lines += _outage_table(by_bench.get("rollout-outage", []))
     lines += _load_table(runs)
     return "\n".join(lines) + "\n"
+
+
+def _fewer(runs: Sequence[Run], repeats: int) -> str:
+    """ ", the outage once": the benchmarks run fewer times than the others."""
+    counts = {run.bench: 0 for run in runs}
+    for run in runs:
+        counts[run.bench] += 1
+    fewer = [f"{name} {_times(n)}" for name, n in counts.items() if n < repeats]
+    return f" ({', '.join(fewer)})" if fewer else ""
+
+
+def _times(n: int) -> str:
+    return {1: "once", 2: "twice"}.get(n, f"{n} times")
 
 
 def _engine_table(results: Sequence[dict[str, Any]]) -> list[str]:
@@ -427,6 +546,66 @@ def _readmodels_table(results: Sequence[dict[str, Any]]) -> list[str]:
             f"{r['history_p50_ms']:.2f} / {r['history_p99_ms']:.2f} | "
             f"{r['attempt_p50_ms']:.2f} / {r['attempt_p99_ms']:.2f} | "
             f"{r['stuck_median_ms']:.1f} / {r['stuck_ms']:.1f} |"
+        )
+    return lines
+
+
+def _failures(r: dict[str, Any]) -> str:
+    reasons = ", ".join(f"{n} {why}" for why, n in sorted(r["failed_reasons"].items()))
+    left = r["brands"] - r["ready"] - r["failed"]
+    text = f"{r['failed']}" + (f" ({reasons})" if reasons else "")
+    return text + (f", {left} still pending" if left else "")
+
+
+def _rollout_table(results: Sequence[dict[str, Any]]) -> list[str]:
+    if not results:
+        return []
+    lines = [
+        "",
+        "Rollout at a metered gateway (`bench/rollout.py metered`): seconds from publishing to "
+        "the last brand ready; calls per brand answered (with the 429s); floor = brands x calls "
+        "per brand / rate; calls the fleet's pace held back (hop deferred) and deferred hops:",
+        "",
+        "| brands | gateway | fleet's rate | seconds | calls per brand | floor s "
+        "| seconds / floor | 429s | held, deferred hops | failed |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        for run in ("configured", "learned"):
+            x = {"brands": r["brands"], **r[run]}
+            pace = f"{r['rate_limit']:g}/s, burst 1" if run == "configured" else "learned"
+            lines.append(
+                f"| {r['brands']:,} | {r['rate_limit']:g}/s, burst {r['burst']} | {pace} | "
+                f"{x['seconds']:.1f} | {x['calls_per_brand']:.2f} "
+                f"({x['calls_per_brand_with_429']:.2f}) | {x['floor_s']:.1f} | "
+                f"{x['seconds_over_floor']:.2f} | {100 * x['share_429']:.1f} % "
+                f"| {x['held']:,.0f}, {x['hops']['deferred']:,.0f} | {_failures(x)} |"
+            )
+    return lines
+
+
+def _outage_table(results: Sequence[dict[str, Any]]) -> list[str]:
+    if not results:
+        return []
+    lines = [
+        "",
+        "Gateway outage (`bench/rollout.py outage`): calls that reached the gateway during it, "
+        "before and after the circuit opened (allowed after: one per probe interval); seconds "
+        "from the gateway's return to the last brand ready, for every brand, for the brands "
+        "whose create the outage left unconfirmed (created twice) and for the others:",
+        "",
+        "| brands | outage | calls | before open / after (allowed) | circuit opened, closed "
+        "| ready after: all / created twice (n) / once | failed |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        twice, once = r["recovery_s_created_twice"], r["recovery_s_created_once"]
+        lines.append(
+            f"| {r['brands']:,} | {r['outage_s']:g} s, {r['mode']} | {r['outage_calls']} | "
+            f"{r['calls_before_open']} / {r['calls_after_open']} ({r['allowed_after_open']}) | "
+            f"{r['circuit_opened_after_s']} s in, {r['circuit_closed_after_end_s']} s after | "
+            f"{r['recovery_s']:.1f} / {'-' if twice is None else f'{twice:.1f}'} "
+            f"({r['created_twice']}) / {'-' if once is None else f'{once:.1f}'} | {_failures(r)} |"
         )
     return lines
 
@@ -666,7 +845,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if unknown or not chosen or args.repeat < 1:
         parser.error(f"nothing to run (unknown: {', '.join(sorted(unknown)) or '-'})")
     machine = machine_facts()
-    runs = [run_bench(b, args.quick, sys.executable) for _ in range(args.repeat) for b in chosen]
+    runs = [
+        run_bench(b, args.quick, sys.executable)
+        for n in range(args.repeat)
+        for b in chosen
+        if n < b.runs(args.repeat)
+    ]
     runs.sort(key=lambda run: [b.name for b in BENCHES].index(run.bench))
     region = render(machine, runs, quick=args.quick)
     print(region)

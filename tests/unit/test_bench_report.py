@@ -11,6 +11,7 @@ import pytest
 
 from bench.report import (
     BEGIN,
+    BENCHES,
     DOC,
     END,
     BenchFailed,
@@ -101,6 +102,59 @@ READMODELS: dict[str, Any] = {
 }
 
 
+METERED_RUN: dict[str, Any] = {
+    "seconds": 63.1,
+    "publish_s": 1.3,
+    "ready": 300,
+    "pending": 0,
+    "failed": 0,
+    "failed_reasons": {},
+    "calls_total": 1200,
+    "throttled": 0,
+    "calls_per_brand": 4.0,
+    "calls_per_brand_with_429": 4.0,
+    "floor_s": 60.0,
+    "seconds_over_floor": 1.052,
+    "share_429": 0.0,
+    "held": 0.0,
+    "hops": {"promoted": 300.0, "scheduled": 300.0, "deferred": 0.0, "failed": 0.0},
+}
+METERED: dict[str, Any] = {
+    "brands": 300,
+    "rate_limit": 20.0,
+    "burst": 5,
+    "configured": METERED_RUN,
+    "learned": {
+        **METERED_RUN,
+        "seconds": 80.4,
+        "throttled": 96,
+        "calls_total": 1296,
+        "calls_per_brand_with_429": 4.32,
+        "seconds_over_floor": 1.34,
+        "share_429": 0.074,
+        "held": 120.0,
+    },
+}
+OUTAGE: dict[str, Any] = {
+    "brands": 200,
+    "mode": "503",
+    "outage_s": 600.0,
+    "outage_calls": 92,
+    "circuit_opened_after_s": 0.1,
+    "calls_before_open": 32,
+    "calls_after_open": 60,
+    "allowed_after_open": 60,
+    "circuit_closed_after_end_s": 0.5,
+    "recovery_s": 41.9,
+    "created_twice": 0,
+    "recovery_s_created_twice": None,
+    "recovery_s_created_once": 41.9,
+    "ready": 200,
+    "failed": 0,
+    "failed_reasons": {},
+}
+
+
 def runs(**results: dict[str, Any] | None) -> list[Run]:
     """One run per benchmark; pass a benchmark's name (with _ for -) to replace its result."""
     chosen = {
@@ -108,6 +162,8 @@ def runs(**results: dict[str, Any] | None) -> list[Run]:
         "pipeline-0ms": PIPELINE,
         "pipeline-100ms": SLOW_PIPELINE,
         "readmodels": READMODELS,
+        "rollout-metered": METERED,
+        "rollout-outage": OUTAGE,
     }
     chosen |= {name.replace("_", "-"): result for name, result in results.items()}
     return [
@@ -169,7 +225,10 @@ def test_figures_are_written_into_the_region_only(tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == [doc]  # no temporary file left behind
 
 
-@pytest.mark.parametrize("failed", ["engine", "pipeline_0ms", "pipeline_100ms", "readmodels"])
+@pytest.mark.parametrize(
+    "failed",
+    ["engine", "pipeline_0ms", "pipeline_100ms", "readmodels", "rollout_metered", "rollout_outage"],
+)
 def test_nothing_is_written_when_a_benchmark_failed(tmp_path: Path, failed: str) -> None:
     doc = tmp_path / "benchmarks.md"
     doc.write_text(DOCUMENT)
@@ -256,3 +315,52 @@ def test_the_last_json_object_of_a_benchmarks_output_is_its_result() -> None:
     output = 'seeding ...\n{"partial": \n{"a": 1}\nnot json\n{"b": 2}\ntrailing text\n'
     assert last_json(output) == {"b": 2}
     assert last_json("no result\n[1, 2]\n") is None
+
+
+def test_the_rollout_targets_are_judged_run_by_run() -> None:
+    region = render(MACHINE, runs(), quick=False)
+    assert figure_row(region, "rollout, rate configured: seconds").endswith(
+        "| 1.05 | ≤ 1.15 | pass |"
+    )
+    assert figure_row(region, "rollout, rate learned: calls answered 429").endswith(
+        "| 7.4 | ≤ 10 % | pass |"
+    )
+    assert figure_row(region, "outage, calls after the circuit opened").endswith(
+        "| 1.00 | ≤ 1 | pass |"
+    )
+    assert "| 300 | 20/s, burst 5 | learned | 80.4 | 4.00 (4.32) | 60.0 | 1.34 | 7.4 % |" in region
+    assert "| 200 | 600 s, 503 | 92 | 32 / 60 (60) |" in region
+
+
+def test_an_outage_that_failed_brands_or_leaked_calls_is_written_as_a_failure() -> None:
+    leaky = {
+        **OUTAGE,
+        "calls_after_open": 75,
+        "ready": 197,
+        "failed": 3,
+        "failed_reasons": {"exhausted": 3},
+        "recovery_s": 161.3,
+        "created_twice": 5,
+        "recovery_s_created_twice": 161.3,
+    }
+    region = render(MACHINE, runs(rollout_outage=leaky), quick=False)
+    assert figure_row(region, "outage, calls after").endswith("| 1.25 | ≤ 1 | **FAIL** (1 of 1) |")
+    assert figure_row(region, "outage, seconds from").endswith(
+        "| 161.3 | ≤ 60 s | **FAIL** (1 of 1) |"
+    )
+    assert figure_row(region, "outage, brands not ready").endswith(
+        "| 3 | ≤ 0 | **FAIL** (1 of 1) |"
+    )
+    assert "| 161.3 / 161.3 (5) / 41.9 | 3 (3 exhausted) |" in region
+    never_opened = {**OUTAGE, "calls_after_open": None}
+    region = render(MACHINE, runs(rollout_outage=never_opened), quick=False)
+    assert figure_row(region, "outage, calls after").endswith("| inf | ≤ 1 | **FAIL** (1 of 1) |")
+
+
+def test_the_outage_runs_once_whatever_the_repeat() -> None:
+    by_name = {bench.name: bench for bench in BENCHES}
+    assert by_name["rollout-outage"].runs(2) == 1
+    assert by_name["rollout-metered"].runs(2) == 2
+    twice = [*runs(), *runs()[:-1]]  # every benchmark twice but the outage
+    region = render(MACHINE, twice, quick=False)
+    assert "2 run(s) of each (rollout-outage once)." in region
