@@ -26,7 +26,11 @@ MAX_MESSAGE_CHARS = 300
 def _settle_hop(state: dict[str, Any]) -> None:
     """Upcaster: before deferrals, every scheduled hop was a settle wait."""
     state["deferred"] = False
-    state["spent"] = True
+
+
+def _spent_unless_deferred(state: dict[str, Any]) -> None:
+    """Upcaster: before `spent`, every hop not deferred spent the settle budget."""
+    state["spent"] = not state["deferred"]
 
 
 def safe_message(text: str) -> str:
@@ -67,7 +71,7 @@ class ProvisioningAttempt(Aggregate):
         hop: int
 
     class HopScheduled(Aggregate.Event):
-        class_version = 2
+        class_version = 3
         hop: int
         not_before: datetime
         last_status: str
@@ -79,6 +83,7 @@ class ProvisioningAttempt(Aggregate):
         spent: bool
 
         upcast_v1_v2 = staticmethod(_settle_hop)
+        upcast_v2_v3 = staticmethod(_spent_unless_deferred)
 
     class Promoted(Aggregate.Event):
         workspace_id: str
@@ -134,6 +139,7 @@ class ProvisioningAttempt(Aggregate):
         # upstream, so the search for it goes on after the attempt ends, whatever
         # the later create did.
         self.create_lost = False
+        self.creates_given_up = 0  # creates given up unconfirmed (at most MAX_CREATES - 1)
         self.released_ids: tuple[str, ...] = ()  # emptied, or handed to a later attempt
         self.settle_hops = 0  # hops the gateway answered "not yet" (the settle budget)
         self.deferrals = 0  # hops the gateway did not answer, in all
@@ -311,6 +317,7 @@ class ProvisioningAttempt(Aggregate):
     def _create_requested(self, hop: int, known_ids: list[str], requested_at: datetime) -> None:
         if self.create_requested_hop is not None:  # the one before was given up unconfirmed
             self.create_lost = True
+            self.creates_given_up += 1
         self.create_requested_hop = hop
         self.create_requested_at = requested_at
         self.create_known_ids = tuple(known_ids)

@@ -337,6 +337,21 @@ def adopt_or_create(eligible_ids: Sequence[str], title: str) -> Accept | Fail | 
     return Create()
 
 
+# Creates an attempt makes while none is confirmed: a create that times out is
+# tried again after its grace (its wait spends no settle budget), at most this often.
+MAX_CREATES = 3
+
+
+def may_create(given_up: int, title: str) -> Fail | Proceed:
+    """Before a create: have too many of this attempt's creates gone unconfirmed?"""
+    if given_up + 1 >= MAX_CREATES:
+        return Fail(
+            FailureReason.EXHAUSTED,
+            f"{given_up + 1} creates titled {title!r} were never confirmed",
+        )
+    return Proceed()
+
+
 def create_answered(answer: str | Failed, parent_id: str) -> Step:
     """What a create call answered: an id to record, or a failure."""
     if isinstance(answer, str):

@@ -210,6 +210,10 @@ class HopRun:
             return None
         if isinstance(step, decide.Fail):
             return self._end(attempt, step)
+        if attempt.create_unresolved:  # giving an unconfirmed create up: at most so often
+            allowed = decide.may_create(attempt.creates_given_up, attempt.title)
+            if isinstance(allowed, decide.Fail):
+                return self._end(attempt, allowed)
         return self._create(attempt, family, slot)
 
     def _is_empty(self, workspace_id: str) -> bool:
@@ -392,7 +396,9 @@ class HopRun:
             ending = decide.defer_or_expire(
                 self.hop,
                 step,
-                in_row=attempt.deferred_in_row,
+                # The family answered in this run: the gateway is up, only this call
+                # went unanswered (a create throttled): the backoff starts again.
+                in_row=0 if self._family is not None else attempt.deferred_in_row,
                 unavailable_since=attempt.unavailable_since,
                 deadline_at=attempt.created_on + timedelta(seconds=settings.deferral.deadline_s),
                 now=self.now,

@@ -193,12 +193,14 @@ def test_create_that_times_out_without_creating_is_retried_on_later_hops_then_fa
     assert service.attempt(attempt_id).failure_reason is FailureReason.EXHAUSTED
     assert upstream(fake, title) == []
     # hop 0 creates; later hops re-list the family and create again only once the
-    # earlier create is older than the grace period (60 s): with backoff 5, 10, 20,
-    # 40, 80 s that is hop 4 (75 s after hop 0's create) and hop 5 (80 s after hop 4's).
+    # earlier create is older than the grace period (60 s), waiting 5 s apart without
+    # spending the settle budget: 12 hops a grace. The third unconfirmed create is the
+    # last (`MAX_CREATES`): the attempt fails then, not at its deadline.
     requested = [
         e.hop for e in service.app.events.get(attempt_id) if type(e).__name__ == "CreateRequested"
     ]  # type: ignore[attr-defined]
-    assert requested == [0, 4, 5]
+    assert requested == [0, 12, 24]
+    assert "3 creates titled" in service.attempt(attempt_id).last_status
     assert creates(fake, title) == 3
 
 

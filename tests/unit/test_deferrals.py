@@ -4,10 +4,12 @@ fails `internal_error`. Against the in-memory gateway and event store."""
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
 from typing import Any
 
 import pytest
+from eventsourcing.persistence import StoredEvent
 
 from domain.attempt import ProvisioningAttempt
 from domain.outcomes import Outcome
@@ -90,8 +92,9 @@ def test_a_deferral_waits_out_the_retry_after_and_a_capped_jittered_backoff(
         delays.append(outcome.delay_s)
 
     assert delays[0] == 40.0  # the gateway's Retry-After beats the 1.5 s backoff
-    # 2 s doubling, capped at 30, each at 0.75 of its step (the jitter given)
-    assert delays[1:] == [3.0, 6.0, 12.0, 22.5, 22.5, 22.5, 22.5, 22.5]
+    # The family answers each time, only the create does not: the gateway is up, so
+    # the backoff does not grow (the first step, at 0.75 of 2 s: the jitter given).
+    assert delays[1:] == [1.5] * 8
     # A create refused (never sent) made nothing: nothing to look for, or owe.
     attempt = service.attempt(attempt_id)
     assert not attempt.create_unresolved
@@ -220,3 +223,46 @@ def test_jittered_delays_share_a_bounded_set_of_wait_queues_and_never_run_early(
         25000,
         3600000,
     ]
+
+
+def test_a_create_throttled_after_the_family_answered_starts_the_backoff_again(
+    service: ProvisioningService, gateway: MemoryGateway, clock: ManualClock
+) -> None:
+    attempt_id = service.request_provisioning("b1", TITLE, PARENT)
+    down(gateway, "family", 4)  # held four times: the backoff grows
+    hop, outcome = 0, service.run_hop(attempt_id, 0)
+    while gateway.fail["family"]:
+        clock.advance(outcome.delay_s or 0)
+        hop += 1
+        outcome = service.run_hop(attempt_id, hop)
+    assert outcome.delay_s == 12.0  # 2 s doubling, the jitter at 0.75
+    gateway.creates = [TransientGatewayError("create: throttled (HTTP 429)", retry_after_s=1.0)]
+    clock.advance(outcome.delay_s or 0)
+
+    throttled = service.run_hop(attempt_id, hop + 1)  # the family answers, the create is 429'd
+
+    assert throttled.outcome is Outcome.DEFERRED
+    assert throttled.delay_s == 1.5  # not 22.5: the gateway is up, only busy
+
+
+def test_deferrals_written_before_spent_existed_still_load_as_spending_nothing(
+    service: ProvisioningService, clock: ManualClock
+) -> None:
+    attempt = ProvisioningAttempt.start("b1", TITLE, PARENT, None, max_hop=3)
+    attempt.schedule_hop(1, clock.now(), "not ready")
+    attempt.schedule_hop(2, clock.now(), "gateway unavailable", deferred=True)
+    app = service.app
+    old = []
+    for event in attempt.collect_events():
+        stored = app.mapper.to_stored_event(event)
+        state = json.loads(stored.state)
+        if "spent" in state:  # as version 2 wrote it
+            del state["spent"]
+            state["class_version"] = 2
+        old.append(StoredEvent(stored.originator_id, stored.originator_version, stored.topic,
+                               json.dumps(state).encode()))  # fmt: skip
+    app.recorder.insert_events(old)
+
+    loaded = service.attempt(attempt.id)
+
+    assert (loaded.settle_hops, loaded.deferrals, loaded.expected_hop) == (1, 1, 2)

@@ -510,6 +510,19 @@ table(
     ),
 )
 
+# Before a create that gives an unconfirmed one up: (given_up, title).
+MAY_CREATE: list[Row] = [
+    (
+        "as many unconfirmed creates as allowed",
+        lambda g, t: g + 1 >= decide.MAX_CREATES,
+        lambda g, t: Fail(
+            FailureReason.EXHAUSTED, f"{g + 1} creates titled {t!r} were never confirmed"
+        ),
+    ),
+    ("fewer: create again", lambda *a: True, lambda *a: Proceed()),
+]
+table("may_create", MAY_CREATE, decide.may_create, [(g, TITLE) for g in range(5)])
+
 # Port failures as values: (exception,).
 EXCEPTIONS: list[Row] = [
     (cls.__name__, lambda e, cls=cls: type(e) is cls, lambda e, kind=kind: Failed(kind, str(e)))
