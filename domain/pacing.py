@@ -10,7 +10,7 @@ sent and reports what came of it to `observe`. Times are seconds on one clock
   call, and a call may go `burst - 1` intervals ahead of it.
 - **No rate configured: learned.** Unlimited until the gateway throttles (429).
   Then the rate is set to `backoff_factor` of what the fleet was sending (at
-  most once a second, however many calls were throttled together) and grows
+  most once per `cut_every_s`, however many calls were throttled together) and grows
   again by `growth_per_s` a second, compounded, without a 429; the next 429
   cuts it again. Grown past `unlimited_above`, it is no limit again. (A steady
   5 % a second finds the limit again within seconds of a cut, where adding a
@@ -45,6 +45,10 @@ class PaceRules:
     open_after: int = 5
     probe_every_s: float = 10.0
     backoff_factor: float = 0.7
+    # One cut per throttling episode: calls admitted before a cut (up to max_wait_s
+    # ahead) still meet the limit after it, and cutting again for them would
+    # compound the cut.
+    cut_every_s: float = 3.0
     growth_per_s: float = 0.05
     min_rate: float = 0.2
     unlimited_above: float = 10_000.0  # a learned rate grown past this is no limit
@@ -174,7 +178,7 @@ def observe(
         return answered, change
     pause = max(retry_after_s, 1.0)  # a 429 without Retry-After still pauses a second
     answered = replace(answered, paused_until=max(state.paused_until, now + pause))
-    if rules.rate is None and now - state.learned_at >= 1.0:
+    if rules.rate is None and now - state.learned_at >= rules.cut_every_s:
         sending = rate_now(rules, state, now) or _sent_rate(state, now)
         learned = max(rules.min_rate, sending * rules.backoff_factor)
         answered = replace(answered, learned=learned, learned_at=now)
