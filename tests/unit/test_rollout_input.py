@@ -1,4 +1,4 @@
-"""The rollout file (`worker.cli_rollout.parse_rollout`): CSV with a header row or
+"""The rollout file (`worker.rollout_input.parse_rollout`): CSV with a header row or
 JSON lines, told apart by the first non-blank line; every bad line reported with
 its number while the others count; a brand_id on two lines refused on both."""
 
@@ -10,7 +10,8 @@ import pytest
 from click.testing import CliRunner
 
 from worker.cli import main
-from worker.cli_rollout import BadLine, Line, Watched, choose, parse_rollout, wait_state
+from worker.cli_rollout import Watched, choose, wait_state
+from worker.rollout_input import BadLine, Line, parse_rollout
 
 HEADER = "brand_id,title,parent\n"
 
