@@ -30,13 +30,10 @@ from worker.cli_read import _Time
 from worker.cli_support import Failed, jsonable, load_settings
 from worker.rollout_input import BadLine, Line, RolloutInput, checked_line, parse_rollout
 
-COLUMNS = ("brand_id", "title", "parent")
 # Where a rollout does nothing: the brand can use its workspace, or an attempt is in flight.
 SKIP_STATUSES = frozenset({"ready", "pending"})
 IN_CHUNK = 500  # ids per `IN (...)` query (well under SQLite's limit on parameters)
 SHOWN = 5  # ids named per list in the summary paragraph (JSON has them all)
-# Any aware time serves to check a line against the message schema.
-_SOME_TIME = datetime(2030, 1, 1, tzinfo=UTC)
 
 
 # --------------------------------------------------------------------------- shared
