@@ -165,6 +165,7 @@ class FakeState:
         self._issued: set[str] = set()
         self.workspaces: dict[str, Workspace] = {}
         self.creates: dict[str, int] = {}
+        self.dropped: dict[str, int] = {}  # per title: creates timed out with nothing made
         self.calls: dict[str, int] = dict.fromkeys(OPERATIONS, 0)
         self.faults: dict[str, int] = {}
         self.scripts: dict[str, str] = {}
@@ -272,6 +273,7 @@ class FakeState:
             return {
                 "workspaces": [self._show(ws) for ws in self.workspaces.values()],
                 "creates": dict(self.creates),
+                "creates_dropped": dict(self.dropped),
                 "calls": dict(self.calls),
                 "calls_total": sum(self.calls.values()),
                 "faults": dict(self.faults),
@@ -286,6 +288,7 @@ class FakeState:
                 wid: ws for wid, ws in self.workspaces.items() if wid in self.parent_ids
             }
             self.creates.clear()
+            self.dropped.clear()
             self.scripts.clear()
             self.calls = dict.fromkeys(OPERATIONS, 0)
             self.faults.clear()
@@ -423,7 +426,9 @@ class FakeState:
                 after = self._chance(cfg.create_timeout_after_create_rate)
                 without = not after and self._chance(cfg.create_timeout_without_create_rate)
             answer: object = None
-            if not without:
+            if without:
+                self.dropped[title] = self.dropped.get(title, 0) + 1
+            else:
                 ws = self._create_child(parent.id, title, resources, script)
                 answer = {"id": ws.id, "status": _recase(NOT_READY, cfg.status_case)}
             if after or without:

@@ -231,6 +231,7 @@ def test_timeout_after_create_drops_the_connection_but_creates(
         create(client, "Brand A")
     assert len(workspaces_titled(fake, "Brand A")) == 1
     assert fake.state()["creates"] == {"Brand A": 1}
+    assert fake.state()["creates_dropped"] == {}
 
 
 def test_timeout_without_create_drops_the_connection_and_creates_nothing(
@@ -243,6 +244,7 @@ def test_timeout_without_create_drops_the_connection_and_creates_nothing(
         create(client, "Brand A")
     assert workspaces_titled(fake, "Brand A") == []
     assert fake.state()["creates"] == {"Brand A": 2}
+    assert fake.state()["creates_dropped"] == {"Brand A": 2}
 
 
 def test_hang_s_holds_the_answer_past_the_read_timeout(fake: FakeGateway) -> None:

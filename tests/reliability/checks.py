@@ -46,13 +46,15 @@ class BrandFacts:
 
 @dataclass(frozen=True)
 class Upstream:
-    """The fake's admin state: workspaces by id, creates per title; and what we knew
-    before the run: the parents as they were, the workspaces we seeded."""
+    """The fake's admin state: workspaces by id, creates per title, creates per
+    title that timed out with nothing made; and what we knew before the run: the
+    parents as they were, the workspaces we seeded."""
 
     workspaces: Mapping[str, Mapping[str, Any]]
     creates: Mapping[str, int]
     parents_before: Mapping[str, Mapping[str, Any]]
     seeded: frozenset[str] = frozenset()
+    dropped: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -245,7 +247,8 @@ def parents_untouched(brands: Iterable[BrandFacts], upstream: Upstream) -> list[
 # may cost an attempt its settle budget.
 EXPLAINED_REASONS = {
     "terminal_status": "its workspace went terminal upstream (a title scripted to)",
-    "exhausted": "a workspace it made never settled (a zombie) or failed creation again",
+    "exhausted": "a workspace it made never settled (a zombie) or failed creation again, "
+    "or the gateway dropped every create it was allowed",
     "ambiguous": "two or more workspaces upstream carry its title (same-title faults)",
 }
 
@@ -255,7 +258,8 @@ def failure_explained(attempt: AttemptFacts, upstream: Upstream) -> bool:
     the fake holds: `terminal_status` needs its candidate terminal upstream
     (`failed`, `error`, `invalid subscription`); `exhausted` one of its own
     workspaces still settling (a zombie never settles) or `creation failed` (a
-    title scripted so is created again and fails again); `ambiguous` at least two
+    title scripted so is created again and fails again), or each of its creates
+    never confirmed dropped by the fake (timed out with nothing made); `ambiguous` at least two
     workspaces of its title besides the parents (only the seeded lookalikes and
     brands sharing a title make those; creates beyond the record are checked apart)."""
     reason = attempt.failure_reason
@@ -269,7 +273,9 @@ def failure_explained(attempt: AttemptFacts, upstream: Upstream) -> bool:
     if reason == "exhausted":
         own = {attempt.candidate_id, *attempt.created_ids} - {None}
         stuck = (StatusClass.SETTLING, StatusClass.CREATION_FAILED)
-        return any(status(ws_id) in stuck for ws_id in own)
+        unconfirmed = attempt.events.count("CreateRequested") - len(attempt.created_ids)
+        dropped = 0 < unconfirmed <= upstream.dropped.get(attempt.title, 0)
+        return dropped or any(status(ws_id) in stuck for ws_id in own)
     if reason == "ambiguous":
         alike = [
             ws_id

@@ -321,6 +321,7 @@ class Run:
             state["creates"],
             self.parents_before,
             frozenset(self.seeded),
+            state["creates_dropped"],
         )
         poisoner = drivers.poisoner
         self.fleet.stop(["fake-gateway"])

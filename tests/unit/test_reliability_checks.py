@@ -249,6 +249,24 @@ def test_exhausted_or_deadline_with_nothing_stuck_upstream_is_unexplained() -> N
     assert not checks.failure_explained(failed("x3", "B", "ambiguous"), facts.upstream)
 
 
+def test_exhausted_after_creates_the_fake_dropped_is_explained_only_by_enough_drops() -> None:
+    """Three creates that each timed out with nothing made exhaust the attempt by
+    design (at most three unconfirmed creates): explained when the fake dropped at
+    least that many creates of the title, not when it dropped fewer."""
+    facts = good()
+    creates = ("CreateRequested",) * 3
+    lost = dataclasses.replace(
+        failed("d1", "D", "exhausted"), events=("Started", *creates, "Failed")
+    )
+    assert not checks.failure_explained(lost, facts.upstream)
+    two = dataclasses.replace(facts.upstream, dropped={"D": 2})
+    assert not checks.failure_explained(lost, two)
+    three = dataclasses.replace(facts.upstream, dropped={"D": 3})
+    assert checks.failure_explained(lost, three)
+    other_title = dataclasses.replace(facts.upstream, dropped={"E": 3})
+    assert not checks.failure_explained(lost, other_title)
+
+
 def test_an_active_brand_not_ready_is_reported_unless_deactivated() -> None:
     facts = good()
     cancelled = AttemptFacts("a2", "A", "cancelled", events=("Started", "Cancelled"))
