@@ -2,7 +2,16 @@
 
 from __future__ import annotations
 
+import re
 from uuid import UUID, uuid5
+
+# What a gateway workspace id may look like (docs/gateway.md): anything else an
+# answer or a message carries is refused before it is stored or acted on.
+GATEWAY_ID = re.compile(r"[A-Za-z0-9._-]{1,128}")
+
+
+def is_gateway_id(value: object) -> bool:
+    return isinstance(value, str) and GATEWAY_ID.fullmatch(value) is not None
 
 # A fixed namespace for this project's name-based ids. Never change it: every
 # stored Brand and WorkspaceClaim id is derived from it.

@@ -7,6 +7,13 @@
 | PROVISIONER_QUEUE_TYPE           | classic (quorum on a cluster)    |
 | PROVISIONER_GATEWAY_URL          | (none)                           |
 | PROVISIONER_GATEWAY_TOKEN        | (none)                           |
+| PROVISIONER_GATEWAY_CA_FILE      | (none: the system's CAs)         |
+| PROVISIONER_GATEWAY_ALLOW_HTTP   | 0 (1: plain http off loopback)   |
+| PROVISIONER_PARENT_IDS           | (required but for the fake)      |
+| PROVISIONER_COMMAND_SKEW_S       | 300 (requested_at in the future) |
+| PROVISIONER_BROKER_CA_FILE       | (none: the system's CAs)         |
+| PROVISIONER_BROKER_CERT_FILE     | (none: no client certificate)    |
+| PROVISIONER_BROKER_KEY_FILE      | (none)                           |
 | PROVISIONER_FAKE_GATEWAY         | 0 (1: the in-process fake)       |
 | PROVISIONER_GATEWAY_TIMEOUT_S    | 10                               |
 | PROVISIONER_BACKOFF_BASE_S       | 5                                |
@@ -28,6 +35,7 @@
 | PROVISIONER_WEB_HOST             | 127.0.0.1 (`provisioner web`)    |
 | PROVISIONER_WEB_PORT             | 8080                             |
 | PROVISIONER_WEB_TOKEN            | (none: the web view is open)     |
+| PROVISIONER_WEB_ALLOW_OPEN       | 0 (1: no token off loopback)     |
 
 Every value is checked here, before anything connects: a bad one raises
 `ConfigurationError` with one line naming the variable. A variable that is set
@@ -43,6 +51,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
+from domain.ids import GATEWAY_ID
 from domain.pacing import PaceRules
 from domain.policies import Backoff, Deferral
 from infrastructure.eventstore import DATABASE_SCHEMES, check_database_url
@@ -155,6 +164,40 @@ def check_token(key: str, token: str) -> str:
     return token
 
 
+def _file(env: Mapping[str, str], key: str) -> str | None:
+    """A path to a readable file (a CA bundle, a certificate, a key), or None."""
+    path = _raw(env, key)
+    if path is not None and not os.path.isfile(path):
+        raise SettingsError(f"{key} names {path!r}, which is not a readable file")
+    return path
+
+
+def _parent_ids(env: Mapping[str, str]) -> tuple[str, ...] | None:
+    """PROVISIONER_PARENT_IDS: the comma-separated parents the service may act under."""
+    raw = _raw(env, "PROVISIONER_PARENT_IDS")
+    if raw is None:
+        return None
+    ids = tuple(dict.fromkeys(part.strip() for part in raw.split(",") if part.strip()))
+    bad = [i for i in ids if not GATEWAY_ID.fullmatch(i)]
+    if not ids or bad:
+        raise SettingsError(
+            "PROVISIONER_PARENT_IDS must be comma-separated gateway ids "
+            f"([A-Za-z0-9._-], 1 to 128 characters), got {raw!r}"
+        )
+    return ids
+
+
+def is_loopback(host: str | None) -> bool:
+    if not host:
+        return False
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
 def _web_token(env: Mapping[str, str]) -> str | None:
     token = _raw(env, "PROVISIONER_WEB_TOKEN")
     return None if token is None else check_token("PROVISIONER_WEB_TOKEN", token)
@@ -179,6 +222,13 @@ class Settings:
     queue_type: str = "classic"
     gateway_url: str | None = None
     gateway_token: str | None = field(default=None, repr=False)
+    gateway_ca_file: str | None = None
+    gateway_allow_http: bool = False
+    parent_ids: tuple[str, ...] | None = None
+    command_skew_s: float = 300.0
+    broker_ca_file: str | None = None
+    broker_cert_file: str | None = None
+    broker_key_file: str | None = None
     fake_gateway: bool = False
     gateway_timeout_s: float = 10.0
     backoff_base_s: float = 5.0
@@ -200,6 +250,7 @@ class Settings:
     web_host: str = "127.0.0.1"
     web_port: int = 8080
     web_token: str | None = field(default=None, repr=False)
+    web_allow_open: bool = False
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -226,6 +277,15 @@ class Settings:
             queue_type=_choice(env, "PROVISIONER_QUEUE_TYPE", ("classic", "quorum")),
             gateway_url=gateway_url,
             gateway_token=token,
+            gateway_ca_file=_file(env, "PROVISIONER_GATEWAY_CA_FILE"),
+            gateway_allow_http=_flag(env, "PROVISIONER_GATEWAY_ALLOW_HTTP"),
+            parent_ids=_parent_ids(env),
+            command_skew_s=_number(
+                env, "PROVISIONER_COMMAND_SKEW_S", 300.0, low=0, high=86400 * 7
+            ),
+            broker_ca_file=_file(env, "PROVISIONER_BROKER_CA_FILE"),
+            broker_cert_file=_file(env, "PROVISIONER_BROKER_CERT_FILE"),
+            broker_key_file=_file(env, "PROVISIONER_BROKER_KEY_FILE"),
             fake_gateway=_flag(env, FAKE_SWITCH),
             gateway_timeout_s=_number(
                 env, "PROVISIONER_GATEWAY_TIMEOUT_S", 10.0, low=0, high=600, above=True
@@ -277,11 +337,25 @@ class Settings:
                 _number(env, "PROVISIONER_WEB_PORT", 8080, low=1, high=65535, integer=True)
             ),
             web_token=_web_token(env),
+            web_allow_open=_flag(env, "PROVISIONER_WEB_ALLOW_OPEN"),
         )
         if settings.fake_gateway and settings.gateway_url is not None:
             raise SettingsError(
                 f"{FAKE_SWITCH}=1 and PROVISIONER_GATEWAY_URL are both set: choose one"
             )
+        if (settings.broker_cert_file is None) != (settings.broker_key_file is None):
+            raise SettingsError(
+                "PROVISIONER_BROKER_CERT_FILE and PROVISIONER_BROKER_KEY_FILE go together: "
+                "set both for a client certificate, or neither"
+            )
+        if gateway_url is not None and not settings.gateway_allow_http:
+            where = urlsplit(gateway_url)
+            if where.scheme.lower() == "http" and not is_loopback(where.hostname):
+                raise SettingsError(
+                    f"PROVISIONER_GATEWAY_URL is plain http to {where.hostname}: the token "
+                    "would cross the network in clear; use https://, or set "
+                    "PROVISIONER_GATEWAY_ALLOW_HTTP=1 if this network is trusted"
+                )
         if settings.create_grace_s <= settings.gateway_timeout_s:
             raise SettingsError(
                 f"PROVISIONER_CREATE_GRACE_S ({settings.create_grace_s:g}) must be longer than "
