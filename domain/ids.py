@@ -13,6 +13,7 @@ GATEWAY_ID = re.compile(r"[A-Za-z0-9._-]{1,128}")
 def is_gateway_id(value: object) -> bool:
     return isinstance(value, str) and GATEWAY_ID.fullmatch(value) is not None
 
+
 # A fixed namespace for this project's name-based ids. Never change it: every
 # stored Brand and WorkspaceClaim id is derived from it.
 NAMESPACE = UUID("6f1c7d2e-3b7a-5f43-9a0e-2c41d8e7b915")

@@ -280,9 +280,7 @@ class Settings:
             gateway_ca_file=_file(env, "PROVISIONER_GATEWAY_CA_FILE"),
             gateway_allow_http=_flag(env, "PROVISIONER_GATEWAY_ALLOW_HTTP"),
             parent_ids=_parent_ids(env),
-            command_skew_s=_number(
-                env, "PROVISIONER_COMMAND_SKEW_S", 300.0, low=0, high=86400 * 7
-            ),
+            command_skew_s=_number(env, "PROVISIONER_COMMAND_SKEW_S", 300.0, low=0, high=86400 * 7),
             broker_ca_file=_file(env, "PROVISIONER_BROKER_CA_FILE"),
             broker_cert_file=_file(env, "PROVISIONER_BROKER_CERT_FILE"),
             broker_key_file=_file(env, "PROVISIONER_BROKER_KEY_FILE"),
