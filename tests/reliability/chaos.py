@@ -106,6 +106,7 @@ class WorkerKiller(Driver):
     ) -> None:
         super().__init__("worker-killer", stop, rng)
         self.fleet, self.workers = fleet, workers
+        self.times: list[float] = []
 
     def pause(self) -> float:
         return self.rng.uniform(2.0, 5.0)
@@ -113,6 +114,7 @@ class WorkerKiller(Driver):
     def act(self) -> None:
         self.fleet.kill_and_restart(self.rng.choice(self.workers))
         self.count += 1
+        self.times.append(time.time())  # wall clock: compared with event timestamps
 
 
 class BackendTerminator(Driver):

@@ -33,6 +33,7 @@ class AttemptFacts:
     events: tuple[str, ...] = ()  # event class names, in order
     failure_message: str | None = None
     deferrals: int = 0  # hops the gateway did not answer (HopScheduled.deferred)
+    create_times: tuple[float, ...] = ()  # CreateRequested timestamps (epoch seconds)
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,23 @@ class Upstream:
     parents_before: Mapping[str, Mapping[str, Any]]
     seeded: frozenset[str] = frozenset()
     dropped: Mapping[str, int] = field(default_factory=dict)
+    kills: tuple[float, ...] = ()  # when the run SIGKILLed a worker (epoch seconds)
+
+
+# A create is cut by a worker kill that falls this soon after it was recorded: the
+# run's gateway timeout (1.5 s) plus the longest the pace holds a create (10 s).
+KILL_WINDOW_S = 11.5
+
+
+def creates_lost(attempt: AttemptFacts, upstream: Upstream) -> int:
+    """How many of the attempt's creates the run's faults can account for losing:
+    those the fake dropped (timed out with nothing made) for its title, and those
+    a worker kill may have cut before they were sent."""
+    cut = sum(
+        any(0 <= kill - at <= KILL_WINDOW_S for kill in upstream.kills)
+        for at in attempt.create_times
+    )
+    return upstream.dropped.get(attempt.title, 0) + cut
 
 
 @dataclass(frozen=True)
@@ -248,7 +266,7 @@ def parents_untouched(brands: Iterable[BrandFacts], upstream: Upstream) -> list[
 EXPLAINED_REASONS = {
     "terminal_status": "its workspace went terminal upstream (a title scripted to)",
     "exhausted": "a workspace it made never settled (a zombie) or failed creation again, "
-    "or the gateway dropped every create it was allowed",
+    "or the fake dropped or a worker kill cut every create it was allowed",
     "ambiguous": "two or more workspaces upstream carry its title (same-title faults)",
 }
 
@@ -258,8 +276,8 @@ def failure_explained(attempt: AttemptFacts, upstream: Upstream) -> bool:
     the fake holds: `terminal_status` needs its candidate terminal upstream
     (`failed`, `error`, `invalid subscription`); `exhausted` one of its own
     workspaces still settling (a zombie never settles) or `creation failed` (a
-    title scripted so is created again and fails again), or each of its creates
-    never confirmed dropped by the fake (timed out with nothing made); `ambiguous` at least two
+    title scripted so is created again and fails again), or its creates never
+    confirmed no more than the run lost (`creates_lost`); `ambiguous` at least two
     workspaces of its title besides the parents (only the seeded lookalikes and
     brands sharing a title make those; creates beyond the record are checked apart)."""
     reason = attempt.failure_reason
@@ -274,8 +292,8 @@ def failure_explained(attempt: AttemptFacts, upstream: Upstream) -> bool:
         own = {attempt.candidate_id, *attempt.created_ids} - {None}
         stuck = (StatusClass.SETTLING, StatusClass.CREATION_FAILED)
         unconfirmed = attempt.events.count("CreateRequested") - len(attempt.created_ids)
-        dropped = 0 < unconfirmed <= upstream.dropped.get(attempt.title, 0)
-        return dropped or any(status(ws_id) in stuck for ws_id in own)
+        lost = 0 < unconfirmed <= creates_lost(attempt, upstream)
+        return lost or any(status(ws_id) in stuck for ws_id in own)
     if reason == "ambiguous":
         alike = [
             ws_id

@@ -44,6 +44,9 @@ def attempt_facts(app: ProvisionerApplication, attempt_id: Any) -> AttemptFacts:
         events=tuple(type(e).__name__ for e in events),
         failure_message=attempt.last_status if attempt.failure_reason else None,
         deferrals=attempt.deferrals,
+        create_times=tuple(
+            e.timestamp.timestamp() for e in events if type(e).__name__ == "CreateRequested"
+        ),
     )
 
 

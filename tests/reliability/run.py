@@ -322,6 +322,7 @@ class Run:
             self.parents_before,
             frozenset(self.seeded),
             state["creates_dropped"],
+            tuple(drivers.killer.times),
         )
         poisoner = drivers.poisoner
         self.fleet.stop(["fake-gateway"])

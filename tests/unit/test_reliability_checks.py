@@ -249,22 +249,26 @@ def test_exhausted_or_deadline_with_nothing_stuck_upstream_is_unexplained() -> N
     assert not checks.failure_explained(failed("x3", "B", "ambiguous"), facts.upstream)
 
 
-def test_exhausted_after_creates_the_fake_dropped_is_explained_only_by_enough_drops() -> None:
-    """Three creates that each timed out with nothing made exhaust the attempt by
-    design (at most three unconfirmed creates): explained when the fake dropped at
-    least that many creates of the title, not when it dropped fewer."""
+def test_exhausted_after_lost_creates_is_explained_only_by_as_many_losses() -> None:
+    """Three creates never confirmed exhaust the attempt by design (at most three
+    unconfirmed creates): explained when the fake dropped, or a worker kill soon
+    after cut, at least as many of them; not by fewer, another title's drops, or a
+    kill before a create or long after it."""
     facts = good()
-    creates = ("CreateRequested",) * 3
     lost = dataclasses.replace(
-        failed("d1", "D", "exhausted"), events=("Started", *creates, "Failed")
+        failed("d1", "D", "exhausted"),
+        events=("Started", *("CreateRequested",) * 3, "Failed"),
+        create_times=(100.0, 130.0, 160.0),
     )
-    assert not checks.failure_explained(lost, facts.upstream)
-    two = dataclasses.replace(facts.upstream, dropped={"D": 2})
-    assert not checks.failure_explained(lost, two)
-    three = dataclasses.replace(facts.upstream, dropped={"D": 3})
-    assert checks.failure_explained(lost, three)
-    other_title = dataclasses.replace(facts.upstream, dropped={"E": 3})
-    assert not checks.failure_explained(lost, other_title)
+    up = facts.upstream
+    assert not checks.failure_explained(lost, up)
+    assert not checks.failure_explained(lost, dataclasses.replace(up, dropped={"D": 2}))
+    assert checks.failure_explained(lost, dataclasses.replace(up, dropped={"D": 3}))
+    assert not checks.failure_explained(lost, dataclasses.replace(up, dropped={"E": 3}))
+    two_cut = dataclasses.replace(up, dropped={"D": 1}, kills=(100.3, 131.0))
+    assert checks.failure_explained(lost, two_cut)
+    wrong_times = dataclasses.replace(up, dropped={"D": 1}, kills=(99.0, 130.0 + 30))
+    assert not checks.failure_explained(lost, wrong_times)
 
 
 def test_an_active_brand_not_ready_is_reported_unless_deactivated() -> None:
