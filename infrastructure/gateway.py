@@ -15,14 +15,16 @@ what happened                              create_child (POST)     status / fami
 2xx                                        the ``id`` as str       the parsed answer
                                            ("" if missing/null)
 2xx whose body is not the contract's       MalformedAnswer         MalformedAnswer
-shape (not JSON, wrong type)
+shape (not JSON, too deeply nested, wrong
+type, an id not matching ``GATEWAY_ID``)
 never sent: ConnectError, ConnectTimeout,  TransientGatewayError   retried, then
 PoolTimeout, UnsupportedProtocol,                                  TransientGatewayError
 ProxyError, LocalProtocolError, or held
 back by the pace (not retried)
 sent, then timeout / dropped connection /  AmbiguousCreate         retried, then
 RemoteProtocolError (any TransportError)                           TransientGatewayError
-answer unreadable (DecodingError, ...)     AmbiguousCreate         MalformedAnswer
+answer unreadable (DecodingError, larger   AmbiguousCreate         MalformedAnswer
+than its cap, compressed)
 429                                        TransientGatewayError   TransientGatewayError
                                            (nothing created)       (not retried)
 5xx                                        AmbiguousCreate         retried, then
@@ -54,6 +56,16 @@ the request), and every text taken from the wire is scrubbed of the token:
 error texts and statuses have it replaced, an id carrying it is refused as
 `MalformedAnswer` (an id is stored and called back, so it cannot be altered).
 
+Answers are bounded: the body is read a chunk at a time and refused once past
+its cap (`_ANSWER_MAX`, 1 MiB; a family listing `_FAMILY_ANSWER_MAX`, 4 MiB),
+so an oversize answer is never held whole. We ask for ``Accept-Encoding:
+identity`` and refuse a compressed body unread: httpx would inflate each
+network chunk whole, so one gzip bomb chunk could take gigabytes before any cap
+saw it. A family listing of more than `_FAMILY_MAX` (10,000) entries is
+malformed. Every id taken from an answer must match ``domain.ids.GATEWAY_ID``;
+a create answer's other fields are not read, so nothing else in it can lose
+the id of what it created.
+
 Path segments (ids) are percent-encoded; an id made only of dots is encoded
 too (``%2E``) so it cannot become a ``..`` segment, and an empty id is refused
 up front with `RequestRejected`.
@@ -73,6 +85,7 @@ from urllib.parse import quote
 
 import httpx
 
+from domain.ids import GATEWAY_ID, is_gateway_id
 from domain.pacing import Result
 from domain.ports import (
     AmbiguousCreate,
@@ -93,7 +106,9 @@ log = logging.getLogger(__name__)
 
 _SUMMARY_MAX = 200
 _RETRY_AFTER_CAP_S = 3600.0  # a Retry-After beyond an hour is not believed
-_ANSWER_MAX = 16 * 1024 * 1024  # decoded; no gateway answer we read is anywhere near this
+_ANSWER_MAX = 1024 * 1024  # bytes; a status or a create answer is under 1 KiB
+_FAMILY_ANSWER_MAX = 4 * 1024 * 1024  # a family listing of up to _FAMILY_MAX entries
+_FAMILY_MAX = 10_000  # entries of one family listing (the parent and its children)
 
 # Raised before the request left the client: nothing can have happened upstream.
 _NOT_SENT: tuple[type[httpx.HTTPError], ...] = (
@@ -115,9 +130,13 @@ class _Failure:
     retry_after_s: float = 0.0  # "held": when the pace lets it go
 
 
+class _Unreadable(Exception):
+    """An answer refused while it was read: over its cap, or compressed."""
+
+
 @dataclass(frozen=True, slots=True)
 class _Answer:
-    """An HTTP answer, body read and decoded (Content-Encoding undone)."""
+    """An HTTP answer, body read (never compressed: see `_read_capped`)."""
 
     status_code: int
     content: bytes
@@ -125,7 +144,11 @@ class _Answer:
     encoding: str = "utf-8"
 
     def json(self) -> Any:
-        return jsonlib.loads(self.content)
+        """The body as JSON; ValueError for anything else (not UTF-8, nested too deeply)."""
+        try:
+            return jsonlib.loads(self.content)
+        except RecursionError:
+            raise ValueError("nested too deeply") from None
 
     def body_text(self) -> str:
         try:
@@ -175,7 +198,7 @@ class HttpGateway:
             headers={
                 "Authorization": f"Bearer {token}",
                 "Accept": "application/json",
-                "Accept-Encoding": "gzip, deflate",
+                "Accept-Encoding": "identity",  # see _read_capped
                 "User-Agent": "provisioner",
             },
             timeout=httpx.Timeout(read_timeout, connect=connect_timeout),
@@ -220,6 +243,7 @@ class HttpGateway:
             body = self._json(outcome, op)
             if not isinstance(body, dict):
                 raise MalformedAnswer(f"{op}: expected a JSON object")
+            # Only the id is read: a malformed status beside it cannot lose what was made.
             return self._field(body.get("id"), op, "id")
         if code in (401, 403):
             raise Unauthorized(f"{op}: credentials refused (HTTP {code})")
@@ -243,9 +267,12 @@ class HttpGateway:
 
     def family(self, parent_id: str, title: str | None = None) -> list[FamilyMember]:
         op = "family"
-        body = self._read_json(op, f"/v1/workspaces/{_seg(parent_id)}/family")
+        path = f"/v1/workspaces/{_seg(parent_id)}/family"
+        body = self._read_json(op, path, limit=_FAMILY_ANSWER_MAX)
         if not isinstance(body, list):
             raise MalformedAnswer(f"{op}: expected a bare JSON array")
+        if len(body) > _FAMILY_MAX:
+            raise MalformedAnswer(f"{op}: {len(body)} entries, more than {_FAMILY_MAX}")
         members: list[FamilyMember] = []
         for entry in body:
             if not isinstance(entry, dict):
@@ -286,20 +313,27 @@ class HttpGateway:
 
     # -- plumbing ---------------------------------------------------------------
 
-    def _read_json(self, op: str, path: str, params: dict[str, str] | None = None) -> Any:
-        response = self._with_retries(op, "GET", path, params)
+    def _read_json(
+        self, op: str, path: str, params: dict[str, str] | None = None, limit: int = 0
+    ) -> Any:
+        response = self._with_retries(op, "GET", path, params, limit)
         if response.status_code == 404:
             raise WorkspaceGone(f"{op}: workspace not found (HTTP 404)")
         return self._json(response, op)
 
     def _with_retries(
-        self, op: str, method: str, path: str, params: dict[str, str] | None = None
+        self,
+        op: str,
+        method: str,
+        path: str,
+        params: dict[str, str] | None = None,
+        limit: int = 0,
     ) -> _Answer:
         """Send a read or delete; return a 2xx or 404 response, or raise."""
         attempts = self._retries + 1
         last = ""
         for n in range(attempts):
-            outcome = self._attempt(op, method, path, params=params)
+            outcome = self._attempt(op, method, path, params=params, limit=limit)
             delay = self._backoff_s * 2**n
             if isinstance(outcome, _Failure):
                 if outcome.kind == "unreadable":
@@ -337,10 +371,12 @@ class HttpGateway:
         *,
         params: dict[str, str] | None = None,
         json: dict[str, Any] | None = None,
+        limit: int = 0,
     ) -> _Answer | _Failure:
-        """One request. A failure comes back as a value so that the domain error
-        is raised outside this ``except`` and never chains the httpx exception
-        (which holds the request and its headers)."""
+        """One request, its answer read up to `limit` bytes (0: `_ANSWER_MAX`). A
+        failure comes back as a value so that the domain error is raised outside
+        this ``except`` and never chains the httpx exception (which holds the
+        request and its headers)."""
         if self._closed:
             raise RuntimeError("the gateway client has been closed")
         content = None
@@ -352,7 +388,7 @@ class HttpGateway:
         if pace is not None and (held := pace.before(create=method == "POST")) is not None:
             return _Failure("held", held.why, held.wait_s)
         started = time.monotonic()
-        outcome = self._send(method, path, params, content, headers)
+        outcome = self._send(method, path, params, content, headers, limit=limit or _ANSWER_MAX)
         code = outcome.status_code if isinstance(outcome, _Answer) else None
         if self._observe is not None:
             self._observe(op, code, time.monotonic() - started)
@@ -371,18 +407,22 @@ class HttpGateway:
         params: dict[str, str] | None,
         content: bytes | None,
         headers: dict[str, str] | None,
+        *,
+        limit: int,
     ) -> _Answer | _Failure:
         try:
             with self._client.stream(
                 method, path, params=params, content=content, headers=headers
             ) as response:
-                body = _read_capped(response)
+                body = _read_capped(response, limit)
             return _Answer(
                 response.status_code,
                 body,
                 response.headers.get("Retry-After", ""),
                 response.charset_encoding or "utf-8",
             )
+        except _Unreadable as exc:
+            return _Failure("unreadable", str(exc))
         except _NOT_SENT as exc:
             return _Failure("not_sent", self._describe(exc))
         except httpx.TransportError as exc:  # includes every other timeout
@@ -397,7 +437,7 @@ class HttpGateway:
     def _json(self, response: _Answer, op: str) -> Any:
         try:
             return response.json()
-        except ValueError:  # JSONDecodeError and UnicodeDecodeError
+        except ValueError:  # JSONDecodeError, UnicodeDecodeError, nested too deeply
             pass
         raise MalformedAnswer(f"{op}: the answer is not JSON (HTTP {response.status_code})")
 
@@ -424,9 +464,15 @@ class HttpGateway:
 
         A status or title that carries the token is scrubbed of it (it is only
         read and recorded). An id that carries it is refused: an id is called
-        back and bound, so it cannot be altered, and it must not be stored.
+        back and bound, so it cannot be altered, and it must not be stored. A
+        non-empty id must match `GATEWAY_ID` (it is not quoted in the error:
+        it may be long or hold terminal escapes).
         """
         text = _text(value, op, field)
+        if field == "id" and text and not is_gateway_id(text):
+            raise MalformedAnswer(
+                f"{op}: an id of {len(text)} characters not matching {GATEWAY_ID.pattern}"
+            )
         if self._token not in text:
             return text
         if field == "id":
@@ -474,13 +520,24 @@ def _retry_after(response: _Answer) -> float:
     return min(seconds, _RETRY_AFTER_CAP_S)
 
 
-def _read_capped(response: httpx.Response) -> bytes:
-    """The decoded body, refused past `_ANSWER_MAX` bytes (as a broken answer)."""
+def _read_capped(response: httpx.Response, limit: int) -> bytes:
+    """The body, read a network chunk (at most 64 KiB) at a time and refused once past
+    `limit` bytes. A compressed body is refused unread: we ask for identity, and
+    httpx inflates a chunk whole before any cap sees it (a gzip bomb). An answer
+    that can have no body (204, 304, `Content-Length: 0`) passes whatever its coding."""
+    codings = [
+        coding
+        for coding in response.headers.get_list("Content-Encoding", split_commas=True)
+        if coding.strip().lower() not in ("", "identity")
+    ]
+    empty = response.status_code in (204, 304) or response.headers.get("Content-Length") == "0"
+    if codings and not empty:
+        raise _Unreadable("a compressed answer (Content-Encoding), though identity was asked")
     chunks: list[bytes] = []
     size = 0
     for chunk in response.iter_bytes():
         size += len(chunk)
-        if size > _ANSWER_MAX:
-            raise httpx.RemoteProtocolError(f"answer larger than {_ANSWER_MAX} bytes")
+        if size > limit:
+            raise _Unreadable(f"an answer larger than {limit} bytes")
         chunks.append(chunk)
     return b"".join(chunks)

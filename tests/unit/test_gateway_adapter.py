@@ -342,6 +342,184 @@ def test_empty_id_is_refused_without_a_call(make: Make) -> None:
     assert rec.count == 0
 
 
+# -- what an answer may hold: ids, sizes, codings, nesting ----------------------------
+
+LONGEST_ID = "w" * 128
+
+
+@pytest.mark.parametrize(
+    "bad_id",
+    [
+        "w" * 129,
+        "w" * 65536,
+        "ws 1",
+        "ws/1",
+        "ws\x1b[31m",
+        "ws\x07",
+        "ws\n1",
+        "wé",
+        "ws:1",
+        10**200,
+    ],
+)
+def test_an_id_outside_the_gateway_id_pattern_is_malformed(make: Make, bad_id: object) -> None:
+    gateway, _ = make(
+        ok({"id": bad_id}),
+        ok([{"id": bad_id, "title": "T", "status": "created"}]),
+        ok({"items": [{"id": bad_id}]}),
+    )
+    for call in (
+        lambda: gateway.create_child(PARENT, "T"),
+        lambda: gateway.family(PARENT, "T"),
+        lambda: gateway.list_projects("ws-1"),
+    ):
+        with pytest.raises(MalformedAnswer, match="not matching") as raised:
+            call()
+        assert "\x1b" not in str(raised.value)
+        assert len(str(raised.value)) < 200  # the id is not quoted back
+
+
+def test_ids_the_pattern_allows_are_taken(make: Make) -> None:
+    gateway, _ = make(
+        ok({"id": LONGEST_ID}),
+        ok([{"id": "A-z_0.9", "title": "T", "status": "created"}]),
+    )
+    assert gateway.create_child(PARENT, "T") == LONGEST_ID
+    assert [m.id for m in gateway.family(PARENT)] == ["A-z_0.9"]
+
+
+def test_a_bad_id_under_another_title_is_not_read(make: Make) -> None:
+    listing = [{"id": "ws\x1b", "title": "Other", "status": "x"}, {"id": "ws-1", "title": "T"}]
+    gateway, _ = make(ok(listing))
+    assert [m.id for m in gateway.family(PARENT, "T")] == ["ws-1"]
+
+
+def test_a_create_answer_keeps_its_id_whatever_else_it_holds(make: Make) -> None:
+    # Only the id is read: a malformed status or title cannot lose what was created.
+    gateway, _ = make(ok({"id": "ws-9", "status": {"not": "a string"}, "title": [7], "x": None}))
+    assert gateway.create_child(PARENT, "T") == "ws-9"
+
+
+def test_a_created_id_is_on_record_though_the_rest_of_the_answers_is_malformed() -> None:
+    from infrastructure.eventstore import open_event_store
+    from infrastructure.service import ProvisioningService
+    from tests.conftest import ManualClock
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        path = request.url.path
+        if path.endswith("/family"):
+            return ok([{"id": PARENT, "title": "parent", "status": "active"}])
+        if path.endswith("/child"):
+            return ok({"id": "ws-9", "status": 42}, status=201)
+        return ok({"status": {"nested": "not a status"}})  # the first poll
+
+    gateway = HttpGateway(BASE, TOKEN, retries=0, transport=httpx.MockTransport(answer))
+    service = ProvisioningService(open_event_store("memory://"), gateway, ManualClock())
+    try:
+        attempt_id = service.request_provisioning("b1", "Acme", PARENT)
+        outcome = service.run_hop(attempt_id, 0)
+    finally:
+        gateway.close()
+    attempt = service.attempt(attempt_id)
+    assert attempt.candidate_id == "ws-9"
+    assert "ws-9" in attempt.created_ids
+    assert outcome.next_hop == 1  # the status was unreadable: polled again later
+    events = [type(e).__name__ for e in service.attempt_history(attempt_id)]
+    assert events[:3] == ["Started", "CreateRequested", "CandidateAccepted"]
+
+
+def _sized(size: int) -> bytes:
+    """A JSON status answer of exactly `size` bytes."""
+    head, tail = b'{"status": "', b'"}'
+    return head + b"x" * (size - len(head) - len(tail)) + tail
+
+
+def test_answers_over_their_cap_are_malformed(make: Make) -> None:
+    cap, family_cap = gateway_module._ANSWER_MAX, gateway_module._FAMILY_ANSWER_MAX
+    assert (cap, family_cap) == (1024 * 1024, 4 * 1024 * 1024)
+    member = b'{"id": "ws-1", "title": "T", "status": "' + b"s" * 1000 + b'"},'
+    listing = b"[" + member * (2 * cap // len(member)) + member[:-1] + b"]"  # over 1 MiB
+    gateway, rec = make(
+        httpx.Response(200, content=_sized(cap)),
+        httpx.Response(200, content=_sized(cap + 1)),
+        httpx.Response(200, content=listing),
+        httpx.Response(200, content=b"[" + member * (family_cap // len(member) + 1) + b"]"),
+    )
+    assert len(gateway.status("ws-1")) > cap - 20
+    with pytest.raises(MalformedAnswer, match="larger than"):
+        gateway.status("ws-1")
+    assert len(gateway.family(PARENT, "T")) > 1000  # a listing has a larger cap
+    with pytest.raises(MalformedAnswer, match=f"larger than {family_cap} bytes"):
+        gateway.family(PARENT, "T")
+    assert rec.count == 4  # never retried
+
+
+def test_a_family_of_more_than_its_cap_of_entries_is_malformed(make: Make) -> None:
+    most = gateway_module._FAMILY_MAX
+    entry = {"id": "ws-1", "title": "Other", "status": "created"}
+    gateway, _ = make(ok([entry] * most), ok([entry] * (most + 1)))
+    assert gateway.family(PARENT, "T") == []
+    with pytest.raises(MalformedAnswer, match=f"more than {most}"):
+        gateway.family(PARENT, "T")
+
+
+def _coded(coding: str, body: bytes, status: int = 200) -> httpx.Response:
+    """An answer whose body is not read in advance by httpx (as from the network)."""
+    return httpx.Response(
+        status, headers={"Content-Encoding": coding}, stream=httpx.ByteStream(body)
+    )
+
+
+_BOMB = gzip.compress(b"0" * (64 * 1024 * 1024))  # 64 MiB of digits in about 64 KiB
+
+
+@pytest.mark.parametrize("coding", ["gzip", "deflate", "br", "gzip, gzip", "x-unknown"])
+def test_a_compressed_answer_is_refused_unread(make: Make, coding: str) -> None:
+    gateway, rec = make(_coded(coding, _BOMB), _coded(coding, _BOMB, 201))
+    with pytest.raises(MalformedAnswer, match="compressed"):
+        gateway.status("ws-1")
+    with pytest.raises(AmbiguousCreate, match="compressed"):  # may have been made: recovered
+        gateway.create_child(PARENT, "T")
+    assert rec.requests[0].headers["accept-encoding"] == "identity"
+
+
+def test_an_answer_coded_identity_or_with_no_body_is_read(make: Make) -> None:
+    gateway, _ = make(_coded("identity", b'{"status": "created"}'), _coded("gzip", b"", 204))
+    assert gateway.status("ws-1") == "created"
+    gateway.delete_project("ws-1", "p-1")
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        b"[" * 100_000 + b"]" * 100_000,
+        b'{"id": ' * 50_000 + b'"x"' + b"}" * 50_000,
+        b'{"status": "\xff\xfe"}',
+        b'{"status": "created"',
+        b'{"id": 1e999999, "status": 1e999999}',
+        b'{"status": ' + b"9" * 5000 + b"}",
+        b"\x00\x01\x02",
+    ],
+    ids=["deep-array", "deep-object", "not-utf8", "cut", "huge-float", "huge-int", "binary"],
+)
+def test_an_answer_that_does_not_decode_is_malformed(make: Make, content: bytes) -> None:
+    gateway, _ = make(httpx.Response(200, content=content))
+    for call in (
+        lambda: gateway.status("ws-1"),
+        lambda: gateway.family(PARENT),
+        lambda: gateway.list_projects("ws-1"),
+        lambda: gateway.create_child(PARENT, "T"),
+    ):
+        with pytest.raises(MalformedAnswer):
+            call()
+
+
+def test_a_rejection_nested_too_deeply_still_reads_as_a_rejection(make: Make) -> None:
+    gateway, _ = make(httpx.Response(409, content=b"[" * 100_000))
+    with pytest.raises(RequestRejected, match=r"HTTP 409: \[\[\["):
+        gateway.create_child(PARENT, "T")
+
+
 # -- create: never retried; the failure table -----------------------------------------
 
 
@@ -757,9 +935,12 @@ def test_over_loopback_sends_the_contract_request() -> None:
     assert json.loads(body) == {"title": "Brand é", "resources": {}}
 
 
-def test_over_loopback_undoes_gzip_and_reads_retry_after() -> None:
+def test_over_loopback_reads_retry_after_and_refuses_gzip_it_did_not_ask_for() -> None:
+    asked: list[bytes] = []
+
     def script(conn: socket.socket, n: int) -> None:
-        while _read_request(conn):
+        while request := _read_request(conn):
+            asked.append(request)
             if n == 1:
                 conn.sendall(
                     b"HTTP/1.1 429 Too Many Requests\r\nRetry-After: 0.25\r\n"
@@ -778,8 +959,10 @@ def test_over_loopback_undoes_gzip_and_reads_retry_after() -> None:
         with pytest.raises(TransientGatewayError) as raised:
             gateway.status("ws-1")
         assert raised.value.retry_after_s == 0.25
-        assert gateway.status("ws-1") == "created"
+        with pytest.raises(MalformedAnswer, match="compressed"):
+            gateway.status("ws-1")
     server.close()
+    assert all(b"\r\naccept-encoding: identity\r\n" in r.lower() for r in asked)
 
 
 @pytest.mark.parametrize(
@@ -845,12 +1028,34 @@ def test_over_loopback_refuses_an_answer_over_its_size_limit(
         _answer(conn, b'{"status": "' + b"x" * 2000 + b'"}')
 
     server = _OneShotServer(script)
+    with HttpGateway(server.url, TOKEN, retries=2) as gateway:
+        with pytest.raises(MalformedAnswer, match="larger than 1000 bytes"):
+            gateway.status("ws-1")
+        with pytest.raises(AmbiguousCreate, match="larger than 1000 bytes"):
+            gateway.create_child(PARENT, "T")  # it may have been made: recovered
+    server.close()
+    assert server.connections == 2  # a read refused so is not retried
+
+
+def test_over_loopback_an_endless_answer_is_never_read_whole() -> None:
+    sent: list[int] = [0]
+
+    def script(conn: socket.socket, _n: int) -> None:
+        _read_request(conn)
+        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 1000000000\r\n\r\n[")
+        with contextlib.suppress(OSError):  # until the client hangs up
+            while sent[0] < 1_000_000_000:
+                conn.sendall(b"1," * 32768)
+                sent[0] += 65536
+
+    server = _OneShotServer(script)
     with (
         HttpGateway(server.url, TOKEN, retries=0) as gateway,
-        pytest.raises(TransientGatewayError, match="RemoteProtocolError"),
+        pytest.raises(MalformedAnswer, match=f"larger than {gateway_module._ANSWER_MAX} bytes"),
     ):
         gateway.status("ws-1")
     server.close()
+    assert sent[0] < 64 * 1024 * 1024  # the cap and what the sockets buffer, not a gigabyte
 
 
 def test_a_token_that_could_inject_a_header_is_refused_up_front() -> None:
@@ -890,8 +1095,11 @@ _TWICE_GZIPPED = gzip.compress(gzip.compress(b'{"id": "ws-1"}'))
         + _chunked(gzip.compress(b'{"id": "ws-1"}')),
         b"HTTP/1.1 201 Created\r\nTransfer-Encoding: gzip\r\nTransfer-Encoding: chunked\r\n\r\n"
         + _chunked(gzip.compress(b'{"id": "ws-1"}')),
+        b"HTTP/1.1 201 Created\r\nContent-Encoding: gzip\r\nContent-Encoding: gzip\r\n"
+        + f"Content-Length: {len(_TWICE_GZIPPED)}\r\nConnection: close\r\n\r\n".encode()
+        + _TWICE_GZIPPED,
     ],
-    ids=["transfer-coding-list", "transfer-coding-repeated"],
+    ids=["transfer-coding-list", "transfer-coding-repeated", "content-coding-twice"],
 )
 def test_over_loopback_never_misreads_a_created_answer_it_cannot_undo(
     answer: bytes,
@@ -899,23 +1107,6 @@ def test_over_loopback_never_misreads_a_created_answer_it_cannot_undo(
     # The workspace was created: an answer read as not JSON (MalformedAnswer) would
     # fail the attempt and orphan it; an unreadable one is ambiguous, and recovered.
     _create_answered(answer)
-
-
-def test_a_created_answer_coded_twice_is_read() -> None:
-    answer = (
-        b"HTTP/1.1 201 Created\r\nContent-Encoding: gzip\r\nContent-Encoding: gzip\r\n"
-        + f"Content-Length: {len(_TWICE_GZIPPED)}\r\nConnection: close\r\n\r\n".encode()
-        + _TWICE_GZIPPED
-    )
-
-    def script(conn: socket.socket, _n: int) -> None:
-        _read_request(conn)
-        conn.sendall(answer)
-
-    server = _OneShotServer(script)
-    with HttpGateway(server.url, TOKEN, retries=0) as gateway:
-        assert gateway.create_child(PARENT, "T") == "ws-1"
-    server.close()
 
 
 def test_over_loopback_reads_an_answer_sent_before_the_request_was_read() -> None:
