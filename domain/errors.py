@@ -14,6 +14,16 @@ class InvalidRequest(ProvisionerError):
     """The request is malformed (empty id, empty title, ...); nothing was recorded."""
 
 
+class ForeignParent(InvalidRequest):
+    """The command names a parent workspace the service is not configured to act
+    under (PROVISIONER_PARENT_IDS); nothing was recorded."""
+
+
+class FutureCommand(InvalidRequest):
+    """The command's `requested_at` is further in the future than the allowed clock
+    skew: stored, it would make every later command for the brand stale."""
+
+
 class UnknownBrand(ProvisionerError):
     """No brand with that id was ever registered."""
 

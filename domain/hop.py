@@ -30,7 +30,7 @@ The table of situations and decisions is in docs/architecture.md ("One hop").
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import StrEnum
@@ -352,12 +352,18 @@ def may_create(given_up: int, title: str) -> Fail | Proceed:
     return Proceed()
 
 
-def create_answered(answer: str | Failed, parent_id: str) -> Step:
-    """What a create call answered: an id to record, or a failure."""
+def create_answered(
+    answer: str | Failed, parent_id: str, parents: Collection[str] = ()
+) -> Step:
+    """What a create call answered: an id to record, or a failure. An id that is the
+    attempt's parent, or any parent the service acts under (`parents`), is a gateway
+    bug: a parent is never ours."""
     if isinstance(answer, str):
-        if not answer or answer == parent_id:
-            what = "the parent's id" if answer else "no id"
-            return Fail(FailureReason.GATEWAY_BUG, f"create answered {what}")
+        if not answer:
+            return Fail(FailureReason.GATEWAY_BUG, "create answered no id")
+        if answer == parent_id or answer in parents:
+            whose = "the parent's" if answer == parent_id else "another parent's"
+            return Fail(FailureReason.GATEWAY_BUG, f"create answered {whose} id")
         return Record(answer)
     kind, message = answer.kind, answer.message
     if kind is Failure.AMBIGUOUS:

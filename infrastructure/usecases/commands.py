@@ -6,7 +6,9 @@ loser of a tie with it (a deactivate wins a tie) is recorded as ignored and
 raises `StaleCommand`; a newer provision for another title or parent supersedes
 the pending attempt; a provision while the brand's workspace is being emptied,
 or while a deactivated brand is still bound under another parent, raises
-`RetryLater` (nothing recorded).
+`RetryLater` (nothing recorded). A provision under a parent the service is not
+configured for (`ForeignParent`) and a `requested_at` beyond the allowed clock
+skew (`FutureCommand`) are refused before anything is read or recorded.
 """
 
 from __future__ import annotations
@@ -20,7 +22,14 @@ from eventsourcing.domain import Aggregate
 
 from domain.attempt import ProvisioningAttempt
 from domain.brand import DEACTIVATE, PROVISION, Brand
-from domain.errors import AttemptInProgress, InvalidRequest, StaleCommand, UnknownBrand
+from domain.errors import (
+    AttemptInProgress,
+    ForeignParent,
+    FutureCommand,
+    InvalidRequest,
+    StaleCommand,
+    UnknownBrand,
+)
 from domain.ids import brand_aggregate_id
 from domain.policies import AttemptState
 from infrastructure.usecases.reads import ServiceReads, is_unicode_text
@@ -55,9 +64,30 @@ def _require_text(name: str, value: object, secrets: tuple[str, ...] = ()) -> st
     return value
 
 
-def _require_aware(requested_at: datetime | None) -> None:
-    if requested_at is not None and requested_at.utcoffset() is None:
+def _require_time(svc: ServiceReads, requested_at: datetime | None) -> None:
+    """An aware time no further ahead than the allowed skew: a command from the far
+    future, once stored, would make every later command for the brand stale."""
+    if requested_at is None:
+        return
+    if requested_at.utcoffset() is None:
         raise InvalidRequest("requested_at must carry a UTC offset")
+    skew_s = svc.settings.command_skew_s
+    ahead_s = (requested_at - svc.clock.now()).total_seconds()
+    if ahead_s > skew_s:
+        raise FutureCommand(
+            f"requested_at {requested_at.isoformat()} is {ahead_s:.0f} s in the future, more "
+            f"than the {skew_s:g} s allowed (PROVISIONER_COMMAND_SKEW_S): refused, not stored; "
+            "check the producer's clock"
+        )
+
+
+def _require_parent(svc: ServiceReads, parent_workspace_id: str) -> None:
+    allowed = svc.settings.parent_ids
+    if allowed is not None and parent_workspace_id not in allowed:
+        raise ForeignParent(
+            f"parent_workspace_id {parent_workspace_id!r} is not one of the parents this "
+            "service acts under (PROVISIONER_PARENT_IDS): refused, not stored"
+        )
 
 
 def _brand_contended(brand_id: str) -> str:
@@ -82,7 +112,8 @@ def request_provisioning(
     _require_text("brand_id", brand_id, svc.secrets)
     _require_text("title", title, svc.secrets)
     _require_text("parent_workspace_id", parent_workspace_id, svc.secrets)
-    _require_aware(requested_at)
+    _require_parent(svc, parent_workspace_id)
+    _require_time(svc, requested_at)
     return retry_on_conflict(
         svc.settings.max_rounds,
         lambda: _begin_attempt(svc, brand_id, title, parent_workspace_id, requested_at),
@@ -174,7 +205,7 @@ def deactivate(
     as a provision wins the tie and applies).
     """
     _require_text("brand_id", brand_id, svc.secrets)
-    _require_aware(requested_at)
+    _require_time(svc, requested_at)
     return retry_on_conflict(
         svc.settings.max_rounds,
         lambda: _deactivate(svc, brand_id, requested_at),

@@ -133,7 +133,7 @@ class HopRun:
 
     def _family_of(self, attempt: ProvisioningAttempt) -> list[FamilyMember]:
         if self._family is None:
-            self._family = self.svc.gateway.family(attempt.parent_workspace_id, attempt.title)
+            self._family = self.svc.family(attempt.parent_workspace_id, attempt.title)
         return self._family
 
     def _acquire(self, attempt: ProvisioningAttempt) -> HopOutcome | None:
@@ -243,7 +243,7 @@ class HopRun:
             answer = self.svc.gateway.create_child(parent, attempt.title)
         except GatewayError as exc:
             answer = decide.failed(exc)
-        step = decide.create_answered(answer, parent)
+        step = decide.create_answered(answer, parent, self.svc.settings.parent_ids or ())
         if isinstance(step, decide.Record):
             if step.workspace_id in (*known, *attempt.created_ids):
                 return self._fail(attempt, decide.created_again(step.workspace_id))

@@ -19,7 +19,7 @@ from domain.claim import WorkspaceClaim
 from domain.errors import UnknownAttempt, UnknownBrand
 from domain.ids import brand_aggregate_id, claim_aggregate_id, slot_aggregate_id
 from domain.policies import Backoff, Deferral
-from domain.ports import Clock, Gateway
+from domain.ports import Clock, FamilyMember, Gateway
 from domain.slot import TitleSlot
 from infrastructure.eventstore import ProvisionerApplication
 
@@ -51,6 +51,11 @@ class EngineSettings:
     # until then no second create of that title is made under that parent.
     create_grace_s: float = 60.0
     max_rounds: int = 6
+    # The parents the service may act under (PROVISIONER_PARENT_IDS). None: any
+    # (only for a service embedded in a test; the settings always give a set).
+    parent_ids: frozenset[str] | None = None
+    # How far in the future a command's `requested_at` may be (clock skew).
+    command_skew_s: float = 300.0
 
 
 class ServiceReads:
@@ -195,6 +200,15 @@ class ServiceReads:
             slot_aggregate_id(parent, title), brand_aggregate_id(attempt.brand_id)
         )
         return self.as_slot(slot, parent, title), self.as_brand(brand, attempt.brand_id)
+
+    def is_parent(self, workspace_id: str) -> bool:
+        """A configured parent: never a candidate, adopted, bound, claimed or emptied."""
+        return workspace_id in (self.settings.parent_ids or ())
+
+    def family(self, parent_id: str, title: str | None = None) -> list[FamilyMember]:
+        """The parent's family as the gateway lists it, without any configured parent:
+        whichever family lists one, it is never ours."""
+        return [m for m in self.gateway.family(parent_id, title) if not self.is_parent(m.id)]
 
     def claim(self, workspace_id: str) -> WorkspaceClaim | None:
         (claim,) = self.load(claim_aggregate_id(workspace_id))

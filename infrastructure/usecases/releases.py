@@ -23,6 +23,7 @@ from eventsourcing.domain import Aggregate
 from domain import hop as decide
 from domain.attempt import ProvisioningAttempt
 from domain.claim import WorkspaceClaim
+from domain.errors import CommandRefused
 from domain.ids import claim_aggregate_id
 from domain.policies import AttemptState, FailureReason, Provenance, new_since, shells_since
 from domain.ports import FamilyMember, GatewayError, TransientGatewayError, WorkspaceGone
@@ -117,14 +118,19 @@ def decommission(svc: ServiceReads, brand_id: str) -> int | None:
             # On record before any delete: a reactivation now waits for us.
             brand.start_decommission()
             svc.app.save(brand)
+        claim = svc.claim(workspace_id)
+        if claim is None or claim.brand_id != brand_id or svc.is_parent(workspace_id):
+            # Bound without this brand's claim on record: not provably ours to empty.
+            holder = "no claim" if claim is None else f"claim held by {claim.brand_id}"
+            brand.unbind(f"not emptied: {holder}")
+            svc.app.save(brand)
+            log.error("decommission refused to empty brand=%s workspace=%s: %s",
+                      brand_id, workspace_id, holder)  # fmt: skip
+            return 0
         deleted = empty_workspace(svc, workspace_id)
         brand.unbind("decommissioned", deleted)
-        touched: list[Aggregate] = [brand]
-        claim = svc.claim(workspace_id)
-        if claim is not None and claim.brand_id == brand_id:
-            claim.release("decommissioned")
-            touched.append(claim)
-        svc.app.save(*touched)
+        claim.release("decommissioned")
+        svc.app.save(brand, claim)
         log.info(
             "workspace decommissioned brand=%s workspace=%s projects_deleted=%d",
             brand_id,
@@ -142,7 +148,10 @@ def decommission(svc: ServiceReads, brand_id: str) -> int | None:
 
 
 def empty_workspace(svc: ServiceReads, workspace_id: str) -> int:
-    """Delete every project of the workspace (404 = already gone); never the workspace."""
+    """Delete every project of the workspace (404 = already gone); never the workspace,
+    and never a configured parent's projects (refused: a bug if ever asked)."""
+    if svc.is_parent(workspace_id):
+        raise CommandRefused(f"{workspace_id} is a parent the service acts under: never emptied")
     try:
         project_ids = svc.gateway.list_projects(workspace_id)
     except WorkspaceGone:
@@ -236,6 +245,8 @@ def release_workspace(svc: ServiceReads, attempt: ProvisioningAttempt, workspace
     a later attempt already holds the claim, the workspace was handed over:
     that is recorded and nothing is deleted. Returns True if it was emptied.
     """
+    if workspace_id not in attempt.owed_releases:  # only what our creates made, on record
+        raise CommandRefused(f"attempt {attempt.id} owes no release of {workspace_id}")
     claim = svc.claim(workspace_id)
     if (
         claim is not None
@@ -356,7 +367,7 @@ def _find_orphans(
     busy = slot.busy_for(attempt.id, svc.clock.now(), svc.settings.create_grace_s)
     if isinstance(decide.slot_gate(busy, attempt.title), decide.Wait):
         return None
-    family = svc.gateway.family(attempt.parent_workspace_id, attempt.title)
+    family = svc.family(attempt.parent_workspace_id, attempt.title)
     new, shells = made_by_unresolved_create(svc, attempt, family)
     found = decide.ours_among(new, shells, earlier_lost=attempt.create_lost)
     return (found, slot) if found else None

@@ -92,6 +92,7 @@ def crowd(
         PROVISIONER_BROKER_URL=broker_url,
         PROVISIONER_GATEWAY_URL=gateway_url,
         PROVISIONER_GATEWAY_TOKEN="crowd-token",
+        PROVISIONER_PARENT_IDS=PARENT,
         PROVISIONER_BACKOFF_BASE_S="0.2",
         PROVISIONER_CONCURRENCY="4",
     )

@@ -92,6 +92,7 @@ def environment(
         "PROVISIONER_DATABASE_URL": database_url,
         "PROVISIONER_BROKER_URL": broker_url,
         "PROVISIONER_GATEWAY_URL": fake.url,
+        "PROVISIONER_PARENT_IDS": ",".join(fake.parents),
         "PROVISIONER_GATEWAY_TOKEN": "x",
         "PROVISIONER_GATEWAY_TIMEOUT_S": "5",
         "PROVISIONER_BACKOFF_BASE_S": BACKOFF_BASE_S,

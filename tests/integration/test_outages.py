@@ -48,6 +48,7 @@ def env_of(database_url: str, broker_url: str, fake: FakeGateway) -> dict[str, s
         "PROVISIONER_DATABASE_URL": database_url,
         "PROVISIONER_BROKER_URL": broker_url,
         "PROVISIONER_GATEWAY_URL": fake.url,
+        "PROVISIONER_PARENT_IDS": ",".join(fake.parents),
         "PROVISIONER_GATEWAY_TOKEN": TOKEN,
         "PROVISIONER_GATEWAY_TIMEOUT_S": "5",
         "PROVISIONER_LOG_FORMAT": "text",  # the lines below are read as text

@@ -79,6 +79,7 @@ def test_poison_on_both_queues_is_dead_lettered_and_the_worker_carries_on(
         "PROVISIONER_DATABASE_URL": f"sqlite:///{tmp_path / 'events.sqlite'}",
         "PROVISIONER_BROKER_URL": rabbit_url,
         "PROVISIONER_GATEWAY_URL": fake.url,
+        "PROVISIONER_PARENT_IDS": ",".join(fake.parents),
         "PROVISIONER_GATEWAY_TOKEN": "x",
         "PROVISIONER_BACKOFF_BASE_S": "0.05",
     }

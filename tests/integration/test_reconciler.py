@@ -74,6 +74,7 @@ def test_a_lost_hop_is_republished_and_the_attempt_completes(
             "PROVISIONER_DATABASE_URL": url,
             "PROVISIONER_BROKER_URL": rabbit_url,
             "PROVISIONER_GATEWAY_URL": fake.url,
+            "PROVISIONER_PARENT_IDS": ",".join(fake.parents),
             "PROVISIONER_GATEWAY_TOKEN": "x",
         }
     )

@@ -167,6 +167,7 @@ class Run:
         if self.plan.terminal:
             _post(f"{self.fake_url}/_fake/scripts", self.plan.terminal)
         knobs = {**SERVICE_KNOBS, **self.metering.env()}
+        knobs["PROVISIONER_PARENT_IDS"] = ",".join(self.plan.parents)
         self.fleet.env = environment(self.iso, self.fake_url, knobs)
         for command in (("db", "init"), ("broker", "init")):
             done = self.fleet.one_shot(*command)

@@ -22,7 +22,7 @@ from tests.support import as_stored_before
 from tests.unit.test_delivery import FakeMessage, FakePublisher, finished, settler
 from worker.delivery import WAIT_DELAYS_S, Delivery
 
-T0 = datetime(2030, 1, 1, tzinfo=UTC)
+T0 = datetime(2020, 1, 1, tzinfo=UTC)
 P, D = "provision", "deactivate"
 
 
