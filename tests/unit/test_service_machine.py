@@ -55,6 +55,7 @@ from hypothesis.stateful import (
 from domain.brand import Brand
 from domain.errors import AttemptInProgress, RetryLater, StaleCommand, UnknownBrand
 from domain.ids import brand_aggregate_id
+from domain.outcomes import HopOutcome
 from domain.policies import AttemptState, Backoff, FailureReason, StatusClass, classify_status
 from domain.ports import (
     GatewayError,
@@ -165,7 +166,7 @@ class ServiceMachine(RuleBasedStateMachine):
         self.queue.append((attempt_id, hop))
         self.sent.append((attempt_id, hop))
 
-    def _hop(self, attempt_id: UUID, hop: int) -> None:
+    def _hop(self, attempt_id: UUID, hop: int) -> HopOutcome:
         outcome = self.service.run_hop(attempt_id, hop)
         note(
             f"hop {hop} of {str(attempt_id)[:8]}: {outcome.outcome.value} "
@@ -174,6 +175,7 @@ class ServiceMachine(RuleBasedStateMachine):
         )
         if outcome.next_hop is not None:
             self._publish(attempt_id, outcome.next_hop)
+        return outcome
 
     def _deliver(self, pick: int) -> None:
         if self.queue:
@@ -383,7 +385,9 @@ class ServiceMachine(RuleBasedStateMachine):
         note(f"drain: revealed {self.gateway.reveal()}")
         for _ in range(4 * (MAX_REQUEUES + 2)):
             while self.queue:
-                self._hop(*self.queue.pop(0))
+                # Each hop's delay passes before the next: a hop waiting out a create's
+                # grace comes back after it, not at once (which would only spin).
+                self.clock.advance(self._hop(*self.queue.pop(0)).delay_s or 0.0)
             if all(self.service.attempt(a).is_terminal for a in self.attempts):
                 break
             self.clock.advance(5.0 * 2**MAX_REQUEUES + 61)
