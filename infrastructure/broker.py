@@ -30,6 +30,7 @@ message when it is due, and dead letters are published directly.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import heapq
 import itertools
 import json
@@ -59,6 +60,10 @@ COMMANDS_QUEUE = "provisioning.commands"
 DEAD_QUEUE = "provisioning.dead"
 WAIT_PREFIX = "provisioning.wait."
 WORK_KEY, COMMAND_KEY, DEAD_KEY = "work", "command", "dead"
+# The bytes of a body a dead letter keeps: more than any well-formed message (about
+# 7.6 KB with every text field at its 200 characters, each \u-escaped), far less
+# than what a queue may be sent (a body refused as too large is not stored whole).
+DEAD_BODY_KEPT = 8 * 1024
 
 
 CONFIRM_TIMEOUT_S = 30.0
@@ -381,14 +386,20 @@ class Broker:
                 return
 
     def publish_dead(self, body: bytes, reason: str, errors: dict[str, Any], source: str) -> None:
+        """Dead-letter `body` with the reason: only its first `DEAD_BODY_KEPT` bytes, with
+        the whole body's length and sha256; `x-dead-truncated`: it cannot be replayed."""
         headers = {
             "x-dead-reason": reason,
             "x-dead-errors": json.dumps(errors, default=str)[:2000],
             "x-dead-source": source,
             "x-dead-id": uuid.uuid4().hex[:16],  # stable while it sits in the dead queue
             "x-dead-at": int(time.time()),
+            "x-dead-body-bytes": len(body),
+            "x-dead-body-sha256": hashlib.sha256(body).hexdigest(),
+            "x-dead-truncated": len(body) > DEAD_BODY_KEPT,
         }
-        self._send(body, exchange=EXCHANGE, routing_key=DEAD_KEY, headers=headers)
+        kept = body[:DEAD_BODY_KEPT]
+        self._send(kept, exchange=EXCHANGE, routing_key=DEAD_KEY, headers=headers)
 
     def publish_event(self, routing_key: str, payload: dict[str, Any]) -> None:
         self._send_envelope(self._event(routing_key, payload))

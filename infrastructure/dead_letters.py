@@ -3,21 +3,31 @@
 Two kinds of message land there:
 - those the worker dead-letters itself (worker/delivery.py, `Broker.publish_dead`),
   with `x-dead-reason`, `x-dead-errors`, `x-dead-source` (the routing key they
-  came on) and `x-dead-id` (a fresh id, set once);
+  came on), `x-dead-id` (a fresh id, set once), and only the first
+  `DEAD_BODY_KEPT` (8 KiB) bytes of the body, with the whole body's length
+  (`x-dead-body-bytes`) and sha256 (`x-dead-body-sha256`) and whether it was cut
+  (`x-dead-truncated`);
 - those a queue dead-letters on its own (a rejected message, a quorum queue's
-  delivery limit), which carry RabbitMQ's `x-death` (and `x-first-death-*`).
+  delivery limit), which carry RabbitMQ's `x-death` (and `x-first-death-*`) and
+  their whole body.
 
-Browsing takes every message with `basic.get` without acking it, then rejects
-them all with requeue on the same channel (or the channel closes, which
-requeues them too): RabbitMQ puts them back in their places, so order is kept
-and nothing is lost, whatever happens in between. A message's id is its
-`x-dead-id`, or for a message the queue dead-lettered, a hash of its body and
-headers (stable while it sits in the queue).
+Browsing takes the messages one at a time with `basic.get` without acking them
+(as many as the queue held when it began, so a walk ends however fast letters
+come in); the channel closes at the end, and RabbitMQ puts them back in their
+places, so order is kept and nothing is lost, whatever happens in between. Only
+the message at hand is in memory: a `DeadLetter` keeps the first
+`DEAD_BODY_KEPT` bytes of its body, and a listing is a `Page` of at most
+`PAGE_MAX` of them. A message's id is its `x-dead-id`, or for a message the
+queue dead-lettered, a hash of its body and headers (stable while it sits in
+the queue).
 
-`replay` re-publishes the chosen messages, confirmed, to the exchange and
-routing key they came from, their headers stripped of the dead-letter ones,
-and only then acks them in the dead queue. The embedded broker (`memory://`)
-lives inside one process: another process never sees its dead letters.
+`replay` re-publishes the chosen messages, their bodies as the queue holds them,
+confirmed, to the exchange and routing key they came from, their headers
+stripped of the dead-letter ones, and only then acks them in the dead queue. A
+truncated dead letter is never replayed (its body is not whole): `NotReplayable`
+for one asked by its id, kept and reported with every other. The embedded
+broker (`memory://`) lives inside one process: another process never sees its
+dead letters.
 """
 
 from __future__ import annotations
@@ -36,6 +46,7 @@ import amqp
 from infrastructure.broker import (
     COMMAND_KEY,
     COMMANDS_QUEUE,
+    DEAD_BODY_KEPT,
     DEAD_QUEUE,
     EXCHANGE,
     HOPS_QUEUE,
@@ -54,7 +65,8 @@ EMBEDDED_NOTICE = (
 )
 DEAD_HEADERS = ("x-death", "x-first-death-", "x-last-death-", "x-dead-")
 _QUEUE_OF_KEY = {WORK_KEY: HOPS_QUEUE, COMMAND_KEY: COMMANDS_QUEUE}
-DEFAULT_LIMIT = 10_000
+PAGE = 50  # dead letters a listing shows by default
+PAGE_MAX = 500  # and at most: a page holds each one's headers and body prefix
 
 
 class EmbeddedBroker(ConfigurationError):
@@ -68,6 +80,17 @@ class NotFound(LookupError):
     """No dead letter has this id."""
 
 
+class NotReplayable(Exception):
+    """The dead letter keeps only the start of its body: replaying it would send a fragment."""
+
+    def __init__(self, letter: DeadLetter) -> None:
+        super().__init__(
+            f"dead letter {letter.id} cannot be replayed: the dead-letter queue keeps only "
+            f"the first {len(letter.body)} of its {letter.body_bytes} bytes, not the whole "
+            "body; resend the message from its source, or purge it"
+        )
+
+
 @dataclass(frozen=True, slots=True)
 class DeadLetter:
     id: str
@@ -77,7 +100,10 @@ class DeadLetter:
     routing_key: str
     errors: dict[str, Any]
     dead_at: float | None  # epoch seconds, when known
-    body: bytes
+    body: bytes  # its first DEAD_BODY_KEPT bytes
+    body_bytes: int  # the whole body's length, as it was dead-lettered
+    body_sha256: str  # and its sha256 (hex)
+    truncated: bool  # the queue holds less than the whole body: it cannot be replayed
     headers: dict[str, Any] = field(default_factory=dict)
 
     def age_s(self, now: float) -> float | None:
@@ -98,7 +124,23 @@ class DeadLetter:
             "routing_key": self.routing_key,
             "errors": self.errors,
             "age_s": None if age is None else round(age, 1),
+            "body_bytes": self.body_bytes,
+            "body_sha256": self.body_sha256,
+            "truncated": self.truncated,
         }
+
+
+@dataclass(frozen=True, slots=True)
+class Page:
+    """Dead letters in queue order; `more`: others follow the last one."""
+
+    letters: list[DeadLetter]
+    more: bool
+
+    @property
+    def after(self) -> str | None:
+        """The id to ask the next page after (None on the last page)."""
+        return self.letters[-1].id if self.more and self.letters else None
 
 
 def _text(value: Any) -> str:
@@ -133,8 +175,26 @@ def dead_letter_id(body: bytes, headers: dict[str, Any]) -> str:
     return "h" + digest.hexdigest()[:15]
 
 
+def _whole(body: bytes, headers: dict[str, Any]) -> dict[str, Any]:
+    """What a dead letter tells of its whole body: its length and sha256 as the worker
+    recorded them (else the body's own), and whether the queue holds less of it."""
+    try:
+        size = int(headers.get("x-dead-body-bytes", len(body)))
+    except (TypeError, ValueError):
+        size = len(body)
+    digest = _text(headers.get("x-dead-body-sha256") or hashlib.sha256(body).hexdigest())
+    truncated = bool(headers.get("x-dead-truncated")) or size > len(body)
+    return {
+        "body": body[:DEAD_BODY_KEPT],
+        "body_bytes": size,
+        "body_sha256": digest,
+        "truncated": truncated,
+    }
+
+
 def parse(body: bytes, headers: dict[str, Any] | None, timestamp: Any = None) -> DeadLetter:
-    """A dead letter from a message of `provisioning.dead` (pure: no broker)."""
+    """A dead letter from a message of `provisioning.dead`, its body as the queue holds
+    it; the letter keeps the first `DEAD_BODY_KEPT` bytes (pure: no broker)."""
     headers = dict(headers or {})
     if "x-dead-reason" in headers:
         key = _text(headers.get("x-dead-source", "?"))
@@ -146,8 +206,8 @@ def parse(body: bytes, headers: dict[str, Any] | None, timestamp: Any = None) ->
             routing_key=key,
             errors=_errors(headers.get("x-dead-errors")),
             dead_at=_epoch(headers.get("x-dead-at")) or _epoch(timestamp),
-            body=body,
             headers=headers,
+            **_whole(body, headers),
         )
     deaths = headers.get("x-death") or [{}]
     first = deaths[-1] if isinstance(deaths, list) and deaths else {}
@@ -160,8 +220,8 @@ def parse(body: bytes, headers: dict[str, Any] | None, timestamp: Any = None) ->
         routing_key=_text(keys[0]),
         errors={"count": first.get("count")} if first.get("count") else {},
         dead_at=_epoch(first.get("time")) or _epoch(timestamp),
-        body=body,
         headers=headers,
+        **_whole(body, headers),
     )
 
 
@@ -186,55 +246,90 @@ class DeadLetters:
             self.connection.release()
 
     @contextlib.contextmanager
-    def _taken(self, limit: int) -> Iterator[tuple[Any, list[tuple[int, DeadLetter]]]]:
-        """Every message (up to `limit`) held unacked on a channel of its own; whatever
-        is not acked in the block goes back in its place when the channel closes,
-        however the block ends."""
+    def _walk(self, *, whole: bool = False) -> Iterator[tuple[Any, Iterator[_Taken]]]:
+        """The messages the queue holds now, in its order, taken one at a time and held
+        unacked on a channel of its own; whatever is not acked in the block goes back
+        in its place when the channel closes, however the block ends. Only the message
+        at hand is in memory: each is parsed, and its whole body dropped (unless
+        `whole`: to replay it), before the next is taken."""
         channel = self.connection.channel()
-        taken: list[tuple[int, DeadLetter]] = []
+
+        def taken() -> Iterator[_Taken]:
+            _, count, _ = channel.queue_declare(DEAD_QUEUE, passive=True)
+            for _ in range(count):  # not those that come in meanwhile: a replay's own
+                item = _take(channel, whole=whole)
+                if item is None:
+                    return
+                yield item
+
         try:
-            while len(taken) < limit:
-                raw = channel.basic_get(DEAD_QUEUE, no_ack=False)
-                if raw is None:
-                    break
-                headers = raw.properties.get("application_headers") or {}
-                body = raw.body if isinstance(raw.body, bytes) else str(raw.body).encode()
-                letter = parse(body, headers, raw.properties.get("timestamp"))
-                taken.append((raw.delivery_tag, letter))
-            yield channel, taken
+            yield channel, taken()
         finally:
             with contextlib.suppress(Exception):
                 channel.close()  # the broker requeues every unacked message, in its place
 
-    def all(self, limit: int = DEFAULT_LIMIT) -> list[DeadLetter]:
-        with self._taken(limit) as (_, taken):
-            return [letter for _, letter in taken]
+    def page(self, limit: int = PAGE, after: str | None = None) -> Page:
+        """Up to `limit` (at most `PAGE_MAX`) dead letters in queue order, from the one
+        after the letter `after` (from the first with None). NotFound when no letter
+        has that id (it was replayed or purged meanwhile)."""
+        limit = max(1, min(limit, PAGE_MAX))
+        letters: list[DeadLetter] = []
+        with self._walk() as (_, taken):
+            found = after is None
+            for item in taken:
+                if not found:
+                    found = item.letter.id == after
+                elif len(letters) == limit:
+                    return Page(letters, more=True)
+                else:
+                    letters.append(item.letter)
+        if not found:
+            raise NotFound(f"no dead letter {after} in {DEAD_QUEUE}: list from the first")
+        return Page(letters, more=False)
 
-    def counts_by_reason(self, limit: int = DEFAULT_LIMIT) -> dict[str, int]:
+    def each(self) -> Iterator[DeadLetter]:
+        """Every dead letter, in queue order, one at a time (nothing consumed)."""
+        with self._walk() as (_, taken):
+            for item in taken:
+                yield item.letter
+
+    def counts_by_reason(self) -> dict[str, int]:
         """How many dead letters there are by reason (for a metric or a health check)."""
-        return dict(Counter(letter.reason for letter in self.all(limit)))
+        return dict(Counter(letter.reason for letter in self.each()))
 
     def show(self, letter_id: str) -> DeadLetter:
-        for letter in self.all():
-            if letter.id == letter_id:
-                return letter
+        with self._walk() as (_, taken):
+            for item in taken:
+                if item.letter.id == letter_id:
+                    return item.letter
         raise NotFound(f"no dead letter {letter_id} in {DEAD_QUEUE}")
 
-    def replay(self, letter_id: str | None = None) -> list[DeadLetter]:
-        """Re-publish one dead letter (or all with None) where it came from; each is
-        acked in the dead queue only once the broker confirmed its copy."""
-        replayed: list[DeadLetter] = []
-        with self._taken(DEFAULT_LIMIT) as (held, taken):
-            chosen = [(t, x) for t, x in taken if letter_id is None or x.id == letter_id]
-            if letter_id is not None and not chosen:
-                raise NotFound(f"no dead letter {letter_id} in {DEAD_QUEUE}")
-            for tag, letter in chosen:
-                self._republish(letter)
-                held.basic_ack(tag)
-                replayed.append(letter)
-        return replayed
+    def replay(self, letter_id: str | None = None) -> Replayed:
+        """Re-publish one dead letter (or every one with None) where it came from, its
+        body as the queue holds it; each is acked in the dead queue only once the broker
+        confirmed its copy. A truncated one is not: NotReplayable when asked by its id,
+        else kept and listed in `kept`."""
+        done = Replayed([], [])
+        with self._walk(whole=True) as (held, taken):
+            for item in taken:
+                letter = item.letter
+                if letter_id is not None and letter.id != letter_id:
+                    continue
+                if letter.truncated:
+                    if letter_id is not None:
+                        raise NotReplayable(letter)
+                    done.kept.append(letter)
+                    continue
+                self._republish(letter, item.body)
+                held.basic_ack(item.tag)
+                done.replayed.append(letter)
+                if letter_id is not None:
+                    return done
+        if letter_id is not None:
+            raise NotFound(f"no dead letter {letter_id} in {DEAD_QUEUE}")
+        return done
 
-    def _republish(self, letter: DeadLetter) -> None:
+    def _republish(self, letter: DeadLetter, body: bytes) -> None:
         """Publish a copy, confirmed (the connection is in confirm mode) and routed."""
         returned: list[Any] = []
 
@@ -245,7 +340,7 @@ class DeadLetters:
         channel.events["basic_return"].add(on_return)
         try:
             message = amqp.Message(
-                letter.body,
+                body,
                 content_type="application/json",
                 content_encoding="utf-8",
                 application_headers=letter.replay_headers,
@@ -265,6 +360,35 @@ class DeadLetters:
     def purge(self) -> int:
         """Delete every dead letter; how many there were."""
         return int(self.channel.queue_purge(DEAD_QUEUE) or 0)
+
+
+@dataclass(frozen=True, slots=True)
+class _Taken:
+    """A message taken from the dead queue: its delivery tag, letter, and whole body
+    (when asked for)."""
+
+    tag: int
+    letter: DeadLetter
+    body: bytes = b""
+
+
+def _take(channel: Any, *, whole: bool) -> _Taken | None:
+    """The next message of the dead queue, unacked; None when there is none."""
+    raw = channel.basic_get(DEAD_QUEUE, no_ack=False)
+    if raw is None:
+        return None
+    headers = raw.properties.get("application_headers") or {}
+    body = raw.body if isinstance(raw.body, bytes) else str(raw.body).encode()
+    letter = parse(body, headers, raw.properties.get("timestamp"))
+    return _Taken(raw.delivery_tag, letter, body if whole else b"")
+
+
+@dataclass(frozen=True, slots=True)
+class Replayed:
+    """What a replay did: the letters put back, and those kept (truncated)."""
+
+    replayed: list[DeadLetter]
+    kept: list[DeadLetter]
 
 
 def now() -> float:

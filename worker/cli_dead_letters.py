@@ -1,8 +1,9 @@
 """`provisioner dead-letters`: what `provisioning.dead` holds, replay and purge.
 
-Reading never consumes a message for good (infrastructure/dead_letters.py); the
-embedded broker (`memory://`) keeps none across processes, which is said in one
-line with the configuration exit code.
+Reading never consumes a message for good (infrastructure/dead_letters.py) and
+lists a page at a time (`--limit`, `--after`); the embedded broker (`memory://`)
+keeps none across processes, which is said in one line with the configuration
+exit code.
 """
 
 from __future__ import annotations
@@ -15,7 +16,15 @@ from typing import Any
 import click
 
 from infrastructure.broker_failures import broker_failure
-from infrastructure.dead_letters import DeadLetter, DeadLetters, NotFound, now
+from infrastructure.dead_letters import (
+    PAGE,
+    PAGE_MAX,
+    DeadLetter,
+    DeadLetters,
+    NotFound,
+    NotReplayable,
+    now,
+)
 from infrastructure.settings import BROKER_SCHEMES, check_url
 from worker.cli_support import load_settings
 
@@ -33,7 +42,7 @@ def _dead_letters(broker_url: str | None) -> Iterator[DeadLetters]:
     try:
         with DeadLetters(url, Topology(queue_type=settings.queue_type)) as letters:
             yield letters
-    except NotFound as exc:
+    except (NotFound, NotReplayable) as exc:
         raise click.ClickException(str(exc)) from None
     except Exception as exc:
         failure = broker_failure(exc, url)
@@ -55,6 +64,10 @@ def _errors(letter: DeadLetter) -> str:
     return "; ".join(f"{k}: {v}" for k, v in letter.errors.items())
 
 
+def _cut(letter: DeadLetter) -> str:
+    return f" (cut to {len(letter.body)} of {letter.body_bytes} bytes)" if letter.truncated else ""
+
+
 @click.group("dead-letters")
 def dead_letters() -> None:
     """What the dead-letter queue (provisioning.dead) holds; replay or purge it."""
@@ -62,33 +75,42 @@ def dead_letters() -> None:
 
 @dead_letters.command("list")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per dead letter.")
+@click.option("--limit", default=PAGE, show_default=True, type=click.IntRange(1, PAGE_MAX),
+              help="Dead letters on this page.")  # fmt: skip
+@click.option("--after", metavar="ID", help="Start after this dead letter (where a page ended).")
 @BROKER_URL
-def list_(as_json: bool, broker_url: str | None) -> None:
-    """Each dead letter's id, reason, source queue, age and errors (nothing consumed)."""
+def list_(as_json: bool, limit: int, after: str | None, broker_url: str | None) -> None:
+    """A page of dead letters: each one's id, reason, source queue, age and errors
+    (nothing consumed)."""
     with _dead_letters(broker_url) as letters:
-        found = letters.all()
+        page = letters.page(limit, after)
+    found = page.letters
     at = now()
+    more = f"more after {page.after}: dead-letters list --after {page.after}"
     if as_json:
         click.echo(json.dumps([x.summary(at) for x in found], default=str, indent=2))
+        if page.after:
+            click.echo(more, err=True)
         return
     if not found:
-        click.echo("no dead letters")
+        click.echo("no dead letters" if after is None else f"no dead letters after {after}")
         return
     for letter in found:
         click.echo(
             f"{letter.id}  {_age(letter.age_s(at)):>4} ago  from {letter.source_queue}  "
-            f"{letter.reason}"
+            f"{letter.reason}{_cut(letter)}"
         )
         if letter.errors:
             click.echo(f"    {_errors(letter)}")
-    click.echo(f"{len(found)} dead letter(s)")
+    click.echo(f"{len(found)} dead letter(s)" + (f"; {more}" if page.after else ""))
 
 
 @dead_letters.command("show")
 @click.argument("letter_id")
 @BROKER_URL
 def show(letter_id: str, broker_url: str | None) -> None:
-    """One dead letter: its reason, errors, where it came from, headers and body."""
+    """One dead letter: its reason, errors, where it came from, headers and body (its
+    first 8 KiB: `truncated`, with the whole body's length and sha256)."""
     with _dead_letters(broker_url) as letters:
         letter = letters.show(letter_id)
     shown: dict[str, Any] = letter.summary(now())
@@ -102,14 +124,18 @@ def show(letter_id: str, broker_url: str | None) -> None:
 @click.option("--all", "every", is_flag=True, help="Replay every dead letter.")
 @BROKER_URL
 def replay(letter_id: str | None, every: bool, broker_url: str | None) -> None:
-    """Put LETTER_ID (or --all) back where it came from, without the dead-letter headers."""
+    """Put LETTER_ID (or --all) back where it came from, without the dead-letter headers.
+    A truncated one cannot be: it is kept and said so."""
     if every == (letter_id is not None):
         raise click.UsageError("give one dead letter's id, or --all")
     with _dead_letters(broker_url) as letters:
         done = letters.replay(letter_id)
-    for letter in done:
+    for letter in done.replayed:
         click.echo(f"replayed {letter.id} to {letter.exchange}/{letter.routing_key}")
-    click.echo(f"{len(done)} dead letter(s) replayed")
+    for letter in done.kept:
+        click.echo(f"kept {letter.id}: its body is not whole{_cut(letter)}, it cannot be replayed")
+    kept = f"; {len(done.kept)} kept, truncated" if done.kept else ""
+    click.echo(f"{len(done.replayed)} dead letter(s) replayed{kept}")
 
 
 @dead_letters.command("purge")

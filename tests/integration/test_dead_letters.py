@@ -1,10 +1,15 @@
 """`provisioner dead-letters` on RabbitMQ: listing consumes nothing and keeps the
 order; ids are stable; replay puts a message back where it came from without the
-dead-letter headers; purge asks for --yes; memory:// says it keeps none."""
+dead-letter headers; purge asks for --yes; memory:// says it keeps none. A large
+body is dead-lettered cut, with its length and hash, and is never replayed; a
+listing pages through the queue holding one page of letters at a time."""
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
+import tracemalloc
 from typing import Any
 
 import pytest
@@ -14,6 +19,7 @@ from kombu import Connection, Queue
 from infrastructure.broker import (
     COMMAND_KEY,
     COMMANDS_QUEUE,
+    DEAD_BODY_KEPT,
     DEAD_QUEUE,
     EXCHANGE,
     HOPS_QUEUE,
@@ -21,10 +27,16 @@ from infrastructure.broker import (
     Broker,
     Topology,
 )
-from infrastructure.dead_letters import DeadLetters
+from infrastructure.dead_letters import DeadLetters, NotReplayable
 from infrastructure.failures import EXIT_CONFIGURATION
+from infrastructure.messages import MAX_BODY_BYTES
+from infrastructure.outages import Outage
 from tests.integration.test_poison import publish_raw, take_all
 from worker.cli import main
+from worker.consumer import DeadLetter, WorkerStats
+from worker.delivery import Settler
+
+MIB = 1024 * 1024
 
 pytestmark = pytest.mark.rabbitmq
 
@@ -62,8 +74,8 @@ def bodies(url: str, queue: str) -> list[tuple[bytes, dict[str, Any]]]:
 def test_listing_consumes_nothing_keeps_the_order_and_the_ids(rabbit_url: str) -> None:
     seed(rabbit_url)
     with DeadLetters(rabbit_url) as letters:
-        first = letters.all()
-        second = letters.all()
+        first = letters.page().letters
+        second = list(letters.each())
         counts = letters.counts_by_reason()
 
     assert [x.body for x in first] == [b'{"n": 1}', b'{"n": 2}', b'{"n": 3}', b'{"n": 4}']
@@ -89,7 +101,7 @@ def test_listing_consumes_nothing_keeps_the_order_and_the_ids(rabbit_url: str) -
 def test_show_and_replay_one_then_all(rabbit_url: str) -> None:
     seed(rabbit_url)
     with DeadLetters(rabbit_url) as letters:
-        ids = [x.id for x in letters.all()]
+        ids = [x.id for x in letters.each()]
 
     shown = cli(rabbit_url, "show", ids[1])
     assert shown.exit_code == 0, shown.output
@@ -101,7 +113,7 @@ def test_show_and_replay_one_then_all(rabbit_url: str) -> None:
     assert f"replayed {ids[1]} to {EXCHANGE}/{COMMAND_KEY}" in one.output
     assert bodies(rabbit_url, COMMANDS_QUEUE) == [(b'{"n": 2}', {})]
     with DeadLetters(rabbit_url) as letters:
-        assert [x.id for x in letters.all()] == [ids[0], ids[2], ids[3]]
+        assert [x.id for x in letters.each()] == [ids[0], ids[2], ids[3]]
 
     assert cli(rabbit_url, "replay").exit_code == 2  # an id or --all
     every = cli(rabbit_url, "replay", "--all")
@@ -118,7 +130,7 @@ def test_purge_asks_for_yes(rabbit_url: str) -> None:
     assert refused.exit_code == 2
     assert "--yes" in refused.output
     with DeadLetters(rabbit_url) as letters:
-        assert len(letters.all()) == 4
+        assert len(list(letters.each())) == 4
     done = cli(rabbit_url, "purge", "--yes")
     assert done.exit_code == 0
     assert "dead letter(s) purged" in done.output
@@ -131,3 +143,176 @@ def test_the_embedded_broker_says_it_keeps_none() -> None:
     )
     assert result.exit_code == EXIT_CONFIGURATION
     assert "embedded broker (memory://) keeps dead letters only inside" in result.output
+
+
+def large(n: int, size: int) -> bytes:
+    """A hop-shaped body of `size` bytes, each one different."""
+    head = b'{"type": "hop", "version": 1, "n": %d, "pad": "' % n
+    return head + b"x" * (size - len(head) - 2) + b'"}'
+
+
+def dead_letter_through_the_worker(url: str, bodies: list[bytes]) -> None:
+    """Publish the bodies to the hops queue, take each delivery and let the worker's
+    `Settler` dead-letter it (scrubbed, published, acked) as its `read` does with a
+    body that `decode` refuses."""
+    for body in bodies:
+        publish_raw(url, body, WORK_KEY, "application/json", "utf-8", {})
+    publisher = Broker(url, Topology(), scheduler=None)
+    settler = Settler(
+        publisher,
+        stats=WorkerStats(),
+        retry_delays_s=(1.0,),
+        connection_errors=(ConnectionError,),
+        database=Outage(logging.getLogger("test"), "worker", "db", announce_start=False),
+        dead_letter=DeadLetter,
+    )
+    try:
+        with Connection(url) as conn:
+            queue = Queue(HOPS_QUEUE, no_declare=True).bind(conn.channel())
+            for _ in bodies:
+                message = queue.get(no_ack=False)
+                assert message is not None
+                size = len(message.body)
+                reason = "too large" if size > MAX_BODY_BYTES else "schema errors"
+                settler.dead(message, reason, {"size": size})
+                assert message.acknowledged
+    finally:
+        publisher.close()
+
+
+def test_a_large_body_is_dead_lettered_cut_with_its_length_and_hash(rabbit_url: str) -> None:
+    big = [large(n, 8 * MIB) for n in range(4)]
+    small = b'{"type": "hop", "version": 1, "attempt_id": 7, "hop": 0}'  # schema errors
+    dead_letter_through_the_worker(rabbit_url, [*big, small])
+
+    with DeadLetters(rabbit_url) as letters:
+        listed = letters.page().letters
+        whole = listed[-1]
+        with pytest.raises(NotReplayable, match="cannot be replayed"):
+            letters.replay(listed[0].id)
+    assert [x.reason for x in listed] == ["too large"] * 4 + ["schema errors"]
+    for letter, body in zip(listed, big, strict=False):
+        assert letter.truncated
+        assert letter.body == body[:DEAD_BODY_KEPT]
+        assert letter.body_bytes == len(body)
+        assert letter.body_sha256 == hashlib.sha256(body).hexdigest()
+    assert (whole.truncated, whole.body, whole.body_bytes) == (False, small, len(small))
+
+    shown = cli(rabbit_url, "show", listed[0].id)
+    assert json.loads(shown.output)["truncated"] is True
+    refused = cli(rabbit_url, "replay", listed[1].id)
+    assert refused.exit_code == 1
+    assert "cannot be replayed" in refused.output
+    assert "not the whole body" in refused.output
+    every = cli(rabbit_url, "replay", "--all")
+    assert every.exit_code == 0, every.output
+    assert "1 dead letter(s) replayed; 4 kept, truncated" in every.output
+    assert f"kept {listed[0].id}: its body is not whole" in every.output
+    assert bodies(rabbit_url, HOPS_QUEUE) == [(small, {})]
+
+    held = take_all(rabbit_url, DEAD_QUEUE)  # what sits in the queue, raw
+    assert len(held) == 4
+    for message, body in zip(held, big, strict=True):
+        assert len(message.body) == DEAD_BODY_KEPT
+        assert message.headers["x-dead-body-bytes"] == len(body)
+        assert message.headers["x-dead-body-sha256"] == hashlib.sha256(body).hexdigest()
+        assert message.headers["x-dead-truncated"] is True
+        assert len(json.dumps(message.headers, default=str)) < 1024
+
+
+def rejected(url: str, bodies: list[bytes]) -> None:
+    """The bodies dead-lettered whole by the hops queue itself (rejected: x-death)."""
+    for body in bodies:
+        publish_raw(url, body, WORK_KEY, "application/json", "utf-8", {})
+    with Connection(url) as conn:
+        queue = Queue(HOPS_QUEUE, no_declare=True).bind(conn.channel())
+        for _ in bodies:
+            message = queue.get(no_ack=False)
+            assert message is not None
+            message.reject(requeue=False)
+
+
+def test_listing_pages_through_the_queue_holding_one_page(rabbit_url: str) -> None:
+    # Dead-lettered whole by the queue: 6 x 8 MiB sit in it, each replayable.
+    big = [large(n, 8 * MIB) for n in range(6)]
+    rejected(rabbit_url, big)
+    dead_letter_through_the_worker(rabbit_url, [large(n, 100_000) for n in range(6, 9)])
+
+    tracemalloc.start()
+    try:
+        with DeadLetters(rabbit_url) as letters:
+            pages = [letters.page(4)]
+            while pages[-1].after:
+                pages.append(letters.page(4, pages[-1].after))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert [len(p.letters) for p in pages] == [4, 4, 1]
+    assert [p.more for p in pages] == [True, True, False]
+    listed = [letter for p in pages for letter in p.letters]
+    assert len({x.id for x in listed}) == 9
+    assert [x.reason for x in listed] == ["rejected"] * 6 + ["too large"] * 3
+    assert all(len(x.body) == DEAD_BODY_KEPT for x in listed)
+    assert [x.body_bytes for x in listed[:6]] == [8 * MIB] * 6
+    assert not any(x.truncated for x in listed[:6])  # the queue holds them whole
+    # One message at hand at a time (py-amqp joins its frames: about twice its size),
+    # never the 48 MiB of bodies the queue holds.
+    assert peak < 3 * 8 * MIB, peak
+
+    first = cli(rabbit_url, "list", "--limit", "4")
+    assert first.exit_code == 0, first.output
+    assert f"4 dead letter(s); more after {listed[3].id}" in first.output
+    last = cli(rabbit_url, "list", "--limit", "4", "--after", listed[7].id)
+    assert "1 dead letter(s)" in last.output
+    assert "more after" not in last.output
+    assert "(cut to 8192 of 100000 bytes)" in last.output
+    as_json = cli(rabbit_url, "list", "--json", "--limit", "2", "--after", listed[1].id)
+    assert [x["id"] for x in json.loads(as_json.stdout)] == [listed[2].id, listed[3].id]
+    assert f"--after {listed[3].id}" in as_json.stderr
+    gone = cli(rabbit_url, "list", "--after", "no-such-letter")
+    assert gone.exit_code == 1
+    assert "no dead letter no-such-letter" in gone.output
+
+    # A whole one replays whole; all nine are still there (nothing consumed).
+    assert len(take_all(rabbit_url, DEAD_QUEUE)) == 9
+
+
+def test_the_web_page_shows_one_page_and_links_the_next(rabbit_url: str, tmp_path: Any) -> None:
+    from starlette.testclient import TestClient
+
+    from infrastructure.dead_letters import PAGE
+    from infrastructure.settings import Settings
+    from worker.web.app import create_app
+
+    broker = Broker(rabbit_url, Topology(), scheduler=None)
+    try:
+        broker.declare()
+        for n in range(PAGE + 5):
+            broker.publish_dead(b'{"n": %d}' % n, "schema errors", {}, WORK_KEY)
+        broker.publish_dead(large(0, 100_000), "too large", {}, WORK_KEY)
+    finally:
+        broker.close()
+    with DeadLetters(rabbit_url) as letters:
+        ids = [x.id for x in letters.each()]
+    settings = Settings.from_env(
+        {
+            "PROVISIONER_DATABASE_URL": f"sqlite:///{tmp_path / 'none.sqlite'}",
+            "PROVISIONER_BROKER_URL": rabbit_url,
+        }
+    )
+    with TestClient(create_app(settings), base_url="http://127.0.0.1:8080") as web:
+        first = web.get("/dead-letters").text
+        second = web.get("/dead-letters", params={"after": ids[PAGE - 1]}).text
+        gone = web.get("/dead-letters", params={"after": "no-such-letter"}).text
+
+    row = '<tr><td class="mono">'
+    assert first.count(row) == PAGE
+    assert f'id="next-page" href="?after={ids[PAGE - 1]}"' in first
+    assert "First page" not in first
+    assert second.count(row) == 6
+    assert ids[PAGE] in second
+    assert "next-page" not in second
+    assert '<a href="?">First page</a>' in second
+    assert "100000 (truncated)" in second
+    assert "no dead letter no-such-letter" in gone
+    assert '<a href="?">First page</a>' in gone

@@ -328,7 +328,7 @@ class Run:
         poisoner = drivers.poisoner
         self.fleet.stop(["fake-gateway"])
         logs = self.fleet.logs()
-        dead = facts.dead_letter_bodies(self.iso.broker_url)
+        dead = facts.dead_letter_bodies(self.iso.broker_url, poisoner.sent)
         self.dead_letter_repeats = checks.dead_letter_repeats(poisoner.sent, dead)
         found = checks.Facts(
             brands=brands,

@@ -25,6 +25,7 @@ from starlette.routing import Route
 from starlette.templating import Jinja2Templates
 
 from domain.errors import UnknownBrand
+from infrastructure.dead_letters import PAGE
 from infrastructure.settings import Settings
 from worker.edges import describe
 from worker.web.reads import BRANDS_SHOWN, STATUSES, Reads
@@ -110,8 +111,9 @@ def create_app(settings: Settings) -> Starlette:
         return page(request, "stuck.html", rows=rows, overdue=overdue)
 
     async def dead_letters(request: Request) -> Response:
-        found = await run_in_threadpool(reads.dead_letters)
-        return page(request, "dead_letters.html", **found)
+        after = request.query_params.get("after", "")[:100] or None  # ids are 16 characters
+        found = await run_in_threadpool(reads.dead_letters, after)
+        return page(request, "dead_letters.html", page_size=PAGE, **found)
 
     async def lag(request: Request) -> Response:
         found = await run_in_threadpool(reads.lag)

@@ -14,7 +14,7 @@ from urllib.parse import urlsplit
 from infrastructure.audit import brand_history, brand_status
 from infrastructure.broker import Topology
 from infrastructure.broker_failures import broker_failure
-from infrastructure.dead_letters import DeadLetters, EmbeddedBroker, now
+from infrastructure.dead_letters import PAGE, DeadLetters, EmbeddedBroker, NotFound, now
 from infrastructure.eventstore import open_event_store
 from infrastructure.gateway import HttpGateway
 from infrastructure.outbox import TOPICS
@@ -91,20 +91,24 @@ class Reads:
         with self.store() as store:
             return list_attempts(store, stuck=True, overdue_s=overdue_s, limit=500)
 
-    def dead_letters(self) -> dict[str, Any]:
+    def dead_letters(self, after: str | None = None) -> dict[str, Any]:
+        """A page of dead letters (`PAGE` of them), from the one after `after`."""
         url = self.settings.broker_url
         try:
             with DeadLetters(url, Topology(queue_type=self.settings.queue_type)) as letters:
-                found = letters.all()
+                page = letters.page(PAGE, after)
         except EmbeddedBroker as exc:
             return {"notice": str(exc), "letters": []}
+        except NotFound as exc:
+            return {"notice": str(exc), "letters": [], "paged": True}
         except Exception as exc:
             failure = broker_failure(exc, url)
             if failure is None:
                 raise
             return {"error": str(failure), "letters": []}
         at = now()
-        return {"letters": [letter.summary(at) for letter in found]}
+        letters_shown = [letter.summary(at) for letter in page.letters]
+        return {"letters": letters_shown, "next_after": page.after, "paged": after is not None}
 
     def lag(self) -> dict[str, Any]:
         s = self.settings
