@@ -25,6 +25,9 @@ Failures are told apart in `infrastructure/broker_failures.py`.
 `memory://` (kombu's in-memory transport) has no TTL, dead-lettering or
 confirms: delays are kept by `DelayScheduler`, a thread that publishes each
 message when it is due, and dead letters are published directly.
+
+Every kombu Connection of the project is made by `connection`: an `amqps://`
+one checks the broker's certificate chain and its name (`BrokerTls`).
 """
 
 from __future__ import annotations
@@ -36,12 +39,14 @@ import itertools
 import json
 import logging
 import math
+import ssl
 import threading
 import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import parse_qsl, urlsplit
 
 import amqp
 from amqp import spec
@@ -49,6 +54,7 @@ from kombu.connection import Connection
 from kombu.entity import Exchange, Queue
 from kombu.messaging import Producer
 
+from infrastructure.failures import ConfigurationError
 from infrastructure.messages import COMMAND_TYPES, Message
 
 log = logging.getLogger("provisioner.broker")
@@ -170,9 +176,57 @@ def is_memory(url: str) -> bool:
     return url.startswith("memory://")
 
 
-def connect(url: str) -> Connection:
+@dataclass(frozen=True, slots=True)
+class BrokerTls:
+    """What an `amqps://` connection trusts and shows: the CA file the broker's
+    certificate must chain to (None: the system's CAs), and a client certificate
+    with its key (both or neither)."""
+
+    ca_file: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
+
+    def __post_init__(self) -> None:
+        if (self.cert_file is None) != (self.key_file is None):
+            raise ValueError("a client certificate needs its key, and a key its certificate")
+
+    def ssl_options(self, host: str) -> dict[str, Any]:
+        """kombu's `ssl` argument as py-amqp reads it (`SSLTransport._wrap_socket_sni`):
+        it checks the certificate's name only when given `server_hostname`, and loads
+        the system's CAs when given no `ca_certs`."""
+        options: dict[str, Any] = {
+            "server_hostname": host,
+            "cert_reqs": ssl.CERT_REQUIRED,
+            "tls_minimum_version": ssl.TLSVersion.TLSv1_2,
+        }
+        if self.ca_file is not None:
+            options["ca_certs"] = self.ca_file
+        if self.cert_file is not None:
+            options |= {"certfile": self.cert_file, "keyfile": self.key_file}
+        return options
+
+
+def connection(url: str, tls: BrokerTls | None = None, **options: Any) -> Connection:
+    """A kombu Connection to `url`. For `amqps://`, with explicit TLS options (`tls`, or
+    the system's CAs): by itself kombu passes `ssl=True`, with which py-amqp checks the
+    chain but not that the certificate names the URL's host."""
+    parts = urlsplit(url)
+    # kombu would put a URL's ssl_* options in place of these.
+    if any(key.lower().startswith("ssl") for key, _ in parse_qsl(parts.query)):
+        raise ConfigurationError(
+            "PROVISIONER_BROKER_URL has ssl_* query options: TLS is set with "
+            "PROVISIONER_BROKER_CA_FILE, PROVISIONER_BROKER_CERT_FILE and _KEY_FILE"
+        )
+    if parts.scheme.lower() == "amqps":
+        options["ssl"] = (tls or BrokerTls()).ssl_options(parts.hostname or "")
+    return Connection(url, **options)
+
+
+def connect(url: str, tls: BrokerTls | None = None) -> Connection:
+    """A connection for publishing and consuming (confirms, heartbeats)."""
     options = {} if is_memory(url) else {"confirm_publish": True}
-    return Connection(url, transport_options=options, heartbeat=0 if is_memory(url) else 30)
+    heartbeat = 0 if is_memory(url) else 30
+    return connection(url, tls, transport_options=options, heartbeat=heartbeat)
 
 
 class DelayScheduler:
@@ -218,12 +272,17 @@ class Broker:
     """One connection for publishing; use it from one thread only."""
 
     def __init__(
-        self, url: str, topology: Topology | None = None, *, scheduler: DelayScheduler | None
+        self,
+        url: str,
+        topology: Topology | None = None,
+        *,
+        scheduler: DelayScheduler | None,
+        tls: BrokerTls | None = None,
     ) -> None:
         self.url = url
         self.topology = topology or Topology()
         self.scheduler = scheduler
-        self.connection = connect(url)
+        self.connection = connect(url, tls)
         self._returned: list[Any] = []
         self._declared: set[str] = set()
         self._producer: Producer | None = None

@@ -11,11 +11,14 @@ with backoff (infrastructure/outages.py) and one-shot commands report.
 
 from __future__ import annotations
 
+from urllib.parse import urlsplit
+
 import amqp
 from kombu.exceptions import OperationalError
 
 from infrastructure.eventstore import redact
 from infrastructure.failures import EdgeFailure, ServiceRefused, ServiceUnavailable, causes
+from infrastructure.tls import certificate_refusal
 
 # AMQP reply codes retrying cannot change, and what to do about each.
 _REFUSED = {
@@ -42,7 +45,15 @@ BROKER_ERRORS: tuple[type[BaseException], ...] = (
 def broker_failure(exc: BaseException, url: str) -> EdgeFailure | None:
     """What a failure talking to the broker at `url` means: ServiceRefused when it
     refused us for good (see _REFUSED), ServiceUnavailable when it is unreachable
-    or dropped us, None when it is no broker failure at all."""
+    or dropped us, None when it is no broker failure at all. A certificate that does
+    not verify is refused (infrastructure/tls.py)."""
+    if is_broker_error(exc):  # not an httpx error whose cause is a certificate
+        tls = certificate_refusal(
+            exc, peer=f"RabbitMQ at {redact(url)}", host=urlsplit(url).hostname,
+            url_key="PROVISIONER_BROKER_URL", ca_key="PROVISIONER_BROKER_CA_FILE",
+        )  # fmt: skip
+        if tls is not None:
+            return tls
     for cause in causes(exc):
         if not isinstance(cause, amqp.exceptions.AMQPError):
             continue

@@ -51,6 +51,7 @@ from infrastructure.broker import (
     EXCHANGE,
     HOPS_QUEUE,
     WORK_KEY,
+    BrokerTls,
     Topology,
     Unroutable,
     connect,
@@ -228,10 +229,12 @@ def parse(body: bytes, headers: dict[str, Any] | None, timestamp: Any = None) ->
 class DeadLetters:
     """`provisioning.dead` on a RabbitMQ broker (one connection, one channel)."""
 
-    def __init__(self, url: str, topology: Topology | None = None) -> None:
+    def __init__(
+        self, url: str, topology: Topology | None = None, *, tls: BrokerTls | None = None
+    ) -> None:
         if is_memory(url):
             raise EmbeddedBroker()
-        self.connection: Any = connect(url)
+        self.connection: Any = connect(url, tls)
         self.topology = topology or Topology()
         self.channel: Any = None
 

@@ -76,6 +76,7 @@ from __future__ import annotations
 import json as jsonlib
 import logging
 import math
+import ssl
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -173,6 +174,7 @@ class HttpGateway:
         max_connections: int = 64,
         observe: Callable[[str, int | None, float], None] | None = None,
         pace: Pace | None = None,
+        ca_file: str | None = None,
     ) -> None:
         if not token:
             raise ValueError("the gateway token must not be empty")
@@ -205,6 +207,9 @@ class HttpGateway:
             limits=limits,
             transport=transport,
             follow_redirects=False,
+            # The gateway's certificate chains to `ca_file` alone when given, else to
+            # httpx's CAs; either way its name is checked.
+            verify=ssl.create_default_context(cafile=ca_file) if ca_file else True,
         )
         self._closed = False
 

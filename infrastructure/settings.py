@@ -54,6 +54,7 @@ from urllib.parse import urlsplit
 from domain.ids import GATEWAY_ID
 from domain.pacing import PaceRules
 from domain.policies import Backoff, Deferral
+from infrastructure.broker import BrokerTls
 from infrastructure.eventstore import DATABASE_SCHEMES, check_database_url
 from infrastructure.failures import ConfigurationError
 from infrastructure.messages import MAX_HOP
@@ -392,6 +393,10 @@ class Settings:
                 "PROVISIONER_GATEWAY_TOKEN is not set: it is required with PROVISIONER_GATEWAY_URL"
             )
         return self.gateway_url, self.gateway_token
+
+    def broker_tls(self) -> BrokerTls:
+        """What an amqps:// connection trusts (the CA file) and shows (a client certificate)."""
+        return BrokerTls(self.broker_ca_file, self.broker_cert_file, self.broker_key_file)
 
     def engine(self) -> EngineSettings:
         try:

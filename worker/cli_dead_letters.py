@@ -40,7 +40,8 @@ def _dead_letters(broker_url: str | None) -> Iterator[DeadLetters]:
     from infrastructure.broker import Topology
 
     try:
-        with DeadLetters(url, Topology(queue_type=settings.queue_type)) as letters:
+        tls = settings.broker_tls()
+        with DeadLetters(url, Topology(queue_type=settings.queue_type), tls=tls) as letters:
             yield letters
     except (NotFound, NotReplayable) as exc:
         raise click.ClickException(str(exc)) from None

@@ -13,10 +13,13 @@ from rich.markup import escape
 from infrastructure.broker import Broker, Topology
 from infrastructure.broker_failures import broker_failure
 from infrastructure.settings import Settings
+from infrastructure.tls import warn_unverified_database
 
 
 def load_settings() -> Settings:
-    return Settings.from_env()
+    settings = Settings.from_env()
+    warn_unverified_database(settings.database_url)
+    return settings
 
 
 class Failed(click.ClickException):
@@ -69,9 +72,10 @@ def views(*, read_only: bool = True) -> Any:
 
 @contextmanager
 def declared_broker(url: str, topology: Topology) -> Iterator[Broker]:
-    """A publisher on the broker, connected and the topology declared first, so a
-    one-shot command says at once, in one line, which broker failed and why."""
-    publisher = Broker(url, topology, scheduler=None)
+    """A publisher on the broker (TLS as the settings say), connected and the topology
+    declared first, so a one-shot command says at once, in one line, which broker
+    failed and why."""
+    publisher = Broker(url, topology, scheduler=None, tls=load_settings().broker_tls())
     try:
         try:
             publisher.declare()

@@ -53,7 +53,7 @@ from domain.errors import (
     UnknownBrand,
 )
 from domain.ports import GatewayError, TransientGatewayError
-from infrastructure.broker import Broker, DelayScheduler, Topology, connect
+from infrastructure.broker import Broker, BrokerTls, DelayScheduler, Topology, connect
 from infrastructure.broker_failures import BROKER_ERRORS, broker_refusal
 from infrastructure.failures import Backoff
 from infrastructure.messages import Message
@@ -143,9 +143,11 @@ class HopWorker:
         wait_delays_s: tuple[float, ...] = WAIT_DELAYS_S,
         prefetch_headroom: int | None = None,
         database_url: str | None = None,
+        tls: BrokerTls | None = None,
     ) -> None:
         self.service = service
         self.url = broker_url
+        self.tls = tls
         self.topology = topology or Topology()
         self.concurrency = concurrency
         headroom = max(2, concurrency // 4) if prefetch_headroom is None else prefetch_headroom
@@ -164,7 +166,7 @@ class HopWorker:
         self._in_flight = 0
         # Handlers submitted on the current connection and not settled yet.
         self._submitted: set[Future[str]] = set()
-        with connect(broker_url) as probe:
+        with connect(broker_url, tls) as probe:
             self._connection_errors = (
                 *BROKER_ERRORS,
                 *probe.connection_errors,
@@ -207,11 +209,11 @@ class HopWorker:
         self._generation += 1
         self._in_flight = 0
         self._submitted = set()
-        with connect(self.url) as conn:
+        with connect(self.url, self.tls) as conn:
             conn.connect()  # one try: run() backs off between tries
             channel = conn.channel()
             self.topology.declare(channel)
-            publisher = Broker(self.url, self.topology, scheduler=self.scheduler)
+            publisher = Broker(self.url, self.topology, scheduler=self.scheduler, tls=self.tls)
             settler = Settler(
                 publisher,
                 stats=self.stats,

@@ -23,10 +23,10 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import psycopg
-from kombu.connection import Connection
 
 from domain.pacing import PaceRules, PaceState, rate_now
 from domain.ports import Gateway, TransientGatewayError, Unauthorized, WorkspaceGone
+from infrastructure.broker import BrokerTls, connection
 from infrastructure.eventstore import (
     is_postgres,
     open_event_store,
@@ -169,11 +169,14 @@ def database_check(url: str, *, timeout_s: float = PROBE_TIMEOUT_S) -> Callable[
     return check
 
 
-def broker_check(url: str, *, timeout_s: float = PROBE_TIMEOUT_S) -> Callable[[], str]:
-    """A new AMQP connection with the process's broker URL (vhost and credentials)."""
+def broker_check(
+    url: str, tls: BrokerTls | None = None, *, timeout_s: float = PROBE_TIMEOUT_S
+) -> Callable[[], str]:
+    """A new AMQP connection with the process's broker URL (vhost and credentials) and
+    TLS options."""
 
     def check() -> str:
-        with Connection(url, connect_timeout=timeout_s) as conn:  # type: ignore[no-untyped-call]
+        with connection(url, tls, connect_timeout=timeout_s) as conn:
             conn.connect()
         return f"reachable at {redact(url)}"
 
@@ -408,7 +411,7 @@ def checks_for(
     )  # fmt: skip
     checks: list[Check] = [("database", database_check(settings.database_url))]
     if parts != ("projections",) and urlsplit(settings.broker_url).scheme != "memory":
-        checks.append(("broker", broker_check(settings.broker_url)))
+        checks.append(("broker", broker_check(settings.broker_url, settings.broker_tls())))
     if gateway is not None:
         checks.append(("gateway", GatewayCheck(gateway)))
     if pace is not None:
@@ -428,7 +431,12 @@ def check_once(settings: Settings) -> list[CheckResult]:
     chosen = None if settings.fake_gateway or settings.gateway_url is None else settings.gateway()
     gateway = None
     if chosen is not None:
-        gateway = HttpGateway(*chosen, read_timeout=settings.gateway_timeout_s, retries=0)
+        gateway = HttpGateway(
+            *chosen,
+            read_timeout=settings.gateway_timeout_s,
+            retries=0,
+            ca_file=settings.gateway_ca_file,
+        )
     pace = None
     if chosen is not None and is_postgres(settings.database_url):
         pace = functools.partial(read_pace, settings.database_url, chosen[0])

@@ -94,12 +94,17 @@ class Runtime(_Threads):
             concurrency=concurrency or self.settings.concurrency,
             scheduler=self.scheduler,
             database_url=self.settings.database_url,
+            tls=self.settings.broker_tls(),
         )
+
+    def _broker(self) -> Broker:
+        s = self.settings
+        return Broker(s.broker_url, self.topology, scheduler=self.scheduler, tls=s.broker_tls())
 
     def relay(self) -> Relay:
         url = self.settings.database_url
         positions = open_position_store(url, create_table=not is_postgres(url))
-        broker = Broker(self.settings.broker_url, self.topology, scheduler=self.scheduler)
+        broker = self._broker()
         return Relay(self.app, broker, positions, database_url=url)
 
     def projector(self, batch: int = 2000) -> Projector:
@@ -115,7 +120,7 @@ class Runtime(_Threads):
         interval_s: float = 30.0,
         deadline_s: float | None = None,
     ) -> tuple[Reconciler, Broker]:
-        broker = Broker(self.settings.broker_url, self.topology, scheduler=self.scheduler)
+        broker = self._broker()
         reconciler = Reconciler(
             self.views_url, overdue_s=overdue_s, grace_s=grace_s, interval_s=interval_s,
             deadline_s=deadline_s or self.settings.attempt_deadline_s, service=self.service,
@@ -167,7 +172,7 @@ def build(
         gateway = stack.enter_context(
             HttpGateway(
                 url, token, read_timeout=settings.gateway_timeout_s,
-                observe=metrics.observe_gateway, pace=pace,
+                observe=metrics.observe_gateway, pace=pace, ca_file=settings.gateway_ca_file,
             )
         )  # fmt: skip
         topology = Topology(queue_type=settings.queue_type)

@@ -94,8 +94,9 @@ class Reads:
     def dead_letters(self, after: str | None = None) -> dict[str, Any]:
         """A page of dead letters (`PAGE` of them), from the one after `after`."""
         url = self.settings.broker_url
+        topology = Topology(queue_type=self.settings.queue_type)
         try:
-            with DeadLetters(url, Topology(queue_type=self.settings.queue_type)) as letters:
+            with DeadLetters(url, topology, tls=self.settings.broker_tls()) as letters:
                 page = letters.page(PAGE, after)
         except EmbeddedBroker as exc:
             return {"notice": str(exc), "letters": []}
