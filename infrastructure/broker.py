@@ -2,14 +2,22 @@
 
 Topology (declared idempotently by `provisioner broker init` and by every process):
 
-    exchange provisioning (direct, durable)
+    exchange provisioning (direct, durable): the service's own
         work     -> queue provisioning.hops       hop, release, decommission
         command  -> queue provisioning.commands   provision, deactivate
         dead     -> queue provisioning.dead       rejected messages, with the reason
+    exchange provisioning.commands (direct, durable): the producers' way in
+        command  -> queue provisioning.commands   provision, deactivate
     queues provisioning.wait.<ms> (one per delay): x-message-ttl = ms, dead-lettered
         back to provisioning/work. Each queue has one TTL, so a long delay never
         holds a short one up (per-message TTLs only expire at a queue's head).
     exchange provisioning.events (topic, durable): integration events
+
+Producers may write to provisioning.commands alone (docs/operations.md, "Broker
+permissions"), and the worker accepts only commands from its queue
+(`messages.QUEUE_RULES`). The service publishes commands there too, as a
+producer does; the `command` key on provisioning stays bound for the dead-letter
+replay and for producers not moved yet.
 
 Work and command queues dead-letter to provisioning/dead; with `quorum` queues
 (a clustered RabbitMQ) an `x-delivery-limit` sends a message that keeps
@@ -51,9 +59,10 @@ from urllib.parse import parse_qsl, urlsplit
 import amqp
 from amqp import spec
 from kombu.connection import Connection
-from kombu.entity import Exchange, Queue
+from kombu.entity import Exchange, Queue, binding
 from kombu.messaging import Producer
 
+from infrastructure import messages
 from infrastructure.failures import ConfigurationError
 from infrastructure.messages import COMMAND_TYPES, Message
 
@@ -61,8 +70,10 @@ log = logging.getLogger("provisioner.broker")
 
 EXCHANGE = "provisioning"
 EVENTS_EXCHANGE = "provisioning.events"
-HOPS_QUEUE = "provisioning.hops"
-COMMANDS_QUEUE = "provisioning.commands"
+COMMANDS_EXCHANGE = "provisioning.commands"  # the only one producers may publish to
+# Named beside the types each accepts (messages.QUEUE_RULES).
+HOPS_QUEUE = messages.HOPS_QUEUE
+COMMANDS_QUEUE = messages.COMMANDS_QUEUE
 DEAD_QUEUE = "provisioning.dead"
 WAIT_PREFIX = "provisioning.wait."
 WORK_KEY, COMMAND_KEY, DEAD_KEY = "work", "command", "dead"
@@ -110,6 +121,10 @@ class Topology:
     def events_exchange(self) -> Exchange:
         return Exchange(EVENTS_EXCHANGE, type="topic", durable=True)
 
+    @property
+    def commands_exchange(self) -> Exchange:
+        return Exchange(COMMANDS_EXCHANGE, type="direct", durable=True)
+
     def _arguments(self, *, dead_letter: bool) -> dict[str, Any]:
         args: dict[str, Any] = {"x-queue-type": self.queue_type}
         if dead_letter:
@@ -118,14 +133,17 @@ class Topology:
                 args["x-delivery-limit"] = self.delivery_limit
         return args
 
-    def _queue(self, name: str, key: str, *, dead_letter: bool) -> Queue:
-        return Queue(
-            name,
-            self.exchange,
-            routing_key=key,
-            durable=True,
-            queue_arguments=self._arguments(dead_letter=dead_letter),
-        )
+    def _queue(
+        self, name: str, key: str, *, dead_letter: bool, also: Exchange | None = None
+    ) -> Queue:
+        """A queue bound to `provisioning` with `key`, and to `also` with it too."""
+        arguments = self._arguments(dead_letter=dead_letter)
+        if also is None:
+            return Queue(name, self.exchange, routing_key=key, durable=True,
+                         queue_arguments=arguments)  # fmt: skip
+        # kombu binds a queue given `bindings` to those alone, so both are listed.
+        bindings = [binding(exchange, routing_key=key) for exchange in (self.exchange, also)]
+        return Queue(name, bindings=bindings, durable=True, queue_arguments=arguments)
 
     @property
     def hops(self) -> Queue:
@@ -133,7 +151,9 @@ class Topology:
 
     @property
     def commands(self) -> Queue:
-        return self._queue(COMMANDS_QUEUE, COMMAND_KEY, dead_letter=True)
+        return self._queue(
+            COMMANDS_QUEUE, COMMAND_KEY, dead_letter=True, also=self.commands_exchange
+        )
 
     @property
     def dead(self) -> Queue:
@@ -150,6 +170,7 @@ class Topology:
     def declare(self, channel: Any) -> None:
         self.exchange.bind(channel).declare()
         self.events_exchange.bind(channel).declare()
+        self.commands_exchange.bind(channel).declare()
         for queue in (self.hops, self.commands, self.dead):
             queue.bind(channel).declare()
 
@@ -342,10 +363,12 @@ class Broker:
         self, message: Message, delay_s: float, headers: dict[str, Any] | None
     ) -> _Envelope | None:
         """Where a work or command message goes; None when the scheduler keeps it."""
-        key = COMMAND_KEY if message.type in COMMAND_TYPES else WORK_KEY
+        # Commands go the way producers send them; a delayed one comes back on work.
+        command = message.type in COMMAND_TYPES
+        exchange, key = (COMMANDS_EXCHANGE, COMMAND_KEY) if command else (EXCHANGE, WORK_KEY)
         delay_ms = wait_rung_ms(delay_s)
         if delay_ms <= 0:
-            return _Envelope(message.encode(), EXCHANGE, key, headers)
+            return _Envelope(message.encode(), exchange, key, headers)
         if self.scheduler is not None:
             self.scheduler.schedule(message, delay_s, headers)
             return None

@@ -1,7 +1,7 @@
-"""The messages on the broker: JSON only, each with `type` and `version`, validated
-by marshmallow schemas. Never pickle.
+"""The messages on the broker: JSON only, each with `type` and `version`,
+validated by marshmallow schemas. Never pickle.
 
-| type           | version | fields                                       | queue                 |
+| type           | version | fields                                       | sent to               |
 |----------------|---------|----------------------------------------------|-----------------------|
 | `hop`          | 1       | attempt_id (UUID), hop (int >= 0)            | provisioning.hops     |
 | `release`      | 1       | attempt_id (UUID)                            | provisioning.hops     |
@@ -9,6 +9,14 @@ by marshmallow schemas. Never pickle.
 | `provision`    | 1       | brand_id, title, parent_workspace_id,        | provisioning.commands |
 |                |         | requested_at?                                |                       |
 | `deactivate`   | 1       | brand_id, requested_at?                      | provisioning.commands |
+
+Which types each queue the worker consumes accepts is `QUEUE_RULES`:
+`provisioning.commands` is the producers' way in, so it takes commands alone;
+`provisioning.hops`, which only the service can publish to, takes every type
+(a command retried after a delay comes back through it). A type a queue does
+not accept is refused like any other invalid message (`admit`), because broker
+permissions can let a producer publish to an exchange but not choose what its
+body says (docs/operations.md, "Broker permissions").
 
 `requested_at` (optional): the producer's time of the command, ISO 8601 with an
 offset; without it the worker orders the command at the time it handles it.
@@ -29,6 +37,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
+from types import MappingProxyType
 from typing import Any
 from uuid import UUID
 
@@ -71,7 +80,27 @@ SCHEMAS: dict[tuple[str, int], Schema] = {
     ("provision", 1): ProvisionSchema(),
     ("deactivate", 1): DeactivateSchema(),
 }
-COMMAND_TYPES = frozenset({"provision", "deactivate"})
+COMMAND_TYPES = frozenset({"provision", "deactivate"})  # what producers send
+INTERNAL_TYPES = frozenset({"hop", "release", "decommission"})  # what the service sends itself
+
+HOPS_QUEUE = "provisioning.hops"
+COMMANDS_QUEUE = "provisioning.commands"
+
+
+@dataclass(frozen=True, slots=True)
+class QueueRule:
+    """The types a queue accepts; a delivery of another type is dead-lettered with `refusal`."""
+
+    accepts: frozenset[str]
+    refusal: str
+
+
+QUEUE_RULES: Mapping[str, QueueRule] = MappingProxyType(
+    {
+        HOPS_QUEUE: QueueRule(COMMAND_TYPES | INTERNAL_TYPES, "unexpected type on the hops queue"),
+        COMMANDS_QUEUE: QueueRule(COMMAND_TYPES, "internal message on the commands queue"),
+    }
+)
 
 
 class InvalidMessage(ValueError):
@@ -162,6 +191,20 @@ def decode(
         raise
     except Exception as exc:  # noqa: BLE001 - whatever a body does, it is refused
         raise InvalidMessage("undecodable", {"error": _short(exc)}) from None
+
+
+def admit(queue: str, message: Message) -> Message:
+    """`message` if `queue` accepts its type; else InvalidMessage with the queue's refusal.
+
+    A queue not in QUEUE_RULES accepts nothing: a new queue must say what it takes.
+    """
+    rule = QUEUE_RULES.get(queue)
+    if rule is None:
+        raise InvalidMessage("unknown queue", {"queue": queue[:100], "type": message.type})
+    if message.type not in rule.accepts:
+        errors = {"type": message.type, "queue": queue, "accepts": sorted(rule.accepts)}
+        raise InvalidMessage(rule.refusal, errors)
+    return message
 
 
 def retries(headers: object) -> int:

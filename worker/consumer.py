@@ -7,7 +7,8 @@ never touch the connection; they put finished work on a queue that the
 consuming thread empties between drains.
 
 - Invalid messages (too large, too deeply nested, not UTF-8, bad JSON, a bad
-  header, unknown type or version, schema errors) and permanent failures
+  header, unknown type or version, schema errors, a type the queue it came
+  from does not accept: a hop on the commands queue) and permanent failures
   (unknown attempt or brand, a refused command) go to the dead-letter queue
   with the reason in their headers, then are acked (worker/delivery.py). An
   unexpected failure while settling one message is contained there too.
@@ -40,6 +41,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from kombu.entity import Queue
 from kombu.messaging import Consumer
 
 from domain.errors import (
@@ -232,17 +234,9 @@ class HopWorker:
                 # One limit for the channel (global), not one per consumer: with two
                 # queues a per-consumer prefetch would hold twice as many messages.
                 channel.basic_qos(0, self.prefetch, True)
-                consumer = Consumer(
-                    channel,
-                    queues=[self.topology.hops, self.topology.commands],
-                    on_message=lambda m: self._received(m, pool, settler),
-                    # kombu raises a message's decode errors (a compression header
-                    # with junk) out of drain_events unless told where they go.
-                    on_decode_error=lambda m, _exc: self._received(m, pool, settler),
-                    prefetch_count=None,
-                    no_ack=False,
-                )
-                with consumer:
+                hops = self._consumer(channel, self.topology.hops, pool, settler)
+                commands = self._consumer(channel, self.topology.commands, pool, settler)
+                with hops, commands:
                     self.broker_outage.up()
                     backoff.reset()
                     self.ready.set()
@@ -251,12 +245,30 @@ class HopWorker:
                         with contextlib.suppress(TimeoutError):
                             conn.drain_events(timeout=self._drain_timeout())
                         conn.heartbeat_check()
-                    consumer.cancel()
+                    hops.cancel()
+                    commands.cancel()
                     self._cancel_queued()
                     self._drain_in_flight(settler)
             finally:
                 with contextlib.suppress(Exception):
                     publisher.close()
+
+    def _consumer(
+        self, channel: Any, queue: Queue, pool: ThreadPoolExecutor, settler: Settler
+    ) -> Consumer:
+        """A consumer of one queue: each delivery is read knowing the queue it came
+        from, which decides the types it may hold (messages.QUEUE_RULES)."""
+        name = str(queue.name)
+        return Consumer(
+            channel,
+            queues=[queue],
+            on_message=lambda m: self._received(m, name, pool, settler),
+            # kombu raises a message's decode errors (a compression header
+            # with junk) out of drain_events unless told where they go.
+            on_decode_error=lambda m, _exc: self._received(m, name, pool, settler),
+            prefetch_count=None,
+            no_ack=False,
+        )
 
     def _drain_timeout(self) -> float:
         """How long to wait for the broker before looking at finished hops again.
@@ -268,8 +280,10 @@ class HopWorker:
         """
         return SATURATED_DRAIN_S if self._in_flight >= self.prefetch else IDLE_DRAIN_S
 
-    def _received(self, message: Any, pool: ThreadPoolExecutor, settler: Settler) -> None:
-        delivery = settler.read(message)  # None: dead-lettered already
+    def _received(
+        self, message: Any, queue: str, pool: ThreadPoolExecutor, settler: Settler
+    ) -> None:
+        delivery = settler.read(message, queue)  # None: dead-lettered already
         if delivery is None:
             return
         generation = self._generation

@@ -7,7 +7,10 @@ message ends its thread:
   `message.errors` (a compression header with junk), a content type or
   encoding we do not speak, a bad `x-retries` header, and every `decode`
   refusal (too large, too deeply nested, not UTF-8, invalid JSON, schema
-  errors) — by dead-lettering it with the reason, then acking it.
+  errors), and a type its queue does not accept (`messages.QUEUE_RULES`: a
+  hop, release or decommission on the producers' commands queue is an
+  `internal message on the commands queue`) — by dead-lettering it with the
+  reason, then acking it.
 - `Settler.settle` acks a handled message, dead-letters a `DeadLetter`, and
   re-publishes any other failure after a delay with `x-retries` + 1 (dead-
   lettered as `retries exhausted` after the last delay: about 200 s; a hop
@@ -34,7 +37,7 @@ from typing import Any
 
 from domain.errors import RetryLater
 from infrastructure.broker import Broker
-from infrastructure.messages import InvalidMessage, Message, decode, retries, waits
+from infrastructure.messages import InvalidMessage, Message, admit, decode, retries, waits
 from infrastructure.outages import Outage, is_database_error, one_line
 from worker import metrics
 
@@ -57,8 +60,9 @@ class Delivery:
     waits: int = 0
 
 
-def inspect(message: Any) -> Delivery:
-    """The delivery's message and retry count; InvalidMessage when it has none we accept."""
+def inspect(message: Any, queue: str) -> Delivery:
+    """The message and retry counts of a delivery from `queue`; InvalidMessage when it
+    has none that queue accepts."""
     if message.errors:
         exc = message.errors[0][1] if isinstance(message.errors[0], tuple) else message.errors[0]
         raise InvalidMessage("undecodable", {"kombu": one_line(exc)})
@@ -71,7 +75,7 @@ def inspect(message: Any) -> Delivery:
     decoded = decode(
         message.body, content_type=message.content_type, content_encoding=message.content_encoding
     )
-    return Delivery(decoded, tries, waited)
+    return Delivery(admit(queue, decoded), tries, waited)
 
 
 class Settler:
@@ -115,10 +119,11 @@ class Settler:
         }
         self.secrets = tuple(sorted(forms, key=len, reverse=True))
 
-    def read(self, message: Any) -> Delivery | None:
-        """The delivery to hand to a handler, or None once it has been dead-lettered."""
+    def read(self, message: Any, queue: str) -> Delivery | None:
+        """The delivery (from `queue`) to hand to a handler, or None once it has been
+        dead-lettered."""
         try:
-            return inspect(message)
+            return inspect(message, queue)
         except self.connection_errors:
             raise
         except InvalidMessage as exc:

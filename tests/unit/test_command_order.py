@@ -357,4 +357,5 @@ def test_an_infrastructure_failure_after_waits_still_gets_its_own_retries() -> N
     )
 
     assert [(d, h) for _, d, h in publisher.published] == [(1.0, {"x-retries": 1, "x-waits": 7})]
-    assert settler(FakePublisher()).read(message) == Delivery(decoded, 0, 7)
+    read = settler(FakePublisher()).read(message, messages.COMMANDS_QUEUE)
+    assert read == Delivery(decoded, 0, 7)

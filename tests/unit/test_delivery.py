@@ -141,7 +141,7 @@ def test_poison_is_dead_lettered_with_its_reason_and_acked(
 ) -> None:
     publisher = FakePublisher()
 
-    assert settler(publisher).read(message) is None
+    assert settler(publisher).read(message, HOPS_QUEUE) is None
 
     [(_, dead_reason, errors, source)] = publisher.dead
     assert (dead_reason, source) == (reason, "work")
@@ -158,13 +158,13 @@ def test_random_bodies_and_headers_never_escape_the_reader() -> None:
         body = bytes(rng.choice(alphabet) for _ in range(rng.randrange(0, 200)))
         header = rng.choice([None, "1", 1.5, b"\x00", {"a": 1}, 2**70, 3])
         message = FakeMessage(body, {"x-retries": header} if header is not None else {})
-        delivery = reader.read(message)
+        delivery = reader.read(message, HOPS_QUEUE)
         assert delivery is not None or message.state == "ACK"
     assert publisher.dead
 
 
 def test_a_good_delivery_is_read_with_its_retry_count() -> None:
-    delivery = settler(FakePublisher()).read(FakeMessage(GOOD, {"x-retries": 2}))
+    delivery = settler(FakePublisher()).read(FakeMessage(GOOD, {"x-retries": 2}), HOPS_QUEUE)
 
     assert delivery == Delivery(messages.decode(GOOD), 2)
 
@@ -214,7 +214,7 @@ def test_a_dead_letter_that_cannot_be_published_is_rejected_to_the_queues_own_de
     publisher = FakePublisher(fail_dead=5)
     message = FakeMessage(b"[" * 100_000)
 
-    assert settler(publisher).read(message) is None
+    assert settler(publisher).read(message, HOPS_QUEUE) is None
 
     assert message.state == "REJECTED"
 

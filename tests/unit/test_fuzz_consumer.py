@@ -5,7 +5,9 @@ with fields of the wrong kind, unknown types and versions, huge or deep values),
 random headers (`x-retries`, `x-waits`, `compression` of any kind, not a table at
 all), content types and encodings, and kombu's own decode errors go through what
 the consumer does with a delivery (`Settler.read`, then `handle` on a service over
-the memory event store and the in-memory gateway, then `Settler.settle`).
+the memory event store and the in-memory gateway, then `Settler.settle`). Valid
+messages arrive on either queue the worker consumes: an internal one (hop, release,
+decommission) on the producers' commands queue is dead-lettered unhandled.
 
 Each delivery must end settled: acked after it was handled, re-published for a
 retry, or dead-lettered with a reason (rejected only when dead-lettering itself
@@ -22,6 +24,7 @@ from datetime import UTC, datetime
 from typing import Any
 from uuid import UUID, uuid4
 
+import pytest
 from hypothesis import event, example, given, note, settings
 from hypothesis import strategies as st
 
@@ -29,6 +32,7 @@ from domain.errors import RetryLater
 from domain.ports import GatewayError
 from infrastructure import messages
 from infrastructure.eventstore import open_event_store
+from infrastructure.messages import COMMANDS_QUEUE, HOPS_QUEUE
 from infrastructure.service import EngineSettings, ProvisioningService
 from tests.conftest import ManualClock
 from tests.memory_gateway import MemoryGateway
@@ -195,7 +199,7 @@ def test_every_delivery_ends_handled_retried_or_dead_lettered_with_a_reason(
     publisher = FakePublisher()
     reader = settler(publisher, delays=(1.0, 5.0))
 
-    delivery = reader.read(delivery_message)  # raises nothing, whatever it holds
+    delivery = reader.read(delivery_message, HOPS_QUEUE)  # raises nothing, whatever it holds
 
     if delivery is None:
         [(_, reason, why, _)] = publisher.dead
@@ -296,9 +300,62 @@ def test_every_message_the_decoder_accepts_is_handled_retried_or_dead_lettered(
         message = data.draw(valid_messages(attempts))
         body = message.encode()
         delivery_message = FakeMessage(body, data.draw(good_headers))
-        delivery = reader.read(delivery_message)
-        assert delivery is not None, publisher.dead
-        assert delivery.message == messages.decode(body)
+        queue = data.draw(st.sampled_from([HOPS_QUEUE, COMMANDS_QUEUE]), label="queue")
         publisher.dead.clear()
         publisher.published.clear()
+        head = _head(service)
+        delivery = reader.read(delivery_message, queue)
+        if message.type not in messages.QUEUE_RULES[queue].accepts:
+            _assert_refused_unhandled(service, publisher, delivery_message, delivery, head)
+            event(f"refused on the commands queue: {message.type}")
+            continue
+        assert delivery is not None, publisher.dead
+        assert delivery.message == messages.decode(body)
         _handle_and_settle(service, reader, publisher, delivery_message, delivery)
+
+
+def _head(service: ProvisioningService) -> int:
+    return service.app.recorder.max_notification_id() or 0
+
+
+def _assert_refused_unhandled(
+    service: ProvisioningService,
+    publisher: FakePublisher,
+    delivery_message: FakeMessage,
+    delivery: Delivery | None,
+    head: int,
+) -> None:
+    """Dead-lettered as internal on the commands queue, acked, and nothing recorded."""
+    assert delivery is None
+    [(_, reason, errors, _)] = publisher.dead
+    assert reason == "internal message on the commands queue"
+    assert errors["queue"] == COMMANDS_QUEUE
+    assert errors["accepts"] == ["deactivate", "provision"]
+    assert delivery_message.state == "ACK"
+    assert publisher.published == []
+    assert _head(service) == head
+
+
+@pytest.mark.parametrize("kind", ["hop", "release", "decommission"])
+def test_an_internal_message_on_the_commands_queue_is_dead_lettered_and_has_no_effect(
+    kind: str,
+) -> None:
+    """What a producer allowed to publish commands could send: a hop of a pending
+    attempt, a release, a decommission of a bound brand's workspace. Each one would
+    act on the hops queue; on the commands queue none reaches a handler."""
+    service, attempts = a_busier_service()
+    message = {
+        "hop": messages.hop(attempts[0], 1),
+        "release": messages.release(attempts[1]),
+        "decommission": messages.decommission("b3"),
+    }[kind]
+    publisher = FakePublisher()
+    reader = settler(publisher)
+    head = _head(service)
+
+    refused = FakeMessage(message.encode())
+    delivery = reader.read(refused, COMMANDS_QUEUE)
+    _assert_refused_unhandled(service, publisher, refused, delivery, head)
+
+    # The same message from the service's own queue is handed to its handler.
+    assert reader.read(FakeMessage(message.encode()), HOPS_QUEUE) == Delivery(message, 0)

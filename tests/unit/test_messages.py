@@ -217,3 +217,55 @@ def test_the_nesting_depth_is_the_former_scans_on_ordinary_bodies() -> None:
         raw = json.dumps(value, ensure_ascii=rng.random() < 0.5).encode()
         cap = messages.MAX_DEPTH + 1  # the scan stops as soon as it is too deep
         assert min(messages._depth(raw), cap) == min(_backtracking_depth(raw), cap), raw
+
+
+# ------------------------------------------------ which queue accepts which types
+
+
+def test_every_type_is_a_command_or_internal_never_both() -> None:
+    types = {t for t, _ in messages.SCHEMAS}
+    assert types == messages.COMMAND_TYPES | messages.INTERNAL_TYPES
+    assert not messages.COMMAND_TYPES & messages.INTERNAL_TYPES
+
+
+def test_the_commands_queue_accepts_commands_alone_the_hops_queue_every_type() -> None:
+    """The hops queue takes commands too: a retried command comes back through it."""
+    rules = messages.QUEUE_RULES
+    assert rules[messages.COMMANDS_QUEUE].accepts == {"provision", "deactivate"}
+    assert rules[messages.HOPS_QUEUE].accepts == {t for t, _ in messages.SCHEMAS}
+
+
+def test_the_rules_cover_exactly_the_queues_the_worker_consumes() -> None:
+    from infrastructure.broker import Topology
+
+    topology = Topology()
+    assert {topology.hops.name, topology.commands.name} == set(messages.QUEUE_RULES)
+
+
+INTERNAL = [messages.hop(uuid4(), 1), messages.release(uuid4()), messages.decommission("b1")]
+COMMANDS = [messages.provision("b1", "Acme", "parent"), messages.deactivate("b1")]
+
+
+@pytest.mark.parametrize("message", INTERNAL, ids=lambda m: m.type)
+def test_an_internal_message_is_refused_on_the_commands_queue(message: messages.Message) -> None:
+    with pytest.raises(InvalidMessage) as caught:
+        messages.admit(messages.COMMANDS_QUEUE, message)
+    assert caught.value.reason == "internal message on the commands queue"
+    assert caught.value.errors == {
+        "type": message.type,
+        "queue": messages.COMMANDS_QUEUE,
+        "accepts": ["deactivate", "provision"],
+    }
+    assert messages.admit(messages.HOPS_QUEUE, message) is message
+
+
+@pytest.mark.parametrize("message", COMMANDS, ids=lambda m: m.type)
+def test_a_command_is_accepted_on_either_queue(message: messages.Message) -> None:
+    for queue in (messages.COMMANDS_QUEUE, messages.HOPS_QUEUE):
+        assert messages.admit(queue, message) is message
+
+
+def test_a_queue_without_a_rule_accepts_nothing() -> None:
+    with pytest.raises(InvalidMessage) as caught:
+        messages.admit("provisioning.other", COMMANDS[0])
+    assert caught.value.reason == "unknown queue"

@@ -152,7 +152,7 @@ def test_a_dead_lettered_body_loses_the_token_it_held(token: str, ensure_ascii: 
     fields = {"type": "provision", "version": 1, "brand_id": "b1", "title": f"x{token}x",
               "parent_workspace_id": "p"}  # fmt: skip
     message = FakeMessage(json.dumps(fields, ensure_ascii=ensure_ascii).encode())
-    delivery = settle.read(message)
+    delivery = settle.read(message, messages.HOPS_QUEUE)
     assert delivery is not None
     svc = ProvisioningService(open_event_store("memory://"), gateway=None, secrets=(token,))  # type: ignore[arg-type]
     refused: Future[str] = Future()
