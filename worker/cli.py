@@ -84,8 +84,30 @@ def broker() -> None:
 @broker.command("init")
 @click.option("--broker-url", envvar="PROVISIONER_BROKER_URL", help="Overrides the setting.")
 @click.option("--queue-type", type=click.Choice(["classic", "quorum"]), default=None)
-def broker_init(broker_url: str | None, queue_type: str | None) -> None:
-    """Declare exchanges and queues (idempotent)."""
+@click.option(
+    "--print-permissions", is_flag=True,
+    help="Print the rabbitmqctl commands that create the users and permissions; connect to "
+    "nothing (docs/operations.md, Broker permissions).",
+)  # fmt: skip
+@click.option("--producer", "producers", multiple=True, metavar="NAME",
+              help="A producer's user, repeatable (default: producer).")  # fmt: skip
+@click.option("--service-user", metavar="NAME", help="The service's user (default: provisioner).")
+@click.option("--vhost", metavar="V", help="The virtual host (default: provisioning).")
+def broker_init(
+    *,
+    broker_url: str | None,
+    queue_type: str | None,
+    print_permissions: bool,
+    producers: tuple[str, ...],
+    service_user: str | None,
+    vhost: str | None,
+) -> None:
+    """Declare exchanges and queues (idempotent), or print the broker permissions."""
+    if print_permissions:
+        _print_permissions(vhost or "provisioning", service_user or "provisioner", producers)
+        return
+    if producers or service_user or vhost:
+        raise click.UsageError("--producer, --service-user and --vhost go with --print-permissions")
     from infrastructure.broker import Topology
     from infrastructure.settings import BROKER_SCHEMES, check_url
 
@@ -95,6 +117,16 @@ def broker_init(broker_url: str | None, queue_type: str | None) -> None:
     with declared_broker(url, topology):
         pass
     click.echo(f"broker topology declared ({topology.queue_type} queues)")
+
+
+def _print_permissions(vhost: str, service_user: str, producers: tuple[str, ...]) -> None:
+    from infrastructure.broker_permissions import rabbitmqctl_lines
+
+    try:
+        lines = rabbitmqctl_lines(vhost, service_user, producers or ("producer",))
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
+    click.echo("\n".join(lines))
 
 
 @main.command()
