@@ -18,7 +18,16 @@ from infrastructure.eventstore import init_database, redact
 from infrastructure.fake_gateway.cli import serve as serve_fake_gateway
 from worker import cli_read
 from worker.cli_dead_letters import dead_letters
-from worker.cli_support import Failed, declared_broker, load_settings, service_only, views
+from worker.cli_support import (
+    Failed,
+    cell,
+    declared_broker,
+    echo,
+    load_settings,
+    printable,
+    service_only,
+    views,
+)
 
 # As PROVISIONER_CONCURRENCY (infrastructure/settings.py): 0 or less would run nothing.
 CONCURRENCY = click.IntRange(1, 512)
@@ -30,7 +39,10 @@ class _Main(click.Group):
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
-        except (click.ClickException, click.exceptions.Exit, click.Abort):
+        except click.ClickException as exc:
+            exc.message = printable(exc.message)  # a usage error may quote an argument
+            raise
+        except (click.exceptions.Exit, click.Abort):
             raise
         except Exception as exc:
             if ctx.params.get("debug"):
@@ -73,7 +85,7 @@ def db_init(database_url: str | None) -> None:
     init_database(url, wait_s=settings.connect_wait_s)
     with SqlViewStore(url, wait_s=settings.connect_wait_s) as store:
         store.setup()
-    click.echo(f"event store ready: {redact(url)}")
+    echo(f"event store ready: {redact(url)}")
 
 
 @main.group()
@@ -116,7 +128,7 @@ def broker_init(
     topology = Topology(queue_type=queue_type or settings.queue_type)
     with declared_broker(url, topology):
         pass
-    click.echo(f"broker topology declared ({topology.queue_type} queues)")
+    echo(f"broker topology declared ({topology.queue_type} queues)")
 
 
 def _print_permissions(vhost: str, service_user: str, producers: tuple[str, ...]) -> None:
@@ -126,7 +138,7 @@ def _print_permissions(vhost: str, service_user: str, producers: tuple[str, ...]
         lines = rabbitmqctl_lines(vhost, service_user, producers or ("producer",))
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
-    click.echo("\n".join(lines))
+    echo("\n".join(lines))
 
 
 @main.command()
@@ -144,7 +156,7 @@ def provision(brand_id: str, title: str, parent: str, wait: bool, timeout: float
         attempt_id = service.request_provisioning(brand_id, title, parent)
     except ProvisionerError as exc:
         raise click.ClickException(str(exc)) from None
-    click.echo(f"attempt {attempt_id} started for brand {brand_id}")
+    echo(f"attempt {attempt_id} started for brand {brand_id}")
     if wait:
         sys.exit(_wait_for(service, attempt_id, timeout))
 
@@ -163,11 +175,11 @@ def _wait_for(service: Any, attempt_id: Any, timeout: float) -> int:
             from infrastructure.audit import attempt_story
             from worker.cli_support import outcome_sentence
 
-            click.echo(outcome_sentence(attempt_story(service, attempt_id)))
+            echo(outcome_sentence(attempt_story(service, attempt_id)))
             return 0 if attempt.state is AttemptState.PROMOTED else 1
         time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
         pause = min(pause * 1.5, 2.0)
-    click.echo(
+    echo(
         f"attempt {attempt_id} still pending after {timeout:.0f}s: is a worker and a relay "
         "running (`provisioner run`)?",
         err=True,
@@ -188,7 +200,7 @@ def deactivate(brand_id: str) -> None:
         raise click.ClickException(str(exc)) from None
     from worker.cli_support import deactivation_sentence
 
-    click.echo(deactivation_sentence(result))
+    echo(deactivation_sentence(result))
 
 
 for command in (cli_read.status, cli_read.history, cli_read.attempt, cli_read.pointer,
@@ -253,7 +265,7 @@ def projections_rebuild(name: str | None, batch: int) -> None:
                                description=f"{label} -> {p.copy}")  # fmt: skip
 
                 copy = rebuild(proj, LogSource(app, store), store, limit=batch, on_progress=show)
-                bar.console.print(f"{proj.name}: readers now use {copy}")
+                bar.console.print(cell(f"{proj.name}: readers now use {copy}"))
         finally:
             app.close()
 
@@ -304,7 +316,7 @@ def _serve(
         except ServiceUnavailable as exc:
             if not stop.is_set():
                 raise
-            click.echo(f"stopped while waiting: {exc}", err=True)
+            echo(f"stopped while waiting: {exc}", err=True)
             return
         probes.attach(runtime, parts)
         if "worker" in parts:
@@ -319,7 +331,7 @@ def _serve(
                 overdue_s=overdue, grace_s=grace, interval_s=interval, deadline_s=deadline
             )
             runtime.start(lambda s: reconciler.run(s, publisher), "reconciler", stop)
-        click.echo(f"{' + '.join(parts)} running; Ctrl-C or SIGTERM stops")
+        echo(f"{' + '.join(parts)} running; Ctrl-C or SIGTERM stops")
         while not stop.wait(0.5):
             if not all(t.is_alive() for t in runtime.threads):
                 stop.set()
@@ -409,7 +421,7 @@ def reconcile(
             report = reconciler.sweep(store, broker)
     finally:
         service.app.close()
-    click.echo(
+    echo(
         f"re-published {report.hops} hops, {report.releases} releases, "
         f"{report.decommissions} decommissions; {report.expired} attempts failed at "
         "their deadline"
@@ -435,9 +447,9 @@ def health(as_json: bool) -> None:
 
     results = check_once(load_settings())
     if as_json:
-        click.echo(json.dumps(report(results), indent=2))
+        echo(json.dumps(report(results), indent=2))
     else:
-        click.echo("\n".join(r.line() for r in results))
+        echo("\n".join(r.line() for r in results))
     sys.exit(0 if healthy(results) else 1)
 
 

@@ -26,7 +26,7 @@ from infrastructure.dead_letters import (
     now,
 )
 from infrastructure.settings import BROKER_SCHEMES, check_url
-from worker.cli_support import load_settings
+from worker.cli_support import echo, load_settings
 
 BROKER_URL = click.option(
     "--broker-url", envvar="PROVISIONER_BROKER_URL", help="Overrides the setting."
@@ -89,21 +89,21 @@ def list_(as_json: bool, limit: int, after: str | None, broker_url: str | None) 
     at = now()
     more = f"more after {page.after}: dead-letters list --after {page.after}"
     if as_json:
-        click.echo(json.dumps([x.summary(at) for x in found], default=str, indent=2))
+        echo(json.dumps([x.summary(at) for x in found], default=str, indent=2))
         if page.after:
-            click.echo(more, err=True)
+            echo(more, err=True)
         return
     if not found:
-        click.echo("no dead letters" if after is None else f"no dead letters after {after}")
+        echo("no dead letters" if after is None else f"no dead letters after {after}")
         return
     for letter in found:
-        click.echo(
+        echo(
             f"{letter.id}  {_age(letter.age_s(at)):>4} ago  from {letter.source_queue}  "
             f"{letter.reason}{_cut(letter)}"
         )
         if letter.errors:
-            click.echo(f"    {_errors(letter)}")
-    click.echo(f"{len(found)} dead letter(s)" + (f"; {more}" if page.after else ""))
+            echo(f"    {_errors(letter)}")
+    echo(f"{len(found)} dead letter(s)" + (f"; {more}" if page.after else ""))
 
 
 @dead_letters.command("show")
@@ -117,7 +117,7 @@ def show(letter_id: str, broker_url: str | None) -> None:
     shown: dict[str, Any] = letter.summary(now())
     shown["headers"] = letter.replay_headers
     shown["body"] = letter.body.decode("utf-8", "replace")
-    click.echo(json.dumps(shown, default=str, indent=2))
+    echo(json.dumps(shown, default=str, indent=2))
 
 
 @dead_letters.command("replay")
@@ -132,11 +132,11 @@ def replay(letter_id: str | None, every: bool, broker_url: str | None) -> None:
     with _dead_letters(broker_url) as letters:
         done = letters.replay(letter_id)
     for letter in done.replayed:
-        click.echo(f"replayed {letter.id} to {letter.exchange}/{letter.routing_key}")
+        echo(f"replayed {letter.id} to {letter.exchange}/{letter.routing_key}")
     for letter in done.kept:
-        click.echo(f"kept {letter.id}: its body is not whole{_cut(letter)}, it cannot be replayed")
+        echo(f"kept {letter.id}: its body is not whole{_cut(letter)}, it cannot be replayed")
     kept = f"; {len(done.kept)} kept, truncated" if done.kept else ""
-    click.echo(f"{len(done.replayed)} dead letter(s) replayed{kept}")
+    echo(f"{len(done.replayed)} dead letter(s) replayed{kept}")
 
 
 @dead_letters.command("purge")
@@ -148,4 +148,4 @@ def purge(yes: bool, broker_url: str | None) -> None:
         raise click.UsageError("purging deletes every dead letter for good: add --yes")
     with _dead_letters(broker_url) as letters:
         count = letters.purge()
-    click.echo(f"{count} dead letter(s) purged")
+    echo(f"{count} dead letter(s) purged")

@@ -7,14 +7,23 @@ from typing import Any, ClassVar
 
 import click
 
-from worker.cli_support import cell, compact_table, jsonable, load_settings, service_only, views
+from worker.cli_support import (
+    cell,
+    compact_table,
+    echo,
+    jsonable,
+    load_settings,
+    printable,
+    service_only,
+    views,
+)
 
 
 def _print(data: Any, as_json: bool, render: Any) -> None:
     import json
 
     if as_json:
-        click.echo(json.dumps(data, indent=2, default=jsonable))
+        echo(json.dumps(data, indent=2, default=jsonable))
     else:
         render(data)
 
@@ -247,9 +256,9 @@ def _attempts_table(found: list[dict[str, Any]]) -> Any:
     table.add_column("state", no_wrap=True)
     table.add_column("hops", justify="right", no_wrap=True)
     for row in found:
-        first: Any = Text(str(row["attempt_id"]))
+        first: Any = Text(printable(str(row["attempt_id"])))
         if row["last_error"]:
-            error = Text(str(row["last_error"]), style="dim", overflow="fold")
+            error = Text(printable(str(row["last_error"])), style="dim", overflow="fold")
             first = Group(first, Padding(error, (0, 0, 0, 2)))
         table.add_row(first, cell(row["brand_id"]), cell(row["state"]), cell(row["hops_used"]))
     return table

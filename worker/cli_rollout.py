@@ -27,7 +27,7 @@ import click
 
 from domain.policies import FailureReason
 from worker.cli_read import _Time
-from worker.cli_support import Failed, jsonable, load_settings
+from worker.cli_support import Failed, echo, jsonable, load_settings
 from worker.rollout_input import BadLine, Line, RolloutInput, checked_line, parse_rollout
 
 # Where a rollout does nothing: the brand can use its workspace, or an attempt is in flight.
@@ -188,7 +188,7 @@ def _wait(watch: Sequence[Watched], timeout: float, console: Any) -> WaitResult:
                 bar[0].update(bar[1], completed=len(watch) - counts["pending"],
                               counts=_counts_line(counts))  # fmt: skip
             elif counts != shown:
-                click.echo(f"waiting: {_counts_line(counts)}", err=True)
+                echo(f"waiting: {_counts_line(counts)}", err=True)
             shown = counts
             left = deadline - time.monotonic()
             if not counts["pending"] or left <= 0:
@@ -233,7 +233,7 @@ def _send(lines: Sequence[Line], url: str, console: Any) -> list[str]:
                 if bar is not None:
                     bar.advance(task)
                 elif len(sent) % step == 0 and len(sent) < len(lines):
-                    click.echo(f"sent {len(sent)} of {len(lines)}", err=True)
+                    echo(f"sent {len(sent)} of {len(lines)}", err=True)
     except Exception as exc:
         if _debug() or not sent:  # nothing sent: the failure says it all
             raise
@@ -244,7 +244,7 @@ def _send(lines: Sequence[Line], url: str, console: Any) -> list[str]:
         if bar is not None:
             bar.stop()
     if bar is None:
-        click.echo(f"sent {len(sent)} of {len(lines)}", err=True)
+        echo(f"sent {len(sent)} of {len(lines)}", err=True)
     return sent
 
 
@@ -393,7 +393,7 @@ def rollout(file: BinaryIO, wait: bool, timeout: float, as_json: bool) -> None:
     parsed = parse_rollout(file.read())
     if not as_json:
         for bad in parsed.bad:
-            click.echo(f"line {bad.number}: {bad.error}", err=True)
+            echo(f"line {bad.number}: {bad.error}", err=True)
     rows = _brand_rows([line.brand_id for line in parsed.lines]) if parsed.lines else {}
     to_send, skipped = _skip_or_send(parsed.lines, rows)
     console = _stderr_console()
@@ -409,9 +409,9 @@ def rollout(file: BinaryIO, wait: bool, timeout: float, as_json: bool) -> None:
         name, parsed, sent=sent, skipped=skipped, waited=waited, failures=failures
     )
     if as_json:
-        click.echo(json.dumps(report, indent=2, default=jsonable))
+        echo(json.dumps(report, indent=2, default=jsonable))
     else:
-        click.echo(rollout_summary(report))
+        echo(rollout_summary(report))
     unfinished = waited is not None and any(s != "ready" for s in waited.states.values())
     sys.exit(1 if parsed.bad or unfinished else 0)
 
@@ -595,12 +595,12 @@ def retry(
     if url is not None and sendable:
         _publish_redrives(sendable, url)
     if as_json:
-        click.echo(json.dumps(_retry_report(done, skipped, dry_run), indent=2, default=jsonable))
+        echo(json.dumps(_retry_report(done, skipped, dry_run), indent=2, default=jsonable))
     else:
         verb = "would re-request" if dry_run else "re-requested"
         for redrive in done:
-            click.echo(_redrive_line(redrive, verb))
-        click.echo(_retry_counts(done, skipped, dry_run))
+            echo(_redrive_line(redrive, verb))
+        echo(_retry_counts(done, skipped, dry_run))
     sys.exit(1 if len(sendable) < len(done) else 0)
 
 

@@ -3,6 +3,7 @@ models, and text made safe for Rich."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -22,15 +23,35 @@ def load_settings() -> Settings:
     return settings
 
 
+# What must not reach a terminal raw: every C0 control character but the line break
+# (ESC starts the sequences that recolour, move, retitle; BEL, CR, BS, TAB too), DEL,
+# and the C1 controls (CSI, OSC, ... as one character).
+_CONTROL = re.compile(r"[\x00-\x09\x0b-\x1f\x7f-\x9f]")
+
+
+def printable(text: str) -> str:
+    """`text` safe to print on a terminal: each control character (C0 but the line
+    break, DEL, C1) written out as `\\xNN` instead. Every text a command prints goes
+    through it (`echo`, `cell`, error lines): ids, titles and errors come from a
+    producer or the gateway."""
+    return _CONTROL.sub(lambda found: f"\\x{ord(found.group()):02x}", text)
+
+
+def echo(text: str, *, err: bool = False) -> None:
+    """`click.echo` of a printable text (`printable`)."""
+    click.echo(printable(text), err=err)
+
+
 class Failed(click.ClickException):
     def __init__(self, message: str, exit_code: int) -> None:
-        super().__init__(message)
+        super().__init__(printable(message))
         self.exit_code = exit_code
 
 
 def cell(value: Any) -> str:
-    """Text for a Rich table cell: whatever came from the wire or a producer, escaped."""
-    return escape("" if value is None else str(value))
+    """Text for a Rich table cell: whatever came from the wire or a producer, made
+    printable and escaped (no markup)."""
+    return escape(printable("" if value is None else str(value)))
 
 
 def jsonable(value: Any) -> Any:

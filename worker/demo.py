@@ -18,7 +18,6 @@ from pathlib import Path
 from uuid import UUID
 
 from rich.console import Console
-from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -28,6 +27,7 @@ from infrastructure.fake_gateway import FakeConfig
 from infrastructure.service import ProvisioningService
 from infrastructure.settings import Settings
 from infrastructure.views import PROJECTIONS, LogSource, SqlViewStore
+from worker.cli_support import cell
 from worker.runtime import Runtime, build
 
 TIME_SCALE = 0.02  # 155 s of backoff pass in about 3 s
@@ -166,11 +166,11 @@ def _summary(
         state = attempt.state.value if attempt else "none"
         tally[state] += 1
         table.add_row(
-            escape(brand.brand_id),
+            cell(brand.brand_id),
             state if brand.is_active else f"{state} (deactivated)",
-            escape(brand.workspace_id or "-"),  # ids from the gateway: text, not markup
+            cell(brand.workspace_id or "-"),  # ids from the gateway: text, not markup
             str(hops.get(attempt.id, 0)) if attempt else "0",
-            escape(_describe(attempt)) if attempt else "",
+            cell(_describe(attempt)) if attempt else "",
         )
     console.print(table)
     console.print(", ".join(f"{count} {state}" for state, count in sorted(tally.items())))
@@ -189,7 +189,7 @@ def _story(console: Console, service: ProvisioningService, brand_id: str) -> Non
     brand = service.brand(brand_id)
     if brand.current_attempt_id is None:
         return
-    table = Table(title=escape(f"History of {brand_id} (attempt {brand.current_attempt_id})"))
+    table = Table(title=cell(f"History of {brand_id} (attempt {brand.current_attempt_id})"))
     for column in ("time", "event", "details"):
         table.add_column(column, overflow="fold")
     for event in service.attempt_history(brand.current_attempt_id):
@@ -209,6 +209,6 @@ def _story(console: Console, service: ProvisioningService, brand_id: str) -> Non
         table.add_row(
             f"{event.timestamp:%H:%M:%S.%f}"[:-3],
             type(event).__name__,
-            escape(", ".join(f"{k}={v}" for k, v in fields.items())),
+            cell(", ".join(f"{k}={v}" for k, v in fields.items())),
         )
     console.print(table)

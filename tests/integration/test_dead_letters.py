@@ -316,3 +316,17 @@ def test_the_web_page_shows_one_page_and_links_the_next(rabbit_url: str, tmp_pat
     assert "100000 (truncated)" in second
     assert "no dead letter no-such-letter" in gone
     assert '<a href="?">First page</a>' in gone
+
+
+def test_what_a_producer_put_in_a_dead_letter_is_listed_printable(rabbit_url: str) -> None:
+    broker = Broker(rabbit_url, Topology(), scheduler=None)
+    try:
+        broker.declare()  # a field name of the producer's, in the schema errors
+        broker.publish_dead(b"{}", "schema errors", {"\x1b[31mtitle\x07": ["Unknown"]}, WORK_KEY)
+    finally:
+        broker.close()
+    listed = cli(rabbit_url, "list")
+    assert listed.exit_code == 0, listed.output
+    assert "\x1b" not in listed.output
+    assert "\x07" not in listed.output
+    assert "\\x1b[31mtitle\\x07: ['Unknown']" in listed.output
