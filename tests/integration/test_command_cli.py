@@ -27,7 +27,8 @@ def test_a_provision_while_the_workspace_is_emptied_says_retry_in_a_moment(
     attempt.promote(0)
     brand.bind("ws-1", attempt.id)
     app.save(brand, attempt)
-    runner = CliRunner(env={"PROVISIONER_DATABASE_URL": url, "PROVISIONER_BROKER_URL": "memory://"})
+    runner = CliRunner(env={"PROVISIONER_DATABASE_URL": url, "PROVISIONER_BROKER_URL": "memory://",
+                            "PROVISIONER_PARENT_IDS": "parent"})  # fmt: skip
 
     before = datetime.now(UTC)
     deactivated = runner.invoke(main, ["deactivate", "b-cli"])
