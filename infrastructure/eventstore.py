@@ -21,8 +21,10 @@ events.
 from __future__ import annotations
 
 import json
+import os
 import re
 import sqlite3
+import stat
 import threading
 from collections.abc import Mapping
 from pathlib import Path
@@ -273,9 +275,18 @@ def sqlite_path(url: str) -> Path | None:
 
 
 def _sqlite_parent(url: str) -> None:
+    """The SQLite file's folder (0700 when made here) and the file (0600 when made here:
+    it holds every brand, title and workspace; SQLite gives its -wal and -shm files the
+    same mode). A file that exists keeps its mode; one anybody may read is warned of."""
     path = sqlite_path(url)
-    if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
+    if path is None:
+        return
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    except FileExistsError:
+        if path.stat().st_mode & stat.S_IROTH:
+            log.warning("the event store %s is readable by every user: chmod 600 it", path)
 
 
 def no_sqlite_store(url: str) -> DatabaseNotInitialised | None:

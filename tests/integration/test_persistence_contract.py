@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+import stat
 import subprocess
 import sys
 import time
@@ -11,6 +13,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from click.testing import CliRunner
 from eventsourcing.persistence import IntegrityError
 
 from domain.attempt import ProvisioningAttempt
@@ -22,7 +25,10 @@ from infrastructure.eventstore import (
     ProvisionerApplication,
     open_event_store,
 )
+from infrastructure.settings import DEFAULT_DATABASE_URL
+from infrastructure.views import SqlViewStore
 from tests.conftest import PG_ADMIN
+from worker.cli import main
 
 # Storage contract tests save hand-made aggregates (brands begin attempts that never
 # start); the projections-equal-replay check is for engine and messaging scenarios.
@@ -213,3 +219,42 @@ def test_four_concurrent_db_inits_on_an_empty_database_all_succeed(pg_database: 
     finally:
         with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def test_the_default_sqlite_store_is_made_private_to_its_user(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`db init` on the default URL makes ./var 0700 and the store 0600; the files SQLite
+    adds beside it (-wal, -shm) take the store's mode."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("PROVISIONER_DATABASE_URL", raising=False)
+    result = CliRunner().invoke(main, ["db", "init"])
+    assert result.exit_code == 0, result.output
+    with SqlViewStore(DEFAULT_DATABASE_URL) as store:  # WAL: -wal and -shm appear
+        store.setup()
+    folder = tmp_path / "var"
+
+    assert stat.S_IMODE(folder.stat().st_mode) == 0o700
+    files = {p.name: stat.S_IMODE(p.stat().st_mode) for p in folder.iterdir()}
+    assert files["provisioner.sqlite"] == 0o600
+    assert set(files.values()) == {0o600}, files
+
+
+def test_an_existing_sqlite_store_keeps_its_mode_and_a_readable_one_is_warned_of(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    folder = tmp_path / "shared"
+    folder.mkdir(mode=0o755)
+    path = folder / "events.sqlite"
+    path.touch(mode=0o644)
+    path.chmod(0o644)
+    with caplog.at_level(logging.WARNING, logger="provisioner.connect"):
+        open_event_store(f"sqlite:///{path}").close()
+
+    assert stat.S_IMODE(path.stat().st_mode) == 0o644  # not ours to change
+    assert stat.S_IMODE(folder.stat().st_mode) == 0o755
+    assert f"the event store {path} is readable by every user: chmod 600 it" in caplog.text
+    path.chmod(0o600)
+    caplog.clear()
+    open_event_store(f"sqlite:///{path}").close()
+    assert "readable by every user" not in caplog.text
