@@ -4,15 +4,20 @@ long-running process, at PROVISIONER_METRICS_HOST:PROVISIONER_METRICS_PORT.
 
 Liveness says only whether the process's own parts still run (a database or
 broker outage never restarts a pod); readiness runs the process's health
-checks: 200 when every one passes, 503 naming each failing one and since when.
+checks, at most once per `READY_TTL_S` however often it is asked: 200 when every
+one passes, 503 otherwise, each check by name as "ok" or "failing" and nothing
+more (no host, user or database name). The details (what failed, since when)
+need `Authorization: Bearer <PROVISIONER_WEB_TOKEN>`, or `provisioner health`.
 Both answer JSON.
 """
 
 from __future__ import annotations
 
 import json
+import secrets
 import socket
 import threading
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from socketserver import ThreadingMixIn
@@ -23,10 +28,12 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from worker.health import Health, Unhealthy, checks_for, healthy, report
+from worker.health import CheckResult, Health, Unhealthy, checks_for, healthy, report
 from worker.metrics import StateCollector
 
 StartResponse = Callable[[str, list[tuple[str, str]]], Any]
+
+READY_TTL_S = 5.0  # a probe storm runs the checks (new connections) once per this
 
 
 def _starting() -> str:
@@ -41,6 +48,10 @@ class Probes:
     health: Health = field(default_factory=lambda: Health([("startup", _starting)]))
     live: Callable[[], str | None] = lambda: None  # None: alive; else what stopped
     state: CollectorRegistry | None = None
+    token: str | None = field(default=None, repr=False)  # shows /readyz's details
+    ttl_s: float = READY_TTL_S
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
+    _ran: tuple[float, Health, list[CheckResult]] | None = field(default=None, init=False)
 
     def watch_state(self, facts: Callable[[], dict[str, Any]]) -> None:
         registry = CollectorRegistry(auto_describe=False)
@@ -61,7 +72,23 @@ class Probes:
         )  # fmt: skip
         self.watch_state(facts)
         self.live = lambda: _stopped(runtime.threads)
+        self.token = runtime.settings.web_token
         self.health = Health(checks)
+
+    def results(self) -> list[CheckResult]:
+        """The checks' last results, run again once they are `ttl_s` old (one run at a
+        time: a request that comes meanwhile waits for it)."""
+        with self._lock:
+            ran = self._ran
+            if ran is None or ran[1] is not self.health or time.monotonic() - ran[0] >= self.ttl_s:
+                ran = self._ran = (time.monotonic(), self.health, self.health.run())
+            return ran[2]
+
+    def _authorized(self, environ: dict[str, Any]) -> bool:
+        given = str(environ.get("HTTP_AUTHORIZATION", "")).encode()
+        return self.token is not None and secrets.compare_digest(
+            given, f"Bearer {self.token}".encode()
+        )
 
     def __call__(self, environ: dict[str, Any], start: StartResponse) -> Iterable[bytes]:
         method = environ.get("REQUEST_METHOD", "GET")
@@ -82,9 +109,19 @@ class Probes:
                 return _answer(start, "503 Service Unavailable", {"status": "failing",
                                                                   "detail": stopped})  # fmt: skip
             return _answer(start, "200 OK", {"status": "ok"})
-        results = self.health.run()
+        results = self.results()
         status = "200 OK" if healthy(results) else "503 Service Unavailable"
-        return _answer(start, status, report(results))
+        if self._authorized(environ):
+            return _answer(start, status, report(results))
+        return _answer(start, status, readiness(results))
+
+
+def readiness(results: list[CheckResult]) -> dict[str, Any]:
+    """What anyone may read: each check ok or failing, by name (a degraded one is ok)."""
+    return {
+        "status": "ok" if healthy(results) else "failing",
+        "checks": {r.name: "ok" if r.ok else "failing" for r in results},
+    }
 
 
 def _stopped(threads: list[threading.Thread]) -> str | None:

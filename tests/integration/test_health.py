@@ -26,10 +26,15 @@ from tests.support import rabbitmqctl
 from worker.health import Health, checks_for
 from worker.probes import Probes, serve
 
+TOKEN = "t0ken-web-health"  # PROVISIONER_WEB_TOKEN: /readyz shows its details to it
 
-def get(port: int, path: str) -> tuple[int, str]:
+
+def get(port: int, path: str, token: str | None = None) -> tuple[int, str]:
+    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}")
+    if token is not None:
+        request.add_header("Authorization", f"Bearer {token}")
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as answer:
+        with urllib.request.urlopen(request, timeout=10) as answer:
             return int(answer.status), answer.read().decode()
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read().decode()
@@ -37,10 +42,10 @@ def get(port: int, path: str) -> tuple[int, str]:
         return 0, ""
 
 
-def until(port: int, path: str, code: int, seconds: float = 30) -> str:
+def until(port: int, path: str, code: int, seconds: float = 30, token: str | None = None) -> str:
     deadline, last = time.monotonic() + seconds, (0, "")
     while time.monotonic() < deadline:
-        last = get(port, path)
+        last = get(port, path, token)
         if last[0] == code:
             return last[1]
         time.sleep(0.2)
@@ -61,8 +66,9 @@ def test_a_process_is_not_ready_while_its_database_is_down(
     db_port, port = free_port(), free_port()
     host = str(psycopg.conninfo.conninfo_to_dict(pg_database)["host"])
     env = clean_env(
-        PROVISIONER_DATABASE_URL=pg_url(dbname, port=db_port), PROVISIONER_METRICS_PORT=str(port)
-    )
+        PROVISIONER_DATABASE_URL=pg_url(dbname, port=db_port), PROVISIONER_METRICS_PORT=str(port),
+        PROVISIONER_WEB_TOKEN=TOKEN,
+    )  # fmt: skip
     log = tmp_path / "projections.log"
     with forwarder(db_port, (host, 5432)), log.open("w") as out:
         proc = subprocess.Popen(
@@ -70,8 +76,8 @@ def test_a_process_is_not_ready_while_its_database_is_down(
         )
         try:
             body = until(port, "/readyz", 200)
-            assert {c["name"] for c in json.loads(body)["checks"]} == {
-                "database", "projection_lag",
+            assert json.loads(body) == {
+                "status": "ok", "checks": {"database": "ok", "projection_lag": "ok"},
             }  # fmt: skip
             assert get(port, "/healthz")[0] == 200
             assert get(port, "/")[0] == 404
@@ -84,7 +90,10 @@ def test_a_process_is_not_ready_while_its_database_is_down(
             raise
     try:
         body = until(port, "/readyz", 503)
-        down = failing(body)
+        assert json.loads(body)["checks"]["database"] == "failing", body
+        assert str(db_port) not in body  # no host, port or database name
+        assert dbname not in body
+        down = failing(until(port, "/readyz", 503, token=TOKEN))  # the details: to the token
         assert "database" in down, body
         assert down["database"]["since"]
         assert "pw" not in body
@@ -115,21 +124,20 @@ def test_readiness_names_the_broker_when_its_vhost_is_deleted(pg_database: str) 
         }
     )
     checks, facts = checks_for(settings, ("relay",), gateway=None)
-    probes = Probes(health=Health(checks))
+    probes = Probes(health=Health(checks), token=TOKEN)
     probes.watch_state(facts)
     port = free_port()
     server = serve("127.0.0.1", port, probes)
     assert server is not None
     try:
         body = until(port, "/readyz", 200)
-        assert {c["name"] for c in json.loads(body)["checks"]} == {
-            "database", "broker", "relay_lag",
-        }  # fmt: skip
+        assert json.loads(body)["checks"] == {"database": "ok", "broker": "ok", "relay_lag": "ok"}
         assert "provisioner_relay_lag_events" in get(port, "/metrics")[1]
         rabbitmqctl("delete_vhost", vhost)
-        status, body = get(port, "/readyz")
-        assert status == 503
-        down = failing(body)
+        body = until(port, "/readyz", 503)  # once the last answer (kept 5 s) is stale
+        assert json.loads(body)["checks"]["broker"] == "failing"
+        assert vhost not in body
+        down = failing(get(port, "/readyz", TOKEN)[1])
         assert list(down) == ["broker"]
         assert vhost in down["broker"]["detail"]
         assert down["broker"]["since"]

@@ -19,6 +19,7 @@ from infrastructure.gateway import HttpGateway
 from worker import metrics
 from worker.health import (
     PROBE_WORKSPACE,
+    Degraded,
     GatewayCheck,
     Health,
     Unhealthy,
@@ -162,13 +163,18 @@ def test_stuck_attempts_fail_since_the_oldest_became_stuck() -> None:
 # -- the endpoints, as a WSGI application ------------------------------------------
 
 
-def call(app: Probes, path: str, method: str = "GET") -> tuple[str, bytes]:
+def call(
+    app: Probes, path: str, method: str = "GET", token: str | None = None
+) -> tuple[str, bytes]:
     seen: dict[str, Any] = {}
 
     def start(status: str, headers: list[tuple[str, str]]) -> None:
         seen["status"] = status
 
-    body: Iterable[bytes] = app({"REQUEST_METHOD": method, "PATH_INFO": path}, start)
+    environ = {"REQUEST_METHOD": method, "PATH_INFO": path}
+    if token is not None:
+        environ["HTTP_AUTHORIZATION"] = f"Bearer {token}"
+    body: Iterable[bytes] = app(environ, start)
     return seen["status"], b"".join(body)
 
 
@@ -177,24 +183,73 @@ def test_readiness_is_503_naming_the_failing_check_and_200_when_all_pass() -> No
 
     def database() -> str:
         if not state["up"]:
-            raise ConnectionRefusedError("connection refused")
-        return "reachable"
+            raise ConnectionRefusedError("connection refused by db.example as app_user")
+        return "reachable at postgresql://app_user@db.example/events"
 
-    probes = Probes(health=Health([("database", database), ("broker", lambda: "ok")]))
+    checks = [("database", database), ("broker", lambda: "ok")]
+    probes = Probes(health=Health(checks), ttl_s=0)
     status, body = call(probes, "/readyz")
     assert status.startswith("503")
-    answer = json.loads(body)
-    assert answer["status"] == "failing"
-    assert [c["name"] for c in answer["checks"] if not c["ok"]] == ["database"]
-    assert answer["checks"][0]["since"]
+    assert json.loads(body) == {"status": "failing",
+                                "checks": {"database": "failing", "broker": "ok"}}  # fmt: skip
     state["up"] = True
-    assert call(probes, "/readyz")[0].startswith("200")
+    status, body = call(probes, "/readyz")
+    assert status.startswith("200")
+    assert json.loads(body) == {"status": "ok", "checks": {"database": "ok", "broker": "ok"}}
+    assert b"db.example" not in body
+
+
+def test_readiness_details_need_the_web_token() -> None:
+    def database() -> str:
+        raise ConnectionRefusedError("connection refused by db.example")
+
+    probes = Probes(health=Health([("database", database)]), token="s3cret-token")
+    for token in (None, "wrong", "s3cret-tokenX"):
+        status, body = call(probes, "/readyz", token=token)
+        assert status.startswith("503")
+        assert b"db.example" not in body
+    status, body = call(probes, "/readyz", token="s3cret-token")
+    assert status.startswith("503")
+    (check,) = json.loads(body)["checks"]
+    assert check["name"] == "database"
+    assert "db.example" in check["detail"]
+    assert check["since"]
+    assert b"db.example" not in call(Probes(health=Health([("database", database)])), "/readyz")[1]
+
+
+def test_readiness_runs_its_checks_at_most_once_per_ttl() -> None:
+    runs: list[int] = []
+
+    def database() -> str:
+        runs.append(1)
+        return "reachable"
+
+    probes = Probes(health=Health([("database", database)]), ttl_s=60)
+    for _ in range(50):
+        assert call(probes, "/readyz")[0].startswith("200")
+    assert len(runs) == 1  # a probe storm opens one connection, not fifty
+    probes.health = Health([("database", database)])  # the parts built: run the new checks
+    call(probes, "/readyz")
+    assert len(runs) == 2
+    probes.ttl_s = 0
+    call(probes, "/readyz")
+    assert len(runs) == 3
+
+
+def test_a_degraded_check_is_ok_for_readiness() -> None:
+    def gateway() -> str:
+        raise Degraded("no answer from gw.example")
+
+    status, body = call(Probes(health=Health([("gateway", gateway)])), "/readyz")
+    assert status.startswith("200")
+    assert json.loads(body) == {"status": "ok", "checks": {"gateway": "ok"}}
 
 
 def test_a_process_is_not_ready_until_its_parts_are_built() -> None:
     status, body = call(Probes(), "/readyz")
     assert status.startswith("503")
-    assert b"starting" in body
+    assert json.loads(body) == {"status": "failing", "checks": {"startup": "failing"}}
+    assert b"starting" in call(Probes(token="t0k"), "/readyz", token="t0k")[1]
     assert call(Probes(), "/healthz")[0].startswith("200")
 
 
