@@ -36,6 +36,7 @@
 | PROVISIONER_WEB_PORT             | 8080                             |
 | PROVISIONER_WEB_TOKEN            | (none: the web view is open)     |
 | PROVISIONER_WEB_ALLOW_OPEN       | 0 (1: no token off loopback)     |
+| PROVISIONER_WEB_ALLOWED_HOSTS    | (none: bound host and loopback)  |
 
 Every value is checked here, before anything connects: a bad one raises
 `ConfigurationError` with one line naming the variable. A variable that is set
@@ -199,6 +200,35 @@ def is_loopback(host: str | None) -> bool:
         return False
 
 
+def split_host(value: str) -> tuple[str, int | None] | None:
+    """`name`, `name:port`, `[v6]` or `[v6]:port` (a Host header, an allowed host) as
+    (name, port): the name lower-cased, without brackets; None when it is not that."""
+    try:
+        parts = urlsplit(f"//{value}")
+        port = parts.port
+        check_host("host", parts.hostname or "")
+    except (ValueError, SettingsError):
+        return None
+    if parts.netloc != value or "@" in value:
+        return None
+    return parts.hostname or "", port
+
+
+def _allowed_hosts(env: Mapping[str, str]) -> tuple[str, ...]:
+    """PROVISIONER_WEB_ALLOWED_HOSTS: comma-separated `name` (any port) or `name:port`."""
+    key = "PROVISIONER_WEB_ALLOWED_HOSTS"
+    raw = _raw(env, key)
+    if raw is None:
+        return ()
+    hosts = tuple(dict.fromkeys(part.strip().lower() for part in raw.split(",") if part.strip()))
+    if not hosts or not all(split_host(host) for host in hosts):
+        raise SettingsError(
+            f"{key} must be comma-separated host names or addresses, each with an optional "
+            f":port (IPv6 in brackets), got {raw!r}"
+        )
+    return hosts
+
+
 def _web_token(env: Mapping[str, str]) -> str | None:
     token = _raw(env, "PROVISIONER_WEB_TOKEN")
     return None if token is None else check_token("PROVISIONER_WEB_TOKEN", token)
@@ -252,6 +282,7 @@ class Settings:
     web_port: int = 8080
     web_token: str | None = field(default=None, repr=False)
     web_allow_open: bool = False
+    web_allowed_hosts: tuple[str, ...] = ()
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -337,6 +368,7 @@ class Settings:
             ),
             web_token=_web_token(env),
             web_allow_open=_flag(env, "PROVISIONER_WEB_ALLOW_OPEN"),
+            web_allowed_hosts=_allowed_hosts(env),
         )
         if settings.fake_gateway and settings.gateway_url is not None:
             raise SettingsError(

@@ -1,10 +1,13 @@
 """The web view's pages through Starlette's TestClient (no socket): what each shows,
-escaping, the bearer token, 404s and the brand filters."""
+escaping, the bearer token, 404s, the brand filters, the security headers, the Host
+check and the refusal to serve open beyond loopback."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
@@ -14,6 +17,7 @@ from infrastructure.settings import Settings, SettingsError, log_secrets
 from tests.integration.web_fixture import HOSTILE_ID, HOSTILE_TITLE, filled_store
 from worker.cli import main
 from worker.web.app import create_app
+from worker.web.guard import check_bind
 
 
 @pytest.fixture(scope="module")
@@ -21,9 +25,13 @@ def database_url(tmp_path_factory: pytest.TempPathFactory) -> str:
     return filled_store(tmp_path_factory.mktemp("web"))
 
 
+# The address the pages are served at by default: the Host every request names.
+BASE = "http://127.0.0.1:8080"
+
+
 def client(database_url: str, **env: str) -> TestClient:
     settings = Settings.from_env({"PROVISIONER_DATABASE_URL": database_url, **env})
-    return TestClient(create_app(settings))
+    return TestClient(create_app(settings), base_url=BASE)
 
 
 @pytest.fixture
@@ -112,7 +120,7 @@ def test_an_unreachable_store_or_broker_is_said_in_one_line(tmp_path: Path) -> N
             "PROVISIONER_BROKER_URL": "amqp://guest:guest@127.0.0.1:1/",
         }
     )
-    with TestClient(create_app(settings), raise_server_exceptions=False) as web:
+    with TestClient(create_app(settings), base_url=BASE, raise_server_exceptions=False) as web:
         brands = web.get("/")
         dead = web.get("/dead-letters")
 
@@ -121,6 +129,8 @@ def test_an_unreachable_store_or_broker_is_said_in_one_line(tmp_path: Path) -> N
     assert dead.status_code == 200
     assert "is unavailable" in dead.text
     assert "guest:guest" not in dead.text
+    for answer in (brands, dead):  # a 503 comes from Starlette's error handler: headers too
+        assert_secured(answer)
 
 
 def test_with_a_token_every_page_needs_it(database_url: str) -> None:
@@ -159,3 +169,127 @@ def test_the_command_refuses_a_bad_host_before_serving() -> None:
 
     assert result.exit_code == 3, result.output
     assert "--host must be an IP address or a host name" in result.output
+
+
+# --------------------------------------------------------------------------- exposure
+
+
+def assert_secured(answer: Any) -> None:
+    csp = answer.headers["content-security-policy"]
+    assert "default-src 'none'" in csp
+    assert "style-src 'self'" in csp
+    assert "unsafe-inline" not in csp
+    assert answer.headers["x-frame-options"] == "DENY"
+    assert answer.headers["x-content-type-options"] == "nosniff"
+    assert answer.headers["referrer-policy"] == "no-referrer"
+
+
+PAGES = ("/", "/brands/demo-01", "/brands/no-such-brand", "/stuck", "/lag", "/dead-letters",
+         "/nowhere", "/style.css")  # fmt: skip
+
+
+def test_every_answer_carries_the_security_headers(web: TestClient, database_url: str) -> None:
+    for path in PAGES:
+        assert_secured(web.get(path))
+    assert web.get("/nowhere").status_code == 404
+    with client(database_url, PROVISIONER_WEB_TOKEN="s3cret-token") as guarded:
+        for path in PAGES:
+            refused = guarded.get(path)
+            assert refused.status_code == 401
+            assert_secured(refused)
+    assert_secured(web.get("/", headers={"Host": "evil.example"}))
+
+
+def test_the_pages_have_no_inline_style_or_script_and_load_their_stylesheet(
+    web: TestClient,
+) -> None:
+    sheet = web.get("/style.css")
+    assert sheet.status_code == 200
+    assert sheet.headers["content-type"].startswith("text/css")
+    assert "font-family" in sheet.text
+    for path in ("/", "/brands/demo-09", "/stuck", "/lag", "/dead-letters", "/nowhere"):
+        text = web.get(path).text
+        assert '<link rel="stylesheet" href="/style.css">' in text
+        for inline in ("<style", "<script", "style=", "onclick", "http-equiv"):
+            assert inline not in text, (path, inline)
+
+
+@pytest.mark.parametrize(
+    "host",
+    ["127.0.0.1:8080", "localhost:8080", "LOCALHOST:8080", "[::1]:8080", "gw.internal:8080",
+     "provisioner.example", "provisioner.example:443"],
+)  # fmt: skip
+def test_the_bound_host_loopback_names_and_allowed_hosts_are_served(
+    database_url: str, host: str
+) -> None:
+    allowed = "provisioner.example,gw.internal:8080"
+    with client(database_url, PROVISIONER_WEB_ALLOWED_HOSTS=allowed) as web:
+        assert web.get("/lag", headers={"Host": host}).status_code == 200
+
+
+@pytest.mark.parametrize(
+    "host",
+    ["evil.example", "evil.example:8080", "127.0.0.1:9999", "localhost", "gw.internal:9090",
+     "127.0.0.1.evil.example:8080", "", "a b", "[::1", "user@127.0.0.1:8080"],
+)  # fmt: skip
+def test_any_other_host_is_refused_before_anything_is_read(database_url: str, host: str) -> None:
+    """DNS rebinding: a hostile page whose name now resolves to 127.0.0.1 is refused,
+    with a token set or not; the refusal is one line."""
+    allowed = "provisioner.example,gw.internal:8080"
+    for token in ({}, {"PROVISIONER_WEB_TOKEN": "s3cret-token"}):
+        with client(database_url, PROVISIONER_WEB_ALLOWED_HOSTS=allowed, **token) as web:
+            refused = web.get("/", headers={"Host": host, "Authorization": "Bearer s3cret-token"})
+        assert refused.status_code == 400
+        assert "does not answer to the name" in refused.text
+        assert "\n" not in refused.text.strip()
+        assert "demo-01" not in refused.text
+
+
+def test_a_host_bound_by_name_or_on_every_interface_answers_to_its_own_name(
+    database_url: str,
+) -> None:
+    settings = Settings.from_env({"PROVISIONER_DATABASE_URL": database_url})
+    named = TestClient(create_app(settings, host="box.lan", port=9000), base_url=BASE)
+    wildcard = TestClient(create_app(settings, host="0.0.0.0", port=9000), base_url=BASE)
+    with named, wildcard:
+        assert named.get("/lag", headers={"Host": "box.lan:9000"}).status_code == 200
+        assert named.get("/lag", headers={"Host": "localhost:9000"}).status_code == 200
+        assert named.get("/lag", headers={"Host": "box.lan:8080"}).status_code == 400
+        # 0.0.0.0 is no name a browser uses: the machine's own names must be allowed
+        assert wildcard.get("/lag", headers={"Host": "box.lan:9000"}).status_code == 400
+        assert wildcard.get("/lag", headers={"Host": "127.0.0.1:9000"}).status_code == 200
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "::", "10.1.2.3", "box.lan"])
+def test_serving_off_loopback_needs_a_token_or_the_open_opt_in(
+    host: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    served: list[tuple[str, int]] = []
+    monkeypatch.setattr(
+        "worker.web.app.uvicorn.run", lambda app, host, port, **_: served.append((host, port))
+    )
+    for key in ("PROVISIONER_WEB_TOKEN", "PROVISIONER_WEB_ALLOW_OPEN", "PROVISIONER_WEB_HOST"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("PROVISIONER_DATABASE_URL", "memory://")
+
+    refused = CliRunner().invoke(main, ["web", "--host", host, "--port", "8181"])
+    assert refused.exit_code == 3, refused.output
+    line = refused.output.strip()
+    assert "\n" not in line
+    assert f"would serve {host} without PROVISIONER_WEB_TOKEN" in line
+    assert "PROVISIONER_WEB_ALLOW_OPEN=1" in line
+    assert served == []
+
+    monkeypatch.setenv("PROVISIONER_WEB_TOKEN", "s3cret-token")
+    assert CliRunner().invoke(main, ["web", "--host", host]).exit_code == 0
+    monkeypatch.delenv("PROVISIONER_WEB_TOKEN")
+    monkeypatch.setenv("PROVISIONER_WEB_ALLOW_OPEN", "1")
+    with caplog.at_level(logging.WARNING, logger="provisioner.web"):
+        assert CliRunner().invoke(main, ["web", "--host", host]).exit_code == 0
+    assert "without a token" in caplog.text
+    assert served == [(host, 8080), (host, 8080)]
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "localhost", "::1"])
+def test_loopback_is_served_open_without_a_word(host: str) -> None:
+    check_bind(Settings.from_env({}), host)  # no ConfigurationError

@@ -77,6 +77,7 @@ def browser() -> Iterator[webdriver.Chrome]:
     for flag in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage",
                  "--window-size=1280,900", "--disable-gpu"):  # fmt: skip
         options.add_argument(flag)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})  # CSP violations show there
     try:
         driver = webdriver.Chrome(options=options, service=Service(executable_path=driver_path))
     except WebDriverException as exc:
@@ -159,3 +160,18 @@ def test_the_other_pages_say_what_they_hold(site: str, browser: webdriver.Chrome
     assert projections["brand_workspaces"][4] == "0"  # events behind
     assert "embedded broker" in notice
     assert stuck == ["<script>alert(1)</script>"]
+
+
+def test_the_pages_are_styled_under_their_content_security_policy(
+    site: str, browser: webdriver.Chrome
+) -> None:
+    """The stylesheet loads and applies, and the browser blocks nothing the pages use."""
+    browser.get_log("browser")  # what earlier tests left
+    for path in ("/", "/brands/demo-09", "/stuck", "/lag", "/dead-letters", "/nowhere"):
+        browser.get(site + path)
+        header = browser.find_element(By.TAG_NAME, "header")
+        assert header.value_of_css_property("background-color") == "rgba(29, 35, 48, 1)", path
+    blocked = [
+        e["message"] for e in browser.get_log("browser") if "Content Security" in e["message"]
+    ]
+    assert blocked == []

@@ -135,6 +135,17 @@ def test_a_gateway_caller_needs_the_gateway_or_the_fake_asked_for() -> None:
         Settings.from_env({}).gateway()
 
 
+def test_allowed_web_hosts_are_names_with_an_optional_port() -> None:
+    raw = "Provisioner.example, 10.0.0.5:8080,[fd00::1]:443,provisioner.example"
+    assert Settings.from_env({"PROVISIONER_WEB_ALLOWED_HOSTS": raw}).web_allowed_hosts == (
+        "provisioner.example", "10.0.0.5:8080", "[fd00::1]:443",
+    )  # fmt: skip
+    assert Settings.from_env({}).web_allowed_hosts == ()
+    for bad in ("http://x", "x/y", "a b", "fd00::1", "x:99999", ",", "u@x"):
+        with pytest.raises(ConfigurationError, match=r"^PROVISIONER_WEB_ALLOWED_HOSTS must be"):
+            Settings.from_env({"PROVISIONER_WEB_ALLOWED_HOSTS": bad})
+
+
 def test_database_url_options_reach_libpq_unchanged() -> None:
     url = (
         "postgresql://alice:pw@db.example/events?sslmode=verify-full"

@@ -3,7 +3,8 @@ the dead-letter queue (docs/operations.md, "Web view").
 
 Starlette routes, Jinja2 templates with autoescape on (every text from a brand, the
 gateway or a message is escaped), and an optional bearer token checked on every
-request before anything is read. Served by uvicorn (`provisioner web`).
+request before anything is read. Served by uvicorn (`provisioner web`); the Host
+check and the security headers are worker/web/guard.py's.
 """
 
 from __future__ import annotations
@@ -23,14 +24,17 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 from starlette.templating import Jinja2Templates
+from starlette.types import ASGIApp
 
 from domain.errors import UnknownBrand
 from infrastructure.dead_letters import PAGE
 from infrastructure.settings import Settings
 from worker.edges import describe
+from worker.web.guard import Guard, HostCheck, check_bind
 from worker.web.reads import BRANDS_SHOWN, STATUSES, Reads
 
 TEMPLATES = Path(__file__).parent / "templates"
+STYLESHEET = Path(__file__).parent / "static" / "style.css"  # no inline style: the CSP
 
 
 def when(value: Any) -> str:
@@ -75,9 +79,12 @@ class BearerToken(BaseHTTPMiddleware):
         return await call_next(request)
 
 
-def create_app(settings: Settings) -> Starlette:
+def create_app(settings: Settings, *, host: str | None = None, port: int | None = None) -> ASGIApp:
+    """The pages, answering only to the names of `host`:`port` (the bound address;
+    PROVISIONER_WEB_HOST and _PORT by default) and PROVISIONER_WEB_ALLOWED_HOSTS."""
     reads = Reads(settings)
     templates = _templates()
+    css = STYLESHEET.read_bytes()
 
     def page(request: Request, name: str, status_code: int = 200, **context: Any) -> Response:
         return templates.TemplateResponse(request, name, context, status_code=status_code)
@@ -119,6 +126,9 @@ def create_app(settings: Settings) -> Starlette:
         found = await run_in_threadpool(reads.lag)
         return page(request, "lag.html", **found)
 
+    async def stylesheet(_request: Request) -> Response:
+        return Response(css, media_type="text/css", headers={"Cache-Control": "max-age=300"})
+
     async def failed(request: Request, exc: Exception) -> Response:
         return page(request, "missing.html", 503, heading="Unavailable", message=str(describe(exc)))
 
@@ -126,8 +136,9 @@ def create_app(settings: Settings) -> Starlette:
         return page(request, "missing.html", 404, heading="Not found", message="no such page")
 
     middleware = [Middleware(BearerToken, token=settings.web_token)] if settings.web_token else []
-    return Starlette(
+    pages = Starlette(
         routes=[
+            Route("/style.css", stylesheet),
             Route("/", brands),
             Route("/brands/{brand_id:path}", brand),
             Route("/stuck", stuck),
@@ -137,8 +148,12 @@ def create_app(settings: Settings) -> Starlette:
         middleware=middleware,
         exception_handlers={404: not_found, Exception: failed},
     )
+    return Guard(pages, HostCheck(settings, host or settings.web_host, port or settings.web_port))
 
 
 def serve(settings: Settings, host: str, port: int) -> None:
-    """Serve the pages until interrupted (uvicorn; its access log at WARNING and up)."""
-    uvicorn.run(create_app(settings), host=host, port=port, log_level="warning")
+    """Serve the pages until interrupted (uvicorn; its access log at WARNING and up);
+    refused beyond loopback without a token unless PROVISIONER_WEB_ALLOW_OPEN=1."""
+    check_bind(settings, host)
+    app = create_app(settings, host=host, port=port)
+    uvicorn.run(app, host=host, port=port, log_level="warning")
