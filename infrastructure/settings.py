@@ -14,7 +14,7 @@
 | PROVISIONER_BROKER_CA_FILE       | (none: the system's CAs)         |
 | PROVISIONER_BROKER_CERT_FILE     | (none: no client certificate)    |
 | PROVISIONER_BROKER_KEY_FILE      | (none)                           |
-| PROVISIONER_FAKE_GATEWAY         | 0 (1: the in-process fake)       |
+| PROVISIONER_FAKE_GATEWAY         | 0 (1: the fake; test: on PG/AMQP)|
 | PROVISIONER_GATEWAY_TIMEOUT_S    | 10                               |
 | PROVISIONER_BACKOFF_BASE_S       | 5                                |
 | PROVISIONER_MAX_REQUEUES         | 5                                |
@@ -56,7 +56,7 @@ from domain.ids import GATEWAY_ID
 from domain.pacing import PaceRules
 from domain.policies import Backoff, Deferral
 from infrastructure.broker import BrokerTls
-from infrastructure.eventstore import DATABASE_SCHEMES, check_database_url
+from infrastructure.eventstore import DATABASE_SCHEMES, check_database_url, is_postgres
 from infrastructure.failures import ConfigurationError
 from infrastructure.messages import MAX_HOP
 from infrastructure.service import EngineSettings
@@ -65,6 +65,7 @@ DEFAULT_DATABASE_URL = "sqlite:///var/provisioner.sqlite"
 BROKER_SCHEMES = ("amqp", "amqps", "pyamqp", "memory")
 GATEWAY_SCHEMES = ("http", "https")
 FAKE_SWITCH = "PROVISIONER_FAKE_GATEWAY"
+FAKE_OPT_IN = "--i-know-this-is-a-test"  # the CLI's global flag; PROVISIONER_FAKE_GATEWAY=test
 _LABEL = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
 LOG_FORMATS = ("auto", "text", "json")
 
@@ -261,6 +262,7 @@ class Settings:
     broker_cert_file: str | None = None
     broker_key_file: str | None = None
     fake_gateway: bool = False
+    fake_gateway_test: bool = False  # the fake on PostgreSQL or RabbitMQ, on purpose
     gateway_timeout_s: float = 10.0
     backoff_base_s: float = 5.0
     max_requeues: int = 5
@@ -299,6 +301,7 @@ class Settings:
         token = _raw(env, "PROVISIONER_GATEWAY_TOKEN")
         if token is not None:
             check_token("PROVISIONER_GATEWAY_TOKEN", token)
+        fake = _choice(env, FAKE_SWITCH, ("0", "1", "test"))
         settings = cls(
             database_url=database_url,
             broker_url=check_url(
@@ -316,7 +319,8 @@ class Settings:
             broker_ca_file=_file(env, "PROVISIONER_BROKER_CA_FILE"),
             broker_cert_file=_file(env, "PROVISIONER_BROKER_CERT_FILE"),
             broker_key_file=_file(env, "PROVISIONER_BROKER_KEY_FILE"),
-            fake_gateway=_flag(env, FAKE_SWITCH),
+            fake_gateway=fake != "0",
+            fake_gateway_test=fake == "test",
             gateway_timeout_s=_number(
                 env, "PROVISIONER_GATEWAY_TIMEOUT_S", 10.0, low=0, high=600, above=True
             ),
@@ -411,9 +415,17 @@ class Settings:
 
         Refuses (ConfigurationError) when neither a gateway nor the fake is
         configured: a process that calls the gateway never runs against a fake
-        it was not asked to use.
+        it was not asked to use. The fake with PostgreSQL or a real broker looks
+        like a leftover in production: refused unless `fake_gateway_test`.
         """
         if self.fake_gateway:
+            real_broker = urlsplit(self.broker_url).scheme.lower() != "memory"
+            if (is_postgres(self.database_url) or real_broker) and not self.fake_gateway_test:
+                raise SettingsError(
+                    f"{FAKE_SWITCH}=1: the in-process fake gateway with PostgreSQL/RabbitMQ: "
+                    f"this looks like production; pass {FAKE_OPT_IN} (or set {FAKE_SWITCH}=test) "
+                    "to run against the fake"
+                )
             return None
         if self.gateway_url is None:
             raise SettingsError(

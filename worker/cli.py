@@ -57,7 +57,11 @@ class _Main(click.Group):
 @click.version_option(package_name="workspace-provisioner", prog_name="provisioner")
 @click.option("-v", "--verbose", is_flag=True, help="Log every hop.")
 @click.option("--debug", is_flag=True, help="Show the traceback of a failure.")
-def main(verbose: bool, debug: bool) -> None:
+@click.option(
+    "--i-know-this-is-a-test", "fake_is_test", is_flag=True,
+    help="Let PROVISIONER_FAKE_GATEWAY=1 run with PostgreSQL or RabbitMQ (as =test does).",
+)  # fmt: skip
+def main(verbose: bool, debug: bool, fake_is_test: bool) -> None:  # noqa: ARG001 - load_settings reads it
     """Event-sourced provisioning of brand sub-workspaces in the workspace gateway."""
     from infrastructure.settings import log_format, log_secrets
     from worker.logs import setup

@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import Any
 
 import click
@@ -18,8 +19,13 @@ from infrastructure.tls import warn_unverified_database
 
 
 def load_settings() -> Settings:
+    """The settings from the environment; the global `--i-know-this-is-a-test` counts as
+    PROVISIONER_FAKE_GATEWAY=test (the fake allowed on PostgreSQL or RabbitMQ)."""
     settings = Settings.from_env()
     warn_unverified_database(settings.database_url)
+    context = click.get_current_context(silent=True)
+    if context is not None and context.find_root().params.get("fake_is_test"):
+        settings = replace(settings, fake_gateway_test=True)
     return settings
 
 

@@ -37,7 +37,7 @@ from infrastructure.eventstore import (
 from infrastructure.gateway import HttpGateway
 from infrastructure.outbox import TOPICS
 from infrastructure.pacing import read_pace
-from infrastructure.settings import Settings
+from infrastructure.settings import Settings, SettingsError
 from infrastructure.view_queries import count_attempts, list_attempts, relay_position
 from infrastructure.views import LogSource, SqlViewStore
 
@@ -425,6 +425,21 @@ def checks_for(
     return checks, facts
 
 
+def _unchecked_gateway(settings: Settings) -> Callable[[], str]:
+    """No gateway to call: the fake where `run` would refuse it fails the check."""
+
+    def check() -> str:
+        if not settings.fake_gateway:
+            return "not checked (no gateway configured)"
+        try:
+            settings.gateway()
+        except SettingsError as exc:
+            raise Unhealthy(str(exc)) from None
+        return "not checked (the in-process fake)"
+
+    return check
+
+
 def check_once(settings: Settings) -> list[CheckResult]:
     """Every check, once, as `provisioner health` runs them: the configured gateway is
     called with the configured token (the in-process fake, only inside `run`)."""
@@ -445,9 +460,8 @@ def check_once(settings: Settings) -> list[CheckResult]:
             settings, ("worker", "relay", "projections", "reconciler"), gateway=gateway, pace=pace
         )
         if gateway is None:
-            why = "the in-process fake" if settings.fake_gateway else "no gateway configured"
             checks.insert(2 if len(checks) > 1 and checks[1][0] == "broker" else 1,
-                          ("gateway", lambda: f"not checked ({why})"))  # fmt: skip
+                          ("gateway", _unchecked_gateway(settings)))  # fmt: skip
         return Health(checks).run()
     finally:
         if gateway is not None:

@@ -168,6 +168,51 @@ def test_the_embedded_default_uses_the_fake_only_when_asked(tmp_path: Path) -> N
             assert proc.wait(60) == 0
 
 
+LEFTOVER = "the in-process fake gateway with PostgreSQL/RabbitMQ: this looks like production"
+
+
+@pytest.mark.parametrize(
+    "where",
+    [
+        {"PROVISIONER_DATABASE_URL": pg_url("any")},
+        {"PROVISIONER_BROKER_URL": "amqp://guest:guest@127.0.0.1:5672//"},
+    ],
+)
+def test_a_leftover_fake_with_postgresql_or_rabbitmq_refuses_to_start(
+    where: dict[str, str], tmp_path: Path
+) -> None:
+    embedded = {"PROVISIONER_DATABASE_URL": f"sqlite:///{tmp_path / 'events.sqlite'}"}
+    env = clean_env(**{**embedded, **where}, PROVISIONER_FAKE_GATEWAY="1")
+    real_broker = "PROVISIONER_BROKER_URL" in where  # `worker` refuses memory:// anyway
+    for command in ("worker", "run") if real_broker else ("run",):
+        result = run_cli(env, command)
+        assert result.returncode == EXIT_CONFIGURATION
+        line = one_line(result)
+        assert LEFTOVER in line
+        assert "pass --i-know-this-is-a-test" in line
+        assert "pw" not in line
+
+
+@pytest.mark.postgres
+@pytest.mark.rabbitmq
+@pytest.mark.parametrize("opt_in", ["flag", "env"])
+def test_the_fake_runs_with_postgresql_and_rabbitmq_when_the_test_says_so(
+    pg_database: str, rabbit_url: str, opt_in: str
+) -> None:
+    fake = "test" if opt_in == "env" else "1"
+    env = clean_env(PROVISIONER_DATABASE_URL=pg_database, PROVISIONER_BROKER_URL=rabbit_url,
+                    PROVISIONER_FAKE_GATEWAY=fake)  # fmt: skip
+    flags = ["--i-know-this-is-a-test"] if opt_in == "flag" else []
+    command = [PROVISIONER, *flags, "run"]
+    with subprocess.Popen(command, env=env, stdout=subprocess.PIPE, text=True) as proc:
+        try:
+            assert proc.stdout is not None
+            assert "running" in proc.stdout.readline()
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(60) == 0
+
+
 # --------------------------------------------------------------------------- Rich
 
 

@@ -217,6 +217,33 @@ def test_the_health_command_exits_0_when_healthy_and_1_naming_what_fails(
     assert refused.returncode == 3  # a setting that cannot be used: the configuration code
 
 
+@pytest.mark.postgres
+def test_health_fails_a_leftover_fake_with_postgresql_and_rabbitmq(
+    pg_database: str, rabbit_session_url: str
+) -> None:
+    env = clean_env(PROVISIONER_DATABASE_URL=pg_database, PROVISIONER_BROKER_URL=rabbit_session_url,
+                    PROVISIONER_FAKE_GATEWAY="1")  # fmt: skip
+
+    def gateway_line(*args: str, **more: str) -> tuple[int, str]:
+        done = subprocess.run(
+            [PROVISIONER, *args, "health"], env=dict(env, **more), capture_output=True,
+            text=True, timeout=60, check=False,
+        )  # fmt: skip
+        return done.returncode, next(x for x in done.stdout.splitlines() if "gateway:" in x)
+
+    code, line = gateway_line()
+    assert code == 1
+    assert line.startswith("FAILING  gateway: PROVISIONER_FAKE_GATEWAY=1: the in-process fake")
+    assert "pass --i-know-this-is-a-test" in line
+    for flags, more in (
+        (["--i-know-this-is-a-test"], {}),
+        ([], {"PROVISIONER_FAKE_GATEWAY": "test"}),
+    ):
+        assert (
+            gateway_line(*flags, **more)[1] == "ok       gateway: not checked (the in-process fake)"
+        )
+
+
 def test_metric_names_appear_after_a_small_run(tmp_path: Path) -> None:
     port = free_port()
     env = clean_env(

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 from psycopg.conninfo import conninfo_to_dict
@@ -127,12 +128,36 @@ def test_a_gateway_caller_needs_the_gateway_or_the_fake_asked_for() -> None:
         Settings.from_env(without_token).gateway()
     real = Settings.from_env({**without_token, "PROVISIONER_GATEWAY_TOKEN": "t0k"})
     assert real.gateway() == ("https://gw.example", "t0k")
-    assert Settings.from_env({**production, "PROVISIONER_FAKE_GATEWAY": "1"}).gateway() is None
+    opted_in = {**production, "PROVISIONER_FAKE_GATEWAY": "test"}
+    assert Settings.from_env(opted_in).gateway() is None
     with pytest.raises(ConfigurationError, match="choose one"):
         Settings.from_env({**without_token, "PROVISIONER_FAKE_GATEWAY": "1"})
     # The embedded default does not fake the gateway silently either.
     with pytest.raises(ConfigurationError, match="PROVISIONER_GATEWAY_URL is not set"):
         Settings.from_env({}).gateway()
+
+
+@pytest.mark.parametrize(
+    "where",
+    [
+        {"PROVISIONER_DATABASE_URL": "postgresql://app@db.example/events"},
+        {"PROVISIONER_BROKER_URL": "amqp://app@rabbit.example/prod"},
+    ],
+)
+def test_the_fake_with_postgresql_or_rabbitmq_needs_the_test_opt_in(where: dict[str, str]) -> None:
+    leftover = Settings.from_env({**where, "PROVISIONER_FAKE_GATEWAY": "1"})
+    with pytest.raises(ConfigurationError) as raised:
+        leftover.gateway()
+    message = str(raised.value)
+    assert (
+        "the in-process fake gateway with PostgreSQL/RabbitMQ: this looks like production; "
+        "pass --i-know-this-is-a-test" in message
+    )
+    assert "\n" not in message
+    assert replace(leftover, fake_gateway_test=True).gateway() is None  # the CLI flag
+    assert Settings.from_env({**where, "PROVISIONER_FAKE_GATEWAY": "test"}).gateway() is None
+    # SQLite and memory:// (`make demo`, a laptop) need no opt-in.
+    assert Settings.from_env({"PROVISIONER_FAKE_GATEWAY": "1"}).gateway() is None
 
 
 def test_allowed_web_hosts_are_names_with_an_optional_port() -> None:
