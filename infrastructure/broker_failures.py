@@ -16,8 +16,8 @@ from urllib.parse import urlsplit
 import amqp
 from kombu.exceptions import OperationalError
 
-from infrastructure.eventstore import redact
 from infrastructure.failures import EdgeFailure, ServiceRefused, ServiceUnavailable, causes
+from infrastructure.redaction import redact
 from infrastructure.tls import certificate_refusal
 
 # AMQP reply codes retrying cannot change, and what to do about each.

@@ -38,7 +38,7 @@ import json
 import time
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import amqp
@@ -58,6 +58,7 @@ from infrastructure.broker import (
     is_memory,
 )
 from infrastructure.failures import ConfigurationError
+from infrastructure.redaction import Secrets
 
 EMBEDDED_NOTICE = (
     "the embedded broker (memory://) keeps dead letters only inside the process that "
@@ -114,6 +115,18 @@ class DeadLetter:
     def replay_headers(self) -> dict[str, Any]:
         """The message's own headers, without the dead-letter ones."""
         return {k: v for k, v in self.headers.items() if not k.startswith(DEAD_HEADERS)}
+
+    def scrubbed(self, secrets: Secrets) -> DeadLetter:
+        """This dead letter as shown to a person: its reason, errors (keys and
+        values), body and headers without any secret. Never replayed: a replay
+        sends the message as it came."""
+        return replace(
+            self,
+            reason=secrets.scrub(self.reason),
+            errors=secrets.scrub_value(self.errors),
+            body=secrets.scrub_bytes(self.body),
+            headers=secrets.scrub_value(self.headers),
+        )
 
     def summary(self, now: float) -> dict[str, Any]:
         age = self.age_s(now)

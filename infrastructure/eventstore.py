@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import sqlite3
 import stat
 import threading
@@ -41,6 +40,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from infrastructure.failures import ConfigurationError, EdgeFailure
 from infrastructure.pg_connect import connect, log, retrying
 from infrastructure.pg_factory import CONNECT_WAIT_S, LIBPQ_OPTIONS, POOLED, WHERE
+from infrastructure.redaction import redact_url
 
 APP_NAME = "provisioner"
 EVENTS_TABLE = f"{APP_NAME}_events"
@@ -104,14 +104,14 @@ def check_database_url(url: str) -> None:
     scheme = parts.scheme.lower()
     if scheme not in DATABASE_SCHEMES:
         raise ConfigurationError(
-            f"unsupported database URL {redact(url)}: use postgresql://user@host:port/db, "
+            f"unsupported database URL {redact_url(url)}: use postgresql://user@host:port/db, "
             "sqlite:///path/file.sqlite or memory://"
         )
     if scheme in ("postgresql", "postgres"):
         if not parts.hostname:
-            raise ConfigurationError(f"database URL names no host: {redact(url)}")
+            raise ConfigurationError(f"database URL names no host: {redact_url(url)}")
         if not parts.path.lstrip("/"):
-            raise ConfigurationError(f"database URL names no database: {redact(url)}")
+            raise ConfigurationError(f"database URL names no database: {redact_url(url)}")
         _libpq_options(url)
 
 
@@ -139,8 +139,9 @@ def _libpq_options(url: str) -> dict[str, str]:
     try:
         options = conninfo_to_dict(url)
     except psycopg.ProgrammingError as exc:
+        # libpq repeats what it could not parse, the password too ("pa ss"): by value.
         reason = " ".join(str(exc).split())
-        raise ConfigurationError(f"{reason} in the database URL {redact(url)}") from None
+        raise ConfigurationError(redact_url(url, f"{reason} in the database URL {url}")) from None
     options.setdefault("host", "127.0.0.1")
     options.setdefault("port", "5432")
     options.setdefault("user", "postgres")
@@ -186,7 +187,7 @@ def persistence_env(
             LIBPQ_OPTIONS: json.dumps(options),
             POOLED: "y" if pooled else "n",
             CONNECT_WAIT_S: str(connect_wait_s),
-            WHERE: redact(url),
+            WHERE: redact_url(url),
         }
     if scheme == "sqlite":
         # As in SQLAlchemy: sqlite:///relative/path, sqlite:////absolute/path, sqlite://.
@@ -197,23 +198,6 @@ def persistence_env(
             "CREATE_TABLE": "y" if create_table else "n",
         }
     return {"PERSISTENCE_MODULE": "eventsourcing.popo"}
-
-
-# scheme://netloc of any URL in a text; a query key that names a password, and its value.
-# scheme://user:password@host: the password runs to the last "@" before white
-# space, so one holding any unencoded character ("@", "/", "?", "#", quotes) is
-# hidden whole. A URL with an "@" later on (`?application_name=a@b`) loses its
-# host and path from the message too: more than its password, never less.
-_URL_PASSWORD = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://[^:/?#\s@\"'<>]*:)\S*@")
-_PASSWORD_KEY = re.compile(r"(?i)([?&;][^=&#\s]*password[^=&#\s]*=)[^&#\s]*")
-
-
-def redact(url: str) -> str:
-    """The URL (or a text with URLs in it) without its passwords, for messages and
-    logs: the user-info password of any URL (`user:***@host`), and the value of
-    every query key that names a password (`password=`, `sslpassword=`, ...).
-    Lexical, so it also hides what a malformed URL holds."""
-    return _PASSWORD_KEY.sub(r"\1***", _URL_PASSWORD.sub(r"\1***@", url))
 
 
 def is_postgres(url: str) -> bool:
@@ -248,7 +232,7 @@ def init_database(url: str, *, wait_s: float | None = 30.0) -> None:
         _sqlite_parent(url)
         _create_tables(url)
         return
-    with connect(postgres_conninfo(url), redact(url), wait_s=wait_s, autocommit=True) as conn:
+    with connect(postgres_conninfo(url), redact_url(url), wait_s=wait_s, autocommit=True) as conn:
         conn.execute("SELECT pg_advisory_lock(%s)", (SCHEMA_LOCK_KEY,))
         try:
             _create_tables(url)
@@ -332,9 +316,9 @@ def open_event_store(
         return ProvisionerApplication(persistence_env(url, create_table=not read_only))
     if not _tables_exist(url, wait_s=wait_s, stop=stop):
         raise DatabaseNotInitialised(
-            f"the event tables are missing in {redact(url)}: run `provisioner db init` first"
+            f"the event tables are missing in {redact_url(url)}: run `provisioner db init` first"
         )
-    log.info("connected to %s", redact(url))
+    log.info("connected to %s", redact_url(url))
     env = persistence_env(
         url,
         pool_size=pool_size,
@@ -350,4 +334,4 @@ def _tables_exist(url: str, *, wait_s: float | None, stop: threading.Event | Non
             row = conn.execute("SELECT to_regclass(%s)", (f"public.{EVENTS_TABLE}",)).fetchone()
         return row is not None and row[0] is not None
 
-    return bool(retrying(check, redact(url), wait_s=wait_s, stop=stop))
+    return bool(retrying(check, redact_url(url), wait_s=wait_s, stop=stop))

@@ -19,9 +19,9 @@ import psycopg
 from eventsourcing import persistence
 
 from infrastructure.broker_failures import broker_refusal, is_broker_error
-from infrastructure.eventstore import redact
 from infrastructure.failures import ServiceRefused, causes
 from infrastructure.pg_connect import classify
+from infrastructure.redaction import redact
 
 # What a database that is down, restarting or unreachable raises.
 _DATABASE_UNAVAILABLE = (

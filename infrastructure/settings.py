@@ -59,6 +59,7 @@ from infrastructure.broker import BrokerTls
 from infrastructure.eventstore import DATABASE_SCHEMES, check_database_url, is_postgres
 from infrastructure.failures import ConfigurationError
 from infrastructure.messages import MAX_HOP
+from infrastructure.redaction import Secrets, url_passwords
 from infrastructure.service import EngineSettings
 
 DEFAULT_DATABASE_URL = "sqlite:///var/provisioner.sqlite"
@@ -241,10 +242,22 @@ def log_format(env: Mapping[str, str] | None = None) -> str:
 
 
 def log_secrets(env: Mapping[str, str] | None = None) -> tuple[str, ...]:
-    """The values no log line may show (the gateway's and the web view's tokens)."""
+    """The values no log line may show (`Settings.secrets()`), read from the raw
+    environment, unchecked: logging is set up before the settings are, and an error
+    line about a bad setting is scrubbed too. Never raises."""
     env = os.environ if env is None else env
-    keys = ("PROVISIONER_GATEWAY_TOKEN", "PROVISIONER_WEB_TOKEN")
-    return tuple(token for token in (env.get(key, "").strip() for key in keys) if token)
+
+    def raw(key: str) -> str | None:
+        return env.get(key, "").strip() or None
+
+    unchecked = Settings(
+        database_url=raw("PROVISIONER_DATABASE_URL") or DEFAULT_DATABASE_URL,
+        broker_url=raw("PROVISIONER_BROKER_URL") or "memory://",
+        gateway_url=raw("PROVISIONER_GATEWAY_URL"),
+        gateway_token=raw("PROVISIONER_GATEWAY_TOKEN"),
+        web_token=raw("PROVISIONER_WEB_TOKEN"),
+    )
+    return unchecked.secrets().values
 
 
 @dataclass(frozen=True, slots=True)
@@ -409,6 +422,17 @@ class Settings:
                 f"more than {MAX_HOP:,} hops: a shorter deadline or a longer cap"
             )
         return settings
+
+    def secrets(self) -> Secrets:
+        """Every configured secret, for `Secrets.scrub`: the gateway token, the
+        passwords of the database, broker and gateway URLs, and the web token."""
+        return Secrets.of(
+            self.gateway_token,
+            *url_passwords(self.database_url),
+            *url_passwords(self.broker_url),
+            *url_passwords(self.gateway_url),
+            self.web_token,
+        )
 
     def gateway(self) -> tuple[str, str] | None:
         """The real gateway's URL and token; None when the fake was asked for.

@@ -38,9 +38,9 @@ from infrastructure.eventstore import (
     is_postgres,
     persistence_env,
     postgres_conninfo,
-    redact,
 )
 from infrastructure.pg_connect import connect
+from infrastructure.redaction import redact
 from infrastructure.view_sql import (
     POSITIONS,
     Dialect,

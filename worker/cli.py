@@ -1,9 +1,9 @@
 """The `provisioner` command line: one composition root per command.
 
 Every failure a command lets escape is turned into one line on stderr and the
-exit code of infrastructure/failures.py, in one place (`_Main.invoke`); the
-global `--debug` shows the traceback instead. One-shot commands hold at most
-one database connection, opened per use.
+exit code of infrastructure/failures.py, in one place (`_Main.invoke`), without any
+configured secret; the global `--debug` shows the traceback before it. One-shot
+commands hold at most one database connection, opened per use.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 
 import click
 
-from infrastructure.eventstore import init_database, redact
+from infrastructure.eventstore import init_database
 from infrastructure.fake_gateway.cli import serve as serve_fake_gateway
 from worker import cli_read
 from worker.cli_dead_letters import dead_letters
@@ -37,20 +37,25 @@ class _Main(click.Group):
     """The command group; turns any failure of a command into one line and an exit code."""
 
     def invoke(self, ctx: click.Context) -> Any:
+        """Every error line (and a `--debug` traceback) without any configured secret."""
+        from worker.cli_support import shown
+
         try:
             return super().invoke(ctx)
         except click.ClickException as exc:
-            exc.message = printable(exc.message)  # a usage error may quote an argument
+            exc.message = printable(shown(exc.message))  # a usage error may quote an argument
             raise
         except (click.exceptions.Exit, click.Abort):
             raise
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - every failure ends as one line and a code
             if ctx.params.get("debug"):
-                raise
+                import traceback
+
+                echo(shown(traceback.format_exc()).rstrip(), err=True)
             from worker.edges import describe
 
             failure = describe(exc)
-            raise Failed(str(failure), failure.exit_code) from None
+            raise Failed(shown(str(failure)), failure.exit_code) from None
 
 
 @click.group(cls=_Main, context_settings={"help_option_names": ["-h", "--help"]})
@@ -81,6 +86,7 @@ def db() -> None:
 def db_init(database_url: str | None) -> None:
     """Create the event tables if missing (idempotent, safe to run concurrently)."""
     from infrastructure.eventstore import check_database_url
+    from infrastructure.redaction import redact_url
     from infrastructure.views import SqlViewStore
 
     settings = load_settings()
@@ -89,7 +95,7 @@ def db_init(database_url: str | None) -> None:
     init_database(url, wait_s=settings.connect_wait_s)
     with SqlViewStore(url, wait_s=settings.connect_wait_s) as store:
         store.setup()
-    echo(f"event store ready: {redact(url)}")
+    echo(f"event store ready: {redact_url(url)}")
 
 
 @main.group()
@@ -177,9 +183,9 @@ def _wait_for(service: Any, attempt_id: Any, timeout: float) -> int:
         attempt = service.attempt(attempt_id)
         if attempt.is_terminal:
             from infrastructure.audit import attempt_story
-            from worker.cli_support import outcome_sentence
+            from worker.cli_support import outcome_sentence, shown
 
-            echo(outcome_sentence(attempt_story(service, attempt_id)))
+            echo(shown(outcome_sentence(attempt_story(service, attempt_id))))
             return 0 if attempt.state is AttemptState.PROMOTED else 1
         time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
         pause = min(pause * 1.5, 2.0)
@@ -449,11 +455,12 @@ def health(as_json: bool) -> None:
 
     from worker.health import check_once, healthy, report
 
-    results = check_once(load_settings())
+    settings = load_settings()
+    results = check_once(settings)
     if as_json:
-        echo(json.dumps(report(results), indent=2))
+        echo(json.dumps(settings.secrets().scrub_value(report(results)), indent=2))
     else:
-        echo("\n".join(r.line() for r in results))
+        echo(settings.secrets().scrub("\n".join(r.line() for r in results)))
     sys.exit(0 if healthy(results) else 1)
 
 

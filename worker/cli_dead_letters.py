@@ -26,7 +26,7 @@ from infrastructure.dead_letters import (
     now,
 )
 from infrastructure.settings import BROKER_SCHEMES, check_url
-from worker.cli_support import echo, load_settings
+from worker.cli_support import echo, load_settings, secrets
 
 BROKER_URL = click.option(
     "--broker-url", envvar="PROVISIONER_BROKER_URL", help="Overrides the setting."
@@ -85,7 +85,7 @@ def list_(as_json: bool, limit: int, after: str | None, broker_url: str | None) 
     (nothing consumed)."""
     with _dead_letters(broker_url) as letters:
         page = letters.page(limit, after)
-    found = page.letters
+    found = [letter.scrubbed(secrets()) for letter in page.letters]
     at = now()
     more = f"more after {page.after}: dead-letters list --after {page.after}"
     if as_json:
@@ -113,7 +113,7 @@ def show(letter_id: str, broker_url: str | None) -> None:
     """One dead letter: its reason, errors, where it came from, headers and body (its
     first 8 KiB: `truncated`, with the whole body's length and sha256)."""
     with _dead_letters(broker_url) as letters:
-        letter = letters.show(letter_id)
+        letter = letters.show(letter_id).scrubbed(secrets())
     shown: dict[str, Any] = letter.summary(now())
     shown["headers"] = letter.replay_headers
     shown["body"] = letter.body.decode("utf-8", "replace")

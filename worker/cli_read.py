@@ -14,14 +14,18 @@ from worker.cli_support import (
     jsonable,
     load_settings,
     printable,
+    secrets,
     service_only,
     views,
 )
 
 
 def _print(data: Any, as_json: bool, render: Any) -> None:
+    """JSON or the rendered text, without any configured secret: a title or a message
+    may hold one, and Rich may fold it across lines (so the data is scrubbed first)."""
     import json
 
+    data = secrets().scrub_value(data)
     if as_json:
         echo(json.dumps(data, indent=2, default=jsonable))
     else:

@@ -1,5 +1,5 @@
 """What the `provisioner` commands share: settings, the one-shot service, the read
-models, and text made safe for Rich."""
+models, and text made safe for Rich and free of secrets."""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ from rich.markup import escape
 
 from infrastructure.broker import Broker, Topology
 from infrastructure.broker_failures import broker_failure
-from infrastructure.settings import Settings
+from infrastructure.redaction import Secrets
+from infrastructure.settings import Settings, log_secrets
 from infrastructure.tls import warn_unverified_database
 
 
@@ -27,6 +28,17 @@ def load_settings() -> Settings:
     if context is not None and context.find_root().params.get("fake_is_test"):
         settings = replace(settings, fake_gateway_test=True)
     return settings
+
+
+def secrets() -> Secrets:
+    """Every configured secret, read from the raw environment: this works when the
+    settings themselves are wrong (an error line about them is scrubbed too)."""
+    return Secrets(log_secrets())
+
+
+def shown(text: str) -> str:
+    """`text` for the terminal, without any configured secret."""
+    return secrets().scrub(text)
 
 
 # What must not reach a terminal raw: every C0 control character but the line break
@@ -79,7 +91,9 @@ def service_only(*, read_only: bool = False) -> Any:
         wait_s=settings.connect_wait_s,
     )  # fmt: skip
     gateway = HttpGateway("http://127.0.0.1:9", "request-path")
-    return ProvisioningService(app, gateway, settings=settings.engine())
+    # As on the message path (worker/runtime.py): a text holding the token is refused.
+    token = (settings.gateway_token,) if settings.gateway_token else ()
+    return ProvisioningService(app, gateway, settings=settings.engine(), secrets=token)
 
 
 def views(*, read_only: bool = True) -> Any:

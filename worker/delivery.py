@@ -28,7 +28,6 @@ message ends its thread:
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -39,6 +38,7 @@ from domain.errors import RetryLater
 from infrastructure.broker import Broker
 from infrastructure.messages import InvalidMessage, Message, admit, decode, retries, waits
 from infrastructure.outages import Outage, is_database_error, one_line
+from infrastructure.redaction import Secrets
 from worker import metrics
 
 log = logging.getLogger("provisioner.worker")
@@ -105,19 +105,8 @@ class Settler:
         self.refused_for_now = refused_for_now  # raised by handlers: retried on its own schedule
         # Told of a message whose retries are spent, before it is dead-lettered.
         self.given_up = given_up
-        # The token as it may appear in a body: raw, and as JSON writes it (escaped
-        # quotes and backslashes; non-ASCII escaped or not).
-        forms = {
-            form.encode()
-            for secret in secrets
-            if secret
-            for form in (
-                secret,
-                json.dumps(secret)[1:-1],
-                json.dumps(secret, ensure_ascii=False)[1:-1],
-            )
-        }
-        self.secrets = tuple(sorted(forms, key=len, reverse=True))
+        # The token as a body, a header or an error may hold it, in any form.
+        self.secrets = Secrets(secrets)
 
     def read(self, message: Any, queue: str) -> Delivery | None:
         """The delivery (from `queue`) to hand to a handler, or None once it has been
@@ -207,8 +196,9 @@ class Settler:
         body = message.body
         if not isinstance(body, bytes):
             body = str(body).encode("utf-8", "backslashreplace")
-        for secret in self.secrets:  # a producer's body may hold the gateway token
-            body = body.replace(secret, b"***")
+        # A producer's body, a field name or type in its errors may hold the token.
+        body, source = self.secrets.scrub_bytes(body), self.secrets.scrub(source)
+        reason, errors = self.secrets.scrub(reason), self.secrets.scrub_value(errors)
         self.publisher.publish_dead(body, reason, errors, source)
         message.ack()
         metrics.DEAD_LETTERED.labels(reason).inc()

@@ -15,7 +15,6 @@ import httpx
 from eventsourcing.persistence import PersistenceError
 
 from infrastructure.broker_failures import broker_failure
-from infrastructure.eventstore import redact
 from infrastructure.failures import (
     ConfigurationError,
     EdgeFailure,
@@ -24,6 +23,7 @@ from infrastructure.failures import (
     causes,
 )
 from infrastructure.pg_connect import classify
+from infrastructure.redaction import redact
 from infrastructure.settings import Settings
 
 

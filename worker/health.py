@@ -32,11 +32,11 @@ from infrastructure.eventstore import (
     open_event_store,
     persistence_env,
     postgres_conninfo,
-    redact,
 )
 from infrastructure.gateway import HttpGateway
 from infrastructure.outbox import TOPICS
 from infrastructure.pacing import read_pace
+from infrastructure.redaction import redact
 from infrastructure.settings import Settings, SettingsError
 from infrastructure.view_queries import count_attempts, list_attempts, relay_position
 from infrastructure.views import LogSource, SqlViewStore

@@ -8,10 +8,10 @@ record's `extra` (infrastructure/service.py's hop line, worker/delivery.py's
 dead letters); text lines show the message, which already names them.
 
 `Redact`, a filter put on every handler, rewrites each record before any
-formatter sees it: the message with its arguments, the traceback and every
-string field lose the gateway token (and any other secret given), the
-password of every URL, and the value of Authorization headers and Bearer
-credentials.
+formatter sees it: the message with its arguments, the traceback (a `--debug`
+one too) and every field lose each configured secret in any form it takes
+(infrastructure/redaction.py), the password of every URL, and the value of
+Authorization headers and Bearer credentials.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any, TextIO
 
-from infrastructure.eventstore import redact
+from infrastructure.redaction import Secrets
 
 FIELDS = ("brand", "attempt", "hop", "outcome", "reason")
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"
@@ -36,22 +36,19 @@ _AUTHORIZATION = re.compile(
 _BEARER = re.compile(r"\b(bearer\s+)[A-Za-z0-9._~+/=-]+", re.IGNORECASE)
 
 
-def scrub(text: str, secrets: Iterable[str] = ()) -> str:
+def scrub(text: str, secrets: Secrets | Iterable[str] = ()) -> str:
     """The text without the secrets, URL passwords and Authorization values."""
-    for secret in secrets:
-        if secret:
-            text = text.replace(secret, HIDDEN)
-    text = _AUTHORIZATION.sub(rf"\g<1>{HIDDEN}", text)
-    text = _BEARER.sub(rf"\g<1>{HIDDEN}", text)
-    return redact(text)
+    known = secrets if isinstance(secrets, Secrets) else Secrets(tuple(secrets))
+    text = _AUTHORIZATION.sub(rf"\g<1>{HIDDEN}", known.scrub(text))
+    return _BEARER.sub(rf"\g<1>{HIDDEN}", text)
 
 
 class Redact(logging.Filter):
     """Rewrites a record so that no secret reaches any formatter (never drops one)."""
 
-    def __init__(self, secrets: Iterable[str] = ()) -> None:
+    def __init__(self, secrets: Secrets | Iterable[str] = ()) -> None:
         super().__init__()
-        self.secrets = tuple(s for s in secrets if s)
+        self.secrets = secrets if isinstance(secrets, Secrets) else Secrets(tuple(secrets))
 
     def filter(self, record: logging.LogRecord) -> bool:
         record.msg = scrub(record.getMessage(), self.secrets)
@@ -64,8 +61,8 @@ class Redact(logging.Filter):
             record.stack_info = scrub(record.stack_info, self.secrets)
         for name in FIELDS:
             value = getattr(record, name, None)
-            if isinstance(value, str):
-                setattr(record, name, scrub(value, self.secrets))
+            if value is not None and not isinstance(value, int):  # as the JSON line shows it
+                setattr(record, name, scrub(str(value), self.secrets))
         return True
 
 
@@ -102,7 +99,7 @@ def _is_tty(stream: TextIO) -> bool:
         return False
 
 
-def protect(secrets: Iterable[str] = ()) -> Redact:
+def protect(secrets: Secrets | Iterable[str] = ()) -> Redact:
     """Put one `Redact` on every handler there is (the root's and every logger's)."""
     guard = Redact(secrets)
     loggers: list[logging.Logger | logging.PlaceHolder] = [logging.getLogger()]
@@ -116,7 +113,10 @@ def protect(secrets: Iterable[str] = ()) -> Redact:
 
 
 def setup(
-    level: int, log_format: str, secrets: Iterable[str] = (), stream: TextIO | None = None
+    level: int,
+    log_format: str,
+    secrets: Secrets | Iterable[str] = (),
+    stream: TextIO | None = None,
 ) -> logging.Handler | None:
     """The process's one stderr handler, in the format asked for, behind the redaction.
 

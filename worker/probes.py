@@ -28,6 +28,7 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from infrastructure.redaction import NO_SECRETS, Secrets
 from worker.health import CheckResult, Health, Unhealthy, checks_for, healthy, report
 from worker.metrics import StateCollector
 
@@ -49,6 +50,7 @@ class Probes:
     live: Callable[[], str | None] = lambda: None  # None: alive; else what stopped
     state: CollectorRegistry | None = None
     token: str | None = field(default=None, repr=False)  # shows /readyz's details
+    secrets: Secrets = field(default=NO_SECRETS, repr=False)  # never in those details
     ttl_s: float = READY_TTL_S
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
     _ran: tuple[float, Health, list[CheckResult]] | None = field(default=None, init=False)
@@ -73,6 +75,7 @@ class Probes:
         self.watch_state(facts)
         self.live = lambda: _stopped(runtime.threads)
         self.token = runtime.settings.web_token
+        self.secrets = runtime.settings.secrets()
         self.health = Health(checks)
 
     def results(self) -> list[CheckResult]:
@@ -112,7 +115,7 @@ class Probes:
         results = self.results()
         status = "200 OK" if healthy(results) else "503 Service Unavailable"
         if self._authorized(environ):
-            return _answer(start, status, report(results))
+            return _answer(start, status, self.secrets.scrub_value(report(results)))
         return _answer(start, status, readiness(results))
 
 

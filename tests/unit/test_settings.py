@@ -6,8 +6,9 @@ from dataclasses import replace
 import pytest
 from psycopg.conninfo import conninfo_to_dict
 
-from infrastructure.eventstore import persistence_env, postgres_conninfo, redact
+from infrastructure.eventstore import persistence_env, postgres_conninfo
 from infrastructure.failures import ConfigurationError
+from infrastructure.redaction import redact
 from infrastructure.settings import DEFAULT_DATABASE_URL, Settings, SettingsError
 
 

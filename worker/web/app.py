@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import jinja2
+import markupsafe
 import uvicorn
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
@@ -28,6 +29,7 @@ from starlette.types import ASGIApp
 
 from domain.errors import UnknownBrand
 from infrastructure.dead_letters import PAGE
+from infrastructure.redaction import Secrets
 from infrastructure.settings import Settings
 from worker.edges import describe
 from worker.web.guard import Guard, HostCheck, check_bind
@@ -51,8 +53,18 @@ def when(value: Any) -> str:
     return str(value)
 
 
-def _templates() -> Jinja2Templates:
+def _templates(secrets: Secrets) -> Jinja2Templates:
+    def scrubbed(value: Any) -> Any:
+        """What a page shows of a value (`{{ ... }}`), without any configured secret;
+        before autoescape, so the secret is found as it is."""
+        if value is None or isinstance(value, int | float):
+            return value
+        if isinstance(value, markupsafe.Markup):
+            return markupsafe.Markup(secrets.scrub(str(value)))  # noqa: S704 - safe already
+        return secrets.scrub(str(value))
+
     env = jinja2.Environment(
+        finalize=scrubbed,
         loader=jinja2.FileSystemLoader(TEMPLATES),
         autoescape=True,  # every page is HTML: everything interpolated is escaped
         undefined=jinja2.StrictUndefined,
@@ -83,7 +95,7 @@ def create_app(settings: Settings, *, host: str | None = None, port: int | None 
     """The pages, answering only to the names of `host`:`port` (the bound address;
     PROVISIONER_WEB_HOST and _PORT by default) and PROVISIONER_WEB_ALLOWED_HOSTS."""
     reads = Reads(settings)
-    templates = _templates()
+    templates = _templates(settings.secrets())
     css = STYLESHEET.read_bytes()
 
     def page(request: Request, name: str, status_code: int = 200, **context: Any) -> Response:
@@ -156,4 +168,6 @@ def serve(settings: Settings, host: str, port: int) -> None:
     refused beyond loopback without a token unless PROVISIONER_WEB_ALLOW_OPEN=1."""
     check_bind(settings, host)
     app = create_app(settings, host=host, port=port)
-    uvicorn.run(app, host=host, port=port, log_level="warning")
+    # log_config=None: uvicorn's lines (a traceback too) go to the root handler, behind
+    # the redaction, rather than to handlers of its own made after it.
+    uvicorn.run(app, host=host, port=port, log_level="warning", log_config=None)
