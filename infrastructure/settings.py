@@ -63,6 +63,8 @@ from infrastructure.redaction import Secrets, url_passwords
 from infrastructure.service import EngineSettings
 
 DEFAULT_DATABASE_URL = "sqlite:///var/provisioner.sqlite"
+# The in-process fake gateway's parent: the parents of the embedded default.
+EMBEDDED_PARENTS = ("org-parent",)
 BROKER_SCHEMES = ("amqp", "amqps", "pyamqp", "memory")
 GATEWAY_SCHEMES = ("http", "https")
 FAKE_SWITCH = "PROVISIONER_FAKE_GATEWAY"
@@ -466,7 +468,25 @@ class Settings:
         """What an amqps:// connection trusts (the CA file) and shows (a client certificate)."""
         return BrokerTls(self.broker_ca_file, self.broker_cert_file, self.broker_key_file)
 
-    def engine(self) -> EngineSettings:
+    def parents(self) -> tuple[str, ...]:
+        """The parents the service may act under: PROVISIONER_PARENT_IDS; unset, the
+        in-process fake's parent with the fake or the embedded default (an in-process
+        broker and no gateway), else ConfigurationError: a process that acts on
+        commands never trusts the parent a producer names."""
+        if self.parent_ids is not None:
+            return self.parent_ids
+        embedded = urlsplit(self.broker_url).scheme == "memory" and self.gateway_url is None
+        if self.fake_gateway or embedded:
+            return EMBEDDED_PARENTS
+        raise SettingsError(
+            "PROVISIONER_PARENT_IDS is not set: give the comma-separated ids of the "
+            "organisation's parent workspaces this service may act under "
+            "(docs/operations.md, \"Parents\")"
+        )
+
+    def engine(self, *, acting: bool = False) -> EngineSettings:
+        """The service's rules. `acting`: for a process that acts on commands or hops,
+        with the parents it may act under (`parents`, which may refuse)."""
         try:
             backoff = Backoff(base_s=self.backoff_base_s, max_requeues=self.max_requeues)
         except ValueError as exc:
@@ -478,6 +498,8 @@ class Settings:
             deferral=Deferral(max_s=self.defer_max_s, deadline_s=self.attempt_deadline_s),
             stale_after_s=self.stale_after_s,
             create_grace_s=self.create_grace_s,
+            parent_ids=frozenset(self.parents()) if acting else None,
+            command_skew_s=self.command_skew_s,
         )
 
     def pace(self) -> PaceRules:

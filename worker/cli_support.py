@@ -93,7 +93,9 @@ def service_only(*, read_only: bool = False) -> Any:
     gateway = HttpGateway("http://127.0.0.1:9", "request-path")
     # As on the message path (worker/runtime.py): a text holding the token is refused.
     token = (settings.gateway_token,) if settings.gateway_token else ()
-    return ProvisioningService(app, gateway, settings=settings.engine(), secrets=token)
+    return ProvisioningService(
+        app, gateway, settings=settings.engine(acting=not read_only), secrets=token
+    )
 
 
 def views(*, read_only: bool = True) -> Any:

@@ -161,7 +161,9 @@ def build(
         stack.callback(app.close)
         fake = None
         if chosen is None:
-            fake = stack.enter_context(FakeGateway(fake_config or FakeConfig()))
+            fake = stack.enter_context(
+                FakeGateway(fake_config or FakeConfig(), parents=settings.parents())
+            )
             url, token = fake.url, "embedded-fake"
             log.info("PROVISIONER_FAKE_GATEWAY=1: the in-process fake gateway at %s", url)
         else:
@@ -182,7 +184,8 @@ def build(
             stack.callback(scheduler.stop)
         # The configured token never reaches an event or a log through a producer's text.
         secrets = (settings.gateway_token,) if settings.gateway_token else ()
-        service = ProvisioningService(app, gateway, settings=settings.engine(), secrets=secrets)
+        engine = settings.engine(acting="worker" in parts)
+        service = ProvisioningService(app, gateway, settings=engine, secrets=secrets)
         views_url = settings.database_url
         if urlsplit(views_url).scheme == "memory":
             views_url = memory_views_url()

@@ -269,6 +269,7 @@ def test_a_missing_database_is_refused_at_once_even_by_long_running_processes(
         PROVISIONER_DATABASE_URL=pg_url(f"missing_{uuid.uuid4().hex[:8]}"),
         PROVISIONER_BROKER_URL="amqp://guest:guest@127.0.0.1:5672//",
         PROVISIONER_GATEWAY_URL=fake.url,
+        PROVISIONER_PARENT_IDS=",".join(fake.parents),
         PROVISIONER_GATEWAY_TOKEN="t",
     )
     for command in (["status", "b1"], ["projections", "run"], ["worker"]):
@@ -482,6 +483,7 @@ def test_a_broker_that_refuses_stops_long_running_processes_at_start_up(
             PROVISIONER_DATABASE_URL=f"sqlite:///{tmp_path / 'events.sqlite'}",
             PROVISIONER_BROKER_URL=broker_url,
             PROVISIONER_GATEWAY_URL=fake.url,
+            PROVISIONER_PARENT_IDS=",".join(fake.parents),
             PROVISIONER_GATEWAY_TOKEN="t",
         )
         result = run_cli(env, command, timeout=30)
@@ -505,6 +507,7 @@ def test_queues_declared_with_other_arguments_stop_long_running_processes_at_sta
         PROVISIONER_BROKER_URL=rabbit_url,
         PROVISIONER_QUEUE_TYPE="quorum",
         PROVISIONER_GATEWAY_URL=fake.url,
+        PROVISIONER_PARENT_IDS=",".join(fake.parents),
         PROVISIONER_GATEWAY_TOKEN="t",
     )
     result = run_cli(env, command, timeout=30)

@@ -154,7 +154,8 @@ def test_the_health_command_exits_0_when_healthy_and_1_naming_what_fails(
 ) -> None:
     env = clean_env(
         PROVISIONER_DATABASE_URL=pg_database, PROVISIONER_BROKER_URL=rabbit_session_url,
-        PROVISIONER_GATEWAY_URL=fake.url, PROVISIONER_GATEWAY_TOKEN="t0ken-health",
+        PROVISIONER_GATEWAY_URL=fake.url,
+        PROVISIONER_PARENT_IDS=",".join(fake.parents), PROVISIONER_GATEWAY_TOKEN="t0ken-health",
     )  # fmt: skip
     ok = subprocess.run(
         [PROVISIONER, "health", "--json"], env=env, capture_output=True, text=True,

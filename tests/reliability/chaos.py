@@ -230,13 +230,17 @@ class HopDuplicator(Driver):
 
 
 def poison_bodies(rng: random.Random, count: int) -> list[tuple[str, str, bytes]]:
-    """(kind, routing key, body): malformed, deeply nested, oversized, unknown type;
-    every body unique (a nonce), on both queues."""
-    kinds = ("malformed", "deeply_nested", "oversized", "unknown_type")
+    """(kind, routing key, body): malformed, deeply nested, oversized, unknown type, a
+    provision under a parent not configured, a deactivate from the far future; every
+    body unique (a nonce), on both queues."""
+    kinds = ("malformed", "deeply_nested", "oversized", "unknown_type", "foreign_parent",
+             "far_future")  # fmt: skip
     out = []
     for n in range(count):
         kind = kinds[n % len(kinds)]
         key = (WORK_KEY, COMMAND_KEY)[(n // len(kinds)) % 2]
+        if kind in ("foreign_parent", "far_future"):  # commands: refused by the use case
+            key = COMMAND_KEY
         nonce = f"poison-{rng.getrandbits(64):016x}"
         if kind == "malformed":
             body = ('{"type": "hop", "version": 1, "nonce": "' + nonce).encode()
@@ -245,6 +249,12 @@ def poison_bodies(rng: random.Random, count: int) -> list[tuple[str, str, bytes]
         elif kind == "oversized":
             pad = "x" * (70 * 1024)
             body = json.dumps({"type": "hop", "version": 1, "nonce": nonce, "pad": pad}).encode()
+        elif kind == "foreign_parent":
+            body = json.dumps({"type": "provision", "version": 1, "brand_id": nonce,
+                               "title": "Poison", "parent_workspace_id": "not-ours"}).encode()
+        elif kind == "far_future":
+            body = json.dumps({"type": "deactivate", "version": 1, "brand_id": nonce,
+                               "requested_at": "9999-12-31T23:59:59.999999+00:00"}).encode()
         else:
             body = json.dumps({"type": "explode", "version": 1, "nonce": nonce}).encode()
         out.append((kind, key, body))

@@ -187,7 +187,7 @@ class Run:
         publisher = chaos.Publisher(self.iso.broker_url)
         self.publisher = publisher
         admin = self.iso.admin_database_url
-        poison = chaos.poison_bodies(self.rng("poison"), max(8, self.count // 40))
+        poison = chaos.poison_bodies(self.rng("poison"), max(12, self.count // 40))
         window = self.window
         duplicator = chaos.HopDuplicator(
             self.stop, self.rng("dup"), self.iso.broker_url, DUPLICATE_RATE

@@ -209,3 +209,34 @@ def test_the_create_grace_is_settable_and_reaches_the_engine() -> None:
             Settings.from_env({"PROVISIONER_CREATE_GRACE_S": bad})
     with pytest.raises(ConfigurationError, match=r"^PROVISIONER_CREATE_GRACE_S is set but empty"):
         Settings.from_env({"PROVISIONER_CREATE_GRACE_S": " "})
+
+
+def test_the_parents_are_configured_or_the_embedded_ones_and_never_guessed() -> None:
+    given = Settings.from_env({"PROVISIONER_PARENT_IDS": " org-a, org-b ,org-a"})
+    assert given.parents() == ("org-a", "org-b")
+    assert given.engine(acting=True).parent_ids == frozenset({"org-a", "org-b"})
+    assert given.engine().parent_ids is None  # read-only use: not needed
+    assert Settings.from_env({}).parents() == ("org-parent",)  # the embedded default
+    assert Settings.from_env({"PROVISIONER_FAKE_GATEWAY": "1"}).parents() == ("org-parent",)
+    remote = {"PROVISIONER_GATEWAY_URL": "https://gw.example", "PROVISIONER_GATEWAY_TOKEN": "t"}
+    with pytest.raises(SettingsError, match="PROVISIONER_PARENT_IDS is not set"):
+        Settings.from_env(remote).engine(acting=True)
+    broker = {"PROVISIONER_BROKER_URL": "amqp://guest:guest@127.0.0.1:5672//"}
+    with pytest.raises(SettingsError, match="PROVISIONER_PARENT_IDS is not set"):
+        Settings.from_env(broker).parents()
+    for bad in (",", "org a", "x" * 129, "org/../x"):
+        with pytest.raises(SettingsError, match="PROVISIONER_PARENT_IDS must be"):
+            Settings.from_env({"PROVISIONER_PARENT_IDS": bad})
+
+
+def test_the_command_skew_and_plain_http_gateways_are_checked() -> None:
+    assert Settings.from_env({}).engine().command_skew_s == 300
+    assert Settings.from_env({"PROVISIONER_COMMAND_SKEW_S": "5"}).engine().command_skew_s == 5
+    with pytest.raises(SettingsError, match="PROVISIONER_COMMAND_SKEW_S"):
+        Settings.from_env({"PROVISIONER_COMMAND_SKEW_S": "-1"})
+    plain = {"PROVISIONER_GATEWAY_URL": "http://gw.example", "PROVISIONER_GATEWAY_TOKEN": "t"}
+    with pytest.raises(SettingsError, match=r"plain http to gw\.example"):
+        Settings.from_env(plain)
+    assert Settings.from_env({**plain, "PROVISIONER_GATEWAY_ALLOW_HTTP": "1"}).gateway_allow_http
+    for loopback in ("http://127.0.0.1:8000", "http://localhost:8000", "http://[::1]:8000"):
+        Settings.from_env({**plain, "PROVISIONER_GATEWAY_URL": loopback})
