@@ -327,6 +327,7 @@ def test_a_broker_that_is_down_fails_a_one_shot_command_in_one_line(
     env = clean_env(
         PROVISIONER_DATABASE_URL=f"sqlite:///{tmp_path / 'events.sqlite'}",
         PROVISIONER_BROKER_URL=f"amqp://guest:secret@127.0.0.1:{free_port()}//",
+        PROVISIONER_PARENT_IDS="org-parent",
     )
     assert run_cli(env, "db", "init").returncode == 0
 

@@ -155,7 +155,9 @@ def test_a_provision_moving_a_deactivated_brand_waits_for_its_decommission(
     decommission started: retried, beyond the infrastructure schedule, until the
     decommission unbinds it; then applied."""
     title = title_of(brand_id)
-    with build(Settings.from_env(pg_env)) as runtime:
+    moved = f"{PARENT}-moved"
+    both = {**pg_env, "PROVISIONER_PARENT_IDS": f"{PARENT},{moved}"}
+    with build(Settings.from_env(both)) as runtime:
         service = runtime.service
         bound_then_deactivated(service, brand_id, title)
 
@@ -169,7 +171,6 @@ def test_a_provision_moving_a_deactivated_brand_waits_for_its_decommission(
             wait_delays_s=(0.1,) * 100,
         )
         publisher = Broker(rabbit_url, runtime.topology, scheduler=None)
-        moved = f"{PARENT}-moved"
         try:
             with consuming(worker):
                 publisher.publish(messages.provision(brand_id, title, moved, datetime.now(UTC)))
