@@ -61,6 +61,7 @@ from infrastructure.failures import Backoff
 from infrastructure.messages import Message
 from infrastructure.outages import Outage, is_database_error
 from infrastructure.service import ContentionError, ProvisioningService
+from infrastructure.settings import log_secrets
 from worker import metrics
 from worker.delivery import WAIT_DELAYS_S, Delivery, Settler
 
@@ -227,7 +228,9 @@ class HopWorker:
                 # A release or decommission the gateway did not answer (or the pace held
                 # back) waits on the long schedule, as a decommission in progress does.
                 refused_for_now=(RetryLater, TransientGatewayError),
-                secrets=self.service.secrets,
+                # Dead letters hide every configured secret, not only the token the
+                # service refuses in a producer's text.
+                secrets=(*self.service.secrets, *log_secrets()),
                 given_up=self._given_up,
             )
             try:

@@ -362,6 +362,25 @@ POISON: list[tuple[str, bytes, str]] = [
 
 
 @pytest.mark.rabbitmq
+def test_a_dead_letter_hides_every_configured_secret_not_only_the_token(
+    rabbit_url: str, fake: FakeGateway, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The web token is no text the service refuses, but a body holding it is
+    dead-lettered without it (as the database and broker passwords would be)."""
+    web_token = "web-token-4f1c9e7a2b"
+    monkeypatch.setenv("PROVISIONER_WEB_TOKEN", web_token)
+    env = environment(sqlite_url(tmp_path), rabbit_url, fake)
+    body = json.dumps({"type": "explode", "version": 1, "note": f"see {web_token}"}).encode()
+    with build(Settings.from_env(env)) as runtime, components(runtime) as running:
+        assert running.worker is not None
+        publish_raw(rabbit_url, body, WORK_KEY)
+        wait_for(lambda: running.worker.stats.dead_lettered >= 1, "the dead letter")  # type: ignore[union-attr]
+        [dead] = take(rabbit_url, DEAD_QUEUE, 2, timeout=1.0)
+    assert web_token not in dead.body
+    assert "see ***" in dead.body
+
+
+@pytest.mark.rabbitmq
 def test_poison_messages_are_dead_lettered_with_their_reason_and_the_worker_carries_on(
     rabbit_url: str, fake: FakeGateway, tmp_path: Path, brand_id: str
 ) -> None:
