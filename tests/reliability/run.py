@@ -270,15 +270,16 @@ class Run:
         status = _asked_again(lambda: facts.projection_status(self.iso.database_url))
         return max(item["behind"] for item in status)
 
-    def _drain(self, timeout_s: float, what: str) -> None:
-        """Until three checks a second apart find the queues empty, no attempt
-        pending and the projections at the log's head."""
+    def _drain(self, timeout_s: float, what: str, *, queues: bool = True) -> None:
+        """Until three checks a second apart find the queues empty (unless `queues` is
+        False: nothing consumes them any more), no attempt pending and the projections
+        at the log's head."""
         deadline = time.monotonic() + timeout_s
         quiet = 0
         state: tuple[bool, int, int] = (False, 0, 0)
         while time.monotonic() < deadline and quiet < 3:
             time.sleep(1.0)
-            state = (self._queues_empty(), self._pending(), self._behind())
+            state = (not queues or self._queues_empty(), self._pending(), self._behind())
             quiet = quiet + 1 if state == (True, 0, 0) else 0
         if quiet < 3:
             self.notes.append(
@@ -297,7 +298,7 @@ class Run:
         self.drain_s = time.monotonic() - started
         self.fleet.check_alive()
         self.fleet.stop([*self.worker_names, "relay", "reconciler"])
-        self._drain(budget, "the projections")
+        self._drain(budget, "the projections", queues=False)  # the workers are stopped
         self.fleet.stop(["projections"])
 
     # ------------------------------------------------------------------ checks
