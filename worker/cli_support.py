@@ -3,7 +3,6 @@ models, and text made safe for Rich and free of secrets."""
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
@@ -17,6 +16,7 @@ from infrastructure.broker_failures import broker_failure
 from infrastructure.redaction import Secrets
 from infrastructure.settings import Settings, log_secrets
 from infrastructure.tls import warn_unverified_database
+from worker.logs import printable
 
 
 def load_settings() -> Settings:
@@ -39,20 +39,6 @@ def secrets() -> Secrets:
 def shown(text: str) -> str:
     """`text` for the terminal, without any configured secret."""
     return secrets().scrub(text)
-
-
-# What must not reach a terminal raw: every C0 control character but the line break
-# (ESC starts the sequences that recolour, move, retitle; BEL, CR, BS, TAB too), DEL,
-# and the C1 controls (CSI, OSC, ... as one character).
-_CONTROL = re.compile(r"[\x00-\x09\x0b-\x1f\x7f-\x9f]")
-
-
-def printable(text: str) -> str:
-    """`text` safe to print on a terminal: each control character (C0 but the line
-    break, DEL, C1) written out as `\\xNN` instead. Every text a command prints goes
-    through it (`echo`, `cell`, error lines): ids, titles and errors come from a
-    producer or the gateway."""
-    return _CONTROL.sub(lambda found: f"\\x{ord(found.group()):02x}", text)
 
 
 def echo(text: str, *, err: bool = False) -> None:

@@ -34,6 +34,18 @@ _AUTHORIZATION = re.compile(
     re.IGNORECASE,
 )
 _BEARER = re.compile(r"\b(bearer\s+)[A-Za-z0-9._~+/=-]+", re.IGNORECASE)
+# What must not reach a terminal raw: every C0 control character but the line break
+# (ESC starts the sequences that recolour, move, retitle; BEL, CR, BS, TAB too), DEL,
+# and the C1 controls (CSI, OSC, ... as one character).
+_CONTROL = re.compile(r"[\x00-\x09\x0b-\x1f\x7f-\x9f]")
+
+
+def printable(text: str) -> str:
+    """`text` safe to print on a terminal: each control character (C0 but the line
+    break, DEL, C1) written out as `\\xNN` instead. Every text a command prints goes
+    through it (`echo`, `cell`, error lines, text log lines): ids, titles and errors
+    come from a producer or the gateway."""
+    return _CONTROL.sub(lambda found: f"\\x{ord(found.group()):02x}", text)
 
 
 def scrub(text: str, secrets: Secrets | Iterable[str] = ()) -> str:
@@ -86,10 +98,17 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(line, ensure_ascii=False, default=str)
 
 
+class TextFormatter(logging.Formatter):
+    """Plain lines, printable (`printable`): a text line is for a terminal."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return printable(super().format(record))
+
+
 def formatter(log_format: str, stream: TextIO) -> logging.Formatter:
     if log_format == "json" or (log_format == "auto" and not _is_tty(stream)):
         return JsonFormatter()
-    return logging.Formatter(TEXT_FORMAT)
+    return TextFormatter(TEXT_FORMAT)
 
 
 def _is_tty(stream: TextIO) -> bool:

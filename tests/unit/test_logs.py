@@ -176,3 +176,22 @@ def test_every_handler_gets_the_redaction() -> None:
         assert "***" in handler.stream.getvalue()
     finally:
         other.removeHandler(handler)
+
+
+def test_a_text_line_writes_control_characters_out(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A terminal gets no escape sequence from an id or a gateway's message; JSON keeps
+    the text as it is (json.dumps escapes it)."""
+    root = logging.getLogger()
+    monkeypatch.setattr(root, "handlers", [])
+    monkeypatch.setattr(root, "level", root.level)
+    for fmt in ("text", "json"):
+        stream = Tty()
+        handler = logs.setup(logging.INFO, fmt, [], stream=stream)
+        assert handler is not None
+        try:
+            logging.getLogger("provisioner.test").info("workspace %s", "ws-\x1b[31mred\x07")
+        finally:
+            root.removeHandler(handler)
+        out = stream.getvalue()
+        assert "\x1b" not in out and "\x07" not in out
+        assert ("ws-\\x1b[31mred\\x07" if fmt == "text" else "ws-\\u001b[31mred\\u0007") in out
