@@ -257,8 +257,8 @@ def test_metric_names_appear_after_a_small_run(tmp_path: Path) -> None:
             assert proc.stdout is not None
             assert "running" in proc.stdout.readline()
             subprocess.run(
-                [PROVISIONER, "provision", "b1", "--title", "B1", "--parent", "org-parent", "--wait",
-                 "--timeout", "60"],
+                [PROVISIONER, "provision", "b1", "--title", "B1", "--parent", "org-parent",
+                 "--wait", "--timeout", "60"],
                 env=env, capture_output=True, timeout=90, check=False,
             )  # fmt: skip
             until(port, "/readyz", 200)

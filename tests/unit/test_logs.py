@@ -193,5 +193,6 @@ def test_a_text_line_writes_control_characters_out(monkeypatch: pytest.MonkeyPat
         finally:
             root.removeHandler(handler)
         out = stream.getvalue()
-        assert "\x1b" not in out and "\x07" not in out
+        assert "\x1b" not in out
+        assert "\x07" not in out
         assert ("ws-\\x1b[31mred\\x07" if fmt == "text" else "ws-\\u001b[31mred\\u0007") in out
