@@ -24,10 +24,10 @@ from worker.cli_support import (
     declared_broker,
     echo,
     load_settings,
-    printable,
     service_only,
     views,
 )
+from worker.logs import printable
 
 # As PROVISIONER_CONCURRENCY (infrastructure/settings.py): 0 or less would run nothing.
 CONCURRENCY = click.IntRange(1, 512)

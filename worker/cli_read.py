@@ -13,11 +13,11 @@ from worker.cli_support import (
     echo,
     jsonable,
     load_settings,
-    printable,
     secrets,
     service_only,
     views,
 )
+from worker.logs import printable
 
 
 def _print(data: Any, as_json: bool, render: Any) -> None:
