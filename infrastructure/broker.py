@@ -483,9 +483,6 @@ class Broker:
         kept = body[:DEAD_BODY_KEPT]
         self._send(kept, exchange=EXCHANGE, routing_key=DEAD_KEY, headers=headers)
 
-    def publish_event(self, routing_key: str, payload: dict[str, Any]) -> None:
-        self._send_envelope(self._event(routing_key, payload))
-
     def _send(
         self,
         body: bytes,

@@ -46,6 +46,8 @@ from projections.attempts import OWING
 from projections.core import Row
 
 log = logging.getLogger("provisioner.reconciler")
+OVERDUE_S = 60.0  # default: how long a hop may be overdue before it is re-published
+GRACE_S = 60.0  # default: how long owed work waits before it is re-published
 REPUBLISHED = Counter(
     "provisioner_reconciled_total", "Messages the reconciler re-published, by type", ["type"]
 )
@@ -71,8 +73,8 @@ class Reconciler:
         self,
         views_url: str,
         *,
-        overdue_s: float = 60.0,
-        grace_s: float = 60.0,
+        overdue_s: float = OVERDUE_S,
+        grace_s: float = GRACE_S,
         limit: int = 1000,
         interval_s: float = 30.0,
         resend_s: float = 300.0,

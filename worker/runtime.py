@@ -28,7 +28,7 @@ from infrastructure.views import SqlViewStore, memory_views_url
 from worker import metrics
 from worker.consumer import HopWorker
 from worker.projector import Projector
-from worker.reconciler import Reconciler
+from worker.reconciler import GRACE_S, OVERDUE_S, Reconciler
 from worker.relay import Relay
 
 log = logging.getLogger("provisioner.runtime")
@@ -115,8 +115,8 @@ class Runtime(_Threads):
     def reconciler(
         self,
         *,
-        overdue_s: float = 60.0,
-        grace_s: float = 60.0,
+        overdue_s: float = OVERDUE_S,
+        grace_s: float = GRACE_S,
         interval_s: float = 30.0,
         deadline_s: float | None = None,
     ) -> tuple[Reconciler, Broker]:
