@@ -6,6 +6,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from uuid import UUID
 
+from domain.policies import FailureReason
+
 
 class Outcome(StrEnum):
     PROMOTED = "promoted"
@@ -30,6 +32,10 @@ class StandDown(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class HopOutcome:
+    """What one hop did: its kind (`outcome`), and why where the kind has reasons: a
+    failure's `failure`, a stand-down's `stand_down` (a duplicate's is `stale_hop`).
+    `detail` is for people: nothing is decided on its text."""
+
     outcome: Outcome
     attempt_id: UUID
     brand_id: str
@@ -40,3 +46,16 @@ class HopOutcome:
     delay_s: float | None = None
     stand_down: StandDown | None = None
     released: tuple[str, ...] = ()
+    failure: FailureReason | None = None  # why the attempt failed (outcome FAILED)
+
+    @property
+    def reason(self) -> str | None:
+        """The reason code of the kind: the failure's, "deferred", the stand-down's;
+        None for a promotion or a scheduled hop (and a failure whose reason is unknown)."""
+        if self.outcome is Outcome.FAILED:
+            return None if self.failure is None else self.failure.value
+        if self.outcome is Outcome.DEFERRED:
+            return "deferred"
+        if self.stand_down is not None:
+            return self.stand_down.value
+        return None

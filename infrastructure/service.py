@@ -24,6 +24,7 @@ unchanged: the attempt is untouched and the caller retries the whole step later.
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from datetime import datetime
 from uuid import UUID
 
@@ -60,7 +61,7 @@ class ProvisioningService(ServiceReads):
         return commands.deactivate(self, brand_id, requested_at)
 
     def run_hop(self, attempt_id: UUID, hop: int) -> HopOutcome:
-        outcome = HopRun(self, attempt_id, hop).run()
+        outcome = self._with_failure(HopRun(self, attempt_id, hop).run())
         level, reason, advice = hop_line(outcome)
         log.log(
             level,
@@ -82,6 +83,18 @@ class ProvisioningService(ServiceReads):
             },
         )
         return outcome
+
+    def _with_failure(self, outcome: HopOutcome) -> HopOutcome:
+        """A failed hop's outcome with its `FailureReason`, read from the attempt it
+        failed (terminal: the reason is this hop's) when the use case left it unset."""
+        if outcome.outcome is not Outcome.FAILED or outcome.failure is not None:
+            return outcome
+        try:
+            failure = self.attempt(outcome.attempt_id).failure_reason
+        except Exception:  # noqa: BLE001 - the failure is saved: log it without its reason
+            log.warning("could not read why attempt=%s failed", outcome.attempt_id)
+            return outcome
+        return replace(outcome, failure=failure)
 
     def release(self, attempt_id: UUID) -> tuple[str, ...]:
         """Perform what an attempt that ended unpromoted still owes; safe to repeat."""
@@ -111,18 +124,13 @@ __all__ = [
 
 
 def hop_line(outcome: HopOutcome) -> tuple[int, str | None, str]:
-    """A hop decision's log level, reason and advice: ERROR for a failed attempt
-    (401/403: the token needs rotating), INFO for every other decision."""
+    """A hop decision's log level, reason and advice, from its kind alone (never its
+    detail's text): ERROR for a failed attempt (`unauthorized`: the token needs
+    rotating), INFO for every other decision. A deferral is INFO too: the gateway's
+    outage or throttle is logged once by the pace (open/close), or an outage would
+    flood the log with the hops it holds back."""
     if outcome.outcome is Outcome.FAILED:
-        reason = outcome.detail.split(":", 1)[0] or None
-        if reason == FailureReason.UNAUTHORIZED:
-            return logging.ERROR, reason, "; the gateway refused the token: rotate it"
-        return logging.ERROR, reason, ""
-    if outcome.outcome is Outcome.DEFERRED:
-        # The gateway's outage or throttle is logged once by the pace (open/close):
-        # the hops it holds back are INFO, or an outage would flood the log.
-        return logging.INFO, "deferred", ""
-    if outcome.stand_down is not None:
-        return logging.INFO, outcome.stand_down.value, ""
-    return logging.INFO, None, ""
-
+        if outcome.failure is FailureReason.UNAUTHORIZED:
+            return logging.ERROR, outcome.reason, "; the gateway refused the token: rotate it"
+        return logging.ERROR, outcome.reason, ""
+    return logging.INFO, outcome.reason, ""

@@ -13,6 +13,7 @@ import httpx
 import pytest
 
 from domain.outcomes import HopOutcome, Outcome, StandDown
+from domain.policies import FailureReason
 from domain.ports import TransientGatewayError, Unauthorized
 from infrastructure.eventstore import open_event_store
 from infrastructure.failures import ConfigurationError
@@ -83,16 +84,27 @@ def test_the_log_format_setting_is_checked() -> None:
     assert log_secrets({"PROVISIONER_GATEWAY_TOKEN": TOKEN}) == (TOKEN,)
 
 
-def outcome(kind: Outcome, detail: str, stand_down: StandDown | None = None) -> HopOutcome:
-    return HopOutcome(kind, uuid4(), "b1", 1, detail, stand_down=stand_down)
+def outcome(
+    kind: Outcome,
+    detail: str,
+    stand_down: StandDown | None = None,
+    failure: FailureReason | None = None,
+) -> HopOutcome:
+    return HopOutcome(kind, uuid4(), "b1", 1, detail, stand_down=stand_down, failure=failure)
 
 
 @pytest.mark.parametrize(
     ("hop", "level", "reason"),
     [
-        (outcome(Outcome.FAILED, "unauthorized: gateway refused: x"), logging.ERROR,
-         "unauthorized"),
-        (outcome(Outcome.FAILED, "terminal_status: failed"), logging.ERROR, "terminal_status"),
+        (outcome(Outcome.FAILED, "unauthorized: gateway refused: x",
+                 failure=FailureReason.UNAUTHORIZED), logging.ERROR, "unauthorized"),
+        (outcome(Outcome.FAILED, "terminal_status: failed", failure=FailureReason.TERMINAL_STATUS),
+         logging.ERROR, "terminal_status"),
+        # The kind decides, never the detail's words.
+        (outcome(Outcome.FAILED, "unauthorized: reworded", failure=FailureReason.DEADLINE),
+         logging.ERROR, "deadline"),
+        (outcome(Outcome.FAILED, "", failure=FailureReason.INTERNAL_ERROR), logging.ERROR,
+         "internal_error"),
         # A deferral is INFO: the pace logs the outage once, when its circuit opens.
         (outcome(Outcome.DEFERRED, "gateway unavailable: create: throttled (HTTP 429)"),
          logging.INFO, "deferred"),
@@ -101,6 +113,8 @@ def outcome(kind: Outcome, detail: str, stand_down: StandDown | None = None) -> 
         (outcome(Outcome.SCHEDULED, "provisioning"), logging.INFO, None),
         (outcome(Outcome.PROMOTED, ""), logging.INFO, None),
         (outcome(Outcome.STOOD_DOWN, "", StandDown.CANCELLED), logging.INFO, "cancelled"),
+        (outcome(Outcome.DUPLICATE, "hop 1 already done", StandDown.STALE_HOP), logging.INFO,
+         "stale_hop"),
     ],
 )  # fmt: skip
 def test_each_hop_decision_has_its_level(hop: HopOutcome, level: int, reason: str | None) -> None:
