@@ -1,4 +1,4 @@
-"""One run of one hop of one attempt (DESIGN §5): observe, decide, save.
+"""One run of one hop of one attempt (docs/architecture.md): observe, decide, save.
 
 The decisions are `domain.hop`'s; this module reads the aggregates, asks the
 gateway, feeds what it answered (a failure as a value) to those functions and

@@ -1,4 +1,4 @@
-"""The hop protocol (DESIGN §3-5) end to end: the service, the HTTP adapter, the fake
+"""The hop protocol (docs/architecture.md) end to end: the service, the HTTP adapter, the fake
 gateway over real HTTP, and the event store on SQLite and PostgreSQL."""
 
 from __future__ import annotations

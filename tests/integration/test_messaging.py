@@ -1,4 +1,4 @@
-"""Messaging (DESIGN §6) end to end: the hop worker, the outbox relay and the broker
+"""Messaging (docs/messaging.md) end to end: the hop worker, the outbox relay and the broker
 topology against a real RabbitMQ, the event store on PostgreSQL where it matters
 (SQLite where it does not), and the fake gateway over real HTTP. The last tests
 run the same flows on the in-process `memory://` broker.
