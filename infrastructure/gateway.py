@@ -48,23 +48,13 @@ turn: the fleet's rate, the shared Retry-After and the circuit. A request it
 holds back is not sent (``TransientGatewayError`` with ``retry_after_s``), and
 every answer is reported to it.
 
-Rejection messages carry the gateway's error text, whitespace-collapsed and
-truncated to 200 characters. No message, repr or log line carries the token or
-request headers: the domain errors are raised outside the ``except`` blocks
-(no ``__cause__``/``__context__`` pointing at an httpx exception, which holds
-the request), and every text taken from the wire is scrubbed of the token:
-error texts and statuses have it replaced, an id carrying it is refused as
-`MalformedAnswer` (an id is stored and called back, so it cannot be altered).
-
-Answers are bounded: the body is read a chunk at a time and refused once past
-its cap (`_ANSWER_MAX`, 1 MiB; a family listing `_FAMILY_ANSWER_MAX`, 4 MiB),
-so an oversize answer is never held whole. We ask for ``Accept-Encoding:
-identity`` and refuse a compressed body unread: httpx would inflate each
-network chunk whole, so one gzip bomb chunk could take gigabytes before any cap
-saw it. A family listing of more than `_FAMILY_MAX` (10,000) entries is
-malformed. Every id taken from an answer must match ``domain.ids.GATEWAY_ID``;
-a create answer's other fields are not read, so nothing else in it can lose
-the id of what it created.
+No message, repr or log line carries the token or request headers: the domain
+errors are raised outside the ``except`` blocks (no ``__cause__``/``__context__``
+pointing at an httpx exception, which holds the request), and what comes from
+the wire is read by infrastructure/gateway_answers.py: bounded (`_ANSWER_MAX`,
+1 MiB; a family listing `_FAMILY_ANSWER_MAX`, 4 MiB, of at most `_FAMILY_MAX`
+entries), never compressed (we ask for ``Accept-Encoding: identity``), ids
+checked against ``domain.ids.GATEWAY_ID`` and texts scrubbed of the token.
 
 Path segments (ids) are percent-encoded; an id made only of dots is encoded
 too (``%2E``) so it cannot become a ``..`` segment, and an empty id is refused
@@ -75,7 +65,6 @@ from __future__ import annotations
 
 import json as jsonlib
 import logging
-import math
 import ssl
 import time
 from collections.abc import Callable
@@ -86,7 +75,6 @@ from urllib.parse import quote
 
 import httpx
 
-from domain.ids import GATEWAY_ID, is_gateway_id
 from domain.pacing import Result
 from domain.ports import (
     AmbiguousCreate,
@@ -97,6 +85,14 @@ from domain.ports import (
     Unauthorized,
     WorkspaceGone,
 )
+from infrastructure.gateway_answers import (
+    SUMMARY_MAX,
+    Answer,
+    AnswerReader,
+    Unreadable,
+    read_capped,
+    retry_after,
+)
 
 if TYPE_CHECKING:
     from infrastructure.pacing import Pace
@@ -105,8 +101,6 @@ __all__ = ["HttpGateway"]
 
 log = logging.getLogger(__name__)
 
-_SUMMARY_MAX = 200
-_RETRY_AFTER_CAP_S = 3600.0  # a Retry-After beyond an hour is not believed
 _ANSWER_MAX = 1024 * 1024  # bytes; a status or a create answer is under 1 KiB
 _FAMILY_ANSWER_MAX = 4 * 1024 * 1024  # a family listing of up to _FAMILY_MAX entries
 _FAMILY_MAX = 10_000  # entries of one family listing (the parent and its children)
@@ -129,33 +123,6 @@ class _Failure:
     kind: Literal["not_sent", "transport", "unreadable", "held"]
     summary: str
     retry_after_s: float = 0.0  # "held": when the pace lets it go
-
-
-class _Unreadable(Exception):
-    """An answer refused while it was read: over its cap, or compressed."""
-
-
-@dataclass(frozen=True, slots=True)
-class _Answer:
-    """An HTTP answer, body read (never compressed: see `_read_capped`)."""
-
-    status_code: int
-    content: bytes
-    retry_after: str = ""
-    encoding: str = "utf-8"
-
-    def json(self) -> Any:
-        """The body as JSON; ValueError for anything else (not UTF-8, nested too deeply)."""
-        try:
-            return jsonlib.loads(self.content)
-        except RecursionError:
-            raise ValueError("nested too deeply") from None
-
-    def body_text(self) -> str:
-        try:
-            return self.content.decode(self.encoding, "replace")
-        except LookupError:  # a charset Python does not know
-            return self.content.decode("utf-8", "replace")
 
 
 class HttpGateway:
@@ -183,7 +150,7 @@ class HttpGateway:
         if retries < 0:
             raise ValueError("retries must be >= 0")
         self._base_url = base_url
-        self._token = token
+        self._answers = AnswerReader(token)
         self._retries = retries
         self._backoff_s = retry_backoff_s
         self._sleep: Callable[[float], None] = time.sleep  # swapped in tests
@@ -200,7 +167,7 @@ class HttpGateway:
             headers={
                 "Authorization": f"Bearer {token}",
                 "Accept": "application/json",
-                "Accept-Encoding": "identity",  # see _read_capped
+                "Accept-Encoding": "identity",  # see gateway_answers.read_capped
                 "User-Agent": "provisioner",
             },
             timeout=httpx.Timeout(read_timeout, connect=connect_timeout),
@@ -245,22 +212,22 @@ class HttpGateway:
             raise AmbiguousCreate(f"{op}: outcome unknown ({outcome.summary})")
         code = outcome.status_code
         if 200 <= code < 300:
-            body = self._json(outcome, op)
+            body = self._answers.json(outcome, op)
             if not isinstance(body, dict):
                 raise MalformedAnswer(f"{op}: expected a JSON object")
             # Only the id is read: a malformed status beside it cannot lose what was made.
-            return self._field(body.get("id"), op, "id")
+            return self._answers.field(body.get("id"), op, "id")
         if code in (401, 403):
             raise Unauthorized(f"{op}: credentials refused (HTTP {code})")
         if code == 429:
             raise TransientGatewayError(
                 f"{op}: throttled (HTTP 429), nothing created",
-                retry_after_s=_retry_after(outcome),
+                retry_after_s=retry_after(outcome),
             )
         if code >= 500:
             raise AmbiguousCreate(f"{op}: outcome unknown (HTTP {code})")
         if 400 <= code < 500:
-            raise RequestRejected(f"{op}: HTTP {code}: {self._error_text(outcome)}")
+            raise RequestRejected(f"{op}: HTTP {code}: {self._answers.error_text(outcome)}")
         raise MalformedAnswer(f"{op}: unexpected HTTP {code}")
 
     def status(self, workspace_id: str) -> str:
@@ -268,49 +235,19 @@ class HttpGateway:
         body = self._read_json(op, f"/v1/workspaces/{_seg(workspace_id)}/status")
         if not isinstance(body, dict):
             raise MalformedAnswer(f"{op}: expected a JSON object")
-        return self._field(body.get("status"), op, "status")
+        return self._answers.field(body.get("status"), op, "status")
 
     def family(self, parent_id: str, title: str | None = None) -> list[FamilyMember]:
         op = "family"
         path = f"/v1/workspaces/{_seg(parent_id)}/family"
         body = self._read_json(op, path, limit=_FAMILY_ANSWER_MAX)
-        if not isinstance(body, list):
-            raise MalformedAnswer(f"{op}: expected a bare JSON array")
-        if len(body) > _FAMILY_MAX:
-            raise MalformedAnswer(f"{op}: {len(body)} entries, more than {_FAMILY_MAX}")
-        members: list[FamilyMember] = []
-        for entry in body:
-            if not isinstance(entry, dict):
-                raise MalformedAnswer(f"{op}: expected an array of objects")
-            if title is not None and entry.get("title") != title:
-                continue  # a listing of K children costs K comparisons, not K members
-            member_id = self._field(entry.get("id"), op, "id")
-            if not member_id:
-                continue
-            members.append(
-                FamilyMember(
-                    id=member_id,
-                    title=self._field(entry.get("title"), op, "title"),
-                    status=self._field(entry.get("status"), op, "status"),
-                )
-            )
-        return members
+        return self._answers.family(body, op, title, most=_FAMILY_MAX)
 
     def list_projects(self, workspace_id: str) -> list[str]:
         op = "list_projects"
         path = f"/v1/workspaces/{_seg(workspace_id)}/projects"
         body = self._read_json(op, path, params={"type": "ai"})
-        items = body.get("items") if isinstance(body, dict) else None
-        if not isinstance(items, list):
-            raise MalformedAnswer(f"{op}: expected an object with an 'items' array")
-        ids: list[str] = []
-        for item in items:
-            project_id = self._field(item.get("id"), op, "id") if isinstance(item, dict) else ""
-            if not project_id:
-                # Never under-report projects: release and adoption rely on the count.
-                raise MalformedAnswer(f"{op}: an item without an id")
-            ids.append(project_id)
-        return ids
+        return self._answers.project_ids(body, op)
 
     def delete_project(self, workspace_id: str, project_id: str) -> None:
         path = f"/v1/workspaces/{_seg(workspace_id)}/projects/{_seg(project_id)}"
@@ -324,7 +261,7 @@ class HttpGateway:
         response = self._with_retries(op, "GET", path, params, limit)
         if response.status_code == 404:
             raise WorkspaceGone(f"{op}: workspace not found (HTTP 404)")
-        return self._json(response, op)
+        return self._answers.json(response, op)
 
     def _with_retries(
         self,
@@ -333,7 +270,7 @@ class HttpGateway:
         path: str,
         params: dict[str, str] | None = None,
         limit: int = 0,
-    ) -> _Answer:
+    ) -> Answer:
         """Send a read or delete; return a 2xx or 404 response, or raise."""
         attempts = self._retries + 1
         last = ""
@@ -356,11 +293,13 @@ class HttpGateway:
                     raise Unauthorized(f"{op}: credentials refused (HTTP {code})")
                 if code == 429:
                     raise TransientGatewayError(
-                        f"{op}: throttled (HTTP 429)", retry_after_s=_retry_after(outcome)
+                        f"{op}: throttled (HTTP 429)", retry_after_s=retry_after(outcome)
                     )
                 if code < 500:
                     if 400 <= code < 500:
-                        raise RequestRejected(f"{op}: HTTP {code}: {self._error_text(outcome)}")
+                        raise RequestRejected(
+                            f"{op}: HTTP {code}: {self._answers.error_text(outcome)}"
+                        )
                     raise MalformedAnswer(f"{op}: unexpected HTTP {code}")
                 last = f"HTTP {code}"
             if n + 1 < attempts:
@@ -377,7 +316,7 @@ class HttpGateway:
         params: dict[str, str] | None = None,
         json: dict[str, Any] | None = None,
         limit: int = 0,
-    ) -> _Answer | _Failure:
+    ) -> Answer | _Failure:
         """One request, its answer read up to `limit` bytes (0: `_ANSWER_MAX`). A
         failure comes back as a value so that the domain error is raised outside
         this ``except`` and never chains the httpx exception (which holds the
@@ -394,13 +333,13 @@ class HttpGateway:
             return _Failure("held", held.why, held.wait_s)
         started = time.monotonic()
         outcome = self._send(method, path, params, content, headers, limit=limit or _ANSWER_MAX)
-        code = outcome.status_code if isinstance(outcome, _Answer) else None
+        code = outcome.status_code if isinstance(outcome, Answer) else None
         if self._observe is not None:
             self._observe(op, code, time.monotonic() - started)
         if self._pace is not None:
             self._pace.after(
                 _result(outcome),
-                retry_after_s=_retry_after(outcome) if isinstance(outcome, _Answer) else 0.0,
+                retry_after_s=retry_after(outcome) if isinstance(outcome, Answer) else 0.0,
                 error=outcome.summary if isinstance(outcome, _Failure) else f"{op}: HTTP {code}",
             )
         return outcome
@@ -414,19 +353,19 @@ class HttpGateway:
         headers: dict[str, str] | None,
         *,
         limit: int,
-    ) -> _Answer | _Failure:
+    ) -> Answer | _Failure:
         try:
             with self._client.stream(
                 method, path, params=params, content=content, headers=headers
             ) as response:
-                body = _read_capped(response, limit)
-            return _Answer(
+                body = read_capped(response, limit)
+            return Answer(
                 response.status_code,
                 body,
                 response.headers.get("Retry-After", ""),
                 response.charset_encoding or "utf-8",
             )
-        except _Unreadable as exc:
+        except Unreadable as exc:
             return _Failure("unreadable", str(exc))
         except _NOT_SENT as exc:
             return _Failure("not_sent", self._describe(exc))
@@ -436,53 +375,8 @@ class HttpGateway:
             return _Failure("unreadable", self._describe(exc))
 
     def _describe(self, exc: httpx.HTTPError) -> str:
-        detail = self._scrub(" ".join(str(exc).split()))[:_SUMMARY_MAX]
+        detail = self._answers.scrub(" ".join(str(exc).split()))[:SUMMARY_MAX]
         return f"{type(exc).__name__}: {detail}" if detail else type(exc).__name__
-
-    def _json(self, response: _Answer, op: str) -> Any:
-        try:
-            return response.json()
-        except ValueError:  # JSONDecodeError, UnicodeDecodeError, nested too deeply
-            pass
-        raise MalformedAnswer(f"{op}: the answer is not JSON (HTTP {response.status_code})")
-
-    def _error_text(self, response: _Answer) -> str:
-        """The gateway's own words about a rejection, safe to log and store."""
-        text = response.body_text()
-        try:
-            body = response.json()
-        except ValueError:
-            body = None
-        if isinstance(body, dict):
-            for key in ("error", "message", "detail"):
-                if isinstance(body.get(key), str):
-                    text = body[key]
-                    break
-        summary = self._scrub(" ".join(text.split()))
-        return summary[:_SUMMARY_MAX] or "(no detail)"
-
-    def _scrub(self, text: str) -> str:
-        return text.replace(self._token, "[redacted]")
-
-    def _field(self, value: object, op: str, field: str) -> str:
-        """A string field of an answer, safe to store and log.
-
-        A status or title that carries the token is scrubbed of it (it is only
-        read and recorded). An id that carries it is refused: an id is called
-        back and bound, so it cannot be altered, and it must not be stored. A
-        non-empty id must match `GATEWAY_ID` (it is not quoted in the error:
-        it may be long or hold terminal escapes).
-        """
-        text = _text(value, op, field)
-        if field == "id" and text and not is_gateway_id(text):
-            raise MalformedAnswer(
-                f"{op}: an id of {len(text)} characters not matching {GATEWAY_ID.pattern}"
-            )
-        if self._token not in text:
-            return text
-        if field == "id":
-            raise MalformedAnswer(f"{op}: an id carries our credentials; answer refused")
-        return self._scrub(text)
 
 
 def _seg(value: str) -> str:
@@ -493,18 +387,7 @@ def _seg(value: str) -> str:
     return encoded.replace(".", "%2E") if set(value) == {"."} else encoded
 
 
-def _text(value: object, op: str, field: str) -> str:
-    """A string field of an answer: missing/null -> "", numbers as text."""
-    if value is None:
-        return ""
-    if isinstance(value, str):
-        return value
-    if isinstance(value, int) and not isinstance(value, bool):
-        return str(value)
-    raise MalformedAnswer(f"{op}: field {field!r} is not a string")
-
-
-def _result(outcome: _Answer | _Failure) -> Result:
+def _result(outcome: Answer | _Failure) -> Result:
     """What the pace learns from a request: answered, throttled, or unreachable."""
     if isinstance(outcome, _Failure):
         return Result.ANSWERED if outcome.kind == "unreadable" else Result.UNREACHABLE
@@ -512,37 +395,3 @@ def _result(outcome: _Answer | _Failure) -> Result:
         return Result.THROTTLED
     # The gateway (or what fronts it) is down; a 500 is one request broken, not an outage.
     return Result.UNREACHABLE if outcome.status_code in (502, 503, 504) else Result.ANSWERED
-
-
-def _retry_after(response: _Answer) -> float:
-    """A numeric Retry-After in seconds, capped; 0 when absent or a date."""
-    try:
-        seconds = float(response.retry_after)
-    except ValueError:
-        return 0.0
-    if not math.isfinite(seconds) or seconds <= 0:
-        return 0.0
-    return min(seconds, _RETRY_AFTER_CAP_S)
-
-
-def _read_capped(response: httpx.Response, limit: int) -> bytes:
-    """The body, read a network chunk (at most 64 KiB) at a time and refused once past
-    `limit` bytes. A compressed body is refused unread: we ask for identity, and
-    httpx inflates a chunk whole before any cap sees it (a gzip bomb). An answer
-    that can have no body (204, 304, `Content-Length: 0`) passes whatever its coding."""
-    codings = [
-        coding
-        for coding in response.headers.get_list("Content-Encoding", split_commas=True)
-        if coding.strip().lower() not in ("", "identity")
-    ]
-    empty = response.status_code in (204, 304) or response.headers.get("Content-Length") == "0"
-    if codings and not empty:
-        raise _Unreadable("a compressed answer (Content-Encoding), though identity was asked")
-    chunks: list[bytes] = []
-    size = 0
-    for chunk in response.iter_bytes():
-        size += len(chunk)
-        if size > limit:
-            raise _Unreadable(f"an answer larger than {limit} bytes")
-        chunks.append(chunk)
-    return b"".join(chunks)

@@ -1,0 +1,188 @@
+"""Reading the workspace gateway's answers for `HttpGateway` (infrastructure/gateway.py).
+
+Answers are bounded: the body is read a chunk at a time and refused once past
+its cap, so an oversize answer is never held whole. A compressed body is
+refused unread (httpx would inflate each network chunk whole: a gzip bomb).
+Every id taken from an answer must match ``domain.ids.GATEWAY_ID``. Every text
+taken from the wire is scrubbed of the token: error texts and statuses have it
+replaced, an id carrying it is refused as `MalformedAnswer` (an id is stored and
+called back, so it cannot be altered). Rejection texts are whitespace-collapsed
+and truncated to 200 characters.
+"""
+
+from __future__ import annotations
+
+import json as jsonlib
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from domain.ids import GATEWAY_ID, is_gateway_id
+from domain.ports import FamilyMember, MalformedAnswer
+
+SUMMARY_MAX = 200
+RETRY_AFTER_CAP_S = 3600.0  # a Retry-After beyond an hour is not believed
+
+
+class Unreadable(Exception):
+    """An answer refused while it was read: over its cap, or compressed."""
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """An HTTP answer, body read (never compressed: see `read_capped`)."""
+
+    status_code: int
+    content: bytes
+    retry_after: str = ""
+    encoding: str = "utf-8"
+
+    def json(self) -> Any:
+        """The body as JSON; ValueError for anything else (not UTF-8, nested too deeply)."""
+        try:
+            return jsonlib.loads(self.content)
+        except RecursionError:
+            raise ValueError("nested too deeply") from None
+
+    def body_text(self) -> str:
+        try:
+            return self.content.decode(self.encoding, "replace")
+        except LookupError:  # a charset Python does not know
+            return self.content.decode("utf-8", "replace")
+
+
+class AnswerReader:
+    """The fields of answers, checked and scrubbed of `token`."""
+
+    def __init__(self, token: str) -> None:
+        self._token = token
+
+    def scrub(self, text: str) -> str:
+        return text.replace(self._token, "[redacted]")
+
+    def json(self, response: Answer, op: str) -> Any:
+        try:
+            return response.json()
+        except ValueError:  # JSONDecodeError, UnicodeDecodeError, nested too deeply
+            pass
+        raise MalformedAnswer(f"{op}: the answer is not JSON (HTTP {response.status_code})")
+
+    def error_text(self, response: Answer) -> str:
+        """The gateway's own words about a rejection, safe to log and store."""
+        text = response.body_text()
+        try:
+            body = response.json()
+        except ValueError:
+            body = None
+        if isinstance(body, dict):
+            for key in ("error", "message", "detail"):
+                if isinstance(body.get(key), str):
+                    text = body[key]
+                    break
+        summary = self.scrub(" ".join(text.split()))
+        return summary[:SUMMARY_MAX] or "(no detail)"
+
+    def field(self, value: object, op: str, field: str) -> str:
+        """A string field of an answer, safe to store and log.
+
+        A status or title that carries the token is scrubbed of it (it is only
+        read and recorded). An id that carries it is refused: an id is called
+        back and bound, so it cannot be altered, and it must not be stored. A
+        non-empty id must match `GATEWAY_ID` (it is not quoted in the error:
+        it may be long or hold terminal escapes).
+        """
+        text = _text(value, op, field)
+        if field == "id" and text and not is_gateway_id(text):
+            raise MalformedAnswer(
+                f"{op}: an id of {len(text)} characters not matching {GATEWAY_ID.pattern}"
+            )
+        if self._token not in text:
+            return text
+        if field == "id":
+            raise MalformedAnswer(f"{op}: an id carries our credentials; answer refused")
+        return self.scrub(text)
+
+    def family(self, body: Any, op: str, title: str | None, most: int) -> list[FamilyMember]:
+        """The members of a family listing (of `title` only, when given)."""
+        if not isinstance(body, list):
+            raise MalformedAnswer(f"{op}: expected a bare JSON array")
+        if len(body) > most:
+            raise MalformedAnswer(f"{op}: {len(body)} entries, more than {most}")
+        members: list[FamilyMember] = []
+        for entry in body:
+            if not isinstance(entry, dict):
+                raise MalformedAnswer(f"{op}: expected an array of objects")
+            if title is not None and entry.get("title") != title:
+                continue  # a listing of K children costs K comparisons, not K members
+            member_id = self.field(entry.get("id"), op, "id")
+            if not member_id:
+                continue
+            members.append(
+                FamilyMember(
+                    id=member_id,
+                    title=self.field(entry.get("title"), op, "title"),
+                    status=self.field(entry.get("status"), op, "status"),
+                )
+            )
+        return members
+
+    def project_ids(self, body: Any, op: str) -> list[str]:
+        """The ids of a project listing; an item without one is malformed."""
+        items = body.get("items") if isinstance(body, dict) else None
+        if not isinstance(items, list):
+            raise MalformedAnswer(f"{op}: expected an object with an 'items' array")
+        ids: list[str] = []
+        for item in items:
+            project_id = self.field(item.get("id"), op, "id") if isinstance(item, dict) else ""
+            if not project_id:
+                # Never under-report projects: release and adoption rely on the count.
+                raise MalformedAnswer(f"{op}: an item without an id")
+            ids.append(project_id)
+        return ids
+
+
+def _text(value: object, op: str, field: str) -> str:
+    """A string field of an answer: missing/null -> "", numbers as text."""
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    raise MalformedAnswer(f"{op}: field {field!r} is not a string")
+
+
+def retry_after(response: Answer) -> float:
+    """A numeric Retry-After in seconds, capped; 0 when absent or a date."""
+    try:
+        seconds = float(response.retry_after)
+    except ValueError:
+        return 0.0
+    if not math.isfinite(seconds) or seconds <= 0:
+        return 0.0
+    return min(seconds, RETRY_AFTER_CAP_S)
+
+
+def read_capped(response: httpx.Response, limit: int) -> bytes:
+    """The body, read a network chunk (at most 64 KiB) at a time and refused once past
+    `limit` bytes. A compressed body is refused unread: we ask for identity, and
+    httpx inflates a chunk whole before any cap sees it (a gzip bomb). An answer
+    that can have no body (204, 304, `Content-Length: 0`) passes whatever its coding."""
+    codings = [
+        coding
+        for coding in response.headers.get_list("Content-Encoding", split_commas=True)
+        if coding.strip().lower() not in ("", "identity")
+    ]
+    empty = response.status_code in (204, 304) or response.headers.get("Content-Length") == "0"
+    if codings and not empty:
+        raise Unreadable("a compressed answer (Content-Encoding), though identity was asked")
+    chunks: list[bytes] = []
+    size = 0
+    for chunk in response.iter_bytes():
+        size += len(chunk)
+        if size > limit:
+            raise Unreadable(f"an answer larger than {limit} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
