@@ -25,7 +25,7 @@ Steps (what the service does next):
     Recover()                     the create is unconfirmed: look for it in the family
     Proceed()                     nothing decided here: go on to the next question
 
-The table of situations and decisions is in docs/architecture.md ("One hop").
+The table of situations and decisions is docs/hop-table.md.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The hop's decision table (docs/architecture.md, "One hop"), row by row, without I/O.
+"""The hop's decision table (docs/hop-table.md), row by row, without I/O.
 
 Each table below is the documented table as data: rows of (name, situation,
 decision), first match wins. Every combination of the inputs is decided by
