@@ -75,4 +75,4 @@ if __name__ == "__main__":
     if "--write" in sys.argv:
         TABLE_DOC.write_text(rendered)
     else:
-        print(rendered)
+        print(rendered, end="")
