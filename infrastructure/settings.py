@@ -45,14 +45,11 @@ but empty is an error, never a fallback to the default.
 
 from __future__ import annotations
 
-import ipaddress
 import os
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
-from domain.ids import GATEWAY_ID
 from domain.pacing import PaceRules
 from domain.policies import Backoff, Deferral
 from infrastructure.broker import BrokerTls
@@ -61,6 +58,39 @@ from infrastructure.failures import ConfigurationError
 from infrastructure.messages import MAX_HOP
 from infrastructure.redaction import Secrets, url_passwords
 from infrastructure.service import EngineSettings
+from infrastructure.settings_parsing import (
+    SettingsError,
+    allowed_hosts,
+    check_host,
+    check_token,
+    check_url,
+    choice,
+    env_value,
+    file_path,
+    flag,
+    gateway_rate,
+    integer,
+    is_loopback,
+    log_format,
+    number,
+    parent_ids,
+    positive,
+    split_host,
+    web_token,
+)
+
+__all__ = [
+    "BROKER_SCHEMES",
+    "DEFAULT_DATABASE_URL",
+    "Settings",
+    "SettingsError",
+    "check_host",
+    "check_url",
+    "is_loopback",
+    "log_format",
+    "log_secrets",
+    "split_host",
+]
 
 DEFAULT_DATABASE_URL = "sqlite:///var/provisioner.sqlite"
 # The in-process fake gateway's parent: the parents of the embedded default.
@@ -69,178 +99,6 @@ BROKER_SCHEMES = ("amqp", "amqps", "pyamqp", "memory")
 GATEWAY_SCHEMES = ("http", "https")
 FAKE_SWITCH = "PROVISIONER_FAKE_GATEWAY"
 FAKE_OPT_IN = "--i-know-this-is-a-test"  # the CLI's global flag; PROVISIONER_FAKE_GATEWAY=test
-_LABEL = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
-LOG_FORMATS = ("auto", "text", "json")
-
-
-class SettingsError(ConfigurationError):
-    """A setting has a value that cannot be used; the message names it."""
-
-
-def _raw(env: Mapping[str, str], key: str) -> str | None:
-    """The variable's value, None when unset; set but empty is an error."""
-    raw = env.get(key)
-    if raw is None:
-        return None
-    if raw.strip() == "":
-        raise SettingsError(f"{key} is set but empty: unset it for the default, or give a value")
-    return raw.strip()
-
-
-def _number(
-    env: Mapping[str, str],
-    key: str,
-    default: float,
-    *,
-    low: float,
-    high: float,
-    integer: bool = False,
-    above: bool = False,
-) -> float:
-    raw = _raw(env, key)
-    if raw is None:
-        return default
-    kind = "an integer" if integer else "a number"
-    try:
-        value = int(raw) if integer else float(raw)
-    except ValueError:
-        raise SettingsError(f"{key} must be {kind}, got {raw!r}") from None
-    if value != value or (value <= low if above else value < low) or value > high:  # noqa: PLR0124
-        bound = f"> {low:g}" if above else f">= {low:g}"
-        raise SettingsError(f"{key} must be {kind} {bound} and <= {high:g}, got {raw!r}")
-    return value
-
-
-def _rate(env: Mapping[str, str]) -> float | None:
-    """PROVISIONER_GATEWAY_RATE: calls/s for the whole fleet; unset, learned from 429s."""
-    if _raw(env, "PROVISIONER_GATEWAY_RATE") is None:
-        return None
-    return _number(env, "PROVISIONER_GATEWAY_RATE", 0, low=0, high=10**6, above=True)
-
-
-def _choice(env: Mapping[str, str], key: str, choices: tuple[str, ...]) -> str:
-    raw = (_raw(env, key) or choices[0]).lower()
-    if raw not in choices:
-        raise SettingsError(f"{key} must be one of {', '.join(choices)}, got {raw!r}")
-    return raw
-
-
-def _flag(env: Mapping[str, str], key: str) -> bool:
-    return _choice(env, key, ("0", "1")) == "1"
-
-
-def check_url(key: str, url: str, schemes: tuple[str, ...], *, host: bool = True) -> str:
-    """Scheme, host and port of a URL; raise SettingsError naming `key`."""
-    try:
-        parts = urlsplit(url)
-        port = parts.port
-    except ValueError as exc:
-        raise SettingsError(f"{key} is not a usable URL ({exc})") from None
-    scheme = parts.scheme.lower()
-    if scheme not in schemes:
-        raise SettingsError(
-            f"{key} has scheme {scheme or '(none)'!r}: use one of {', '.join(schemes)}"
-        )
-    if host and scheme != "memory" and not parts.hostname:
-        raise SettingsError(f"{key} names no host")
-    if port == 0:
-        raise SettingsError(f"{key} has port 0: give a port from 1 to 65535")
-    return url
-
-
-def check_host(key: str, host: str) -> str:
-    """An address to bind: an IPv4/IPv6 literal (0.0.0.0 or :: for every interface) or a
-    host name; no port, scheme or path."""
-    try:
-        ipaddress.ip_address(host)
-    except ValueError:
-        labels = host.rstrip(".").split(".")
-    else:
-        return host
-    if len(host) > 253 or not all(_LABEL.fullmatch(label) for label in labels):
-        raise SettingsError(
-            f"{key} must be an IP address or a host name (no port or scheme), got {host!r}"
-        )
-    return host
-
-
-def check_token(key: str, token: str) -> str:
-    if any(c.isspace() or not c.isprintable() for c in token):
-        raise SettingsError(f"{key} contains whitespace or control characters")
-    return token
-
-
-def _file(env: Mapping[str, str], key: str) -> str | None:
-    """A path to a readable file (a CA bundle, a certificate, a key), or None."""
-    path = _raw(env, key)
-    if path is not None and not os.path.isfile(path):
-        raise SettingsError(f"{key} names {path!r}, which is not a readable file")
-    return path
-
-
-def _parent_ids(env: Mapping[str, str]) -> tuple[str, ...] | None:
-    """PROVISIONER_PARENT_IDS: the comma-separated parents the service may act under."""
-    raw = _raw(env, "PROVISIONER_PARENT_IDS")
-    if raw is None:
-        return None
-    ids = tuple(dict.fromkeys(part.strip() for part in raw.split(",") if part.strip()))
-    bad = [i for i in ids if not GATEWAY_ID.fullmatch(i)]
-    if not ids or bad:
-        raise SettingsError(
-            "PROVISIONER_PARENT_IDS must be comma-separated gateway ids "
-            f"([A-Za-z0-9._-], 1 to 128 characters), got {raw!r}"
-        )
-    return ids
-
-
-def is_loopback(host: str | None) -> bool:
-    if not host:
-        return False
-    if host.lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
-
-
-def split_host(value: str) -> tuple[str, int | None] | None:
-    """`name`, `name:port`, `[v6]` or `[v6]:port` (a Host header, an allowed host) as
-    (name, port): the name lower-cased, without brackets; None when it is not that."""
-    try:
-        parts = urlsplit(f"//{value}")
-        port = parts.port
-        check_host("host", parts.hostname or "")
-    except (ValueError, SettingsError):
-        return None
-    if parts.netloc != value or "@" in value:
-        return None
-    return parts.hostname or "", port
-
-
-def _allowed_hosts(env: Mapping[str, str]) -> tuple[str, ...]:
-    """PROVISIONER_WEB_ALLOWED_HOSTS: comma-separated `name` (any port) or `name:port`."""
-    key = "PROVISIONER_WEB_ALLOWED_HOSTS"
-    raw = _raw(env, key)
-    if raw is None:
-        return ()
-    hosts = tuple(dict.fromkeys(part.strip().lower() for part in raw.split(",") if part.strip()))
-    if not hosts or not all(split_host(host) for host in hosts):
-        raise SettingsError(
-            f"{key} must be comma-separated host names or addresses, each with an optional "
-            f":port (IPv6 in brackets), got {raw!r}"
-        )
-    return hosts
-
-
-def _web_token(env: Mapping[str, str]) -> str | None:
-    token = _raw(env, "PROVISIONER_WEB_TOKEN")
-    return None if token is None else check_token("PROVISIONER_WEB_TOKEN", token)
-
-
-def log_format(env: Mapping[str, str] | None = None) -> str:
-    """PROVISIONER_LOG_FORMAT, read on its own: logging is set up before the rest."""
-    return _choice(os.environ if env is None else env, "PROVISIONER_LOG_FORMAT", LOG_FORMATS)
 
 
 def log_secrets(env: Mapping[str, str] | None = None) -> tuple[str, ...]:
@@ -304,90 +162,96 @@ class Settings:
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
         env = os.environ if env is None else env
-        database_url = _raw(env, "PROVISIONER_DATABASE_URL") or DEFAULT_DATABASE_URL
+        default = cls()  # each variable's default is its field's
+        database_url = env_value(env, "PROVISIONER_DATABASE_URL") or default.database_url
         check_url("PROVISIONER_DATABASE_URL", database_url, DATABASE_SCHEMES, host=False)
         try:
             check_database_url(database_url)
         except ConfigurationError as exc:
             raise SettingsError(f"PROVISIONER_DATABASE_URL: {exc}") from None
-        gateway_url = _raw(env, "PROVISIONER_GATEWAY_URL")
+        gateway_url = env_value(env, "PROVISIONER_GATEWAY_URL")
         if gateway_url is not None:
             check_url("PROVISIONER_GATEWAY_URL", gateway_url, GATEWAY_SCHEMES)
-        token = _raw(env, "PROVISIONER_GATEWAY_TOKEN")
+        token = env_value(env, "PROVISIONER_GATEWAY_TOKEN")
         if token is not None:
             check_token("PROVISIONER_GATEWAY_TOKEN", token)
-        fake = _choice(env, FAKE_SWITCH, ("0", "1", "test"))
+        fake = choice(env, FAKE_SWITCH, ("0", "1", "test"))
         settings = cls(
             database_url=database_url,
             broker_url=check_url(
                 "PROVISIONER_BROKER_URL",
-                _raw(env, "PROVISIONER_BROKER_URL") or "memory://",
+                env_value(env, "PROVISIONER_BROKER_URL") or default.broker_url,
                 BROKER_SCHEMES,
             ),
-            queue_type=_choice(env, "PROVISIONER_QUEUE_TYPE", ("classic", "quorum")),
+            queue_type=choice(env, "PROVISIONER_QUEUE_TYPE", ("classic", "quorum")),
             gateway_url=gateway_url,
             gateway_token=token,
-            gateway_ca_file=_file(env, "PROVISIONER_GATEWAY_CA_FILE"),
-            gateway_allow_http=_flag(env, "PROVISIONER_GATEWAY_ALLOW_HTTP"),
-            parent_ids=_parent_ids(env),
-            command_skew_s=_number(env, "PROVISIONER_COMMAND_SKEW_S", 300.0, low=0, high=86400 * 7),
-            broker_ca_file=_file(env, "PROVISIONER_BROKER_CA_FILE"),
-            broker_cert_file=_file(env, "PROVISIONER_BROKER_CERT_FILE"),
-            broker_key_file=_file(env, "PROVISIONER_BROKER_KEY_FILE"),
+            gateway_ca_file=file_path(env, "PROVISIONER_GATEWAY_CA_FILE"),
+            gateway_allow_http=flag(env, "PROVISIONER_GATEWAY_ALLOW_HTTP"),
+            parent_ids=parent_ids(env),
+            command_skew_s=number(
+                env, "PROVISIONER_COMMAND_SKEW_S", default.command_skew_s, low=0, high=86400 * 7
+            ),
+            broker_ca_file=file_path(env, "PROVISIONER_BROKER_CA_FILE"),
+            broker_cert_file=file_path(env, "PROVISIONER_BROKER_CERT_FILE"),
+            broker_key_file=file_path(env, "PROVISIONER_BROKER_KEY_FILE"),
             fake_gateway=fake != "0",
             fake_gateway_test=fake == "test",
-            gateway_timeout_s=_number(
-                env, "PROVISIONER_GATEWAY_TIMEOUT_S", 10.0, low=0, high=600, above=True
+            gateway_timeout_s=positive(
+                env, "PROVISIONER_GATEWAY_TIMEOUT_S", default.gateway_timeout_s, high=600
             ),
-            backoff_base_s=_number(
-                env, "PROVISIONER_BACKOFF_BASE_S", 5.0, low=0, high=86400, above=True
+            backoff_base_s=positive(
+                env, "PROVISIONER_BACKOFF_BASE_S", default.backoff_base_s, high=86400
             ),
-            max_requeues=int(
-                _number(env, "PROVISIONER_MAX_REQUEUES", 5, low=0, high=1000, integer=True)
+            max_requeues=integer(
+                env, "PROVISIONER_MAX_REQUEUES", default.max_requeues, low=0, high=1000
             ),
-            stale_after_s=_number(
-                env, "PROVISIONER_STALE_AFTER_S", 600.0, low=0, high=10**7, above=True
+            stale_after_s=positive(
+                env, "PROVISIONER_STALE_AFTER_S", default.stale_after_s, high=10**7
             ),
-            create_grace_s=_number(
-                env, "PROVISIONER_CREATE_GRACE_S", 60.0, low=0, high=86400, above=True
+            create_grace_s=positive(
+                env, "PROVISIONER_CREATE_GRACE_S", default.create_grace_s, high=86400
             ),
-            attempt_deadline_s=_number(
-                env, "PROVISIONER_ATTEMPT_DEADLINE_S", 86_400.0, low=0, high=10**8, above=True
+            attempt_deadline_s=positive(
+                env, "PROVISIONER_ATTEMPT_DEADLINE_S", default.attempt_deadline_s, high=10**8
             ),
-            defer_max_s=_number(env, "PROVISIONER_DEFER_MAX_S", 30.0, low=2, high=86400),
-            gateway_rate=_rate(env),
-            gateway_burst=int(
-                _number(env, "PROVISIONER_GATEWAY_BURST", 1, low=1, high=10**6, integer=True)
+            defer_max_s=number(
+                env, "PROVISIONER_DEFER_MAX_S", default.defer_max_s, low=2, high=86400
             ),
-            gateway_probe_s=_number(
-                env, "PROVISIONER_GATEWAY_PROBE_S", 10.0, low=0, high=3600, above=True
+            gateway_rate=gateway_rate(env),
+            gateway_burst=integer(
+                env, "PROVISIONER_GATEWAY_BURST", default.gateway_burst, low=1, high=10**6
             ),
-            concurrency=int(
-                _number(env, "PROVISIONER_CONCURRENCY", 8, low=1, high=512, integer=True)
+            gateway_probe_s=positive(
+                env, "PROVISIONER_GATEWAY_PROBE_S", default.gateway_probe_s, high=3600
             ),
-            metrics_port=int(
-                _number(env, "PROVISIONER_METRICS_PORT", 0, low=0, high=65535, integer=True)
+            concurrency=integer(
+                env, "PROVISIONER_CONCURRENCY", default.concurrency, low=1, high=512
+            ),
+            metrics_port=integer(
+                env, "PROVISIONER_METRICS_PORT", default.metrics_port, low=0, high=65535
             ),
             metrics_host=check_host(
-                "PROVISIONER_METRICS_HOST", _raw(env, "PROVISIONER_METRICS_HOST") or "127.0.0.1"
+                "PROVISIONER_METRICS_HOST",
+                env_value(env, "PROVISIONER_METRICS_HOST") or default.metrics_host,
             ),
-            health_max_lag=int(
-                _number(env, "PROVISIONER_HEALTH_MAX_LAG", 10_000, low=0, high=10**9, integer=True)
+            health_max_lag=integer(
+                env, "PROVISIONER_HEALTH_MAX_LAG", default.health_max_lag, low=0, high=10**9
             ),
-            health_stuck_after_s=_number(
-                env, "PROVISIONER_HEALTH_STUCK_AFTER_S", 900.0, low=0, high=10**7, above=True
+            health_stuck_after_s=positive(
+                env, "PROVISIONER_HEALTH_STUCK_AFTER_S", default.health_stuck_after_s, high=10**7
             ),
-            connect_wait_s=_number(env, "PROVISIONER_CONNECT_WAIT_S", 30.0, low=0, high=86400),
+            connect_wait_s=number(
+                env, "PROVISIONER_CONNECT_WAIT_S", default.connect_wait_s, low=0, high=86400
+            ),
             log_format=log_format(env),
             web_host=check_host(
-                "PROVISIONER_WEB_HOST", _raw(env, "PROVISIONER_WEB_HOST") or "127.0.0.1"
+                "PROVISIONER_WEB_HOST", env_value(env, "PROVISIONER_WEB_HOST") or default.web_host
             ),
-            web_port=int(
-                _number(env, "PROVISIONER_WEB_PORT", 8080, low=1, high=65535, integer=True)
-            ),
-            web_token=_web_token(env),
-            web_allow_open=_flag(env, "PROVISIONER_WEB_ALLOW_OPEN"),
-            web_allowed_hosts=_allowed_hosts(env),
+            web_port=integer(env, "PROVISIONER_WEB_PORT", default.web_port, low=1, high=65535),
+            web_token=web_token(env),
+            web_allow_open=flag(env, "PROVISIONER_WEB_ALLOW_OPEN"),
+            web_allowed_hosts=allowed_hosts(env),
         )
         if settings.fake_gateway and settings.gateway_url is not None:
             raise SettingsError(
@@ -481,7 +345,7 @@ class Settings:
         raise SettingsError(
             "PROVISIONER_PARENT_IDS is not set: give the comma-separated ids of the "
             "organisation's parent workspaces this service may act under "
-            "(docs/operations.md, \"Parents\")"
+            '(docs/operations.md, "Parents")'
         )
 
     def engine(self, *, acting: bool = False) -> EngineSettings:
