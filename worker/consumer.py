@@ -17,7 +17,7 @@ consuming thread empties between drains.
   and the attempt stays untouched; after the last retry it is dead-lettered.
   A command refused only for now (RetryLater: a decommission in progress), or
   a release the gateway did not answer (TransientGatewayError), is
-  re-published on its own schedule, for about an hour (worker/delivery.py).
+  re-published on its own schedule, for about an hour (worker/retry_policy.py).
 - Prefetch is the concurrency plus a little headroom (a quarter, at least 2):
   a pool thread that finishes a hop starts the next message at once instead
   of waiting for its ack to reach the broker and a new delivery to come back.
@@ -49,37 +49,28 @@ from domain.errors import (
     BrandDeactivated,
     CommandRefused,
     InvalidRequest,
-    RetryLater,
     StaleCommand,
     UnknownAttempt,
     UnknownBrand,
 )
-from domain.ports import GatewayError, TransientGatewayError
 from infrastructure.broker import Broker, BrokerTls, DelayScheduler, Topology, connect
 from infrastructure.broker_failures import BROKER_ERRORS, broker_refusal
 from infrastructure.failures import Backoff
 from infrastructure.messages import Message
-from infrastructure.outages import Outage, is_database_error
-from infrastructure.service import ContentionError, ProvisioningService
+from infrastructure.outages import Outage
+from infrastructure.service import ProvisioningService
 from infrastructure.settings import log_secrets
 from worker import metrics
-from worker.delivery import WAIT_DELAYS_S, Delivery, Settler
+from worker.delivery import Delivery, Settler
+from worker.retry_policy import RETRY_DELAYS_S, WAIT_DELAYS_S, DeadLetter, is_bug
+
+__all__ = ["DeadLetter", "HopWorker", "WorkerStats", "handle", "is_bug"]
 
 log = logging.getLogger("provisioner.worker")
 
-RETRY_DELAYS_S = (1.0, 5.0, 15.0, 60.0, 120.0)
 # Drain timeouts of the consuming thread: every slot busy / otherwise (see _drain_timeout).
 SATURATED_DRAIN_S = 0.005
 IDLE_DRAIN_S = 0.1
-
-
-class DeadLetter(Exception):
-    """A message that can never succeed; it goes to the dead-letter queue."""
-
-    def __init__(self, reason: str, errors: dict[str, Any] | None = None) -> None:
-        super().__init__(reason)
-        self.reason = reason
-        self.errors = errors or {}
 
 
 @dataclass
@@ -128,11 +119,6 @@ def _handle(service: ProvisioningService, message: Message) -> str:
     raise DeadLetter("unhandled type", {"type": message.type})
 
 
-def is_bug(exc: BaseException) -> bool:
-    """Not the database, not the gateway, not contention: an unexpected exception."""
-    return not (is_database_error(exc) or isinstance(exc, GatewayError | ContentionError | OSError))
-
-
 class HopWorker:
     def __init__(
         self,
@@ -177,9 +163,10 @@ class HopWorker:
             )
 
     def _given_up(self, message: Message, exc: BaseException) -> None:
-        """A hop that raised a bug on every retry fails its attempt `internal_error`
-        (naming the exception's type) rather than sit pending until its deadline."""
-        if message.type == "hop" and is_bug(exc):
+        """A hop that raised a bug on every retry (the policy's `give_up`) fails its
+        attempt `internal_error` (naming the exception's type) rather than sit
+        pending until its deadline."""
+        if message.type == "hop":
             f = message.fields
             self.service.fail_internal(f["attempt_id"], f["hop"], type(exc).__name__)
 
@@ -224,10 +211,9 @@ class HopWorker:
                 wait_delays_s=self.wait_delays_s,
                 connection_errors=self._connection_errors,
                 database=self.database_outage,
-                dead_letter=DeadLetter,
                 # A release or decommission the gateway did not answer (or the pace held
-                # back) waits on the long schedule, as a decommission in progress does.
-                refused_for_now=(RetryLater, TransientGatewayError),
+                # back) waits on the long schedule, as a decommission in progress does
+                # (retry_policy.REFUSED_FOR_NOW).
                 # Dead letters hide every configured secret, not only the token the
                 # service refuses in a producer's text.
                 secrets=(*self.service.secrets, *log_secrets()),

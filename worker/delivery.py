@@ -1,24 +1,17 @@
-"""What the hop worker does with one delivery: read it, and settle it.
+"""What the hop worker does with one delivery: read it, and settle it as decided.
 
 Nothing a producer can put on a queue stops the worker, and no failure of one
 message ends its thread:
 
-- `Settler.read` refuses what is not a message we understand — kombu's
-  `message.errors` (a compression header with junk), a content type or
-  encoding we do not speak, a bad `x-retries` header, and every `decode`
-  refusal (too large, too deeply nested, not UTF-8, invalid JSON, schema
-  errors), and a type its queue does not accept (`messages.QUEUE_RULES`: a
-  hop, release or decommission on the producers' commands queue is an
-  `internal message on the commands queue`) — by dead-lettering it with the
-  reason, then acking it.
-- `Settler.settle` acks a handled message, dead-letters a `DeadLetter`, and
-  re-publishes any other failure after a delay with `x-retries` + 1 (dead-
-  lettered as `retries exhausted` after the last delay: about 200 s; a hop
-  that raised a bug every time fails its attempt `internal_error` first). A
-  command refused only for now (`RetryLater`: a decommission in progress)
-  has its own, longer schedule and count (`x-waits`, `WAIT_DELAYS_S`: 5, 15,
-  60 s, then every 120 s, about an hour in all), so only a decommission
-  stuck that long dead-letters it.
+- `Settler.read` dead-letters what `reading.inspect` refuses (with the reason),
+  then acks it.
+- `Settler.settle` applies what `retry_policy` decides of a handler's end: it
+  acks a handled message, dead-letters one (a `DeadLetter`, or retries
+  exhausted: a hop that raised a bug every time fails its attempt
+  `internal_error` first, through `given_up`), or re-publishes it after a delay
+  with its counts (`x-retries` or `x-waits`).
+- `Settler.dead` is the one way to the dead-letter queue: the body, the source
+  and the errors lose every configured secret first.
 - An unexpected exception while doing any of that is contained (`_contain`):
   the message is retried if it can be, else dead-lettered (`unexpected
   error`), else rejected without requeue (the queue's own dead-lettering then
@@ -31,51 +24,28 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass
 from typing import Any
 
-from domain.errors import RetryLater
 from infrastructure.broker import Broker
-from infrastructure.messages import InvalidMessage, Message, admit, decode, retries, waits
+from infrastructure.messages import InvalidMessage, Message
 from infrastructure.outages import Outage, is_database_error, one_line
 from infrastructure.redaction import Secrets
 from worker import metrics
+from worker.reading import Delivery, inspect
+from worker.retry_policy import (
+    RETRY_DELAYS_S,
+    WAIT_DELAYS_S,
+    Ack,
+    Dead,
+    DeadLetter,
+    Decision,
+    Republish,
+    RetryPolicy,
+)
+
+__all__ = ["WAIT_DELAYS_S", "Delivery", "Settler", "inspect"]
 
 log = logging.getLogger("provisioner.worker")
-
-# Retries of a command refused only for now (RetryLater), counted apart from
-# infrastructure failures (`x-retries`, worker.consumer.RETRY_DELAYS_S: about
-# 200 s) in `x-waits`: 5, 15, 60 s, then every 120 s; 3,560 s (about an hour)
-# in all. Delays the infrastructure schedule uses too: no new wait queues.
-WAIT_DELAYS_S = (5.0, 15.0, 60.0) + (120.0,) * 29
-
-
-@dataclass(frozen=True, slots=True)
-class Delivery:
-    """A delivery that passed `read`: the message and its retry counts so far
-    (infrastructure failures; refusals for now)."""
-
-    message: Message
-    tries: int
-    waits: int = 0
-
-
-def inspect(message: Any, queue: str) -> Delivery:
-    """The message and retry counts of a delivery from `queue`; InvalidMessage when it
-    has none that queue accepts."""
-    if message.errors:
-        exc = message.errors[0][1] if isinstance(message.errors[0], tuple) else message.errors[0]
-        raise InvalidMessage("undecodable", {"kombu": one_line(exc)})
-    headers = message.headers
-    tries = retries(headers)
-    waited = waits(headers)
-    if headers and headers.get("compression") is not None:
-        compression = repr(headers["compression"])[:50]
-        raise InvalidMessage("unsupported encoding", {"compression": compression})
-    decoded = decode(
-        message.body, content_type=message.content_type, content_encoding=message.content_encoding
-    )
-    return Delivery(admit(queue, decoded), tries, waited)
 
 
 class Settler:
@@ -86,24 +56,21 @@ class Settler:
         publisher: Broker,
         *,
         stats: Any,
-        retry_delays_s: tuple[float, ...],
         connection_errors: tuple[type[BaseException], ...],
         database: Outage,
-        dead_letter: type[Exception],
+        retry_delays_s: tuple[float, ...] = RETRY_DELAYS_S,
         wait_delays_s: tuple[float, ...] = WAIT_DELAYS_S,
-        refused_for_now: type[Exception] | tuple[type[Exception], ...] = RetryLater,
+        dead_letter: type[BaseException] = DeadLetter,
         secrets: tuple[str, ...] = (),
         given_up: Callable[[Message, BaseException], None] | None = None,
     ) -> None:
         self.publisher = publisher
         self.stats = stats
-        self.retry_delays_s = retry_delays_s
+        # What a handler's end becomes: `dead_letter`s are never retried.
+        self.policy = RetryPolicy(retry_delays_s, wait_delays_s, never_retried=(dead_letter,))
         self.connection_errors = connection_errors
         self.database = database
-        self.dead_letter = dead_letter  # raised by handlers: never retried
-        self.wait_delays_s = wait_delays_s
-        self.refused_for_now = refused_for_now  # raised by handlers: retried on its own schedule
-        # Told of a message whose retries are spent, before it is dead-lettered.
+        # Told of a hop that raised a bug on every retry, before it is dead-lettered.
         self.given_up = given_up
         # The token as a body, a header or an error may hold it, in any form.
         self.secrets = Secrets(secrets)
@@ -123,23 +90,41 @@ class Settler:
         return None
 
     def settle(self, message: Any, delivery: Delivery, future: Future[str]) -> None:
-        try:
-            detail = future.result()
-        except Exception as exc:  # noqa: BLE001 - settled below, whatever it is
-            failure = exc
-        else:
-            self._guarded(message, lambda: self._handled(message, delivery, detail), delivery)
-            return
-        if isinstance(failure, self.dead_letter):
-            reason = str(getattr(failure, "reason", type(failure).__name__))
-            errors = getattr(failure, "errors", None) or {}
-            self._guarded(message, lambda: self.dead(message, reason, errors), delivery)
-        else:  # an infrastructure failure: retry later
-            self._guarded(message, lambda: self.retry(message, delivery, failure), delivery)
+        """Apply the policy's decision for a handler that has finished."""
+        failure = future.exception()
+        if failure is not None and not isinstance(failure, Exception):
+            raise failure  # KeyboardInterrupt, SystemExit: not the message's doing
+        detail = future.result() if failure is None else ""
+
+        def settle() -> None:
+            decision = self.policy.decide(delivery.facts, failure)
+            self.apply(message, delivery, decision, failure, detail)
+
+        self._guarded(message, settle, delivery)
 
     def requeue(self, message: Any) -> None:
         """Hand a message not started back to the broker (for any worker)."""
         self._guarded(message, message.requeue, None)
+
+    def apply(
+        self,
+        message: Any,
+        delivery: Delivery,
+        decision: Decision,
+        failure: BaseException | None,
+        detail: str = "",
+    ) -> None:
+        """Do what was decided: ack, re-publish, or (after giving up) dead-letter."""
+        if isinstance(decision, Ack):
+            self._handled(message, delivery, detail)
+        elif isinstance(decision, Republish):
+            assert failure is not None
+            self._republish(message, delivery, decision, failure)
+        elif isinstance(decision, Dead):
+            if decision.give_up and self.given_up is not None:
+                assert failure is not None
+                self.given_up(delivery.message, failure)
+            self.dead(message, decision.reason, dict(decision.errors))
 
     def _handled(self, message: Any, delivery: Delivery, detail: str) -> None:
         message.ack()
@@ -150,43 +135,18 @@ class Settler:
         self.stats.by_type[kind] = self.stats.by_type.get(kind, 0) + 1
         log.debug("handled %s %s: %s", kind, delivery.message.fields, detail)
 
-    def retry(self, message: Any, delivery: Delivery, exc: BaseException) -> None:
-        if isinstance(exc, self.refused_for_now):
-            self._wait(message, delivery, exc)
-            return
-        tries, decoded = delivery.tries, delivery.message
-        if tries >= len(self.retry_delays_s):
-            if self.given_up is not None:
-                self.given_up(decoded, exc)
-            self.dead(message, "retries exhausted", {"error": repr(exc)[:300]})
-            return
-        delay = self.retry_delays_s[tries]
-        if is_database_error(exc):
+    def _republish(
+        self, message: Any, delivery: Delivery, decision: Republish, exc: BaseException
+    ) -> None:
+        kind, delay = delivery.message.type, decision.delay_s
+        if decision.waiting:
+            log.info("%s refused for now (%s); retry in %.0fs", kind, one_line(exc), delay)
+        elif is_database_error(exc):
             self.database.failed(self.database.url, exc, delay)  # logged once per outage
         else:
             log.warning("%s failed (%s); retry %d in %.0fs",
-                        decoded.type, one_line(exc), tries + 1, delay)  # fmt: skip
-        self._republish(message, delivery, delay, {"x-retries": tries + 1})
-
-    def _wait(self, message: Any, delivery: Delivery, exc: BaseException) -> None:
-        """A command refused only for now: re-published on the longer schedule."""
-        if delivery.waits >= len(self.wait_delays_s):
-            waited = sum(self.wait_delays_s)
-            self.dead(message, "retries exhausted", {"error": repr(exc)[:300], "waited_s": waited})
-            return
-        delay = self.wait_delays_s[delivery.waits]
-        log.info("%s refused for now (%s); retry in %.0fs",
-                 delivery.message.type, one_line(exc), delay)  # fmt: skip
-        self._republish(message, delivery, delay, {"x-waits": delivery.waits + 1})
-
-    def _republish(
-        self, message: Any, delivery: Delivery, delay: float, counts: dict[str, int]
-    ) -> None:
-        headers = {"x-retries": delivery.tries}
-        if delivery.waits:
-            headers["x-waits"] = delivery.waits
-        headers.update(counts)
-        self.publisher.publish(delivery.message, delay_s=delay, headers=headers)
+                        kind, one_line(exc), decision.headers["x-retries"], delay)  # fmt: skip
+        self.publisher.publish(delivery.message, delay_s=delay, headers=dict(decision.headers))
         message.ack()
         metrics.RETRIED.inc()
         self.stats.retried += 1
@@ -221,8 +181,9 @@ class Settler:
         if _settled(message):
             return
         steps: list[Callable[[], None]] = []
-        if delivery is not None and delivery.tries < len(self.retry_delays_s):
-            steps.append(lambda: self.retry(message, delivery, exc))
+        if delivery is not None and self.policy.can_retry(delivery.facts):
+            retry = self.policy.failed(delivery.facts, exc)
+            steps.append(lambda: self.apply(message, delivery, retry, exc))
         steps.append(lambda: self.dead(message, "unexpected error", {"error": one_line(exc)}))
         steps.append(lambda: message.reject(requeue=False))
         for step in steps:

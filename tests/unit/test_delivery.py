@@ -20,8 +20,9 @@ from infrastructure import messages
 from infrastructure.broker import COMMANDS_QUEUE, DEAD_QUEUE, HOPS_QUEUE, Broker, Topology
 from infrastructure.outages import Outage
 from infrastructure.service import ContentionError
-from worker.consumer import DeadLetter, HopWorker, WorkerStats, is_bug
+from worker.consumer import DeadLetter, HopWorker, WorkerStats
 from worker.delivery import Delivery, Settler
+from worker.retry_policy import is_bug
 
 GOOD = messages.hop(uuid4(), 0).encode()
 
@@ -325,3 +326,15 @@ def test_a_hop_that_raised_a_bug_on_every_retry_fails_internal_error_then_is_dea
 )
 def test_only_an_unexpected_exception_counts_as_a_bug(exc: BaseException, bug: bool) -> None:
     assert is_bug(exc) is bug
+
+
+def test_a_release_the_gateway_did_not_answer_waits_on_the_long_schedule() -> None:
+    """The settler's policy is the worker's: a TransientGatewayError is refused for now."""
+    publisher = FakePublisher()
+    message = FakeMessage()
+    decoded = messages.release(uuid4())
+
+    settler(publisher).settle(message, Delivery(decoded, 2), finished(TransientGatewayError("503")))
+
+    assert publisher.published == [(decoded, 5.0, {"x-retries": 2, "x-waits": 1})]
+    assert message.state == "ACK"

@@ -1,0 +1,108 @@
+"""The worker's retry policy (worker/retry_policy.py): what becomes of a delivery,
+from its type, its counts and how its handler ended; every branch, as a table."""
+
+from __future__ import annotations
+
+import psycopg
+import pytest
+
+from domain.errors import RetryLater
+from domain.ports import TransientGatewayError
+from infrastructure.service import ContentionError
+from worker.retry_policy import (
+    RETRY_DELAYS_S,
+    WAIT_DELAYS_S,
+    Ack,
+    Dead,
+    DeadLetter,
+    Decision,
+    Facts,
+    Republish,
+    RetryPolicy,
+    decide,
+)
+
+POLICY = RetryPolicy(retry_delays_s=(1.0, 5.0), wait_delays_s=(10.0, 20.0))
+DB_DOWN = psycopg.OperationalError("server closed the connection")
+BUG = KeyError("x")
+BUSY = ContentionError("busy")
+LATER = RetryLater("decommission in progress")
+UNANSWERED = TransientGatewayError("503")
+
+
+def exhausted(exc: BaseException, *, give_up: bool = False) -> Dead:
+    return Dead("retries exhausted", {"error": repr(exc)}, give_up=give_up)
+
+
+def waited(exc: BaseException) -> Dead:
+    return Dead("retries exhausted", {"error": repr(exc), "waited_s": 30.0})
+
+
+@pytest.mark.parametrize(
+    ("facts", "failure", "decision"),
+    [
+        # Handled.
+        (Facts("hop"), None, Ack()),
+        (Facts("provision", 2, 2), None, Ack()),
+        # A DeadLetter: never retried, whatever the counts.
+        (Facts("hop"), DeadLetter("UnknownAttempt", {"error": "no attempt"}),
+         Dead("UnknownAttempt", {"error": "no attempt"})),
+        (Facts("provision", 9, 9), DeadLetter("InvalidRequest"), Dead("InvalidRequest", {})),
+        # Infrastructure failures: x-retries on the retry schedule, x-waits kept.
+        (Facts("hop"), DB_DOWN, Republish(1.0, {"x-retries": 1})),
+        (Facts("release", 1), BUSY, Republish(5.0, {"x-retries": 2})),
+        (Facts("provision", 1, 3), DB_DOWN, Republish(5.0, {"x-retries": 2, "x-waits": 3})),
+        # ... then dead once spent.
+        (Facts("hop", 2), DB_DOWN, exhausted(DB_DOWN)),
+        (Facts("hop", 2), BUSY, exhausted(BUSY)),
+        (Facts("deactivate", 2, 1), DB_DOWN, exhausted(DB_DOWN)),
+        # A bug is retried like the rest (it may pass) ...
+        (Facts("hop", 1), BUG, Republish(5.0, {"x-retries": 2})),
+        # ... and a hop that raised one every time fails its attempt before it goes.
+        (Facts("hop", 2), BUG, exhausted(BUG, give_up=True)),
+        (Facts("release", 2), BUG, exhausted(BUG)),
+        (Facts("provision", 2), AssertionError(), exhausted(AssertionError())),
+        # Refused for now: x-waits on the wait schedule, apart from x-retries.
+        (Facts("provision"), LATER, Republish(10.0, {"x-retries": 0, "x-waits": 1}, waiting=True)),
+        (Facts("provision", 2, 1), LATER,
+         Republish(20.0, {"x-retries": 2, "x-waits": 2}, waiting=True)),
+        (Facts("release", 2), UNANSWERED,
+         Republish(10.0, {"x-retries": 2, "x-waits": 1}, waiting=True)),
+        (Facts("decommission", 0, 1), UNANSWERED,
+         Republish(20.0, {"x-retries": 0, "x-waits": 2}, waiting=True)),
+        # ... then dead once spent, saying how long it waited.
+        (Facts("provision", 0, 2), LATER, waited(LATER)),
+        (Facts("hop", 0, 2), UNANSWERED, waited(UNANSWERED)),
+    ],
+)  # fmt: skip
+def test_each_delivery_gets_its_decision(
+    facts: Facts, failure: BaseException | None, decision: Decision
+) -> None:
+    assert POLICY.decide(facts, failure) == decision
+
+
+def test_the_default_schedules_are_the_workers() -> None:
+    assert decide(Facts("hop"), DB_DOWN) == Republish(RETRY_DELAYS_S[0], {"x-retries": 1})
+    assert decide(Facts("hop", len(RETRY_DELAYS_S)), BUG) == exhausted(BUG, give_up=True)
+    assert decide(Facts("provision"), LATER) == Republish(
+        WAIT_DELAYS_S[0], {"x-retries": 0, "x-waits": 1}, waiting=True
+    )
+    assert decide(Facts("provision", 0, len(WAIT_DELAYS_S)), LATER) == Dead(
+        "retries exhausted", {"error": repr(LATER), "waited_s": sum(WAIT_DELAYS_S)}
+    )
+
+
+def test_an_error_is_cut_to_what_a_header_holds() -> None:
+    long = RuntimeError("x" * 1000)
+
+    decision = POLICY.decide(Facts("hop", 2), long)
+
+    assert isinstance(decision, Dead)
+    assert len(decision.errors["error"]) == 300
+
+
+def test_what_may_be_retried_when_settling_fails() -> None:
+    """The settler retries a delivery whose settling failed while it has retries left."""
+    assert POLICY.can_retry(Facts("hop", 1))
+    assert not POLICY.can_retry(Facts("hop", 2))
+    assert POLICY.failed(Facts("hop", 1), OSError("reset")) == Republish(5.0, {"x-retries": 2})

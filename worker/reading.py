@@ -1,0 +1,52 @@
+"""Reading one delivery: the message it holds and its retry counts, or why it has none.
+
+`inspect` refuses what is not a message we understand — kombu's
+`message.errors` (a compression header with junk), a content type or encoding
+we do not speak, a bad `x-retries` or `x-waits` header, every `decode` refusal
+(too large, too deeply nested, not UTF-8, invalid JSON, schema errors), and a
+type its queue does not accept (`messages.QUEUE_RULES`: a hop, release or
+decommission on the producers' commands queue is an `internal message on the
+commands queue`) — by raising `InvalidMessage` with the reason. It reads;
+what becomes of a refused delivery is the settler's (worker/delivery.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from infrastructure.messages import InvalidMessage, Message, admit, decode, retries, waits
+from infrastructure.outages import one_line
+from worker.retry_policy import Facts
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """A delivery that passed `inspect`: the message and its retry counts so far
+    (infrastructure failures; refusals for now)."""
+
+    message: Message
+    tries: int
+    waits: int = 0
+
+    @property
+    def facts(self) -> Facts:
+        return Facts(self.message.type, self.tries, self.waits)
+
+
+def inspect(message: Any, queue: str) -> Delivery:
+    """The message and retry counts of a delivery from `queue`; InvalidMessage when it
+    has none that queue accepts."""
+    if message.errors:
+        exc = message.errors[0][1] if isinstance(message.errors[0], tuple) else message.errors[0]
+        raise InvalidMessage("undecodable", {"kombu": one_line(exc)})
+    headers = message.headers
+    tries = retries(headers)
+    waited = waits(headers)
+    if headers and headers.get("compression") is not None:
+        compression = repr(headers["compression"])[:50]
+        raise InvalidMessage("unsupported encoding", {"compression": compression})
+    decoded = decode(
+        message.body, content_type=message.content_type, content_encoding=message.content_encoding
+    )
+    return Delivery(admit(queue, decoded), tries, waited)

@@ -1,0 +1,145 @@
+"""What becomes of a delivery once its handler has run: a pure decision.
+
+`decide(facts, failure)` maps what is known of the delivery (its type, its
+`x-retries` and `x-waits` counts) and how its handler ended (None: it
+returned) to one of:
+
+- `Ack`: handled.
+- `Dead(reason, errors)`: to the dead-letter queue. A `DeadLetter` raised by a
+  handler (never retried), or a failure whose schedule is spent (`retries
+  exhausted`). A hop that raised a bug (`is_bug`) on every retry is also
+  `give_up`: its attempt is failed `internal_error` before the message goes.
+- `Republish(delay_s, headers)`: re-published after the delay with the counts
+  in `headers`. An infrastructure failure (database down, too much contention,
+  a bug that may pass) counts in `x-retries` on `retry_delays_s` (about 200 s);
+  a command refused only for now (`RetryLater`: a decommission in progress) or
+  a release the gateway did not answer (`TransientGatewayError`) waits on its
+  own, longer schedule and count (`x-waits`, `WAIT_DELAYS_S`: about an hour),
+  so the one never spends the other.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from domain.errors import RetryLater
+from domain.ports import GatewayError, TransientGatewayError
+from infrastructure.outages import is_database_error
+from infrastructure.service import ContentionError
+
+# Infrastructure failures (`x-retries`): about 200 s in all.
+RETRY_DELAYS_S = (1.0, 5.0, 15.0, 60.0, 120.0)
+# Refusals for now (`x-waits`): 5, 15, 60 s, then every 120 s; 3,560 s (about an
+# hour) in all. Delays the infrastructure schedule uses too: no new wait queues.
+WAIT_DELAYS_S = (5.0, 15.0, 60.0) + (120.0,) * 29
+# What a handler raises for a refusal for now: waits on WAIT_DELAYS_S.
+REFUSED_FOR_NOW: tuple[type[BaseException], ...] = (RetryLater, TransientGatewayError)
+
+
+class DeadLetter(Exception):
+    """A message that can never succeed; it goes to the dead-letter queue."""
+
+    def __init__(self, reason: str, errors: dict[str, Any] | None = None) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.errors = errors or {}
+
+
+def is_bug(exc: BaseException) -> bool:
+    """Not the database, not the gateway, not contention: an unexpected exception."""
+    return not (is_database_error(exc) or isinstance(exc, GatewayError | ContentionError | OSError))
+
+
+@dataclass(frozen=True, slots=True)
+class Facts:
+    """What a delivery says of itself: its type and its retry counts so far."""
+
+    type: str
+    tries: int = 0  # x-retries: infrastructure failures
+    waits: int = 0  # x-waits: refusals for now
+
+
+@dataclass(frozen=True, slots=True)
+class Ack:
+    """Handled: acknowledge it."""
+
+
+@dataclass(frozen=True, slots=True)
+class Republish:
+    """Publish it again after `delay_s` with `headers` (its counts), then ack it."""
+
+    delay_s: float
+    headers: Mapping[str, int]
+    waiting: bool = False  # refused for now (x-waits), not failed (x-retries)
+
+
+@dataclass(frozen=True, slots=True)
+class Dead:
+    """Dead-letter it with `reason` and `errors`, then ack it."""
+
+    reason: str
+    errors: Mapping[str, Any] = field(default_factory=dict)
+    give_up: bool = False  # a hop that raised a bug every time: fail its attempt first
+
+
+Decision = Ack | Republish | Dead
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """The two schedules, and which failures wait rather than fail."""
+
+    retry_delays_s: tuple[float, ...] = RETRY_DELAYS_S
+    wait_delays_s: tuple[float, ...] = WAIT_DELAYS_S
+    refused_for_now: tuple[type[BaseException], ...] = REFUSED_FOR_NOW
+    never_retried: tuple[type[BaseException], ...] = (DeadLetter,)
+
+    def decide(self, facts: Facts, failure: BaseException | None) -> Decision:
+        """What to do with a delivery whose handler returned (None) or raised `failure`."""
+        if failure is None:
+            return Ack()
+        if isinstance(failure, self.never_retried):
+            reason = str(getattr(failure, "reason", type(failure).__name__))
+            return Dead(reason, dict(getattr(failure, "errors", None) or {}))
+        return self.failed(facts, failure)
+
+    def failed(self, facts: Facts, exc: BaseException) -> Republish | Dead:
+        """A failure that may pass: re-published on its schedule, or dead once it is spent."""
+        if isinstance(exc, self.refused_for_now):
+            return self._wait(facts, exc)
+        if facts.tries >= len(self.retry_delays_s):
+            give_up = facts.type == "hop" and is_bug(exc)
+            return Dead("retries exhausted", {"error": repr(exc)[:300]}, give_up=give_up)
+        return Republish(
+            self.retry_delays_s[facts.tries], _counts(facts, **{"x-retries": facts.tries + 1})
+        )
+
+    def can_retry(self, facts: Facts) -> bool:
+        """Whether an infrastructure failure of this delivery would be retried."""
+        return facts.tries < len(self.retry_delays_s)
+
+    def _wait(self, facts: Facts, exc: BaseException) -> Republish | Dead:
+        if facts.waits >= len(self.wait_delays_s):
+            waited = sum(self.wait_delays_s)
+            return Dead("retries exhausted", {"error": repr(exc)[:300], "waited_s": waited})
+        delay = self.wait_delays_s[facts.waits]
+        return Republish(delay, _counts(facts, **{"x-waits": facts.waits + 1}), waiting=True)
+
+
+DEFAULT = RetryPolicy()
+
+
+def decide(facts: Facts, failure: BaseException | None, policy: RetryPolicy = DEFAULT) -> Decision:
+    """`policy.decide`: the worker's decision for a delivery (see the module's text)."""
+    return policy.decide(facts, failure)
+
+
+def _counts(facts: Facts, **counts: int) -> dict[str, int]:
+    """The delivery's counts as headers (x-waits only once there is one), updated."""
+    headers = {"x-retries": facts.tries}
+    if facts.waits:
+        headers["x-waits"] = facts.waits
+    headers.update(counts)
+    return headers
