@@ -5,9 +5,10 @@ demo, the tests, the benchmarks and the reliability suite all exercise the real
 HTTP adapter, and it adds admin endpoints under ``/_fake/`` to read, reset and
 reconfigure it. Standard library only (`http.server` parses the requests).
 
-Modules: `config` (the knobs), `state` (what the fake knows and answers),
-`routes` (gateway and admin routes, latency and faults), `server` (HTTP and
-`FakeGateway`), `cli` (the `provisioner fake-gateway` command).
+Modules: `config` (the knobs), `replies` (requests and replies as values),
+`metering` (rate limit, outages, drawn faults), `state` (what the fake knows and
+answers), `routes` (gateway and admin routes, latency and faults), `server` (HTTP
+and `FakeGateway`), `cli` (the `provisioner fake-gateway` command).
 
 Gateway calls (need ``Authorization: Bearer <non-empty>``, else 401)::
 

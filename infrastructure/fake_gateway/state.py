@@ -1,77 +1,48 @@
 """What the fake gateway knows (workspaces, projects, counts, scripts) and the
-gateway calls it answers, as plain requests and replies: no HTTP here."""
+gateway calls it answers, as plain requests and replies (replies.py): no HTTP
+here. Its metering and faults are in metering.py."""
 
 from __future__ import annotations
 
-import json
-import math
 import random
 import re
 import threading
 import time
 import typing
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Literal
 
 from infrastructure.fake_gateway.config import FakeConfig, JsonObject
+from infrastructure.fake_gateway.metering import Metering, TokenBucket, refuses, retry_after
+from infrastructure.fake_gateway.replies import (
+    BadRequestError,
+    Handler,
+    NotFoundError,
+    Reply,
+    Request,
+    error_reply,
+)
+
+__all__ = [
+    "BadRequestError",
+    "FakeState",
+    "Handler",
+    "NotFoundError",
+    "Reply",
+    "Request",
+    "TokenBucket",
+    "error_reply",
+    "refuses",
+    "retry_after",
+]
 
 OPERATIONS = ("create", "status", "family", "list_projects", "delete_project")
 NOT_READY = "not ready"
 # The terminal statuses a created child can settle into (docs/gateway.md).
 TERMINAL_FATES = ("creation_failed", "failed", "error", "invalid subscription")
 Fate = Literal["created", "zombie", "creation_failed", "failed", "error", "invalid subscription"]
-OUTAGE_MODES = ("503", "refuse")
-
-
-class TokenBucket:
-    """The rate limit: ``rate`` tokens a second, at most ``burst`` held, one per call.
-
-    A rate of 0 admits everything. The bucket starts full, and is full again
-    after `refill` (a reset, or a new rate or burst). Pure: time is ``now()``.
-    """
-
-    def __init__(self, rate: float, burst: int, now: Callable[[], float] = time.monotonic) -> None:
-        self.now = now
-        self.rate = rate
-        self.burst = burst
-        self.tokens = float(burst)
-        self.stamp = now()
-
-    def refill(self, rate: float | None = None, burst: int | None = None) -> None:
-        self.rate = self.rate if rate is None else rate
-        self.burst = self.burst if burst is None else burst
-        self.tokens, self.stamp = float(self.burst), self.now()
-
-    def take(self) -> float:
-        """Take a token for a call: 0.0 if there was one, else the seconds until the next."""
-        if self.rate <= 0:
-            return 0.0
-        now = self.now()
-        self.tokens = min(float(self.burst), self.tokens + (now - self.stamp) * self.rate)
-        self.stamp = now
-        if self.tokens >= 1:
-            self.tokens -= 1
-            return 0.0
-        return (1 - self.tokens) / self.rate
-
-
-def refuses(outage: JsonObject | None) -> bool:
-    """Whether an outage (as the state shows it) refuses connections now."""
-    return outage is not None and outage["mode"] == "refuse" and outage["ends_in_s"] > 0
-
-
-def retry_after(wait_s: float) -> int:
-    """A ``Retry-After`` in whole seconds: the wait rounded up, at least 1."""
-    return max(1, math.ceil(wait_s - 1e-9))  # 1e-9: float noise must not add a second
-
-
-@dataclass
-class Outage:
-    mode: str  # one of OUTAGE_MODES
-    ends_at: float  # time.monotonic()
-    calls: int = 0  # gateway calls answered 503 (a refused connection is not seen)
 
 
 @dataclass
@@ -90,49 +61,6 @@ class Workspace:
     resources: JsonObject = field(default_factory=dict)
 
 
-@dataclass
-class Reply:
-    """What to do with a request: answer it, or play a timeout."""
-
-    status: int = 200
-    body: object = None
-    timeout: bool = False
-    hold_s: float = 0.0
-    answer_after_hold: bool = False
-    headers: dict[str, str] = field(default_factory=dict)
-    close_listener: bool = False  # a refuse outage begins: stop listening, then answer
-
-
-@dataclass
-class Request:
-    method: str
-    path: str
-    query: dict[str, list[str]]
-    authorization: str
-    body: bytes
-
-    def json(self) -> object:
-        if not self.body:
-            return {}
-        return json.loads(self.body)
-
-
-class NotFoundError(LookupError):
-    """A workspace or project the fake does not know."""
-
-
-class BadRequestError(ValueError):
-    """A request the fake refuses, with its status code."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-
-
-def error_reply(status: int, message: str) -> Reply:
-    return Reply(status, {"error": message})
-
-
 def _now_iso() -> str:
     return datetime.now(UTC).isoformat()
 
@@ -145,16 +73,13 @@ def _recase(status: str, mode: str) -> str:
     return status
 
 
-Handler = Callable[[Request, tuple[str, ...]], Reply]
-
-
 _SCRIPT = re.compile(
     r"|zombie|creation_failed|failed|error|invalid subscription"
     r"|timeout_after_create|timeout_without_create|slow:\d{1,6}"
 )
 
 
-class FakeState:
+class FakeState(Metering):
     """Everything the fake knows, guarded by one lock."""
 
     def __init__(self, config: FakeConfig, parents: Sequence[str]) -> None:
@@ -171,7 +96,7 @@ class FakeState:
         self.scripts: dict[str, str] = {}
         self.bucket = TokenBucket(config.rate_limit, config.burst)
         self.throttled = 0  # calls answered 429 by the bucket (throttle_rate counts in faults)
-        self.outage: Outage | None = None  # the current or last one
+        self.outage = None  # the current or last one
         self.outage_calls = 0
         self.parent_ids = tuple(parents)
         for parent in self.parent_ids:
@@ -185,16 +110,6 @@ class FakeState:
             if candidate not in self._issued:
                 self._issued.add(candidate)
                 return candidate
-
-    def _fault(self, kind: str) -> None:
-        self.faults[kind] = self.faults.get(kind, 0) + 1
-
-    def _chance(self, rate: float) -> bool:
-        if rate <= 0:
-            return False
-        if rate >= 1:
-            return True
-        return self.rng.random() < rate
 
     def _add_parent(self, parent_id: str) -> None:
         self._issued.add(parent_id)
@@ -256,16 +171,6 @@ class FakeState:
             "resources": dict(ws.resources),
         }
 
-    def _show_outage(self) -> JsonObject | None:
-        if self.outage is None:
-            return None
-        ends_in_s = max(0.0, self.outage.ends_at - time.monotonic())
-        return {
-            "mode": self.outage.mode,
-            "ends_in_s": round(ends_in_s, 3),
-            "calls": self.outage.calls,
-        }
-
     # ---- admin operations (take the lock)
 
     def snapshot(self) -> JsonObject:
@@ -304,30 +209,6 @@ class FakeState:
             if "rate_limit" in knobs or "burst" in knobs:
                 self.bucket.refill(self.config.rate_limit, self.config.burst)
             return self.config.to_dict()
-
-    def start_outage(self, seconds: object, mode: object = "503") -> JsonObject | None:
-        """Begin an outage of ``seconds`` (0 ends the current one now); answer it as
-        the state shows it. BadRequestError (a ValueError) on a bad duration or mode."""
-        if isinstance(seconds, bool) or not isinstance(seconds, int | float):
-            raise BadRequestError(400, f"seconds must be a number, got {seconds!r}")
-        if not math.isfinite(seconds) or seconds < 0:
-            raise BadRequestError(400, f"seconds must be finite, not negative, got {seconds!r}")
-        if mode not in OUTAGE_MODES:
-            raise BadRequestError(400, f'mode must be "503" or "refuse", got {mode!r}')
-        with self.lock:
-            now = time.monotonic()
-            if seconds > 0:
-                self.outage = Outage(str(mode), now + seconds)
-            elif self.outage is not None:
-                self.outage.ends_at = min(self.outage.ends_at, now)
-            return self._show_outage()
-
-    def refusing_s(self) -> float:
-        """How long a refuse outage still runs (0.0 when there is none)."""
-        with self.lock:
-            if self.outage is None or self.outage.mode != "refuse":
-                return 0.0
-            return max(0.0, self.outage.ends_at - time.monotonic())
 
     def script(self, title: str, fate: str) -> dict[str, str]:
         """Fix what creates of this title do, instead of drawing it at random."""
@@ -368,47 +249,12 @@ class FakeState:
             fault = self._refusal() or self._draw_fault(request)
             return self.config.latency_ms / 1000.0, fault
 
-    def _refusal(self) -> Reply | None:
-        """The answer of an outage under way or of an empty bucket, else None."""
-        outage = self.outage
-        if outage is not None and time.monotonic() < outage.ends_at:
-            if outage.mode == "refuse":  # on a connection opened before the port closed
-                return Reply(timeout=True)
-            outage.calls += 1
-            self.outage_calls += 1
-            reply = error_reply(503, "service unavailable (outage)")
-            reply.headers["Retry-After"] = str(retry_after(outage.ends_at - time.monotonic()))
-            return reply
-        wait_s = self.bucket.take()
-        if wait_s > 0:
-            self.throttled += 1
-            reply = error_reply(429, "rate limit exceeded")
-            reply.headers["Retry-After"] = str(retry_after(wait_s))
-            return reply
-        return None
-
     def _count_create(self, request: Request) -> None:
         try:
             title = _title_of(request.json())
         except ValueError:  # not JSON, or no title: nothing to count it under
             return
         self.creates[title] = self.creates.get(title, 0) + 1
-
-    def _draw_fault(self, request: Request) -> Reply | None:
-        scheme, _, token = request.authorization.partition(" ")
-        if scheme.lower() != "bearer" or not token.strip():
-            return error_reply(401, "missing or malformed bearer token")
-        cfg = self.config
-        if self._chance(cfg.unauthorized_rate):
-            self._fault("unauthorized")
-            return error_reply(401, "invalid credentials")
-        if request.method == "GET" and self._chance(cfg.throttle_rate):
-            self._fault("throttled")
-            return error_reply(429, "too many requests")
-        if request.method == "GET" and self._chance(cfg.server_error_rate):
-            self._fault("server_error")
-            return error_reply(503, "service unavailable")
-        return None
 
     def create(self, request: Request, params: tuple[str, ...]) -> Reply:
         body = request.json()
