@@ -16,6 +16,7 @@ from uuid import UUID, uuid4
 
 from eventsourcing.domain import Aggregate, event
 
+from domain.creates import Creates
 from domain.errors import CommandRefused
 from domain.policies import AttemptState, FailureReason, Provenance, owed_releases
 
@@ -134,12 +135,11 @@ class ProvisioningAttempt(Aggregate):
         self.create_known_ids: tuple[str, ...] = ()
         self.failure_reason: FailureReason | None = None
         self.created_ids: tuple[str, ...] = ()  # every workspace our creates made
-        # An earlier create was given up unconfirmed (after its grace a new create
-        # was requested, or a workspace adopted): what it made may still appear
-        # upstream, so the search for it goes on after the attempt ends, whatever
-        # the later create did.
-        self.create_lost = False
-        self.creates_given_up = 0  # creates given up unconfirmed (at most MAX_CREATES - 1)
+        # Creates given up unconfirmed (after its grace a new create was requested,
+        # or a workspace adopted): what they made may still appear upstream, so the
+        # search for it goes on after the attempt ends, whatever later creates did.
+        self.creates_lost = 0
+        self.creates_given_up = 0  # ... for a new create (at most MAX_CREATES - 1)
         self.released_ids: tuple[str, ...] = ()  # emptied, or handed to a later attempt
         self.settle_hops = 0  # hops the gateway answered "not yet" (the settle budget)
         self.deferrals = 0  # hops the gateway did not answer, in all
@@ -183,6 +183,18 @@ class ProvisioningAttempt(Aggregate):
     def create_unresolved(self) -> bool:
         """A create was requested and no candidate came of it yet."""
         return self.create_requested_hop is not None
+
+    @property
+    def create_lost(self) -> bool:
+        """An earlier create was given up unconfirmed."""
+        return self.creates_lost > 0
+
+    @property
+    def creates(self) -> Creates:
+        """Its creates, as the rule of what they made needs them (`domain.creates`)."""
+        candidate = () if self.candidate_id is None else (self.candidate_id,)
+        on_record = frozenset((*self.created_ids, *candidate))
+        return Creates(frozenset(self.create_known_ids), on_record, self.creates_lost)
 
     @property
     def orphan_search(self) -> bool:
@@ -316,7 +328,7 @@ class ProvisioningAttempt(Aggregate):
     @event(CreateRequested)
     def _create_requested(self, hop: int, known_ids: list[str], requested_at: datetime) -> None:
         if self.create_requested_hop is not None:  # the one before was given up unconfirmed
-            self.create_lost = True
+            self.creates_lost += 1
             self.creates_given_up += 1
         self.create_requested_hop = hop
         self.create_requested_at = requested_at
@@ -334,7 +346,7 @@ class ProvisioningAttempt(Aggregate):
     @event(CandidateAccepted)
     def _candidate_accepted(self, workspace_id: str, provenance: str, hop: int) -> None:
         if provenance == Provenance.ADOPTED.value and self.create_requested_hop is not None:
-            self.create_lost = True  # adopted after giving an unconfirmed create up
+            self.creates_lost += 1  # adopted after giving an unconfirmed create up
         self.candidate_id = workspace_id
         self.provenance = Provenance(provenance)
         if self.provenance is Provenance.CREATED:

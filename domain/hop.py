@@ -23,6 +23,7 @@ Steps (what the service does next):
                                   is then owed a release); then Wait: the next hop creates
     Create()                      request a create (reserving the title), call it
     Recover()                     the create is unconfirmed: look for it in the family
+                                  (`domain.creates`: what our creates made)
     Proceed()                     nothing decided here: go on to the next question
 
 The table of situations and decisions is docs/hop-table.md.
@@ -30,7 +31,7 @@ The table of situations and decisions is docs/hop-table.md.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import StrEnum
@@ -269,61 +270,6 @@ def unavailable(failure: Failed) -> Defer:
     return Defer(f"gateway unavailable: {failure.message}", failure.retry_after_s)
 
 
-def ours_among(new_ids: Sequence[str], shells: Sequence[str], *, earlier_lost: bool) -> list[str]:
-    """What unconfirmed creates made, as far as the family can tell.
-
-    `new_ids` are the live children new since the create, `shells` the new ones
-    already terminal. One create makes at most one workspace: with no earlier
-    create given up (`earlier_lost`), that is the one live child, else the one
-    shell, else nothing we can tell apart. With one, every shell besides is an
-    earlier create's too (a shell is never usable, so recording it costs nothing).
-    """
-    live = list(new_ids[:1]) if len(new_ids) == 1 else []
-    if earlier_lost:
-        return live + list(shells)
-    if new_ids:
-        return live  # several live: none can be told apart
-    return list(shells) if len(shells) == 1 else []
-
-
-def recover(
-    new_ids: Sequence[str],
-    title: str,
-    *,
-    requested_hop: int | None,
-    hop: int,
-    waited_s: float,
-    grace_s: float,
-    shells: Sequence[str] = (),
-    earlier_lost: bool = False,
-) -> Accept | Fail | Wait | Proceed:
-    """An unconfirmed create: what is new since it and not taken elsewhere is ours.
-
-    Accept what `ours_among` attributes to our creates (a shell's status then
-    decides: `creation failed` drops it and creates again, `failed` fails), so
-    what a create made is on record either way. Several live, or several shells
-    that one create cannot all have made: ambiguous. Nothing yet: wait while it
-    may still appear (the hop that requested it, or within the grace); after
-    that it did not happen (Proceed: adopt or create).
-    """
-    ours = ours_among(new_ids, shells, earlier_lost=earlier_lost)
-    if len(new_ids) > 1 or (not ours and shells):
-        found = len(new_ids) if len(new_ids) > 1 else len(shells)
-        return Fail(
-            FailureReason.AMBIGUOUS,
-            f"{found} new workspaces titled {title!r} after an unconfirmed create",
-        )
-    may_still_appear = requested_hop == hop or waited_s <= grace_s
-    # Only shells, after an earlier create was given up: they may be that one's,
-    # while this create's workspace is still on its way; taking one would end the
-    # wait for it (and a dropped shell would send another create). Wait it out.
-    if ours and (new_ids or not (earlier_lost and may_still_appear)):
-        return Accept(ours[0], Provenance.CREATED)
-    if may_still_appear:
-        return Wait("create unconfirmed; not in the family yet", spends=False)
-    return Proceed()
-
-
 def adopt_or_create(eligible_ids: Sequence[str], title: str) -> Accept | Fail | Create:
     """Exactly one adoptable workspace (ready, empty, not another brand's): adopt it."""
     if len(eligible_ids) == 1:
@@ -335,67 +281,6 @@ def adopt_or_create(eligible_ids: Sequence[str], title: str) -> Accept | Fail | 
             + ", ".join(sorted(eligible_ids)),
         )
     return Create()
-
-
-# Creates an attempt makes while none is confirmed: a create that times out is
-# tried again after its grace (its wait spends no settle budget), at most this often.
-MAX_CREATES = 3
-
-
-def may_create(given_up: int, title: str) -> Fail | Proceed:
-    """Before a create: have too many of this attempt's creates gone unconfirmed?"""
-    if given_up + 1 >= MAX_CREATES:
-        return Fail(
-            FailureReason.EXHAUSTED,
-            f"{given_up + 1} creates titled {title!r} were never confirmed",
-        )
-    return Proceed()
-
-
-def create_answered(
-    answer: str | Failed, parent_id: str, parents: Collection[str] = ()
-) -> Step:
-    """What a create call answered: an id to record, or a failure. An id that is the
-    attempt's parent, or any parent the service acts under (`parents`), is a gateway
-    bug: a parent is never ours."""
-    if isinstance(answer, str):
-        if not answer:
-            return Fail(FailureReason.GATEWAY_BUG, "create answered no id")
-        if answer == parent_id or answer in parents:
-            whose = "the parent's" if answer == parent_id else "another parent's"
-            return Fail(FailureReason.GATEWAY_BUG, f"create answered {whose} id")
-        return Record(answer)
-    kind, message = answer.kind, answer.message
-    if kind is Failure.AMBIGUOUS:
-        return Recover()
-    if kind is Failure.REJECTED:  # refused outright: nothing was made
-        return Refused(message, Fail(FailureReason.REJECTED, f"create rejected: {message}"))
-    if kind is Failure.UNAUTHORIZED:
-        return Refused(message, Fail(FailureReason.UNAUTHORIZED, f"gateway refused: {message}"))
-    if kind is Failure.TRANSIENT:  # throttled (429) or never sent: nothing was made
-        return Refused(message, unavailable(answer))
-    if kind is Failure.MALFORMED:
-        return Fail(FailureReason.GATEWAY_BUG, f"create answer: {message}")
-    return acquire_failed(answer)  # GONE: the parent
-
-
-def created_takes_candidate(candidate_id: str | None, state: AttemptState) -> bool:
-    """What this run created becomes the candidate; else it is a surplus, owed a release."""
-    return candidate_id is None and state is not AttemptState.PROMOTED
-
-
-def created_is_claimed(claimed_because: str) -> Fail:
-    """The create answered an id another brand holds: a gateway bug; never bind it,
-    and it is not ours to release."""
-    return Fail(FailureReason.GATEWAY_BUG, f"create answered {claimed_because}")
-
-
-def created_again(workspace_id: str) -> Fail:
-    """The create answered an id that existed before it (listed in the family read
-    just before, or made by an earlier create of this attempt): a gateway bug. Never
-    recorded as ours (it would be owed a release: emptied); what the create made, if
-    anything, is looked for as an unconfirmed create's."""
-    return Fail(FailureReason.GATEWAY_BUG, f"create answered {workspace_id}, which existed before")
 
 
 # Polling the candidate.

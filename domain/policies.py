@@ -1,4 +1,4 @@
-"""Pure policies: status classification, backoff, adoption and recovery rules.
+"""Pure policies: status classification, backoff, adoption and release rules.
 
 No I/O here: the service feeds these functions what the gateway said and acts
 on what they decide.
@@ -126,40 +126,6 @@ def adoption_shortlist(
         for m in same_title(family, title, parent_id)
         if classify_status(m.status) is StatusClass.READY
     ]
-
-
-def new_since(
-    family: Iterable[FamilyMember], title: str, parent_id: str, known_ids: Sequence[str]
-) -> list[FamilyMember]:
-    """Same-title children that were not in the family when the create was requested,
-    and are not in a terminal status.
-
-    After an ambiguous create these are what the create may have made; their
-    status does not matter (a fresh child is still `not ready`), and whatever
-    was already there before (zombies included) cannot be confused with it.
-    """
-    return [m for m in _since(family, title, parent_id, known_ids) if not _terminal(m)]
-
-
-def shells_since(
-    family: Iterable[FamilyMember], title: str, parent_id: str, known_ids: Sequence[str]
-) -> list[FamilyMember]:
-    """Same-title children new since the create was requested that are already in a
-    terminal status: a shell a create made and the gateway then failed. Never usable
-    and never counted against a live one, but what our create made is ours to record.
-    """
-    return [m for m in _since(family, title, parent_id, known_ids) if _terminal(m)]
-
-
-def _since(
-    family: Iterable[FamilyMember], title: str, parent_id: str, known_ids: Sequence[str]
-) -> list[FamilyMember]:
-    known = set(known_ids)
-    return [m for m in same_title(family, title, parent_id) if m.id not in known]
-
-
-def _terminal(member: FamilyMember) -> bool:
-    return classify_status(member.status).is_terminal
 
 
 class Provenance(StrEnum):

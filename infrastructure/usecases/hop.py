@@ -15,6 +15,7 @@ from uuid import UUID
 from eventsourcing.domain import Aggregate
 from eventsourcing.persistence import IntegrityError
 
+from domain import creates
 from domain import hop as decide
 from domain.attempt import ProvisioningAttempt
 from domain.brand import Brand
@@ -156,32 +157,21 @@ class HopRun:
         our read makes it conflict and decide again.
         """
         slot = self._slot(attempt)
-        waiting = decide.slot_gate(slot.busy_for(attempt.id, self.now, self.grace_s), attempt.title)
-        if isinstance(waiting, decide.Wait):
-            return self._end(attempt, waiting)
-        new, shells = releases.made_by_unresolved_create(
-            self.svc, attempt, self._family_of(attempt)
-        )
+        made = releases.made_by_unresolved_create(self.svc, attempt, slot, self._family_of)
+        if isinstance(made, decide.Wait):
+            return self._end(attempt, made)
         # The grace counts from the create, or from the end of the last deferral after
         # it: while the gateway did not answer, the family could not show the create.
         since = max(filter(None, (attempt.create_requested_at, attempt.deferred_until)),
                     default=None)  # fmt: skip
         waited_s = 0.0 if since is None else (self.now - since).total_seconds()
-        step = decide.recover(
-            new,
-            attempt.title,
-            requested_hop=attempt.create_requested_hop,
-            hop=self.hop,
-            waited_s=waited_s,
-            grace_s=self.grace_s,
-            shells=shells,
-            earlier_lost=attempt.create_lost,
-        )
+        step = creates.recover(made, attempt.title, requested_hop=attempt.create_requested_hop,
+                               hop=self.hop, waited_s=waited_s, grace_s=self.grace_s)  # fmt: skip
         if isinstance(step, decide.Accept):
             if slot.holder != attempt.id:  # no Freed to save: bump it another way
                 slot.note_adoption(attempt.id, step.workspace_id)
             self._accept(attempt, step.workspace_id, step.provenance, slot)
-            for shell in decide.ours_among(new, shells, earlier_lost=attempt.create_lost):
+            for shell in made.ours:
                 attempt.record_created(shell, self.hop)  # the rest: surplus, owed a release
             return None
         if isinstance(step, decide.Proceed):
@@ -193,7 +183,7 @@ class HopRun:
         # same-title create conflicts on the slot's version and decides again.
         slot, self._brand = self._context or self.svc.slot_and_brand(attempt)
         self._context = (slot, self._brand)
-        waiting = decide.slot_gate(slot.busy_for(attempt.id, self.now, self.grace_s), attempt.title)
+        waiting = decide.slot_gate(releases.slot_busy(self.svc, slot, attempt), attempt.title)
         if isinstance(waiting, decide.Wait):
             return self._end(attempt, waiting)
         family = self._family_of(attempt)
@@ -211,7 +201,7 @@ class HopRun:
         if isinstance(step, decide.Fail):
             return self._end(attempt, step)
         if attempt.create_unresolved:  # giving an unconfirmed create up: at most so often
-            allowed = decide.may_create(attempt.creates_given_up, attempt.title)
+            allowed = creates.may_create(attempt.creates_given_up, attempt.title)
             if isinstance(allowed, decide.Fail):
                 return self._end(attempt, allowed)
         return self._create(attempt, family, slot)
@@ -243,10 +233,10 @@ class HopRun:
             answer = self.svc.gateway.create_child(parent, attempt.title)
         except GatewayError as exc:
             answer = decide.failed(exc)
-        step = decide.create_answered(answer, parent, self.svc.settings.parent_ids or ())
+        step = creates.create_answered(answer, parent, self.svc.settings.parent_ids or ())
         if isinstance(step, decide.Record):
             if step.workspace_id in (*known, *attempt.created_ids):
-                return self._fail(attempt, decide.created_again(step.workspace_id))
+                return self._fail(attempt, creates.created_again(step.workspace_id))
             self.created = step.workspace_id
             return self._record_created(attempt)
         if isinstance(step, decide.Recover):
@@ -287,7 +277,7 @@ class HopRun:
         assert workspace_id is not None
         if workspace_id in attempt.created_ids:
             return None
-        takes_candidate = decide.created_takes_candidate(attempt.candidate_id, attempt.state)
+        takes_candidate = creates.created_takes_candidate(attempt.candidate_id, attempt.state)
         touched: list[Aggregate] = []
         if takes_candidate:
             try:
@@ -299,7 +289,7 @@ class HopRun:
                 log.error(  # noqa: TRY400 - an expected condition; a traceback adds nothing
                     "create answered a claimed workspace attempt=%s: %s", attempt.id, exc
                 )
-                return self._fail(attempt, decide.created_is_claimed(str(exc)))
+                return self._fail(attempt, creates.created_is_claimed(str(exc)))
         slot = self._slot(attempt)
         slot.free(attempt.id)
         attempt.record_created(workspace_id, self.hop)

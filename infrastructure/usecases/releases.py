@@ -20,12 +20,13 @@ from uuid import UUID
 
 from eventsourcing.domain import Aggregate
 
+from domain import creates
 from domain import hop as decide
 from domain.attempt import ProvisioningAttempt
 from domain.claim import WorkspaceClaim
 from domain.errors import CommandRefused
 from domain.ids import claim_aggregate_id
-from domain.policies import AttemptState, FailureReason, Provenance, new_since, shells_since
+from domain.policies import AttemptState, FailureReason, Provenance
 from domain.ports import FamilyMember, GatewayError, TransientGatewayError, WorkspaceGone
 from domain.slot import TitleSlot
 from infrastructure.usecases.reads import ServiceReads
@@ -195,22 +196,35 @@ def taken_elsewhere(svc: ServiceReads, workspace_id: str, attempt: ProvisioningA
     )
 
 
+def slot_busy(svc: ServiceReads, slot: TitleSlot, attempt: ProvisioningAttempt) -> bool:
+    """Another attempt holds the title slot afresh: its create of the same title may
+    be in flight and would look like ours (`domain.hop.slot_gate`)."""
+    return slot.busy_for(attempt.id, svc.clock.now(), svc.settings.create_grace_s)
+
+
 def made_by_unresolved_create(
-    svc: ServiceReads, attempt: ProvisioningAttempt, family: list[FamilyMember]
-) -> tuple[list[str], list[str]]:
-    """What the attempt's unconfirmed creates may have made: same-title children new
-    since the first of them, not already the attempt's own, not taken elsewhere; the
-    live ones, and the shells (already terminal: a create the gateway failed, its
-    answer lost with a killed worker, say), which are recorded but never bound."""
-    args = (family, attempt.title, attempt.parent_workspace_id, attempt.create_known_ids)
-    return _unowned(svc, attempt, new_since(*args)), _unowned(svc, attempt, shells_since(*args))
+    svc: ServiceReads,
+    attempt: ProvisioningAttempt,
+    slot: TitleSlot,
+    family_of: Callable[[ProvisioningAttempt], list[FamilyMember]] | None = None,
+) -> decide.Wait | creates.Made:
+    """What the attempt's unconfirmed creates made (`domain.creates`), the family read
+    after the title slot (a wait while another attempt's create may be in flight).
 
-
-def _unowned(
-    svc: ServiceReads, attempt: ProvisioningAttempt, members: list[FamilyMember]
-) -> list[str]:
-    own = {*attempt.created_ids, attempt.candidate_id}
-    return [m.id for m in members if m.id not in own and not taken_elsewhere(svc, m.id, attempt)]
+    What is taken elsewhere is read here, for the children the rule may credit.
+    The caller saves what it records with the slot bumped, so a reservation
+    taken after the slot's read makes that save conflict.
+    """
+    waiting = decide.slot_gate(slot_busy(svc, slot, attempt), attempt.title)
+    if isinstance(waiting, decide.Wait):
+        return waiting
+    if family_of is None:
+        family = svc.family(attempt.parent_workspace_id, attempt.title)
+    else:
+        family = family_of(attempt)
+    args = (family, attempt.title, attempt.parent_workspace_id, attempt.creates)
+    taken = {m.id for m in creates.unaccounted(*args) if taken_elsewhere(svc, m.id, attempt)}
+    return creates.made_by_our_creates(*args, taken)
 
 
 def claim_for(
@@ -300,14 +314,14 @@ def discharge(svc: ServiceReads, attempt: ProvisioningAttempt) -> tuple[str, ...
         earlier = [ws for ws in attempt.released_ids if ws not in released]
         released += [ws for ws in earlier if empty_shell_again(svc, attempt, ws)]
     if attempt.orphan_search:
-        found = _find_orphans(svc, attempt)
-        if found is not None:
-            orphans, slot = found
-            for orphan in orphans:
+        slot = svc.slot(attempt.parent_workspace_id, attempt.title)
+        made = made_by_unresolved_create(svc, attempt, slot)
+        if isinstance(made, creates.Made) and made.ours:
+            for orphan in made.ours:
                 attempt.record_created(orphan, attempt.expected_hop)
                 slot.note_adoption(attempt.id, orphan)
             svc.app.save(attempt, slot)
-            released += [ws for ws in orphans if release_workspace(svc, attempt, ws)]
+            released += [ws for ws in made.ours if release_workspace(svc, attempt, ws)]
     touched: list[Aggregate] = []
     if attempt.state is not AttemptState.PROMOTED:
         claim = adopted_claim_to_release(svc, attempt)
@@ -351,23 +365,3 @@ def empty_shell_again(svc: ServiceReads, attempt: ProvisioningAttempt, workspace
         deleted,
     )
     return True
-
-
-def _find_orphans(
-    svc: ServiceReads, attempt: ProvisioningAttempt
-) -> tuple[list[str], TitleSlot] | None:
-    """What unresolved creates made (`domain.hop.ours_among`), with the title slot
-    as read before the family.
-
-    Not while another attempt holds the slot afresh: its create of the same
-    title may be in flight and would look like ours. Saved with the slot
-    bumped, so a reservation taken after this read makes the save conflict.
-    """
-    slot = svc.slot(attempt.parent_workspace_id, attempt.title)
-    busy = slot.busy_for(attempt.id, svc.clock.now(), svc.settings.create_grace_s)
-    if isinstance(decide.slot_gate(busy, attempt.title), decide.Wait):
-        return None
-    family = svc.family(attempt.parent_workspace_id, attempt.title)
-    new, shells = made_by_unresolved_create(svc, attempt, family)
-    found = decide.ours_among(new, shells, earlier_lost=attempt.create_lost)
-    return (found, slot) if found else None

@@ -1,7 +1,9 @@
-"""Properties of the hop's pure decisions (`domain/hop.py`, `domain/policies.py`) for
-random states and gateway answers, without I/O.
+"""Properties of the hop's pure decisions (`domain/hop.py`, `domain/creates.py`,
+`domain/policies.py`) for random states and gateway answers, without I/O.
 
-Each decision alone is checked against what it may never do; then a whole attempt
+Each decision alone is checked against what it may never do; what our creates are
+credited with (`domain.creates`) is checked against an independent model of the
+gateway that knows which create made which workspace; then a whole attempt
 is walked hop by hop: the decisions are asked as the shell asks them
 (`infrastructure/usecases/hop.py`), with the family, the claims and every answer
 of the gateway drawn at random, and their steps applied to a `ProvisioningAttempt`
@@ -21,6 +23,15 @@ from hypothesis import strategies as st
 
 from domain import hop as decide
 from domain.attempt import ProvisioningAttempt
+from domain.creates import (
+    Made,
+    create_answered,
+    created_again,
+    created_is_claimed,
+    created_takes_candidate,
+    made_by_our_creates,
+    recover,
+)
 from domain.hop import Failed, Failure
 from domain.policies import (
     AttemptState,
@@ -31,7 +42,6 @@ from domain.policies import (
     StatusClass,
     adoption_shortlist,
     classify_status,
-    new_since,
     owed_releases,
     same_title,
 )
@@ -68,16 +78,6 @@ def eligible(world: World) -> list[str]:
     ]
 
 
-def new_for(world: World, attempt: ProvisioningAttempt) -> list[str]:
-    """What an unconfirmed create may have made, as the shell filters it."""
-    own = {*attempt.created_ids, attempt.candidate_id}
-    return [
-        m.id
-        for m in new_since(family(world), TITLE, PARENT, attempt.create_known_ids)
-        if m.id not in own and not world.held_by_other(m.id)
-    ]
-
-
 def _member(world: World, workspace_id: str) -> Member:
     found = world.member(workspace_id)
     assert found is not None, workspace_id
@@ -104,35 +104,93 @@ def test_adoption_takes_only_a_ready_empty_same_title_child_no_other_brand_holds
         assert eligible(world) == []
 
 
-@given(
-    world=worlds(),
-    known=st.lists(st.sampled_from([f"ws-{n}" for n in range(1, 9)]), max_size=4),
-    requested_hop=st.sampled_from([None, 0, 1, 2]),
-    hop=st.integers(0, 3),
-    waited_s=st.floats(0, 200),
-)
-def test_recovery_takes_only_a_child_new_since_the_create_no_other_brand_holds(
-    world: World, known: list[str], requested_hop: int | None, hop: int, waited_s: float
+@dataclass
+class Upstream:
+    """An independent model of what the family shows after our creates: which create
+    made which workspace. Other brands' creates and our brand's other attempts' are
+    on record as theirs (their claims, their created ids) by the time the rule looks:
+    while one is in flight the title slot keeps the rule from looking (`slot_gate`).
+    """
+
+    attempt: ProvisioningAttempt
+    family: list[FamilyMember] = field(default_factory=list)
+    hidden: list[FamilyMember] = field(default_factory=list)  # made, not listed yet
+    ours: set[str] = field(default_factory=set)  # what our creates made
+    taken: set[str] = field(default_factory=set)  # what others' creates made
+    hop: int = 0
+
+    def make(self, status: str, *, late: bool = False) -> str:
+        workspace_id = f"ws-{len(self.family) + len(self.hidden) + 1}"
+        (self.hidden if late else self.family).append(FamilyMember(workspace_id, TITLE, status))
+        return workspace_id
+
+    def create(self, what: str, status: str) -> None:
+        """One create of our attempt: answered, lost (made or not, listed or later), refused."""
+        attempt = self.attempt
+        self.hop += 1
+        known = [m.id for m in same_title(self.family, TITLE, PARENT)]
+        attempt.request_create(self.hop, known, NOW)
+        if what == "refused":
+            attempt.record_create_refused(self.hop, "409")
+        elif what != "none":
+            workspace_id = self.make(status, late=what == "late")
+            self.ours.add(workspace_id)
+            if what == "ok":
+                attempt.record_created(workspace_id, self.hop)
+
+    def credit(self) -> Made:
+        """The rule, as the use cases ask it; what it credits is then on record."""
+        attempt = self.attempt
+        made = made_by_our_creates(self.family, TITLE, PARENT, attempt.creates, self.taken)
+        if made.unclear == 0 or made.shells:  # what the hop and the orphan search record
+            for workspace_id in made.ours:
+                attempt.record_created(workspace_id, self.hop)
+        return made
+
+
+STEPS = ["ok", "lost", "late", "none", "refused", "theirs", "before", "reveal", "adopt", "look"]
+
+
+@settings(max_examples=scaled(3))
+@given(steps=st.lists(st.tuples(st.sampled_from(STEPS), statuses()), max_size=12))
+def test_our_creates_are_credited_with_what_they_made_and_never_with_anothers(
+    steps: list[tuple[str, str]],
 ) -> None:
-    new = [
-        m.id
-        for m in new_since(family(world), TITLE, PARENT, known)
-        if not world.held_by_other(m.id)
-    ]
-    step = decide.recover(
-        new, TITLE, requested_hop=requested_hop, hop=hop, waited_s=waited_s, grace_s=GRACE_S
-    )
-    if isinstance(step, decide.Accept):
-        taken = _member(world, step.workspace_id)
-        assert step.workspace_id not in (PARENT, *known)
-        assert step.provenance is Provenance.CREATED
-        assert not world.held_by_other(taken.id)
-        assert taken.title == TITLE
-        assert not classify_status(taken.status).is_terminal
-    elif isinstance(step, decide.Proceed):  # gave the create up: only after its grace
-        assert new == []
-        assert requested_hop != hop
-        assert waited_s > GRACE_S
+    attempt = ProvisioningAttempt.start(BRAND, TITLE, PARENT, None, BACKOFF.max_requeues)
+    up = Upstream(attempt, [FamilyMember(PARENT, TITLE, "ready")])
+    for what, status in [*steps, ("look", "")]:
+        on_record = set(attempt.created_ids)
+        if what in ("ok", "lost", "late", "none", "refused") and attempt.candidate_id is None:
+            up.create(what, status)
+        elif what == "theirs":  # another brand's create, or another attempt's, on record
+            up.taken.add(up.make(status))
+        elif what == "before" and not attempt.create_unresolved and not attempt.create_lost:
+            up.make(status)  # there before any create that counts: in the baseline
+        elif what == "reveal":
+            up.family += up.hidden
+            up.hidden.clear()
+        elif what == "adopt" and attempt.create_unresolved and attempt.candidate_id is None:
+            attempt.accept_candidate(up.make("ready"), Provenance.ADOPTED, up.hop)
+        elif what == "look" and attempt.orphan_search:  # when the hop or the search asks
+            made = up.credit()
+            note(f"{[(m.id, m.status) for m in up.family]} {attempt.creates} -> {made}")
+            listed = {m.id for m in up.family}
+            # Only what our creates made, never what was on record before.
+            assert set(made.ours) <= up.ours - on_record
+            unrecorded = (up.ours & listed) - on_record
+            live = {ws for ws in unrecorded if not _terminal(up, ws)}
+            if made.unclear == 0:  # all of it, when it can tell
+                assert set(made.ours) == unrecorded
+            else:  # it cannot tell several live ones apart, or several shells of one create
+                assert made.live == ()
+                assert made.unclear == (len(live) if len(live) > 1 else len(unrecorded))
+            event(f"credited {len(made.ours)}, unclear {made.unclear > 0}")
+        for workspace_id in attempt.created_ids:
+            assert workspace_id in up.ours, f"{workspace_id} is on record; not ours"
+
+
+def _terminal(up: Upstream, workspace_id: str) -> bool:
+    return any(m.id == workspace_id and classify_status(m.status).is_terminal for m in up.family)
 
 
 @given(answer=st.one_of(st.sampled_from(["", PARENT, "ws-9"]), st.text(max_size=8), failures()))
@@ -140,7 +198,7 @@ def test_recovery_takes_only_a_child_new_since_the_create_no_other_brand_holds(
 def test_a_create_answer_is_recorded_only_as_the_id_it_names_never_the_parent(
     answer: str | Failed,
 ) -> None:
-    step = decide.create_answered(answer, PARENT)
+    step = create_answered(answer, PARENT)
     if isinstance(step, decide.Record):
         assert step.workspace_id == answer
         assert step.workspace_id not in ("", PARENT)
@@ -284,16 +342,14 @@ def _recover(walk: Walk, data: st.DataObject, hop: int, now: datetime) -> bool:
     """The unconfirmed create: True when a candidate was found (poll next)."""
     attempt = walk.attempt
     waited = data.draw(st.sampled_from([0.0, 30.0, 61.0, 600.0]), label="waited_s")
-    step = decide.recover(
-        new_for(walk.world, attempt),
-        TITLE,
-        requested_hop=attempt.create_requested_hop,
-        hop=hop,
-        waited_s=waited,
-        grace_s=GRACE_S,
-    )
+    taken = {m.id for m in walk.world.members if walk.world.held_by_other(m.id)}
+    made = made_by_our_creates(family(walk.world), TITLE, PARENT, attempt.creates, taken)
+    step = recover(made, TITLE, requested_hop=attempt.create_requested_hop, hop=hop,
+                   waited_s=waited, grace_s=GRACE_S)  # fmt: skip
     if isinstance(step, decide.Accept):
         _accept(walk, step.workspace_id, step.provenance, hop)
+        for workspace_id in made.ours:  # the rest: surplus, owed a release
+            attempt.record_created(workspace_id, hop)
         return True
     if isinstance(step, decide.Proceed):
         return _adopt_or_create(walk, data, hop, now)
@@ -332,17 +388,17 @@ def _adopt_or_create(walk: Walk, data: st.DataObject, hop: int, now: datetime) -
         answer = data.draw(st.sampled_from([m.id for m in world.members] or [PARENT]))
     else:
         answer = data.draw(failures().filter(lambda f: f.kind is not Failure.AMBIGUOUS))
-    answered = decide.create_answered(answer, PARENT)
+    answered = create_answered(answer, PARENT)
     note(f"hop {hop}: create {kind} -> {answered}")
     if isinstance(answered, decide.Record):
         workspace_id = answered.workspace_id
         if workspace_id in (*known, *attempt.created_ids):
-            _end(walk, decide.created_again(workspace_id), hop, now)
+            _end(walk, created_again(workspace_id), hop, now)
             return False
         if world.held_by_other(workspace_id):
-            _end(walk, decide.created_is_claimed(f"{workspace_id} is held"), hop, now)
+            _end(walk, created_is_claimed(f"{workspace_id} is held"), hop, now)
             return False
-        takes = decide.created_takes_candidate(attempt.candidate_id, attempt.state)
+        takes = created_takes_candidate(attempt.candidate_id, attempt.state)
         if world.member(workspace_id) is None:  # an id the family does not show
             world.members.append(Member(workspace_id, TITLE, status))
         if takes:

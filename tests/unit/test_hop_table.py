@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from domain import creates
 from domain import hop as decide
 from domain.hop import (
     Accept,
@@ -38,6 +39,7 @@ from domain.outcomes import Outcome, StandDown
 from domain.policies import AttemptState, Backoff, Deferral, FailureReason, Provenance
 from domain.ports import (
     AmbiguousCreate,
+    FamilyMember,
     GatewayError,
     MalformedAnswer,
     RequestRejected,
@@ -156,53 +158,118 @@ ACQUIRE_FAILED: list[Row] = [
 ]
 table("acquire_failed", ACQUIRE_FAILED, decide.acquire_failed, [(f,) for f in FAILURES])
 
-# Recovering an unconfirmed create:
-# (new_ids, title, requested_hop, hop, waited_s, grace_s, shells, earlier_lost).
+
+# What our unresolved creates made: (live, shells, given_up, others). The family holds
+# `live` new live children (new-1, ...) and `shells` new terminal ones (shell-1, ...);
+# with `others`, beside them what is never ours: what was there before the first
+# create (its baseline), what is on record already, what is taken elsewhere,
+# another title, and the parent.
+def made_in(live: int, shells: int, given_up: int, others: bool) -> creates.Made:
+    family = [
+        *(FamilyMember(f"new-{n}", TITLE, "not ready") for n in range(1, live + 1)),
+        *(FamilyMember(f"shell-{n}", TITLE, "failed") for n in range(1, shells + 1)),
+    ]
+    if others:
+        family += [
+            FamilyMember(PARENT, TITLE, "ready"),
+            *(FamilyMember(ws, TITLE, status) for ws, status in OTHERS),
+            FamilyMember("other-title", "Other", "not ready"),
+        ]
+    ours = creates.Creates(frozenset({"known-1", "known-2"}), frozenset({"ours-1"}), given_up)
+    return creates.made_by_our_creates(family, TITLE, PARENT, ours, {"taken-1", "taken-2"})
+
+
+OTHERS = [("known-1", "not ready"), ("known-2", "failed"), ("ours-1", "created"),
+          ("taken-1", "not ready"), ("taken-2", "creation_failed")]  # fmt: skip
+
+
+def _ids(prefix: str, count: int) -> tuple[str, ...]:
+    return tuple(f"{prefix}-{n}" for n in range(1, count + 1))
+
+
+MADE: list[Row] = [
+    (
+        "several live new workspaces: none credited; after a create given up, every shell",
+        lambda n, s, g, o: n > 1,
+        lambda n, s, g, o: creates.Made(shells=_ids("shell", s) if g else (), unclear=n),
+    ),
+    (
+        "an earlier create given up: the one live workspace if any, and every shell",
+        lambda n, s, g, o: g > 0,
+        lambda n, s, g, o: creates.Made(_ids("new", n), _ids("shell", s), settled=n == 1),
+    ),
+    (
+        "one create: the one live workspace",
+        lambda n, s, g, o: n == 1,
+        lambda *a: creates.Made(("new-1",)),
+    ),
+    (
+        "one create, none live: the one shell",
+        lambda n, s, g, o: s == 1,
+        lambda *a: creates.Made(shells=("shell-1",)),
+    ),
+    (
+        "one create, none live: several shells, which one create cannot all have made",
+        lambda n, s, g, o: s > 1,
+        lambda n, s, g, o: creates.Made(unclear=s),
+    ),
+    ("nothing new: nothing credited", lambda *a: True, lambda *a: creates.Made()),
+]
+table(
+    "made_by_our_creates",
+    MADE,
+    made_in,
+    itertools.product(range(4), range(3), range(3), [False, True]),
+)
+
+# Recovering an unconfirmed create: (made, title, requested_hop, hop, waited_s, grace_s).
+MADE_CASES = [
+    creates.Made(),
+    creates.Made(("ws-1",)),
+    creates.Made(("ws-1",), ("shell-1", "shell-2")),
+    creates.Made(shells=("shell-1",)),
+    creates.Made(shells=("shell-1",), settled=False),
+    creates.Made(shells=("shell-1", "shell-2"), settled=False),
+    creates.Made(unclear=2),
+    creates.Made(shells=("shell-1",), unclear=3),
+]
 RECOVER: list[Row] = [
     (
-        "several live new workspaces",
-        lambda n, *a: len(n) > 1,
-        lambda n, t, *a: Fail(
+        "new workspaces that cannot be told apart",
+        lambda m, *a: m.unclear > 0,
+        lambda m, t, *a: Fail(
             FailureReason.AMBIGUOUS,
-            f"{len(n)} new workspaces titled {t!r} after an unconfirmed create",
+            f"{m.unclear} new workspaces titled {t!r} after an unconfirmed create",
         ),
     ),
     (
-        "exactly one live new workspace not taken elsewhere",
-        lambda n, *a: len(n) == 1,
-        lambda n, *a: Accept(n[0], Provenance.CREATED),
+        "a live workspace credited to our creates",
+        lambda m, *a: bool(m.live),
+        lambda m, *a: Accept(m.live[0], Provenance.CREATED),
     ),
     (
-        "none live; one shell, no create given up: this create's",
-        lambda n, t, r, h, w, g, s, lost: len(s) == 1 and not lost,
-        lambda n, t, r, h, w, g, s, lost: Accept(s[0], Provenance.CREATED),
+        "none live; a shell credited, no create given up: this create's",
+        lambda m, *a: bool(m.shells) and m.settled,
+        lambda m, *a: Accept(m.shells[0], Provenance.CREATED),
     ),
     (
         "none live; shells after an earlier create was given up, this one may still appear",
-        lambda n, t, r, h, w, g, s, lost: bool(s) and lost and (r == h or w <= g),
+        lambda m, t, r, h, w, g: bool(m.shells) and (r == h or w <= g),
         lambda *a: Wait("create unconfirmed; not in the family yet", spends=False),
     ),
     (
         "none live; shells after an earlier create was given up, and this one's grace is over",
-        lambda n, t, r, h, w, g, s, lost: bool(s) and lost,
-        lambda n, t, r, h, w, g, s, lost: Accept(s[0], Provenance.CREATED),
-    ),
-    (
-        "none live; several shells, which one create cannot all have made",
-        lambda n, t, r, h, w, g, s, lost: len(s) > 1,
-        lambda n, t, r, h, w, g, s, lost: Fail(
-            FailureReason.AMBIGUOUS,
-            f"{len(s)} new workspaces titled {t!r} after an unconfirmed create",
-        ),
+        lambda m, *a: bool(m.shells),
+        lambda m, *a: Accept(m.shells[0], Provenance.CREATED),
     ),
     (
         "none yet, requested by this hop",
-        lambda n, t, r, h, w, g, s, lost: r == h,
+        lambda m, t, r, h, w, g: r == h,
         lambda *a: Wait("create unconfirmed; not in the family yet", spends=False),
     ),
     (
         "none yet, within the grace",
-        lambda n, t, r, h, w, g, s, lost: w <= g,
+        lambda m, t, r, h, w, g: w <= g,
         lambda *a: Wait("create unconfirmed; not in the family yet", spends=False),
     ),
     ("none after the grace: it did not happen", lambda *a: True, lambda *a: Proceed()),
@@ -210,44 +277,14 @@ RECOVER: list[Row] = [
 table(
     "recover",
     RECOVER,
-    lambda n, t, r, h, w, g, s, lost: decide.recover(
-        n, t, requested_hop=r, hop=h, waited_s=w, grace_s=g, shells=s, earlier_lost=lost
-    ),
+    lambda m, t, r, h, w, g: creates.recover(m, t, requested_hop=r, hop=h, waited_s=w, grace_s=g),
     itertools.product(
-        [(), ("ws-1",), ("ws-1", "ws-2"), ("ws-1", "ws-2", "ws-3")],
+        MADE_CASES,
         [TITLE],
         [None, 0, 1, 2],
         [1, 2],
         [0.0, 59.9, 60.0, 60.1, 3600.0],
         [0.0, 60.0],
-        [(), ("shell-1",), ("shell-1", "shell-2")],
-        [False, True],
-    ),
-)
-
-# What unconfirmed creates made: (new_ids, shells, earlier_lost).
-OURS: list[Row] = [
-    (
-        "an earlier create given up: the one live workspace if any, and every shell",
-        lambda n, s, lost: lost,
-        lambda n, s, lost: (list(n) if len(n) == 1 else []) + list(s),
-    ),
-    ("one create: the one live workspace", lambda n, s, lost: len(n) == 1, lambda n, *a: list(n)),
-    (
-        "one create, none live: the one shell",
-        lambda n, s, lost: not n and len(s) == 1,
-        lambda n, s, lost: list(s),
-    ),
-    ("one create: nothing it can be told to have made", lambda *a: True, lambda *a: []),
-]
-table(
-    "ours_among",
-    OURS,
-    lambda n, s, lost: decide.ours_among(n, s, earlier_lost=lost),
-    itertools.product(
-        [(), ("ws-1",), ("ws-1", "ws-2")],
-        [(), ("shell-1",), ("shell-1", "shell-2")],
-        [False, True],
     ),
 )
 
@@ -328,7 +365,7 @@ CREATE: list[Row] = [
 table(
     "create_answered",
     CREATE,
-    decide.create_answered,
+    creates.create_answered,
     itertools.product(["", PARENT, "ws-9", *FAILURES], [PARENT]),
 )
 
@@ -344,7 +381,7 @@ PLACE: list[Row] = [
 table(
     "created_takes_candidate",
     PLACE,
-    decide.created_takes_candidate,
+    creates.created_takes_candidate,
     itertools.product([None, "ws-1"], AttemptState),
 )
 
@@ -356,7 +393,7 @@ CLAIMED: list[Row] = [
         lambda c: Fail(FailureReason.GATEWAY_BUG, f"create answered {c}"),
     ),
 ]
-table("created_is_claimed", CLAIMED, decide.created_is_claimed, [("ws-1 is claimed by b2",)])
+table("created_is_claimed", CLAIMED, creates.created_is_claimed, [("ws-1 is claimed by b2",)])
 
 # The candidate's status: (answer, provenance, workspace_id).
 READY = ["created", "active", "ready", " Ready ", "ACTIVE"]
@@ -514,14 +551,14 @@ table(
 MAY_CREATE: list[Row] = [
     (
         "as many unconfirmed creates as allowed",
-        lambda g, t: g + 1 >= decide.MAX_CREATES,
+        lambda g, t: g + 1 >= creates.MAX_CREATES,
         lambda g, t: Fail(
             FailureReason.EXHAUSTED, f"{g + 1} creates titled {t!r} were never confirmed"
         ),
     ),
     ("fewer: create again", lambda *a: True, lambda *a: Proceed()),
 ]
-table("may_create", MAY_CREATE, decide.may_create, [(g, TITLE) for g in range(5)])
+table("may_create", MAY_CREATE, creates.may_create, [(g, TITLE) for g in range(5)])
 
 # Port failures as values: (exception,).
 EXCEPTIONS: list[Row] = [

@@ -7,8 +7,6 @@ from domain.policies import (
     StatusClass,
     adoption_shortlist,
     classify_status,
-    new_since,
-    shells_since,
 )
 from domain.ports import FamilyMember
 
@@ -70,15 +68,3 @@ def test_adoption_shortlist_keeps_exact_title_ready_children_only() -> None:
         ("w5", "Acme ", "created"),
     )
     assert [m.id for m in adoption_shortlist(members, "Acme", PARENT)] == ["w1"]
-
-
-def test_new_since_ignores_what_was_known_and_terminal_children() -> None:
-    members = family(
-        (PARENT, "Acme", "active"),
-        ("zombie", "Acme", "not ready"),
-        ("fresh", "Acme", "not ready"),
-        ("dead", "Acme", "failed"),
-    )
-    assert [m.id for m in new_since(members, "Acme", PARENT, ["zombie"])] == ["fresh"]
-    assert [m.id for m in shells_since(members, "Acme", PARENT, ["zombie"])] == ["dead"]
-    assert shells_since(members, "Acme", PARENT, ["zombie", "dead"]) == []
