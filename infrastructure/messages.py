@@ -22,7 +22,9 @@ body says (docs/operations.md, "Broker permissions").
 offset; without it the worker orders the command at the time it handles it.
 
 `decode` turns a raw body into a `Message` or raises `InvalidMessage` whose
-`reason` and `errors` say what is wrong (they travel with the dead letter).
+`reason` and `errors` say what is wrong (they travel with the dead letter);
+`body` gives a decoded message's fields as its type's dataclass (`Hop`,
+`Release`, ... : `BODIES`), which is what the worker's handlers read.
 It never lets a producer's body blow up the consumer: a body over
 `MAX_BODY_BYTES` (64 KiB; real messages are a few hundred bytes), nested
 deeper than `MAX_DEPTH`, not UTF-8, or with a content type or encoding we do
@@ -120,6 +122,64 @@ class Message:
 
     def encode(self) -> bytes:
         return encode(self.type, self.version, **self.fields)
+
+
+# Each type's fields, typed: what a handler reads (`body`), once `decode` has
+# validated them against the type's schema.
+
+
+@dataclass(frozen=True, slots=True)
+class Hop:
+    attempt_id: UUID
+    hop: int
+
+
+@dataclass(frozen=True, slots=True)
+class Release:
+    attempt_id: UUID
+
+
+@dataclass(frozen=True, slots=True)
+class Decommission:
+    brand_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Provision:
+    brand_id: str
+    title: str
+    parent_workspace_id: str
+    requested_at: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Deactivate:
+    brand_id: str
+    requested_at: datetime | None = None
+
+
+Body = Hop | Release | Decommission | Provision | Deactivate
+BODIES: Mapping[str, type[Body]] = MappingProxyType(
+    {
+        "hop": Hop,
+        "release": Release,
+        "decommission": Decommission,
+        "provision": Provision,
+        "deactivate": Deactivate,
+    }
+)
+
+
+def body(message: Message) -> Body:
+    """The message's fields as its type's dataclass (`BODIES`); InvalidMessage for a
+    type without one or fields that do not fit it (a decoded message's always do)."""
+    kind = BODIES.get(message.type)
+    if kind is None:
+        raise InvalidMessage("unknown type", {"type": message.type[:50]})
+    try:
+        return kind(**message.fields)
+    except TypeError as exc:
+        raise InvalidMessage("schema errors", {"fields": _short(exc)}) from None
 
 
 def hop(attempt_id: UUID, hop_number: int) -> Message:

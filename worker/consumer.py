@@ -1,5 +1,9 @@
 """The hop worker: consumes work and command messages and runs them on a thread pool.
 
+It holds no business logic: each message's handler is `worker.handlers`'
+(selected by type), what becomes of a delivery once its handler has run is
+`worker.retry_policy`'s decision, and `worker.delivery.Settler` applies it.
+
 The consuming thread owns the broker connection: it drains events (which also
 services heartbeats), decodes and validates each message, hands valid ones to
 the pool, and acks each only after its handler has committed. Pool threads
@@ -33,6 +37,7 @@ consuming thread empties between drains.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import queue
 import threading
@@ -44,27 +49,17 @@ from typing import Any
 from kombu.entity import Queue
 from kombu.messaging import Consumer
 
-from domain.errors import (
-    AttemptInProgress,
-    BrandDeactivated,
-    CommandRefused,
-    InvalidRequest,
-    StaleCommand,
-    UnknownAttempt,
-    UnknownBrand,
-)
 from infrastructure.broker import Broker, BrokerTls, DelayScheduler, Topology, connect
 from infrastructure.broker_failures import BROKER_ERRORS, broker_refusal
 from infrastructure.failures import Backoff
-from infrastructure.messages import Message
 from infrastructure.outages import Outage
 from infrastructure.service import ProvisioningService
 from infrastructure.settings import log_secrets
-from worker import metrics
 from worker.delivery import Delivery, Settler
-from worker.retry_policy import RETRY_DELAYS_S, WAIT_DELAYS_S, DeadLetter, is_bug
+from worker.handlers import give_up, handle
+from worker.retry_policy import RETRY_DELAYS_S, WAIT_DELAYS_S, DeadLetter
 
-__all__ = ["DeadLetter", "HopWorker", "WorkerStats", "handle", "is_bug"]
+__all__ = ["DeadLetter", "HopWorker", "WorkerStats", "handle"]
 
 log = logging.getLogger("provisioner.worker")
 
@@ -80,43 +75,6 @@ class WorkerStats:
     retried: int = 0
     reconnects: int = 0
     by_type: dict[str, int] = field(default_factory=dict)
-
-
-def handle(service: ProvisioningService, message: Message) -> str:
-    """Run one message's use case; return a short description of what happened."""
-    with metrics.HOP_SECONDS.labels(message.type).time():
-        return _handle(service, message)
-
-
-def _handle(service: ProvisioningService, message: Message) -> str:
-    """Stale commands are acked (recorded on the brand); RetryLater propagates, so
-    the settler re-publishes it on its own, longer schedule (worker/delivery.py)."""
-    f = message.fields
-    try:
-        if message.type == "hop":
-            outcome = service.run_hop(f["attempt_id"], f["hop"])
-            metrics.count_hop(outcome.outcome.value)
-            return f"{outcome.outcome.value} {outcome.detail}"
-        if message.type == "release":
-            return f"released {service.release(f['attempt_id'])}"
-        if message.type == "decommission":
-            return f"decommissioned ({service.decommission(f['brand_id'])} projects)"
-        if message.type == "provision":
-            try:
-                attempt_id = service.request_provisioning(
-                    f["brand_id"], f["title"], f["parent_workspace_id"], f.get("requested_at")
-                )
-            except AttemptInProgress as exc:
-                return f"not started: {exc}"
-            return f"attempt {attempt_id} started"
-        if message.type == "deactivate":
-            result = service.deactivate(f["brand_id"], f.get("requested_at"))
-            return f"deactivated (cancelled {result.cancelled_attempt_id})"
-    except StaleCommand as exc:
-        return f"ignored: {exc}"
-    except (UnknownAttempt, UnknownBrand, InvalidRequest, BrandDeactivated, CommandRefused) as exc:
-        raise DeadLetter(type(exc).__name__, {"error": str(exc)}) from None
-    raise DeadLetter("unhandled type", {"type": message.type})
 
 
 class HopWorker:
@@ -161,14 +119,6 @@ class HopWorker:
                 *probe.connection_errors,
                 *probe.channel_errors,
             )
-
-    def _given_up(self, message: Message, exc: BaseException) -> None:
-        """A hop that raised a bug on every retry (the policy's `give_up`) fails its
-        attempt `internal_error` (naming the exception's type) rather than sit
-        pending until its deadline."""
-        if message.type == "hop":
-            f = message.fields
-            self.service.fail_internal(f["attempt_id"], f["hop"], type(exc).__name__)
 
     def run(self, stop: threading.Event) -> None:
         """Consume until `stop` is set. A broker that is down (at start too) or drops
@@ -217,7 +167,7 @@ class HopWorker:
                 # Dead letters hide every configured secret, not only the token the
                 # service refuses in a producer's text.
                 secrets=(*self.service.secrets, *log_secrets()),
-                given_up=self._given_up,
+                given_up=functools.partial(give_up, self.service),
             )
             try:
                 # One limit for the channel (global), not one per consumer: with two

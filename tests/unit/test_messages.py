@@ -4,6 +4,7 @@ import json
 import random
 import re
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from uuid import uuid4
 
 import pytest
@@ -24,6 +25,27 @@ def test_every_message_round_trips_through_json() -> None:
         body = message.encode()
         assert json.loads(body)["type"] == message.type
         assert decode(body) == message
+
+
+def test_every_decoded_message_has_typed_fields() -> None:
+    attempt_id = uuid4()
+    at = datetime(2026, 1, 2, tzinfo=UTC)
+    for message, body in (
+        (messages.hop(attempt_id, 3), messages.Hop(attempt_id, 3)),
+        (messages.release(attempt_id), messages.Release(attempt_id)),
+        (messages.decommission("b1"), messages.Decommission("b1")),
+        (messages.provision("b1", "Acme", "p"), messages.Provision("b1", "Acme", "p")),
+        (messages.provision("b1", "Acme", "p", at), messages.Provision("b1", "Acme", "p", at)),
+        (messages.deactivate("b1", at), messages.Deactivate("b1", at)),
+    ):
+        assert messages.body(decode(message.encode())) == body
+
+
+def test_fields_without_a_typed_form_are_refused() -> None:
+    with pytest.raises(InvalidMessage, match="unknown type"):
+        messages.body(messages.Message("explode", 1, {}))
+    with pytest.raises(InvalidMessage, match="schema errors"):
+        messages.body(messages.Message("release", 1, {"attempt_id": uuid4(), "extra": 1}))
 
 
 @pytest.mark.parametrize(

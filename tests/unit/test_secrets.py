@@ -32,7 +32,7 @@ from tests.memory_gateway import MemoryGateway
 from tests.unit.test_delivery import FakeMessage, FakePublisher
 from worker import cli_read, logs, runtime
 from worker.cli import main
-from worker.consumer import DeadLetter, WorkerStats, _handle
+from worker.consumer import DeadLetter, WorkerStats, handle
 from worker.delivery import Delivery, Settler
 from worker.edges import describe
 from worker.health import Health
@@ -125,7 +125,7 @@ def test_a_deactivate_holding_the_token_is_refused_without_echoing_it() -> None:
 
 def test_the_consumer_dead_letters_a_command_holding_the_token() -> None:
     with pytest.raises(DeadLetter) as caught:
-        _handle(service(), messages.provision("b1", f"x{TOKEN}x", "parent"))
+        handle(service(), messages.provision("b1", f"x{TOKEN}x", "parent"))
     assert caught.value.reason == "InvalidRequest"
     assert TOKEN not in str(caught.value.errors)
 
@@ -176,7 +176,7 @@ def test_a_dead_lettered_body_loses_the_token_it_held(token: str, ensure_ascii: 
     svc = ProvisioningService(open_event_store("memory://"), gateway=None, secrets=(token,))  # type: ignore[arg-type]
     refused: Future[str] = Future()
     try:
-        _handle(svc, delivery.message)
+        handle(svc, delivery.message)
     except DeadLetter as exc:
         refused.set_exception(exc)
     settle.settle(message, Delivery(delivery.message, 0), refused)
