@@ -14,36 +14,26 @@ SQLite has one writer at a time anyway); a switch takes it exclusively, so the
 live runner never writes to a copy that is being retired, and readers move to
 the new copy in the same transaction that retires the old one.
 
-`memory://` stores keep their rows in an in-process SQLite database. The SQL
-of the tables and of one batch is in `infrastructure/view_sql.py`; what readers
-ask, in `infrastructure/view_queries.py`.
+`memory://` stores keep their rows in an in-process SQLite database. The
+connection is in `infrastructure/view_connection.py`, the SQL of the tables and
+of one batch in `infrastructure/view_sql.py`; what readers ask, in
+`infrastructure/view_queries.py`.
 """
 
 from __future__ import annotations
 
-import sqlite3
 import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
-import psycopg
-from psycopg.rows import dict_row
-
-from infrastructure.eventstore import (
-    SCHEMA_LOCK_KEY,
-    DatabaseNotInitialised,
-    ProvisionerApplication,
-    is_postgres,
-    persistence_env,
-    postgres_conninfo,
-)
+from infrastructure.eventstore import SCHEMA_LOCK_KEY, postgres_conninfo
+from infrastructure.log_source import LogSource
 from infrastructure.pg_connect import connect
 from infrastructure.redaction import redact
+from infrastructure.view_connection import ViewConnection
 from infrastructure.view_sql import (
     POSITIONS,
-    Dialect,
     SqlBatch,
     ViewsNotInitialised,
     all_rows,
@@ -53,6 +43,20 @@ from infrastructure.view_sql import (
 from projections.attempts import Attempts
 from projections.brand_workspaces import BrandWorkspaces
 from projections.core import PositionConflict, Projection, Row
+
+__all__ = [
+    "POSITIONS",
+    "PROJECTIONS",
+    "REGISTRY",
+    "VERSIONS",
+    "LogSource",
+    "SqlViewStore",
+    "UnknownProjection",
+    "init_read_models",
+    "memory_views_url",
+    "projection",
+    "version_of",
+]
 
 PROJECTIONS: dict[str, Projection] = {p.name: p for p in (BrandWorkspaces(), Attempts())}
 REGISTRY = "provisioner_projections"
@@ -76,82 +80,9 @@ def projection(name: str) -> Projection:
         raise UnknownProjection(f"no projection named {name!r}; known: {names}") from None
 
 
-class SqlViewStore:
-    """The read models of one database: the `ViewStore` port, status, and queries.
-
-    Not thread-safe: each runner thread and each reader opens its own. One
-    connection, opened on first use (retried while the server is unavailable
-    for `wait_s` seconds; None: until it is back). `read_only` readers create
-    nothing: a SQLite file that does not exist is an error, not a new file.
-    """
-
-    def __init__(self, url: str, *, read_only: bool = False, wait_s: float | None = 30.0) -> None:
-        self.url = url
-        self.read_only = read_only
-        self.wait_s = wait_s
-        self.dialect = Dialect(is_postgres(url))
-        self._pg: psycopg.Connection[Any] | None = None
-        self._lite: sqlite3.Connection | None = None
-
-    # Connections.
-
-    @property
-    def pg(self) -> psycopg.Connection[Any]:
-        if self._pg is None or self._pg.closed:
-            self._pg = connect(
-                postgres_conninfo(self.url, options="-c TimeZone=UTC"),
-                redact(self.url),
-                wait_s=self.wait_s,
-                row_factory=dict_row,
-            )
-        return self._pg
-
-    @property
-    def lite(self) -> sqlite3.Connection:
-        if self._lite is None:
-            self._lite = sqlite3.connect(
-                _sqlite_target(self.url, read_only=self.read_only),
-                isolation_level=None,
-                timeout=30,
-                check_same_thread=False,
-                uri=True,
-            )
-            self._lite.row_factory = sqlite3.Row
-            if not self.read_only:
-                self._lite.execute("PRAGMA journal_mode=WAL")
-        return self._lite
-
-    def close(self) -> None:
-        if self._pg is not None:
-            self._pg.close()
-        if self._lite is not None:
-            self._lite.close()
-        self._pg = self._lite = None
-
-    def __enter__(self) -> SqlViewStore:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    @contextmanager
-    def _tx(self, *, immediate: bool = True) -> Iterator[Any]:
-        """A transaction; yields a cursor-like object with execute/fetch."""
-        if self.dialect.postgres:
-            with self.pg.transaction(), self.pg.cursor() as cur:
-                yield cur
-            return
-        conn = self.lite
-        if conn.in_transaction:  # nested: part of the enclosing transaction
-            yield conn
-            return
-        conn.execute("BEGIN IMMEDIATE" if immediate else "BEGIN")
-        try:
-            yield conn
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
-        conn.execute("COMMIT")
+class SqlViewStore(ViewConnection):
+    """The read models of one database (its connection: `ViewConnection`): the
+    `ViewStore` port, status, and queries."""
 
     # Schema.
 
@@ -373,48 +304,6 @@ class SqlViewStore:
         with self._tx(immediate=False) as cur:
             found = all_rows(cur, sql.replace("?", self.dialect.p), *params)
         return [self.dialect.decode(proj, row) for row in found]
-
-
-def _sqlite_target(url: str, *, read_only: bool = False) -> str:
-    """A URI for sqlite3: the event store's own file, or a shared in-memory database."""
-    if url.startswith("memory://"):
-        # memory://TOKEN: rows live as long as one connection to it stays open.
-        return f"file:views-{url.removeprefix('memory://') or 'default'}?mode=memory&cache=shared"
-    env = persistence_env(url)
-    name = env.get("SQLITE_DBNAME", ":memory:")
-    if name == ":memory:":
-        raise ValueError(f"read models need a database file or a server, not {url}")
-    if read_only:
-        if not Path(name).is_file():
-            raise DatabaseNotInitialised(f"no event store at {name}: run `provisioner db init`")
-        return f"{Path(name).resolve().as_uri()}?mode=ro"
-    return Path(name).resolve().as_uri()
-
-
-class LogSource:
-    """The `EventSource` port over the event store's notification log."""
-
-    def __init__(self, app: ProvisionerApplication, store: SqlViewStore | None = None) -> None:
-        self.app = app
-        self.store = store
-
-    def read(self, after: int, limit: int, topics: Sequence[str]) -> list[tuple[int, Any]]:
-        notes = self.app.recorder.select_notifications(start=after + 1, limit=limit, topics=topics)
-        to_event = self.app.mapper.to_domain_event
-        return [(note.id, to_event(note)) for note in notes]
-
-    def head(self) -> int:
-        return self.app.recorder.max_notification_id() or 0
-
-    def count(self, after: int, topics: Sequence[str]) -> int:
-        if self.store is not None:
-            table = self.app.recorder.events_table_name  # type: ignore[attr-defined]
-            return self.store.count_events(table, after, topics)
-        total, start = 0, after + 1
-        while notes := self.app.recorder.select_notifications(start, 10_000, topics=topics):
-            total += len(notes)
-            start = notes[-1].id + 1
-        return total
 
 
 def init_read_models(url: str) -> None:
