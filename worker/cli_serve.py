@@ -20,11 +20,10 @@ from worker.cli_support import (
     views,
 )
 
-# As PROVISIONER_CONCURRENCY (infrastructure/settings.py): 0 or less would run nothing.
-CONCURRENCY = click.IntRange(1, 512)
 concurrency_option = click.option(
     "--concurrency",
-    type=CONCURRENCY,
+    # As PROVISIONER_CONCURRENCY (infrastructure/settings.py): 0 or less would run nothing.
+    type=click.IntRange(1, 512),
     default=None,
     help="Hops in flight, 1 to 512 (default: PROVISIONER_CONCURRENCY, 8).",
 )
