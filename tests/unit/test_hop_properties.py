@@ -1,38 +1,31 @@
 """Properties of the hop's pure decisions (`domain/hop.py`, `domain/creates.py`,
 `domain/policies.py`) for random states and gateway answers, without I/O.
 
-Each decision alone is checked against what it may never do; what our creates are
+Each decision alone is checked against what it may never do. What our creates are
 credited with (`domain.creates`) is checked against an independent model of the
-gateway that knows which create made which workspace; then a whole attempt
-is walked hop by hop: the decisions are asked as the shell asks them
-(`infrastructure/usecases/hop.py`), with the family, the claims and every answer
-of the gateway drawn at random, and their steps applied to a `ProvisioningAttempt`
-(the aggregate, in memory). Whatever the draws, the decisions never bind or accept
-a workspace another brand holds, never release an adopted (or existing)
-workspace, never touch the parent, and leave every workspace a create made bound,
-kept as the candidate, owed, or released.
+gateway that knows which create made which workspace. Then a whole attempt is
+walked hop by hop as the service runs it (`HopRun` on the memory event store and
+`MemoryGateway`), with the family, the claims and every answer of the gateway
+drawn at random. Whatever the draws, a hop never binds or takes a workspace
+another brand holds, never empties one our creates did not make (an adopted one,
+the parent), and leaves every workspace a create made on record, bound or
+released, or still looked for.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
+from uuid import uuid4
 
 from hypothesis import event, example, given, note, settings
 from hypothesis import strategies as st
 
 from domain import hop as decide
 from domain.attempt import ProvisioningAttempt
-from domain.creates import (
-    Made,
-    create_answered,
-    created_again,
-    created_is_claimed,
-    created_takes_candidate,
-    made_by_our_creates,
-    recover,
-)
-from domain.hop import Failed, Failure
+from domain.claim import WorkspaceClaim
+from domain.creates import Made, create_answered, made_by_our_creates
+from domain.hop import Failed
 from domain.policies import (
     AttemptState,
     Backoff,
@@ -45,9 +38,21 @@ from domain.policies import (
     owed_releases,
     same_title,
 )
-from domain.ports import FamilyMember
+from domain.ports import (
+    FamilyMember,
+    MalformedAnswer,
+    RequestRejected,
+    TransientGatewayError,
+    Unauthorized,
+    WorkspaceGone,
+)
+from infrastructure.eventstore import open_event_store
+from infrastructure.service import EngineSettings, ProvisioningService
+from tests.conftest import ManualClock
+from tests.memory_gateway import MemoryGateway
 from tests.strategies import (
     BRAND,
+    OTHER_BRANDS,
     PARENT,
     TITLE,
     Member,
@@ -247,252 +252,95 @@ def test_what_is_owed_is_only_what_our_creates_made_and_never_the_kept_candidate
     assert kept <= {candidate}
 
 
-# A whole attempt, hop by hop.
+# A whole attempt, hop by hop, as the service runs it.
+
+ERRORS = {
+    "429": lambda: TransientGatewayError("429 too many requests"),
+    "401": lambda: Unauthorized("401"),
+    "409": lambda: RequestRejected("409 quota"),
+    "garbled": lambda: MalformedAnswer("not JSON"),
+    "404": lambda: WorkspaceGone("404"),
+}
+# What a create does, and how often: made, lost, late; bugs; refusals.
+CREATES = [*["ok", "lost"] * 3, "none", "late", "late", "parent", "noid", "echo", "429", "409"]
 
 
-@dataclass
-class Walk:
-    """One attempt walked through the decisions, and what the gateway did."""
-
-    world: World
-    attempt: ProvisioningAttempt
-    bound: str | None = None  # the brand's workspace
-    made: list[str] = field(default_factory=list)  # what the gateway's creates made
-    adopted: set[str] = field(default_factory=set)  # adopted or existing: never released
-    released: list[str] = field(default_factory=list)  # emptied by the attempt's releases
-    counter: int = 100
-
-    def fresh(self, status: str) -> str:
-        self.counter += 1
-        workspace_id = f"ws-{self.counter}"
-        self.world.members.append(Member(workspace_id, TITLE, status))
-        self.made.append(workspace_id)
-        return workspace_id
-
-
-def _take(walk: Walk, workspace_id: str) -> None:
-    """The claim goes to our brand: never a workspace another brand holds, never the parent."""
-    assert workspace_id != PARENT, "the parent was taken"
-    assert not walk.world.held_by_other(workspace_id), f"{workspace_id} is another brand's"
-    _member(walk.world, workspace_id).holder = BRAND
+def _world_on(gateway: MemoryGateway, service: ProvisioningService, world: World) -> set[str]:
+    """The world's family upstream and its claims on record: what other brands hold."""
+    parent = gateway.workspaces[PARENT]
+    parent.title, parent.statuses, parent.projects = (
+        world.parent_title, [world.parent_status], ["parent-project"],
+    )  # fmt: skip
+    theirs = set()
+    for member in world.members:
+        workspace_id = gateway.add(PARENT, member.title, member.status, projects=member.projects)
+        holder = member.holder if member.holder not in (None, BRAND) else None
+        if holder is None and not member.releasing:
+            continue
+        claim, by = WorkspaceClaim.open(workspace_id), uuid4()
+        if holder is not None:
+            claim.claim(holder, by)
+        if member.releasing:
+            claim.begin_release(holder or OTHER_BRANDS[0], by)
+        service.app.save(claim)
+        theirs.add(workspace_id)
+    return theirs
 
 
-def _give_back(walk: Walk, workspace_id: str) -> None:
-    member = walk.world.member(workspace_id)
-    if member is not None and member.holder == BRAND:
-        member.holder = None
-
-
-def _release_owed(walk: Walk) -> None:
-    attempt = walk.attempt
-    for workspace_id in attempt.owed_releases:
-        assert workspace_id not in walk.adopted, f"adopted {workspace_id} is released"
-        assert workspace_id != PARENT, "the parent is released"
-        assert not walk.world.held_by_other(workspace_id), f"{workspace_id} is another brand's"
-        attempt.record_release(workspace_id, 0)
-        walk.released.append(workspace_id)
-        _give_back(walk, workspace_id)
-
-
-def _end(
-    walk: Walk, step: decide.Wait | decide.Defer | decide.Fail, hop: int, now: datetime
-) -> None:
-    attempt = walk.attempt
-    ending: decide.Schedule | decide.Fail
-    if isinstance(step, decide.Wait):
-        ending = decide.schedule_or_exhaust(
-            hop, attempt.max_hop, BACKOFF, now, step.status, settled=attempt.settle_hops,
-            spends=step.spends,
-        )  # fmt: skip
-    elif isinstance(step, decide.Defer):
-        ending = decide.defer_or_expire(
-            hop, step, in_row=attempt.deferred_in_row, unavailable_since=attempt.unavailable_since,
-            deadline_at=NOW + timedelta(seconds=DEFERRAL.deadline_s), now=now,
-            deferral=DEFERRAL, jitter=0.5,
-        )  # fmt: skip
-    else:
-        ending = step
-    note(f"hop {hop}: {ending}")
-    if isinstance(ending, decide.Schedule):
-        settled = attempt.settle_hops
-        attempt.schedule_hop(ending.hop, ending.not_before, ending.status,
-                             deferred=ending.deferred, spends=ending.spends)  # fmt: skip
-        # A deferral never spends the settle budget, nor does an unconfirmed create's
-        # grace; a settle wait spends one hop of it.
-        assert attempt.settle_hops == settled + (1 if ending.spends else 0)
-        return
-    if ending.reason is FailureReason.EXHAUSTED:
-        assert attempt.settle_hops == attempt.max_hop, "exhausted with settle hops left"
-    if ending.reason is FailureReason.DEADLINE:
-        assert now >= NOW + timedelta(seconds=DEFERRAL.deadline_s), "failed before its deadline"
-    attempt.fail(ending.reason, ending.message, hop)
-    if attempt.provenance is Provenance.ADOPTED and attempt.candidate_id:
-        _give_back(walk, attempt.candidate_id)
-    _release_owed(walk)
-
-
-def _accept(walk: Walk, workspace_id: str, provenance: Provenance, hop: int) -> None:
-    _take(walk, workspace_id)
-    walk.attempt.accept_candidate(workspace_id, provenance, hop)
-    if provenance is Provenance.ADOPTED:
-        walk.adopted.add(workspace_id)
-
-
-def _recover(walk: Walk, data: st.DataObject, hop: int, now: datetime) -> bool:
-    """The unconfirmed create: True when a candidate was found (poll next)."""
-    attempt = walk.attempt
-    waited = data.draw(st.sampled_from([0.0, 30.0, 61.0, 600.0]), label="waited_s")
-    taken = {m.id for m in walk.world.members if walk.world.held_by_other(m.id)}
-    made = made_by_our_creates(family(walk.world), TITLE, PARENT, attempt.creates, taken)
-    step = recover(made, TITLE, requested_hop=attempt.create_requested_hop, hop=hop,
-                   waited_s=waited, grace_s=GRACE_S)  # fmt: skip
-    if isinstance(step, decide.Accept):
-        _accept(walk, step.workspace_id, step.provenance, hop)
-        for workspace_id in made.ours:  # the rest: surplus, owed a release
-            attempt.record_created(workspace_id, hop)
-        return True
-    if isinstance(step, decide.Proceed):
-        return _adopt_or_create(walk, data, hop, now)
-    _end(walk, step, hop, now)
-    return False
-
-
-def _adopt_or_create(walk: Walk, data: st.DataObject, hop: int, now: datetime) -> bool:
-    attempt, world = walk.attempt, walk.world
-    step = decide.adopt_or_create(eligible(world), TITLE)
-    if isinstance(step, decide.Accept):
-        _accept(walk, step.workspace_id, step.provenance, hop)
-        return True
-    if isinstance(step, decide.Fail):
-        _end(walk, step, hop, now)
-        return False
-    known = [m.id for m in same_title(family(world), TITLE, PARENT)]
-    attempt.request_create(hop, known, now)
-    kind = data.draw(
-        st.sampled_from(["made", "made", "lost", "none", "parent", "noid", "other's", "failed"]),
-        label="create",
-    )
-    status = data.draw(statuses(), label="status of what it made")
-    answer: str | Failed
-    if kind == "made":
-        answer = walk.fresh(status)
-    elif kind in ("lost", "none"):
-        if kind == "lost":
-            walk.fresh(status)
-        answer = Failed(Failure.AMBIGUOUS, "timed out")
-    elif kind == "parent":
-        answer = PARENT
-    elif kind == "noid":
-        answer = ""
-    elif kind == "other's":  # a gateway bug: an id it already gave someone
-        answer = data.draw(st.sampled_from([m.id for m in world.members] or [PARENT]))
-    else:
-        answer = data.draw(failures().filter(lambda f: f.kind is not Failure.AMBIGUOUS))
-    answered = create_answered(answer, PARENT)
-    note(f"hop {hop}: create {kind} -> {answered}")
-    if isinstance(answered, decide.Record):
-        workspace_id = answered.workspace_id
-        if workspace_id in (*known, *attempt.created_ids):
-            _end(walk, created_again(workspace_id), hop, now)
-            return False
-        if world.held_by_other(workspace_id):
-            _end(walk, created_is_claimed(f"{workspace_id} is held"), hop, now)
-            return False
-        takes = created_takes_candidate(attempt.candidate_id, attempt.state)
-        if world.member(workspace_id) is None:  # an id the family does not show
-            world.members.append(Member(workspace_id, TITLE, status))
-        if takes:
-            _take(walk, workspace_id)
-        attempt.record_created(workspace_id, hop)
-        return takes
-    if isinstance(answered, decide.Recover):
-        return _recover(walk, data, hop, now)
-    if isinstance(answered, decide.Refused):
-        attempt.record_create_refused(hop, answered.detail)
-        _end(walk, answered.then, hop, now)
-        return False
-    assert isinstance(answered, decide.Fail | decide.Wait | decide.Defer), answered
-    _end(walk, answered, hop, now)
-    return False
-
-
-def _poll(walk: Walk, data: st.DataObject, hop: int, now: datetime) -> None:
-    attempt = walk.attempt
-    workspace_id = attempt.candidate_id
-    assert workspace_id is not None
-    answer = data.draw(st.one_of(statuses(), failures()), label="status")
-    step = decide.status_answered(answer, attempt.provenance, workspace_id)
-    note(f"hop {hop}: status {answer!r} -> {step}")
-    if isinstance(step, decide.Promote):
-        _take(walk, workspace_id)  # the claim names us: bound to nobody else
-        attempt.promote(hop)
-        walk.bound = workspace_id
-    elif isinstance(step, decide.DropExisting):
-        assert walk.bound == workspace_id
-        walk.bound = None
-        _give_back(walk, workspace_id)
-        attempt.drop_candidate(step.raw, hop)
-        _end(walk, decide.drop_existing_status(step.raw), hop, now)
-    elif isinstance(step, decide.DropCandidate):
-        if attempt.provenance is Provenance.ADOPTED:
-            _give_back(walk, workspace_id)
-        attempt.drop_candidate(step.raw, hop)
-        _end(walk, decide.drop_candidate_status(step.raw), hop, now)
-    else:
-        _end(walk, step, hop, now)
-
-
-def _check(walk: Walk) -> None:
-    attempt = walk.attempt
-    assert PARENT not in (walk.bound, attempt.candidate_id, *attempt.created_ids)
-    assert PARENT not in walk.released
-    for workspace_id in attempt.owed_releases:
-        assert workspace_id not in walk.adopted, f"adopted {workspace_id} is owed a release"
-    for workspace_id in attempt.created_ids:
-        kept = workspace_id == attempt.candidate_id and (
-            attempt.state in (AttemptState.PENDING, AttemptState.PROMOTED)
-            or attempt.failure_reason is FailureReason.TERMINAL_STATUS
-        )
-        bound = workspace_id == walk.bound
-        owed = workspace_id in attempt.owed_releases
-        released = workspace_id in attempt.released_ids
-        assert kept or bound or owed or released, f"{workspace_id} is left behind"
-    for workspace_id in walk.made:  # on record, or still looked for (the orphan search)
-        assert workspace_id in attempt.created_ids or attempt.orphan_search, workspace_id
+def _script(gateway: MemoryGateway, data: st.DataObject) -> None:
+    """What the gateway does in the next hop: its create, its statuses, its faults."""
+    what = data.draw(st.sampled_from(CREATES), label="create")
+    gateway.creates = [ERRORS[what]() if what in ERRORS else what]
+    gateway.new_statuses = data.draw(st.lists(statuses(), min_size=1, max_size=3), label="made")
+    for method in ("status", "family", "list_projects"):
+        fault = data.draw(st.sampled_from([None] * 12 + [*ERRORS]), label=method)
+        gateway.fail[method] = [ERRORS[fault]()] if fault else []
 
 
 @settings(max_examples=scaled(5))
 @given(world=worlds(), data=st.data())
-def test_a_walk_of_hops_never_takes_anothers_nor_releases_an_adopted_nor_leaves_a_create(
+def test_a_walk_of_hops_never_takes_anothers_nor_empties_what_we_did_not_make(
     world: World, data: st.DataObject
 ) -> None:
-    ours = [m.id for m in world.members if m.holder == BRAND and m.title == TITLE]
-    existing = data.draw(st.sampled_from([None, *ours]), label="bound workspace")
-    attempt = ProvisioningAttempt.start(BRAND, TITLE, PARENT, existing, BACKOFF.max_requeues)
-    walk = Walk(world, attempt, bound=existing, adopted={existing} if existing else set())
-    now = NOW
-    while not attempt.is_terminal:
-        hop = attempt.expected_hop
-        for stale in (hop - 1, hop + 1):  # a duplicate or early delivery changes nothing
-            gate = decide.gate(attempt.state, attempt.expected_hop, stale, False)
-            assert stale < 0 or isinstance(gate, decide.Stand)
-        assert isinstance(decide.gate(attempt.state, hop, hop, False), decide.Proceed)
-        _release_owed(walk)
-        if attempt.candidate_id is not None:
-            _poll(walk, data, hop, now)
-        elif attempt.create_unresolved:
-            if _recover(walk, data, hop, now):
-                _poll(walk, data, hop, now)
-        elif _adopt_or_create(walk, data, hop, now):
-            _poll(walk, data, hop, now)
-        _check(walk)
-        if attempt.not_before is not None:
-            now = max(now, attempt.not_before)
-    _release_owed(walk)
-    _check(walk)
+    gateway, clock = MemoryGateway(PARENT), ManualClock()
+    engine = EngineSettings(backoff=BACKOFF, deferral=DEFERRAL, create_grace_s=GRACE_S)
+    service = ProvisioningService(open_event_store("memory://"), gateway, clock, engine)
+    theirs = _world_on(gateway, service, world)
+    attempt_id = service.request_provisioning(BRAND, TITLE, PARENT)
+    for _ in range(40):
+        attempt = service.attempt(attempt_id)
+        if attempt.is_terminal:
+            break
+        _script(gateway, data)
+        outcome = service.run_hop(attempt_id, attempt.expected_hop)
+        note(f"hop {outcome.hop}: {outcome.outcome.value} {outcome.detail}")
+        gateway.creates.clear()
+        gateway.fail.clear()
+        again = service.run_hop(attempt_id, outcome.hop)  # a duplicate changes nothing
+        assert again.stand_down is not None, again
+        if data.draw(st.booleans(), label="reveal"):
+            gateway.reveal()
+        clock.advance((outcome.delay_s or 0.0) + data.draw(st.sampled_from([0.0, GRACE_S + 1])))
+    else:
+        service.expire(attempt_id, clock.now())  # the reconciler's backstop
+    service.release(attempt_id)
+    attempt = service.attempt(attempt_id)
     event(f"ended {attempt.state.value} {attempt.failure_reason or ''}".strip())
     event(f"created {len(attempt.created_ids)}, released {len(attempt.released_ids)}")
-    gate = decide.gate(attempt.state, attempt.expected_hop, attempt.expected_hop, False)
-    assert isinstance(gate, decide.Stand)  # an ended attempt is never acted on again
-    if walk.bound is not None and attempt.state is AttemptState.PROMOTED:
-        assert walk.bound == attempt.candidate_id
+    bound = service.brand(BRAND).workspace_id
+    for workspace_id in theirs:  # another brand's claim is never taken, nor bound
+        assert workspace_id not in (bound, attempt.candidate_id, *attempt.created_ids)
+        claim = service.claim(workspace_id)
+        assert claim is not None, workspace_id
+        assert claim.brand_id != BRAND, workspace_id
+    # Only what our creates made is emptied (or what a buggy create answered: believed).
+    assert {ws for ws, _ in gateway.deleted} <= {*gateway.made, *gateway.echoed}
+    assert gateway.workspaces[PARENT].projects == ["parent-project"]
+    assert service.claim(PARENT) is None
+    assert PARENT not in (bound, attempt.candidate_id, *attempt.created_ids)
+    assert attempt.owed_releases == (), "released: nothing left owed"
+    for workspace_id in gateway.made:  # on record, or still looked for (the orphan search)
+        assert workspace_id in attempt.created_ids or attempt.orphan_search, workspace_id
+    assert attempt.settle_hops <= attempt.max_hop
+    if attempt.state is AttemptState.PROMOTED:
+        assert bound == attempt.candidate_id
