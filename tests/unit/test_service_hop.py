@@ -367,6 +367,36 @@ def test_a_lost_create_whose_shell_appears_late_in_a_terminal_status_goes_on_rec
     assert service.release(attempt_id) == ()
 
 
+def test_a_create_given_up_for_an_adoption_is_counted_and_its_workspace_released(
+    service: ProvisioningService, gateway: MemoryGateway, clock: ManualClock
+) -> None:
+    """After the grace a workspace there before the create is adopted instead: the
+    create is given up (counted among the creates lost, not among those given up for
+    a new create, which bound the creates), and what it made, listed only later, is
+    found by the orphan search and released; the adopted one is kept."""
+    adoptable = gateway.add(PARENT, TITLE, "not ready")  # not adoptable yet
+    gateway.creates = ["late"]  # made, the answer lost, listed only later
+    attempt_id = service.request_provisioning("b1", TITLE, PARENT)
+    service.run_hop(attempt_id, 0)
+    clock.advance(61)
+    gateway.workspaces[adoptable].statuses = ["created"]
+
+    adopted = service.run_hop(attempt_id, 1)
+    [late] = gateway.reveal()
+    gateway.workspaces[late].projects = ["p-late"]
+    released = service.release(attempt_id)
+
+    assert adopted.outcome is Outcome.PROMOTED
+    assert adopted.workspace_id == adoptable
+    attempt = service.attempt(attempt_id)
+    assert (attempt.creates_lost, attempt.creates_given_up) == (1, 0)
+    assert attempt.creates.given_up == 1
+    assert released == (late,)
+    assert attempt.created_ids == (late,)
+    assert gateway.workspaces[late].projects == []
+    assert service.brand("b1").workspace_id == adoptable
+
+
 def test_a_create_confirmed_or_refused_is_not_a_lost_create(
     service: ProvisioningService, gateway: MemoryGateway, clock: ManualClock
 ) -> None:
