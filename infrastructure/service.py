@@ -24,7 +24,6 @@ unchanged: the attempt is untouched and the caller retries the whole step later.
 from __future__ import annotations
 
 import logging
-from dataclasses import replace
 from datetime import datetime
 from uuid import UUID
 
@@ -61,7 +60,7 @@ class ProvisioningService(ServiceReads):
         return commands.deactivate(self, brand_id, requested_at)
 
     def run_hop(self, attempt_id: UUID, hop: int) -> HopOutcome:
-        outcome = self._with_failure(HopRun(self, attempt_id, hop).run())
+        outcome = HopRun(self, attempt_id, hop).run()
         level, reason, advice = hop_line(outcome)
         log.log(
             level,
@@ -83,18 +82,6 @@ class ProvisioningService(ServiceReads):
             },
         )
         return outcome
-
-    def _with_failure(self, outcome: HopOutcome) -> HopOutcome:
-        """A failed hop's outcome with its `FailureReason`, read from the attempt it
-        failed (terminal: the reason is this hop's) when the use case left it unset."""
-        if outcome.outcome is not Outcome.FAILED or outcome.failure is not None:
-            return outcome
-        try:
-            failure = self.attempt(outcome.attempt_id).failure_reason
-        except Exception:  # noqa: BLE001 - the failure is saved: log it without its reason
-            log.warning("could not read why attempt=%s failed", outcome.attempt_id)
-            return outcome
-        return replace(outcome, failure=failure)
 
     def release(self, attempt_id: UUID) -> tuple[str, ...]:
         """Perform what an attempt that ended unpromoted still owes; safe to repeat."""

@@ -16,6 +16,7 @@ from domain.attempt import ProvisioningAttempt
 from domain.brand import Brand
 from domain.claim import WorkspaceClaim
 from domain.outcomes import HopOutcome, Outcome, StandDown
+from domain.policies import FailureReason
 from domain.ports import FamilyMember
 from domain.slot import TitleSlot
 from infrastructure.usecases import releases
@@ -158,7 +159,8 @@ class HopBase:
         self._save(attempt, *touched)
         releases.release_owed(self.svc, attempt, self.released)
         outcome, detail = decide.ended(fail)
-        return self._outcome(attempt, outcome, detail)
+        failure = fail.reason if outcome is Outcome.FAILED else None
+        return self._outcome(attempt, outcome, detail, failure=failure)
 
     def _outcome(
         self,
@@ -170,6 +172,7 @@ class HopBase:
         next_hop: int | None = None,
         delay_s: float | None = None,
         stand_down: StandDown | None = None,
+        failure: FailureReason | None = None,
     ) -> HopOutcome:
         return HopOutcome(
             outcome=outcome,
@@ -181,5 +184,6 @@ class HopBase:
             next_hop=next_hop,
             delay_s=delay_s,
             stand_down=stand_down,
+            failure=failure,
             released=tuple(self.released),
         )

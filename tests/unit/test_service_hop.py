@@ -122,6 +122,7 @@ def test_two_adoptable_children_fail_ambiguous(
     outcome = service.run_hop(attempt_id, 0)
 
     assert outcome.outcome is Outcome.FAILED
+    assert outcome.failure is FailureReason.AMBIGUOUS  # the kind, for the log and metrics
     assert service.attempt(attempt_id).failure_reason is FailureReason.AMBIGUOUS
 
 
