@@ -11,7 +11,6 @@ bounded by the settle budget and, for hops the gateway did not answer
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
 from uuid import UUID, uuid4
 
 from eventsourcing.domain import Aggregate, event
@@ -19,25 +18,9 @@ from eventsourcing.domain import Aggregate, event
 from domain.creates import Creates
 from domain.errors import CommandRefused
 from domain.policies import AttemptState, FailureReason, Provenance, owed_releases
+from domain.stored import deferred_false, safe_message, spent_unless_deferred
 
-# Stored error texts are summaries for people; they are cut to this length.
-MAX_MESSAGE_CHARS = 300
-
-
-def _settle_hop(state: dict[str, Any]) -> None:
-    """Upcaster: before deferrals, every scheduled hop was a settle wait."""
-    state["deferred"] = False
-
-
-def _spent_unless_deferred(state: dict[str, Any]) -> None:
-    """Upcaster: before `spent`, every hop not deferred spent the settle budget."""
-    state["spent"] = not state["deferred"]
-
-
-def safe_message(text: str) -> str:
-    """One line, bounded length: what may be stored in an event or a log line."""
-    line = " ".join(str(text).split())
-    return line[:MAX_MESSAGE_CHARS]
+__all__ = ["ProvisioningAttempt", "safe_message"]
 
 
 class ProvisioningAttempt(Aggregate):
@@ -83,8 +66,8 @@ class ProvisioningAttempt(Aggregate):
         # deferral, nor the wait for an unconfirmed create within its grace).
         spent: bool
 
-        upcast_v1_v2 = staticmethod(_settle_hop)
-        upcast_v2_v3 = staticmethod(_spent_unless_deferred)
+        upcast_v1_v2 = staticmethod(deferred_false)
+        upcast_v2_v3 = staticmethod(spent_unless_deferred)
 
     class Promoted(Aggregate.Event):
         workspace_id: str
