@@ -25,7 +25,7 @@ import click
 
 from worker.cli_publish import partial_sends, plural, provision, publisher, refuse_memory, rows_by
 from worker.cli_retry import choose, retry
-from worker.cli_support import echo, jsonable
+from worker.cli_support import echo, jsonable, load_settings
 from worker.rollout_input import Line, RolloutInput, parse_rollout
 
 __all__ = ["Watched", "choose", "retry", "rollout", "wait_state"]
@@ -313,7 +313,7 @@ def rollout(file: BinaryIO, wait: bool, timeout: float, as_json: bool) -> None:
     url = refuse_memory("rollout")
     given = getattr(file, "name", "-")  # stdin (a pipe, or click's test runner's buffer)
     name = "stdin" if given in ("-", "<stdin>") or not isinstance(given, str) else given
-    parsed = parse_rollout(file.read())
+    parsed = parse_rollout(file.read(), load_settings().parent_ids)
     if not as_json:
         for bad in parsed.bad:
             echo(f"line {bad.number}: {bad.error}", err=True)

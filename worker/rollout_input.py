@@ -7,7 +7,7 @@ from __future__ import annotations
 import csv
 import io
 import json
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -45,7 +45,7 @@ class RolloutInput:
     bad: list[BadLine] = field(default_factory=list)
 
 
-def parse_rollout(data: bytes | str) -> RolloutInput:
+def parse_rollout(data: bytes | str, parents: Collection[str] | None = None) -> RolloutInput:
     """The brands of a rollout file (no I/O). The format is told by the first
     non-blank line: `{` starts JSON lines, anything else is a CSV header row.
 
@@ -55,7 +55,9 @@ def parse_rollout(data: bytes | str) -> RolloutInput:
     message schema (1 to 200 characters), or its brand_id is on another line too:
     then every line of that brand_id is bad, since which one is meant is unclear.
     A CSV file whose header does not name exactly brand_id, title and parent has
-    no good line (the header's line is the bad one).
+    no good line (the header's line is the bad one). Given `parents` (the
+    configured PROVISIONER_PARENT_IDS), a line under any other parent is bad too:
+    the workers would refuse it.
     """
     text = _text(data)
     first = next(
@@ -68,8 +70,20 @@ def parse_rollout(data: bytes | str) -> RolloutInput:
         return RolloutInput(
             "jsonl", bad=[BadLine(number, "a JSON array: give one JSON object per line")]
         )
-    parsed = _jsonl(text) if head.startswith("{") else _csv(text)
-    return _without_duplicates(parsed)
+    parsed = _without_duplicates(_jsonl(text) if head.startswith("{") else _csv(text))
+    return parsed if parents is None else _under(parsed, parents)
+
+
+def _under(found: RolloutInput, parents: Collection[str]) -> RolloutInput:
+    """The lines under a parent of `parents`; the others bad, by number."""
+    good = [line for line in found.lines if line.parent in parents]
+    foreign = [
+        BadLine(line.number, f"parent {line.parent!r} is not one of PROVISIONER_PARENT_IDS")
+        for line in found.lines
+        if line.parent not in parents
+    ]
+    bad = sorted([*found.bad, *foreign], key=lambda b: b.number)
+    return RolloutInput(found.format, good, bad)
 
 
 def _text(data: bytes | str) -> str:

@@ -254,3 +254,11 @@ def test_retry_chooses_brands_whose_current_attempt_is_a_selected_failure() -> N
     assert [(s["brand_id"], s["why"]) for s in skipped] == [
         ("healed", "ready"), ("moved", "its latest failure not selected"), ("gone", "deactivated")
     ]  # fmt: skip
+
+
+def test_lines_under_a_parent_not_configured_are_bad_and_the_rest_count() -> None:
+    text = "brand_id,title,parent\nb1,Acme,org-a\nb2,Bolt,elsewhere\nb3,Cord,org-b\n"
+    found = parse_rollout(text, parents=("org-a", "org-b"))
+    assert [line.brand_id for line in found.lines] == ["b1", "b3"]
+    assert found.bad == [BadLine(3, "parent 'elsewhere' is not one of PROVISIONER_PARENT_IDS")]
+    assert [line.brand_id for line in parse_rollout(text).lines] == ["b1", "b2", "b3"]
