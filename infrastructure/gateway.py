@@ -93,6 +93,7 @@ from infrastructure.gateway_answers import (
     read_capped,
     retry_after,
 )
+from infrastructure.tls import certificate_refusal
 
 if TYPE_CHECKING:
     from infrastructure.pacing import Pace
@@ -375,7 +376,12 @@ class HttpGateway:
             return _Failure("unreadable", self._describe(exc))
 
     def _describe(self, exc: httpx.HTTPError) -> str:
-        detail = self._answers.scrub(" ".join(str(exc).split()))[:SUMMARY_MAX]
+        refusal = certificate_refusal(
+            exc, peer="the gateway", host=self._client.base_url.host,
+            url_key="PROVISIONER_GATEWAY_URL", ca_key="PROVISIONER_GATEWAY_CA_FILE",
+        )  # fmt: skip
+        text = str(refusal) if refusal is not None else " ".join(str(exc).split())
+        detail = self._answers.scrub(text)[:SUMMARY_MAX]
         return f"{type(exc).__name__}: {detail}" if detail else type(exc).__name__
 
 
