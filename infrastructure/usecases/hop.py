@@ -1,89 +1,80 @@
 """One run of one hop of one attempt (docs/architecture.md): observe, decide, save.
 
-The decisions are `domain.hop`'s; this module reads the aggregates, asks the
-gateway, feeds what it answered (a failure as a value) to those functions and
-records and performs the step they return. Saves are version-checked; a round
-that loses a race reads afresh and decides again (`retry_on_conflict`).
+The decisions are `domain.hop`'s; each named step below reads, asks the gateway,
+feeds what it answered (a failure as a value) to them, records what they decide
+and returns the next step or the hop's outcome. A round works on one `HopUnit`:
+a round that loses a race starts a fresh one and decides again.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
+from functools import partial
+from typing import TypeAlias
 
-from eventsourcing.domain import Aggregate
 from eventsourcing.persistence import IntegrityError
 
 from domain import creates
 from domain import hop as decide
-from domain.attempt import ProvisioningAttempt
-from domain.claim import WorkspaceClaim
 from domain.errors import AlreadyClaimed, BrandDeactivated, CommandRefused
 from domain.outcomes import HopOutcome, Outcome
 from domain.policies import Provenance, adoption_shortlist, same_title
-from domain.ports import FamilyMember, GatewayError, WorkspaceGone
-from domain.slot import TitleSlot
+from domain.ports import GatewayError, WorkspaceGone
 from infrastructure.usecases import releases
 from infrastructure.usecases.hop_base import HopBase
 from infrastructure.usecases.retry import retry_on_conflict
+from infrastructure.usecases.unit import HopUnit
 
 log = logging.getLogger("provisioner.engine")
+
+Next: TypeAlias = "HopOutcome | Callable[[], Next]"  # the next step, or how the hop ended
 
 
 class HopRun(HopBase):
     """One run of one hop of one attempt: observe, decide, save."""
 
     def run(self) -> HopOutcome:
-        return retry_on_conflict(
-            self.svc.settings.max_rounds,
-            self._round,
-            f"attempt {self.attempt_id} is contended; retry the hop later",
-            self._forget_round,
-        )
+        contended = f"attempt {self.attempt_id} is contended; retry the hop later"
+        return retry_on_conflict(self.svc.settings.max_rounds, self._round, contended, self._raced)
 
     def _round(self) -> HopOutcome:
-        attempt, self._context = self.svc.attempt_in_context(self.attempt_id)
-        if self._context is not None:
-            self._brand = self._context[1]
-        return self._step(attempt)
+        """A fresh unit of work, then each step in turn until one is the outcome. A gateway
+        failure that gets here is acquiring's: polling and releasing answer theirs."""
+        self.unit = HopUnit(self.svc, self.attempt_id)
+        step: Next = self._begin
+        while not isinstance(step, HopOutcome):
+            try:
+                step = step()
+            except GatewayError as exc:
+                step = self._end(decide.acquire_failed(decide.failed(exc)))
+        return step
 
-    def _forget_round(self) -> None:
+    def _raced(self) -> None:
         log.info(
             "hop raced another writer; deciding again attempt=%s hop=%d", self.attempt_id, self.hop
         )
-        self._family = None
-        self.pending = []
-        self._saved_slot = None
-        self._brand = None
 
-    def _step(self, attempt: ProvisioningAttempt) -> HopOutcome:
+    def _begin(self) -> Next:
+        """Put a late create on record, perform owed releases, then pass the gate."""
+        attempt = self.attempt
         placed_late = self.created is not None
         if placed_late:
-            self._record_created(attempt)
-            self._save(attempt)
+            recorded = self._record_created()
+            if isinstance(recorded, decide.Fail):
+                self._fail(recorded)  # the attempt has ended: the gate says so
+            self._save()
         releases.release_owed(self.svc, attempt, self.released)
         gate = decide.gate(attempt.state, attempt.expected_hop, self.hop, placed_late)
         if isinstance(gate, decide.Stand):
-            return self._outcome(attempt, gate.outcome, gate.detail, stand_down=gate.why)
-        if attempt.candidate_id is None:
-            outcome = self._acquire(attempt)
-            if outcome is not None:
-                return outcome
-        return self._poll(attempt)
+            return self._outcome(gate.outcome, gate.detail, stand_down=gate.why)
+        if attempt.candidate_id is not None:
+            return self._poll
+        return self._recover if attempt.create_unresolved else self._adopt_or_create
 
     # Create or adopt.
 
-    def _acquire(self, attempt: ProvisioningAttempt) -> HopOutcome | None:
-        """Give the attempt a candidate; None when it has one, else the hop's outcome."""
-        try:
-            if attempt.create_unresolved:
-                outcome = self._recover_create(attempt)
-                if outcome is not None or attempt.candidate_id is not None:
-                    return outcome
-            return self._adopt_or_create(attempt)
-        except GatewayError as exc:
-            return self._end(attempt, decide.acquire_failed(decide.failed(exc)))
-
-    def _recover_create(self, attempt: ProvisioningAttempt) -> HopOutcome | None:
+    def _recover(self) -> Next:
         """A create was requested and not recorded: find what it made, by the family.
 
         The title slot is read first: if another attempt holds it afresh, its
@@ -91,10 +82,10 @@ class HopRun(HopBase):
         acceptance is saved with the slot bumped, so a reservation taken after
         our read makes it conflict and decide again.
         """
-        slot = self._slot(attempt)
-        made = releases.made_by_unresolved_create(self.svc, attempt, slot, self._family_of)
+        attempt, slot = self.attempt, self.unit.slot()
+        made = releases.made_by_unresolved_create(self.svc, attempt, slot, self.unit.family)
         if isinstance(made, decide.Wait):
-            return self._end(attempt, made)
+            return self._end(made)
         # The grace counts from the create, or from the end of the last deferral after
         # it: while the gateway did not answer, the family could not show the create.
         since = max(filter(None, (attempt.create_requested_at, attempt.deferred_until)),
@@ -105,41 +96,40 @@ class HopRun(HopBase):
         if isinstance(step, decide.Accept):
             if slot.holder != attempt.id:  # no Freed to save: bump it another way
                 slot.note_adoption(attempt.id, step.workspace_id)
-            self._accept(attempt, step.workspace_id, step.provenance, slot)
+            self._accept(step.workspace_id, step.provenance)
             for shell in made.ours:
                 attempt.record_created(shell, self.hop)  # the rest: surplus, owed a release
-            return None
+            return self._poll
         if isinstance(step, decide.Proceed):
-            return None  # that create did not happen: adopt or create afresh
-        return self._end(attempt, step)
+            return self._adopt_or_create  # that create did not happen: adopt or create afresh
+        return self._end(step)
 
-    def _adopt_or_create(self, attempt: ProvisioningAttempt) -> HopOutcome | None:
+    def _adopt_or_create(self) -> Next:
+        attempt, parent = self.attempt, self.attempt.parent_workspace_id
         # The slot is read before the family, so an adoption that raced a
         # same-title create conflicts on the slot's version and decides again.
-        slot, self._brand = self._context or self.svc.slot_and_brand(attempt)
-        self._context = (slot, self._brand)
+        slot, _ = self.unit.slot_and_brand()
         waiting = decide.slot_gate(releases.slot_busy(self.svc, slot, attempt), attempt.title)
         if isinstance(waiting, decide.Wait):
-            return self._end(attempt, waiting)
-        family = self._family_of(attempt)
+            return self._end(waiting)
         eligible = [
             m.id
-            for m in adoption_shortlist(family, attempt.title, attempt.parent_workspace_id)
+            for m in adoption_shortlist(self.unit.family(), attempt.title, parent)
             if not releases.claimed_by_other(self.svc, m.id, attempt.brand_id)
             and self._is_empty(m.id)
         ]
         step = decide.adopt_or_create(eligible, attempt.title)
         if isinstance(step, decide.Accept):
             slot.note_adoption(attempt.id, step.workspace_id)
-            self._accept(attempt, step.workspace_id, step.provenance, slot)
-            return None
+            self._accept(step.workspace_id, step.provenance)
+            return self._poll
         if isinstance(step, decide.Fail):
-            return self._end(attempt, step)
+            return self._end(step)
         if attempt.create_unresolved:  # giving an unconfirmed create up: at most so often
             allowed = creates.may_create(attempt.creates_given_up, attempt.title)
             if isinstance(allowed, decide.Fail):
-                return self._end(attempt, allowed)
-        return self._create(attempt, family, slot)
+                return self._end(allowed)
+        return self._create
 
     def _is_empty(self, workspace_id: str) -> bool:
         try:
@@ -147,22 +137,20 @@ class HopRun(HopBase):
         except WorkspaceGone:
             return False
 
-    def _create(
-        self, attempt: ProvisioningAttempt, family: list[FamilyMember], slot: TitleSlot
-    ) -> HopOutcome | None:
-        known = [m.id for m in same_title(family, attempt.title, attempt.parent_workspace_id)]
+    def _create(self) -> Next:
+        attempt, slot, parent = self.attempt, self.unit.slot(), self.attempt.parent_workspace_id
+        known = [m.id for m in same_title(self.unit.family(), attempt.title, parent)]
         attempt.request_create(self.hop, known, self.now)
         slot.reserve(attempt.id, self.now, self.grace_s)
+        self.unit.touch(slot)
         try:
-            self.svc.app.save(attempt, slot)
-            self._saved_slot = slot
+            self.unit.save()
         except IntegrityError:
             again = self.svc.attempt(attempt.id)
             lost = decide.lost_create_race(again.create_requested_hop, again.candidate_id, self.hop)
             if isinstance(lost, decide.Stand):
-                return self._outcome(again, lost.outcome, lost.detail, stand_down=lost.why)
+                return self._outcome(lost.outcome, lost.detail, stand_down=lost.why)
             raise
-        parent = attempt.parent_workspace_id
         answer: str | decide.Failed
         try:
             answer = self.svc.gateway.create_child(parent, attempt.title)
@@ -171,52 +159,53 @@ class HopRun(HopBase):
         step = creates.create_answered(answer, parent, self.svc.settings.parent_ids or ())
         if isinstance(step, decide.Record):
             if step.workspace_id in (*known, *attempt.created_ids):
-                return self._fail(attempt, creates.created_again(step.workspace_id))
+                return self._fail(creates.created_again(step.workspace_id))
             self.created = step.workspace_id
-            return self._record_created(attempt)
+            recorded = self._record_created()
+            return self._poll if isinstance(recorded, decide.Proceed) else self._fail(recorded)
         if isinstance(step, decide.Recover):
             log.warning("create unconfirmed attempt=%s hop=%d", attempt.id, self.hop)
-            self._family = None
-            return self._recover_create(attempt)
+            self.unit.family_read = None  # read before our create: read it again
+            return self._recover
         if isinstance(step, decide.Refused):
             attempt.record_create_refused(self.hop, step.detail)
-            return self._end(attempt, step.then)
+            return self._end(step.then)
         assert isinstance(step, decide.Fail | decide.Wait | decide.Defer)
-        return self._end(attempt, step)
+        return self._end(step)
 
-    def _accept(
-        self,
-        attempt: ProvisioningAttempt,
-        workspace_id: str,
-        prov: Provenance,
-        slot: TitleSlot | None = None,
-    ) -> None:
+    def _accept(self, workspace_id: str, prov: Provenance) -> None:
+        """The candidate, claimed and its slot freed: saved with the first poll's outcome."""
+        attempt = self.attempt
         try:
-            claim = releases.claim_for(self.svc, workspace_id, attempt.brand_id, attempt.id)
+            claim = self.unit.open_claim(workspace_id)
+            claim.claim(attempt.brand_id, attempt.id)
         except AlreadyClaimed as exc:
             raise IntegrityError(str(exc)) from None  # decide again from fresh state
         attempt.accept_candidate(workspace_id, prov, self.hop)
-        slot = slot or self._slot(attempt)
+        slot = self.unit.slot()
         slot.free(attempt.id)
-        self.pending += [claim, slot]
+        self.unit.touch(claim, slot)
 
-    def _record_created(self, attempt: ProvisioningAttempt) -> HopOutcome | None:
+    def _record_created(self) -> decide.Fail | decide.Proceed:
         """Put what this run created on record: as the candidate, else as a surplus.
 
-        The events are saved with the attempt's next save (right after the first
-        poll on the fresh path). A surplus (the attempt moved on meanwhile) is owed
-        a release, which the next step performs. Returns an outcome only when the
-        attempt failed here.
+        Saved with the attempt's next save (after the first poll on the fresh path).
+        A surplus (the attempt moved on meanwhile) is owed a release, which the next
+        step performs. Fail: the attempt must fail.
         """
-        workspace_id = self.created
+        attempt, workspace_id = self.attempt, self.created
         assert workspace_id is not None
         if workspace_id in attempt.created_ids:
-            return None
+            return decide.Proceed()
         takes_candidate = creates.created_takes_candidate(attempt.candidate_id, attempt.state)
-        touched: list[Aggregate] = []
+        claimed = []
         if takes_candidate:
+            # Just created, its claim cannot exist yet on the first try: opened unread.
+            # If it does exist, the save conflicts and the next round reads it.
+            claim = self.unit.open_claim(workspace_id, read=self._claim_read_needed)
+            self._claim_read_needed = True
             try:
-                touched.append(self._fresh_claim(workspace_id, attempt))
+                claim.claim(attempt.brand_id, attempt.id)
             except AlreadyClaimed as exc:
                 # A "new" id that another brand already holds: a gateway bug. It is
                 # not ours to release; never bind it.
@@ -224,53 +213,43 @@ class HopRun(HopBase):
                 log.error(  # noqa: TRY400 - an expected condition; a traceback adds nothing
                     "create answered a claimed workspace attempt=%s: %s", attempt.id, exc
                 )
-                return self._fail(attempt, creates.created_is_claimed(str(exc)))
-        slot = self._slot(attempt)
+                return creates.created_is_claimed(str(exc))
+            claimed.append(claim)
+        slot = self.unit.slot()
         slot.free(attempt.id)
         attempt.record_created(workspace_id, self.hop)
-        self.pending += [slot, *touched]
+        self.unit.touch(slot, *claimed)
         if not takes_candidate:
             log.warning(
                 "a create lost its race; releasing it attempt=%s workspace=%s",
                 attempt.id,
                 workspace_id,
             )
-        return None
-
-    def _fresh_claim(self, workspace_id: str, attempt: ProvisioningAttempt) -> WorkspaceClaim:
-        """The claim of a workspace we just created: on the first try it cannot exist
-        yet, so it is opened without a read; if it does exist, the save conflicts and
-        the next round reads it."""
-        if self._claim_read_needed:
-            return releases.claim_for(self.svc, workspace_id, attempt.brand_id, attempt.id)
-        self._claim_read_needed = True
-        claim = WorkspaceClaim.open(workspace_id)
-        claim.claim(attempt.brand_id, attempt.id)
-        return claim
+        return decide.Proceed()
 
     # Poll.
 
-    def _poll(self, attempt: ProvisioningAttempt) -> HopOutcome:
-        workspace_id = attempt.candidate_id
+    def _poll(self) -> Next:
+        workspace_id = self.attempt.candidate_id
         assert workspace_id is not None
         answer: str | decide.Failed
         try:
             answer = self.svc.gateway.status(workspace_id)
         except GatewayError as exc:
             answer = decide.failed(exc)
-        step = decide.status_answered(answer, attempt.provenance, workspace_id)
+        step = decide.status_answered(answer, self.attempt.provenance, workspace_id)
         if isinstance(step, decide.Promote):
-            return self._promote(attempt)
+            return self._promote
         if isinstance(step, decide.DropExisting):
-            return self._drop_existing(attempt, step.raw)
+            return partial(self._drop_existing, step.raw)
         if isinstance(step, decide.DropCandidate):
-            return self._drop_candidate(attempt, step.raw)
-        return self._end(attempt, step)
+            return partial(self._drop_candidate, step.raw)
+        return self._end(step)
 
-    def _promote(self, attempt: ProvisioningAttempt) -> HopOutcome:
+    def _promote(self) -> HopOutcome:
+        attempt, brand = self.attempt, self.unit.brand()
         workspace_id = attempt.candidate_id
         assert workspace_id is not None
-        brand = self._brand or self.svc.brand(attempt.brand_id)
         try:
             brand.bind(workspace_id, attempt.id)
         except (BrandDeactivated, CommandRefused) as exc:
@@ -278,24 +257,25 @@ class HopRun(HopBase):
             # ended this attempt: re-read and stand down through the gate.
             raise IntegrityError(str(exc)) from None
         attempt.promote(self.hop)
-        self._save(attempt, brand)
-        return self._outcome(attempt, Outcome.PROMOTED, "ready", workspace_id=workspace_id)
+        self.unit.touch(brand)
+        self._save()
+        return self._outcome(Outcome.PROMOTED, "ready")
 
-    def _drop_existing(self, attempt: ProvisioningAttempt, raw: str) -> HopOutcome:
+    def _drop_existing(self, raw: str) -> HopOutcome:
         """The bound workspace went terminal: unbind it; the next hop creates or adopts."""
-        brand = self.svc.brand(attempt.brand_id)
-        touched: list[Aggregate] = [brand]
+        attempt, brand = self.attempt, self.unit.brand()
         brand.unbind(f"status {raw!r}")
-        claim = self.svc.claim(attempt.candidate_id or "")
+        self.unit.touch(brand)
+        claim = self.unit.claim(attempt.candidate_id or "")
         if claim is not None and claim.brand_id == attempt.brand_id:
             claim.release("bound workspace went terminal")
-            touched.append(claim)
+            self.unit.touch(claim)
         attempt.drop_candidate(raw, self.hop)
-        return self._end(attempt, decide.drop_existing_status(raw), touched)
+        return self._end(decide.drop_existing_status(raw))
 
-    def _drop_candidate(self, attempt: ProvisioningAttempt, raw: str) -> HopOutcome:
+    def _drop_candidate(self, raw: str) -> HopOutcome:
         """The candidate's creation failed: drop it; the next hop creates again. A
         created one is then owed a release; an adopted one's claim goes back."""
-        claim = releases.adopted_claim_to_release(self.svc, attempt, self._claim)
-        attempt.drop_candidate(raw, self.hop)
-        return self._end(attempt, decide.drop_candidate_status(raw), [claim] if claim else [])
+        self.unit.touch(releases.adopted_claim_to_release(self.svc, self.attempt, self.unit.claim))
+        self.attempt.drop_candidate(raw, self.hop)
+        return self._end(decide.drop_candidate_status(raw))

@@ -206,7 +206,7 @@ def made_by_unresolved_create(
     svc: ServiceReads,
     attempt: ProvisioningAttempt,
     slot: TitleSlot,
-    family_of: Callable[[ProvisioningAttempt], list[FamilyMember]] | None = None,
+    family_of: Callable[[], list[FamilyMember]] | None = None,
 ) -> decide.Wait | creates.Made:
     """What the attempt's unconfirmed creates made (`domain.creates`), the family read
     after the title slot (a wait while another attempt's create may be in flight).
@@ -221,19 +221,10 @@ def made_by_unresolved_create(
     if family_of is None:
         family = svc.family(attempt.parent_workspace_id, attempt.title)
     else:
-        family = family_of(attempt)
+        family = family_of()  # the hop's, read once per round
     args = (family, attempt.title, attempt.parent_workspace_id, attempt.creates)
     taken = {m.id for m in creates.unaccounted(*args) if taken_elsewhere(svc, m.id, attempt)}
     return creates.made_by_our_creates(*args, taken)
-
-
-def claim_for(
-    svc: ServiceReads, workspace_id: str, brand_id: str, attempt_id: UUID
-) -> WorkspaceClaim:
-    """The claim, opened if new, with the brand's claim pending on it."""
-    claim = svc.claim(workspace_id) or WorkspaceClaim.open(workspace_id)
-    claim.claim(brand_id, attempt_id)
-    return claim
 
 
 def adopted_claim_to_release(
