@@ -268,6 +268,7 @@ def measure(args: argparse.Namespace, url: str, broker_url: str) -> dict[str, An
             "PROVISIONER_GATEWAY_URL": gateway_url,
             "PROVISIONER_GATEWAY_TOKEN": "bench-token",
             "PROVISIONER_CONCURRENCY": str(args.concurrency),
+            "PROVISIONER_PARENT_IDS": ",".join(parents),  # the processes act under these only
             "PYTHONPATH": str(ROOT),
         }
     )
