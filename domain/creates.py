@@ -25,15 +25,15 @@ from dataclasses import dataclass
 from domain.hop import (
     Accept,
     Fail,
-    Failed,
-    Failure,
+    FaultKind,
+    GatewayFault,
     Proceed,
     Record,
     Recover,
     Refused,
     Step,
     Wait,
-    acquire_failed,
+    acquire_faulted,
     unavailable,
 )
 from domain.policies import AttemptState, FailureReason, Provenance, classify_status, same_title
@@ -147,7 +147,9 @@ def may_create(given_up: int, title: str) -> Fail | Proceed:
     return Proceed()
 
 
-def create_answered(answer: str | Failed, parent_id: str, parents: Collection[str] = ()) -> Step:
+def create_answered(
+    answer: str | GatewayFault, parent_id: str, parents: Collection[str] = ()
+) -> Step:
     """What a create call answered: an id to record, or a failure. An id that is the
     attempt's parent, or any parent the service acts under (`parents`), is a gateway
     bug: a parent is never ours."""
@@ -159,17 +161,17 @@ def create_answered(answer: str | Failed, parent_id: str, parents: Collection[st
             return Fail(FailureReason.GATEWAY_BUG, f"create answered {whose} id")
         return Record(answer)
     kind, message = answer.kind, answer.message
-    if kind is Failure.AMBIGUOUS:
+    if kind is FaultKind.AMBIGUOUS:
         return Recover()
-    if kind is Failure.REJECTED:  # refused outright: nothing was made
+    if kind is FaultKind.REJECTED:  # refused outright: nothing was made
         return Refused(message, Fail(FailureReason.REJECTED, f"create rejected: {message}"))
-    if kind is Failure.UNAUTHORIZED:
+    if kind is FaultKind.UNAUTHORIZED:
         return Refused(message, Fail(FailureReason.UNAUTHORIZED, f"gateway refused: {message}"))
-    if kind is Failure.TRANSIENT:  # throttled (429) or never sent: nothing was made
+    if kind is FaultKind.TRANSIENT:  # throttled (429) or never sent: nothing was made
         return Refused(message, unavailable(answer))
-    if kind is Failure.MALFORMED:
+    if kind is FaultKind.MALFORMED:
         return Fail(FailureReason.GATEWAY_BUG, f"create answer: {message}")
-    return acquire_failed(answer)  # GONE: the parent
+    return acquire_faulted(answer)  # GONE: the parent
 
 
 def created_takes_candidate(candidate_id: str | None, state: AttemptState) -> bool:

@@ -3,7 +3,7 @@
 The service observes (the attempt, its title slot, the gateway's answers) and
 asks these functions what to do; it then records and performs the step they
 return. No I/O, no clock reads, no exceptions for control flow: a gateway
-failure reaches here as a `Failure` value, the time as an argument.
+fault reaches here as a `GatewayFault` value, the time as an argument.
 
 Steps (what the service does next):
     Stand(why, detail, outcome)   do nothing to the attempt: report why
@@ -57,8 +57,8 @@ from domain.ports import (
 )
 
 
-class Failure(StrEnum):
-    """Every failure kind of the gateway port, as a value."""
+class FaultKind(StrEnum):
+    """Every kind of gateway fault (the port's exceptions), as a value."""
 
     AMBIGUOUS = "ambiguous"  # a create that may or may not have happened
     TRANSIENT = "transient"  # no answer: timeout, 429, 5xx, never sent, held by the pace
@@ -68,32 +68,32 @@ class Failure(StrEnum):
     MALFORMED = "malformed"  # an answer not shaped as the contract says
 
 
-_KINDS: tuple[tuple[type[GatewayError], Failure], ...] = (
-    (AmbiguousCreate, Failure.AMBIGUOUS),
-    (TransientGatewayError, Failure.TRANSIENT),
-    (WorkspaceGone, Failure.GONE),
-    (RequestRejected, Failure.REJECTED),
-    (Unauthorized, Failure.UNAUTHORIZED),
-    (MalformedAnswer, Failure.MALFORMED),
+_KINDS: tuple[tuple[type[GatewayError], FaultKind], ...] = (
+    (AmbiguousCreate, FaultKind.AMBIGUOUS),
+    (TransientGatewayError, FaultKind.TRANSIENT),
+    (WorkspaceGone, FaultKind.GONE),
+    (RequestRejected, FaultKind.REJECTED),
+    (Unauthorized, FaultKind.UNAUTHORIZED),
+    (MalformedAnswer, FaultKind.MALFORMED),
 )
 
 
 @dataclass(frozen=True, slots=True)
-class Failed:
+class GatewayFault:
     """What the gateway answered instead of an answer."""
 
-    kind: Failure
+    kind: FaultKind
     message: str
     retry_after_s: float = 0.0  # a transient failure: when the gateway or the pace allows
 
 
-def failed(exc: GatewayError) -> Failed:
+def fault_of(exc: GatewayError) -> GatewayFault:
     """The port's exception as a value (an unknown subclass counts as transient)."""
     retry_after_s = getattr(exc, "retry_after_s", 0.0)
     for cls, kind in _KINDS:
         if isinstance(exc, cls):
-            return Failed(kind, str(exc), retry_after_s)
-    return Failed(Failure.TRANSIENT, str(exc), retry_after_s)
+            return GatewayFault(kind, str(exc), retry_after_s)
+    return GatewayFault(FaultKind.TRANSIENT, str(exc), retry_after_s)
 
 
 # Steps.
@@ -251,23 +251,23 @@ def slot_gate(busy: bool, title: str) -> Wait | Proceed:
     return Proceed()
 
 
-def acquire_failed(failure: Failed) -> Fail | Wait | Defer:
+def acquire_faulted(fault: GatewayFault) -> Fail | Wait | Defer:
     """A gateway call while acquiring a candidate failed (family, list projects, create).
 
     No answer defers the hop; an answer we cannot use (malformed, a refused read)
     counts against the settle budget, as a workspace still settling does."""
-    if failure.kind is Failure.UNAUTHORIZED:
-        return Fail(FailureReason.UNAUTHORIZED, f"gateway refused: {failure.message}")
-    if failure.kind is Failure.GONE:
-        return Fail(FailureReason.REJECTED, f"parent workspace not found: {failure.message}")
-    if failure.kind is Failure.TRANSIENT:
-        return unavailable(failure)
-    return Wait(f"gateway answered badly: {failure.message}")  # malformed, a refused read
+    if fault.kind is FaultKind.UNAUTHORIZED:
+        return Fail(FailureReason.UNAUTHORIZED, f"gateway refused: {fault.message}")
+    if fault.kind is FaultKind.GONE:
+        return Fail(FailureReason.REJECTED, f"parent workspace not found: {fault.message}")
+    if fault.kind is FaultKind.TRANSIENT:
+        return unavailable(fault)
+    return Wait(f"gateway answered badly: {fault.message}")  # malformed, a refused read
 
 
-def unavailable(failure: Failed) -> Defer:
+def unavailable(fault: GatewayFault) -> Defer:
     """The gateway did not answer: defer, after its Retry-After if it gave one."""
-    return Defer(f"gateway unavailable: {failure.message}", failure.retry_after_s)
+    return Defer(f"gateway unavailable: {fault.message}", fault.retry_after_s)
 
 
 def adopt_or_create(eligible_ids: Sequence[str], title: str) -> Accept | Fail | Create:
@@ -287,7 +287,7 @@ def adopt_or_create(eligible_ids: Sequence[str], title: str) -> Accept | Fail | 
 
 
 def status_answered(
-    answer: str | Failed, provenance: Provenance | None, workspace_id: str
+    answer: str | GatewayFault, provenance: Provenance | None, workspace_id: str
 ) -> Promote | Wait | Defer | DropExisting | DropCandidate | Fail:
     """What the candidate's status says: promote, wait, drop it, or fail.
 
@@ -296,12 +296,12 @@ def status_answered(
     `failed`, `error`, `invalid subscription` mean a new create is not safe:
     the attempt fails naming the status and creates nothing more.
     """
-    if isinstance(answer, Failed):
-        if answer.kind is Failure.UNAUTHORIZED:
+    if isinstance(answer, GatewayFault):
+        if answer.kind is FaultKind.UNAUTHORIZED:
             return Fail(FailureReason.UNAUTHORIZED, f"gateway refused: {answer.message}")
-        if answer.kind is Failure.TRANSIENT:
+        if answer.kind is FaultKind.TRANSIENT:
             return unavailable(answer)
-        if answer.kind is not Failure.GONE:  # malformed: counted as still settling
+        if answer.kind is not FaultKind.GONE:  # malformed: counted as still settling
             return Wait(f"unknown ({answer.message})")
         if provenance is Provenance.EXISTING:
             return DropExisting("gone (404)")

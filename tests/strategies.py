@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from hypothesis import settings
 from hypothesis import strategies as st
 
-from domain.hop import Failed, Failure
+from domain.hop import FaultKind, GatewayFault
 
 PARENT = "parent-1"
 TITLE = "Acme"
@@ -33,10 +33,10 @@ def statuses() -> st.SearchStrategy[str]:
     return st.one_of(st.sampled_from(STATUSES), st.text(max_size=12))
 
 
-def failures() -> st.SearchStrategy[Failed]:
+def failures() -> st.SearchStrategy[GatewayFault]:
     return st.builds(
-        Failed,
-        st.sampled_from(list(Failure)),
+        GatewayFault,
+        st.sampled_from(list(FaultKind)),
         st.text(max_size=20),
         st.sampled_from([0.0, 0.0, 1.0, 90.0]),  # a Retry-After, shared or the gateway's
     )

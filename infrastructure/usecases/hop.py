@@ -47,7 +47,7 @@ class HopRun(HopBase):
             try:
                 step = step()
             except GatewayError as exc:
-                step = self._end(decide.acquire_failed(decide.failed(exc)))
+                step = self._end(decide.acquire_faulted(decide.fault_of(exc)))
         return step
 
     def _raced(self) -> None:
@@ -151,11 +151,11 @@ class HopRun(HopBase):
             if isinstance(lost, decide.Stand):
                 return self._outcome(lost.outcome, lost.detail, stand_down=lost.why)
             raise
-        answer: str | decide.Failed
+        answer: str | decide.GatewayFault
         try:
             answer = self.svc.gateway.create_child(parent, attempt.title)
         except GatewayError as exc:
-            answer = decide.failed(exc)
+            answer = decide.fault_of(exc)
         step = creates.create_answered(answer, parent, self.svc.settings.parent_ids or ())
         if isinstance(step, decide.Record):
             if step.workspace_id in (*known, *attempt.created_ids):
@@ -232,11 +232,11 @@ class HopRun(HopBase):
     def _poll(self) -> Next:
         workspace_id = self.attempt.candidate_id
         assert workspace_id is not None
-        answer: str | decide.Failed
+        answer: str | decide.GatewayFault
         try:
             answer = self.svc.gateway.status(workspace_id)
         except GatewayError as exc:
-            answer = decide.failed(exc)
+            answer = decide.fault_of(exc)
         step = decide.status_answered(answer, self.attempt.provenance, workspace_id)
         if isinstance(step, decide.Promote):
             return self._promote

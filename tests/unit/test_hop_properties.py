@@ -25,7 +25,7 @@ from domain import hop as decide
 from domain.attempt import ProvisioningAttempt
 from domain.claim import WorkspaceClaim
 from domain.creates import Made, create_answered, made_by_our_creates
-from domain.hop import Failed
+from domain.hop import GatewayFault
 from domain.policies import (
     AttemptState,
     Backoff,
@@ -201,7 +201,7 @@ def _terminal(up: Upstream, workspace_id: str) -> bool:
 @given(answer=st.one_of(st.sampled_from(["", PARENT, "ws-9"]), st.text(max_size=8), failures()))
 @example(answer=PARENT)
 def test_a_create_answer_is_recorded_only_as_the_id_it_names_never_the_parent(
-    answer: str | Failed,
+    answer: str | GatewayFault,
 ) -> None:
     step = create_answered(answer, PARENT)
     if isinstance(step, decide.Record):
@@ -219,7 +219,7 @@ def test_a_create_answer_is_recorded_only_as_the_id_it_names_never_the_parent(
     provenance=st.sampled_from([*Provenance, None]),
 )
 def test_only_a_ready_status_promotes_and_only_a_bound_workspace_is_unbound(
-    answer: str | Failed, provenance: Provenance | None
+    answer: str | GatewayFault, provenance: Provenance | None
 ) -> None:
     step = decide.status_answered(answer, provenance, "ws-1")
     ready = isinstance(answer, str) and classify_status(answer) is StatusClass.READY

@@ -24,8 +24,8 @@ from domain.hop import (
     DropCandidate,
     DropExisting,
     Fail,
-    Failed,
-    Failure,
+    FaultKind,
+    GatewayFault,
     Proceed,
     Promote,
     Record,
@@ -52,8 +52,8 @@ Row = tuple[str, Callable[..., bool], Callable[..., object]]
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 PARENT = "parent-1"
 TITLE = "Acme"
-FAILURES = [Failed(kind, f"{kind.value} answer") for kind in Failure] + [
-    Failed(Failure.TRANSIENT, "throttled (HTTP 429)", retry_after_s=7.0)
+FAILURES = [GatewayFault(kind, f"{kind.value} answer") for kind in FaultKind] + [
+    GatewayFault(FaultKind.TRANSIENT, "throttled (HTTP 429)", retry_after_s=7.0)
 ]
 CASES: list[tuple[str, Callable[..., object], tuple[Any, ...], list[Row]]] = []
 REACHED: set[str] = set()
@@ -137,17 +137,17 @@ table("slot_gate", SLOT, decide.slot_gate, itertools.product([False, True], [TIT
 ACQUIRE_FAILED: list[Row] = [
     (
         "401/403",
-        lambda f: f.kind is Failure.UNAUTHORIZED,
+        lambda f: f.kind is FaultKind.UNAUTHORIZED,
         lambda f: Fail(FailureReason.UNAUTHORIZED, f"gateway refused: {f.message}"),
     ),
     (
         "404: the parent",
-        lambda f: f.kind is Failure.GONE,
+        lambda f: f.kind is FaultKind.GONE,
         lambda f: Fail(FailureReason.REJECTED, f"parent workspace not found: {f.message}"),
     ),
     (
         "no answer (timeout, 429, 5xx, refused, held by the pace): defer",
-        lambda f: f.kind is Failure.TRANSIENT,
+        lambda f: f.kind is FaultKind.TRANSIENT,
         lambda f: Defer(f"gateway unavailable: {f.message}", f.retry_after_s),
     ),
     (
@@ -156,7 +156,7 @@ ACQUIRE_FAILED: list[Row] = [
         lambda f: Wait(f"gateway answered badly: {f.message}"),
     ),
 ]
-table("acquire_failed", ACQUIRE_FAILED, decide.acquire_failed, [(f,) for f in FAILURES])
+table("acquire_faulted", ACQUIRE_FAILED, decide.acquire_faulted, [(f,) for f in FAILURES])
 
 
 # What our unresolved creates made: (live, shells, given_up, others). The family holds
@@ -327,38 +327,38 @@ CREATE: list[Row] = [
     ("an id", lambda a, p: isinstance(a, str), lambda a, p: Record(a)),
     (
         "timeout, dropped connection, 5xx on the POST",
-        lambda a, p: a.kind is Failure.AMBIGUOUS,
+        lambda a, p: a.kind is FaultKind.AMBIGUOUS,
         lambda a, p: Recover(),
     ),
     (
         "409/422, other 4xx",
-        lambda a, p: a.kind is Failure.REJECTED,
+        lambda a, p: a.kind is FaultKind.REJECTED,
         lambda a, p: Refused(
             a.message, Fail(FailureReason.REJECTED, f"create rejected: {a.message}")
         ),
     ),
     (
         "401/403",
-        lambda a, p: a.kind is Failure.UNAUTHORIZED,
+        lambda a, p: a.kind is FaultKind.UNAUTHORIZED,
         lambda a, p: Refused(
             a.message, Fail(FailureReason.UNAUTHORIZED, f"gateway refused: {a.message}")
         ),
     ),
     (
         "429 or never sent",
-        lambda a, p: a.kind is Failure.TRANSIENT,
+        lambda a, p: a.kind is FaultKind.TRANSIENT,
         lambda a, p: Refused(
             a.message, Defer(f"gateway unavailable: {a.message}", a.retry_after_s)
         ),
     ),
     (
         "an answer off the contract",
-        lambda a, p: a.kind is Failure.MALFORMED,
+        lambda a, p: a.kind is FaultKind.MALFORMED,
         lambda a, p: Fail(FailureReason.GATEWAY_BUG, f"create answer: {a.message}"),
     ),
     (
         "404: the parent",
-        lambda a, p: a.kind is Failure.GONE,
+        lambda a, p: a.kind is FaultKind.GONE,
         lambda a, p: Fail(FailureReason.REJECTED, f"parent workspace not found: {a.message}"),
     ),
 ]
@@ -403,27 +403,27 @@ SETTLING = ["not ready", "", "creating", "pending", "readyish"]
 STATUS: list[Row] = [
     (
         "401/403",
-        lambda a, p, w: isinstance(a, Failed) and a.kind is Failure.UNAUTHORIZED,
+        lambda a, p, w: isinstance(a, GatewayFault) and a.kind is FaultKind.UNAUTHORIZED,
         lambda a, p, w: Fail(FailureReason.UNAUTHORIZED, f"gateway refused: {a.message}"),
     ),
     (
         "no answer (timeout, 429, 5xx, refused, held by the pace): defer",
-        lambda a, p, w: isinstance(a, Failed) and a.kind is Failure.TRANSIENT,
+        lambda a, p, w: isinstance(a, GatewayFault) and a.kind is FaultKind.TRANSIENT,
         lambda a, p, w: Defer(f"gateway unavailable: {a.message}", a.retry_after_s),
     ),
     (
         "malformed and the like: counted as still settling",
-        lambda a, p, w: isinstance(a, Failed) and a.kind is not Failure.GONE,
+        lambda a, p, w: isinstance(a, GatewayFault) and a.kind is not FaultKind.GONE,
         lambda a, p, w: Wait(f"unknown ({a.message})"),
     ),
     (
         "404 on the bound workspace",
-        lambda a, p, w: isinstance(a, Failed) and p is Provenance.EXISTING,
+        lambda a, p, w: isinstance(a, GatewayFault) and p is Provenance.EXISTING,
         lambda a, p, w: DropExisting("gone (404)"),
     ),
     (
         "404",
-        lambda a, p, w: isinstance(a, Failed),
+        lambda a, p, w: isinstance(a, GatewayFault),
         lambda a, p, w: Fail(
             FailureReason.TERMINAL_STATUS, f"workspace {w} reported status 'gone (404)'"
         ),
@@ -562,20 +562,24 @@ table("may_create", MAY_CREATE, creates.may_create, [(g, TITLE) for g in range(5
 
 # Port failures as values: (exception,).
 EXCEPTIONS: list[Row] = [
-    (cls.__name__, lambda e, cls=cls: type(e) is cls, lambda e, kind=kind: Failed(kind, str(e)))
+    (
+        cls.__name__,
+        lambda e, cls=cls: type(e) is cls,
+        lambda e, kind=kind: GatewayFault(kind, str(e)),
+    )
     for cls, kind in [
-        (AmbiguousCreate, Failure.AMBIGUOUS),
-        (TransientGatewayError, Failure.TRANSIENT),
-        (WorkspaceGone, Failure.GONE),
-        (RequestRejected, Failure.REJECTED),
-        (Unauthorized, Failure.UNAUTHORIZED),
-        (MalformedAnswer, Failure.MALFORMED),
+        (AmbiguousCreate, FaultKind.AMBIGUOUS),
+        (TransientGatewayError, FaultKind.TRANSIENT),
+        (WorkspaceGone, FaultKind.GONE),
+        (RequestRejected, FaultKind.REJECTED),
+        (Unauthorized, FaultKind.UNAUTHORIZED),
+        (MalformedAnswer, FaultKind.MALFORMED),
     ]
-] + [("another GatewayError", lambda e: True, lambda e: Failed(Failure.TRANSIENT, str(e)))]
+] + [("another GatewayError", lambda e: True, lambda e: GatewayFault(FaultKind.TRANSIENT, str(e)))]
 table(
-    "failed",
+    "fault_of",
     EXCEPTIONS,
-    decide.failed,
+    decide.fault_of,
     [
         (cls(f"said {n}"),)
         for n, cls in enumerate(
