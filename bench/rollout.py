@@ -343,7 +343,7 @@ def metered(args: argparse.Namespace) -> dict[str, Any]:
             for name, pace in paces.items():
                 fake_call(gateway_url, "/_fake/reset", {})
                 deployment = Deployment(gateway_url, logs / name, args.workers, args.concurrency)
-                with deployment.running(**pace):
+                with deployment.running(**pace, PROVISIONER_PARENT_IDS=",".join(parents)):
                     runs[name] = metered_run(deployment, rows, args, name, logs)
             keep(not all(r["passed"] for r in runs.values()))
     finally:
@@ -488,7 +488,7 @@ def outage(args: argparse.Namespace) -> dict[str, Any]:
     try:
         with logs_dir(args.logs) as (logs, keep):
             deployment = Deployment(gateway_url, logs, args.workers, args.concurrency)
-            with deployment.running():
+            with deployment.running(PROVISIONER_PARENT_IDS=",".join(parents)):
                 result = outage_run(deployment, rows, args, logs)
             keep(not result["passed"])
     finally:
