@@ -1,23 +1,18 @@
-"""The eventsourcing library's private API that our save path relies on.
+"""The eventsourcing library's API that our one adapter relies on.
 
-`ProvisionerApplication.save` (infrastructure/eventstore.py) re-implements the
-library's `Application.save` through its private `_record`, `_take_snapshots`
-and `_notify`, filling a `ProcessingEvent` itself; `OneTripPostgresRecorder`
-(infrastructure/pg_recorder.py) renders the library's insert transaction from
-its recorder's attributes. An upgrade of the library that renames, removes or
-re-signs any of them must fail here, not in production: on failure, compare
-the library's new `Application.save` and `PostgresApplicationRecorder` with
-ours and update both (docs/benchmarks.md, "Save path", says what they buy).
-The recorder buys about a fifth of the workers' CPU; the save nothing
-measurable, so when `save` returns to the library's (calling `super().save()`),
-the three tests of the save's private steps go with it.
+`OneTripPostgresRecorder` (infrastructure/pg_recorder.py) renders the
+library's insert transaction from its recorder's attributes, which buys about
+a fifth of the workers' CPU per provision (docs/benchmarks.md, "Save path");
+saves go through the library's own `Application.save`. An upgrade of the
+library that renames, removes or re-signs what the recorder reads must fail
+here, not in production: on failure, compare the library's new
+`PostgresApplicationRecorder` with ours and update it.
 """
 
 from __future__ import annotations
 
 import inspect
 
-from eventsourcing.application import Application, ProcessingEvent
 from eventsourcing.postgres import (
     PostgresAggregateRecorder,
     PostgresApplicationRecorder,
@@ -25,46 +20,12 @@ from eventsourcing.postgres import (
     PostgresFactory,
 )
 
-from infrastructure.eventstore import ProvisionerApplication, persistence_env
+from infrastructure.eventstore import persistence_env
 from infrastructure.pg_recorder import OneTripPostgresRecorder
 
 
 def params(func: object) -> list[str]:
     return list(inspect.signature(func).parameters)  # type: ignore[arg-type]
-
-
-def test_application_save_is_still_record_snapshots_notify() -> None:
-    # Our save is the library's with its collection step replaced: if the
-    # library's save gains or loses a step, ours must follow it.
-    source = inspect.getsource(Application.save)
-    steps = ["_record(", "_take_snapshots(", "_notify("]
-    assert all(step in source for step in steps), source
-    positions = [source.index(step) for step in steps]
-    assert positions == sorted(positions)
-    assert "collect_events(" in source
-
-
-def test_the_private_save_steps_take_what_we_pass() -> None:
-    assert params(Application._record) == ["self", "processing_event"]
-    assert params(Application._take_snapshots) == ["self", "processing_event"]
-    assert params(Application._notify) == ["self", "recordings"]
-    # Ours overrides none of them.
-    for name in ("_record", "_take_snapshots", "_notify"):
-        assert getattr(ProvisionerApplication, name) is getattr(Application, name)
-
-
-def test_processing_event_has_the_fields_we_fill() -> None:
-    processing = ProcessingEvent()  # type: ignore[var-annotated]
-    assert processing.events == []
-    assert processing.aggregates == {}
-    assert processing.saved_kwargs == {}
-    assert processing.tracking is None
-    assert callable(processing.collect_events)
-    source = inspect.getsource(Application._record)
-    for field in ("processing_event.events", "processing_event.tracking"):
-        assert field in source
-    assert "processing_event.saved_kwargs" in source
-    assert "processing_event.aggregates" in source
 
 
 def test_postgres_recorder_attributes_the_one_trip_recorder_renders() -> None:
