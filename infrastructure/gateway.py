@@ -68,14 +68,11 @@ import logging
 import ssl
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Literal, Self
-from urllib.parse import quote
+from typing import TYPE_CHECKING, Any, Self
 
 import httpx
 
-from domain.pacing import Result
 from domain.ports import (
     AmbiguousCreate,
     FamilyMember,
@@ -86,14 +83,11 @@ from domain.ports import (
     WorkspaceGone,
 )
 from infrastructure.gateway_answers import (
-    SUMMARY_MAX,
     Answer,
     AnswerReader,
-    Unreadable,
-    read_capped,
     retry_after,
 )
-from infrastructure.tls import certificate_refusal
+from infrastructure.gateway_exchange import Failure, exchange, pace_result, seg
 
 if TYPE_CHECKING:
     from infrastructure.pacing import Pace
@@ -105,26 +99,6 @@ log = logging.getLogger(__name__)
 _ANSWER_MAX = 1024 * 1024  # bytes; a status or a create answer is under 1 KiB
 _FAMILY_ANSWER_MAX = 4 * 1024 * 1024  # a family listing of up to _FAMILY_MAX entries
 _FAMILY_MAX = 10_000  # entries of one family listing (the parent and its children)
-
-# Raised before the request left the client: nothing can have happened upstream.
-_NOT_SENT: tuple[type[httpx.HTTPError], ...] = (
-    httpx.ConnectError,
-    httpx.ConnectTimeout,
-    httpx.PoolTimeout,
-    httpx.UnsupportedProtocol,
-    httpx.ProxyError,
-    httpx.LocalProtocolError,
-)
-
-
-@dataclass(frozen=True, slots=True)
-class _Failure:
-    """A request that produced no usable response, described without headers."""
-
-    kind: Literal["not_sent", "transport", "unreadable", "held"]
-    summary: str
-    retry_after_s: float = 0.0  # "held": when the pace lets it go
-
 
 class HttpGateway:
     """`domain.ports.Gateway` over HTTP. Thread-safe; close it (or use `with`)."""
@@ -203,9 +177,9 @@ class HttpGateway:
 
     def create_child(self, parent_id: str, title: str) -> str:
         op = "create_child"
-        path = f"/v2/workspaces/{_seg(parent_id)}/child"
+        path = f"/v2/workspaces/{seg(parent_id)}/child"
         outcome = self._attempt(op, "POST", path, json={"title": title, "resources": {}})
-        if isinstance(outcome, _Failure):
+        if isinstance(outcome, Failure):
             if outcome.kind in ("not_sent", "held"):
                 raise TransientGatewayError(
                     f"{op}: not sent ({outcome.summary})", retry_after_s=outcome.retry_after_s
@@ -233,25 +207,25 @@ class HttpGateway:
 
     def status(self, workspace_id: str) -> str:
         op = "status"
-        body = self._read_json(op, f"/v1/workspaces/{_seg(workspace_id)}/status")
+        body = self._read_json(op, f"/v1/workspaces/{seg(workspace_id)}/status")
         if not isinstance(body, dict):
             raise MalformedAnswer(f"{op}: expected a JSON object")
         return self._answers.field(body.get("status"), op, "status")
 
     def family(self, parent_id: str, title: str | None = None) -> list[FamilyMember]:
         op = "family"
-        path = f"/v1/workspaces/{_seg(parent_id)}/family"
+        path = f"/v1/workspaces/{seg(parent_id)}/family"
         body = self._read_json(op, path, limit=_FAMILY_ANSWER_MAX)
         return self._answers.family(body, op, title, most=_FAMILY_MAX)
 
     def list_projects(self, workspace_id: str) -> list[str]:
         op = "list_projects"
-        path = f"/v1/workspaces/{_seg(workspace_id)}/projects"
+        path = f"/v1/workspaces/{seg(workspace_id)}/projects"
         body = self._read_json(op, path, params={"type": "ai"})
         return self._answers.project_ids(body, op)
 
     def delete_project(self, workspace_id: str, project_id: str) -> None:
-        path = f"/v1/workspaces/{_seg(workspace_id)}/projects/{_seg(project_id)}"
+        path = f"/v1/workspaces/{seg(workspace_id)}/projects/{seg(project_id)}"
         self._with_retries("delete_project", "DELETE", path)  # 2xx or 404: both fine
 
     # -- plumbing ---------------------------------------------------------------
@@ -278,7 +252,7 @@ class HttpGateway:
         for n in range(attempts):
             outcome = self._attempt(op, method, path, params=params, limit=limit)
             delay = self._backoff_s * 2**n
-            if isinstance(outcome, _Failure):
+            if isinstance(outcome, Failure):
                 if outcome.kind == "unreadable":
                     raise MalformedAnswer(f"{op}: {outcome.summary}")
                 if outcome.kind == "held":
@@ -317,7 +291,7 @@ class HttpGateway:
         params: dict[str, str] | None = None,
         json: dict[str, Any] | None = None,
         limit: int = 0,
-    ) -> Answer | _Failure:
+    ) -> Answer | Failure:
         """One request, its answer read up to `limit` bytes (0: `_ANSWER_MAX`). A
         failure comes back as a value so that the domain error is raised outside
         this ``except`` and never chains the httpx exception (which holds the
@@ -331,73 +305,19 @@ class HttpGateway:
             headers = {"Content-Type": "application/json"}
         pace = self._pace
         if pace is not None and (held := pace.before(create=method == "POST")) is not None:
-            return _Failure("held", held.why, held.wait_s)
+            return Failure("held", held.why, held.wait_s)
         started = time.monotonic()
-        outcome = self._send(method, path, params, content, headers, limit=limit or _ANSWER_MAX)
+        outcome = exchange(
+            self._client, method, path, params=params, content=content, headers=headers,
+            limit=limit or _ANSWER_MAX, scrub=self._answers.scrub,
+        )  # fmt: skip
         code = outcome.status_code if isinstance(outcome, Answer) else None
         if self._observe is not None:
             self._observe(op, code, time.monotonic() - started)
         if self._pace is not None:
             self._pace.after(
-                _result(outcome),
+                pace_result(outcome),
                 retry_after_s=retry_after(outcome) if isinstance(outcome, Answer) else 0.0,
-                error=outcome.summary if isinstance(outcome, _Failure) else f"{op}: HTTP {code}",
+                error=outcome.summary if isinstance(outcome, Failure) else f"{op}: HTTP {code}",
             )
         return outcome
-
-    def _send(
-        self,
-        method: str,
-        path: str,
-        params: dict[str, str] | None,
-        content: bytes | None,
-        headers: dict[str, str] | None,
-        *,
-        limit: int,
-    ) -> Answer | _Failure:
-        try:
-            with self._client.stream(
-                method, path, params=params, content=content, headers=headers
-            ) as response:
-                body = read_capped(response, limit)
-            return Answer(
-                response.status_code,
-                body,
-                response.headers.get("Retry-After", ""),
-                response.charset_encoding or "utf-8",
-            )
-        except Unreadable as exc:
-            return _Failure("unreadable", str(exc))
-        except _NOT_SENT as exc:
-            return _Failure("not_sent", self._describe(exc))
-        except httpx.TransportError as exc:  # includes every other timeout
-            return _Failure("transport", self._describe(exc))
-        except httpx.HTTPError as exc:  # e.g. DecodingError: an answer we cannot read
-            return _Failure("unreadable", self._describe(exc))
-
-    def _describe(self, exc: httpx.HTTPError) -> str:
-        refusal = certificate_refusal(
-            exc, peer="the gateway", host=self._client.base_url.host,
-            url_key="PROVISIONER_GATEWAY_URL", ca_key="PROVISIONER_GATEWAY_CA_FILE",
-        )  # fmt: skip
-        text = str(refusal) if refusal is not None else " ".join(str(exc).split())
-        detail = self._answers.scrub(text)[:SUMMARY_MAX]
-        return f"{type(exc).__name__}: {detail}" if detail else type(exc).__name__
-
-
-def _seg(value: str) -> str:
-    """Percent-encode one path segment; ids are opaque strings."""
-    if not value:
-        raise RequestRejected("refused to call the gateway with an empty id")
-    encoded = quote(value, safe="")
-    return encoded.replace(".", "%2E") if set(value) == {"."} else encoded
-
-
-def _result(outcome: Answer | _Failure) -> Result:
-    """What the pace learns from a request: answered, throttled, or unreachable."""
-    if isinstance(outcome, _Failure):
-        return Result.ANSWERED if outcome.kind == "unreadable" else Result.UNREACHABLE
-    if outcome.status_code == 429:
-        return Result.THROTTLED
-    # The gateway (or what fronts it) is down; a 500 is one request broken, not an outage.
-    return Result.UNREACHABLE if outcome.status_code in (502, 503, 504) else Result.ANSWERED
