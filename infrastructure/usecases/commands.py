@@ -21,11 +21,10 @@ from uuid import UUID
 from eventsourcing.domain import Aggregate
 
 from domain.attempt import ProvisioningAttempt
+from domain.boundaries import check_command_time, check_parent
 from domain.brand import DEACTIVATE, PROVISION, Brand
 from domain.errors import (
     AttemptInProgress,
-    ForeignParent,
-    FutureCommand,
     InvalidRequest,
     StaleCommand,
     UnknownBrand,
@@ -65,29 +64,11 @@ def _require_text(name: str, value: object, secrets: tuple[str, ...] = ()) -> st
 
 
 def _require_time(svc: ServiceReads, requested_at: datetime | None) -> None:
-    """An aware time no further ahead than the allowed skew: a command from the far
-    future, once stored, would make every later command for the brand stale."""
-    if requested_at is None:
-        return
-    if requested_at.utcoffset() is None:
-        raise InvalidRequest("requested_at must carry a UTC offset")
-    skew_s = svc.settings.command_skew_s
-    ahead_s = (requested_at - svc.clock.now()).total_seconds()
-    if ahead_s > skew_s:
-        raise FutureCommand(
-            f"requested_at {requested_at.isoformat()} is {ahead_s:.0f} s in the future, more "
-            f"than the {skew_s:g} s allowed (PROVISIONER_COMMAND_SKEW_S): refused, not stored; "
-            "check the producer's clock"
-        )
+    check_command_time(requested_at, svc.clock.now(), svc.settings.command_skew_s)
 
 
 def _require_parent(svc: ServiceReads, parent_workspace_id: str) -> None:
-    allowed = svc.settings.parent_ids
-    if allowed is not None and parent_workspace_id not in allowed:
-        raise ForeignParent(
-            f"parent_workspace_id {parent_workspace_id!r} is not one of the parents this "
-            "service acts under (PROVISIONER_PARENT_IDS): refused, not stored"
-        )
+    check_parent(parent_workspace_id, svc.settings.parent_ids)
 
 
 def _brand_contended(brand_id: str) -> str:

@@ -14,6 +14,7 @@ from eventsourcing.domain import Aggregate
 from eventsourcing.persistence import StoredEvent
 
 from domain.attempt import ProvisioningAttempt
+from domain.boundaries import without_parents
 from domain.brand import Brand
 from domain.claim import WorkspaceClaim
 from domain.errors import UnknownAttempt, UnknownBrand
@@ -208,7 +209,7 @@ class ServiceReads:
     def family(self, parent_id: str, title: str | None = None) -> list[FamilyMember]:
         """The parent's family as the gateway lists it, without any configured parent:
         whichever family lists one, it is never ours."""
-        return [m for m in self.gateway.family(parent_id, title) if not self.is_parent(m.id)]
+        return without_parents(self.gateway.family(parent_id, title), self.settings.parent_ids)
 
     def claim(self, workspace_id: str) -> WorkspaceClaim | None:
         (claim,) = self.load(claim_aggregate_id(workspace_id))
