@@ -44,6 +44,7 @@ class WorkspaceClaim(Aggregate):
         self.attempt_id: UUID | None = None
         # Set while an attempt empties the workspace: nobody may claim it meanwhile.
         self.releasing_by: UUID | None = None
+        self.attempts_named: frozenset[UUID] = frozenset()  # every attempt it ever named
 
     @classmethod
     def create_id(cls, workspace_id: str) -> UUID:
@@ -91,12 +92,14 @@ class WorkspaceClaim(Aggregate):
     def _claimed(self, brand_id: str, attempt_id: UUID) -> None:
         self.brand_id = brand_id
         self.attempt_id = attempt_id
+        self.attempts_named |= {attempt_id}
 
     @event(Releasing)
     def _releasing(self, brand_id: str, attempt_id: UUID) -> None:
         self.brand_id = brand_id
         self.attempt_id = attempt_id
         self.releasing_by = attempt_id
+        self.attempts_named |= {attempt_id}
 
     @event(Released)
     def _released(self, brand_id: str, reason: str) -> None:

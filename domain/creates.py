@@ -25,9 +25,6 @@ from dataclasses import dataclass
 from domain.hop import (
     Accept,
     Fail,
-    FaultKind,
-    GatewayFault,
-    Proceed,
     Record,
     Recover,
     Refused,
@@ -37,7 +34,7 @@ from domain.hop import (
     unavailable,
 )
 from domain.policies import AttemptState, FailureReason, Provenance, classify_status, same_title
-from domain.ports import FamilyMember
+from domain.ports import FamilyMember, FaultKind, GatewayFault
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,7 +106,7 @@ def recover(
     hop: int,
     waited_s: float,
     grace_s: float,
-) -> Accept | Fail | Wait | Proceed:
+) -> Accept | Fail | Wait | None:
     """An unconfirmed create: accept what our creates are credited with, first the
     live one (a shell's status then decides: `creation failed` drops it and creates
     again, `failed` fails), so what a create made is on record either way.
@@ -117,7 +114,7 @@ def recover(
     New workspaces that cannot be told apart: ambiguous. Nothing yet, or only
     shells after a create was given up: wait while the create may still appear
     (the hop that requested it, or within the grace); after that it did not
-    happen (Proceed: adopt or create).
+    happen (None: adopt or create afresh).
     """
     if made.unclear:
         return Fail(
@@ -129,7 +126,7 @@ def recover(
         return Accept(made.ours[0], Provenance.CREATED)
     if may_still_appear:
         return Wait("create unconfirmed; not in the family yet", spends=False)
-    return Proceed()
+    return None
 
 
 # Creates an attempt makes while none is confirmed: a create that times out is
@@ -137,14 +134,14 @@ def recover(
 MAX_CREATES = 3
 
 
-def may_create(given_up: int, title: str) -> Fail | Proceed:
+def may_create(given_up: int, title: str) -> Fail | None:
     """Before a create: have too many of this attempt's creates gone unconfirmed?"""
     if given_up + 1 >= MAX_CREATES:
         return Fail(
             FailureReason.EXHAUSTED,
             f"{given_up + 1} creates titled {title!r} were never confirmed",
         )
-    return Proceed()
+    return None
 
 
 def create_answered(

@@ -18,13 +18,15 @@ Steps (what the service does next):
     Accept(workspace_id, provenance)   make it the attempt's candidate, then poll
     Record(workspace_id)          record what the create made, then poll
     Promote()                     bind the candidate to the brand; promote
-    DropExisting(raw)             unbind the brand's terminal workspace; then Wait
-    DropCandidate(raw)            the candidate's creation failed: drop it (a created one
+    DropExisting(raw, then)       unbind the brand's terminal workspace; then `then` (Wait)
+    DropCandidate(raw, then)      the candidate's creation failed: drop it (a created one
                                   is then owed a release); then Wait: the next hop creates
     Create()                      request a create (reserving the title), call it
     Recover()                     the create is unconfirmed: look for it in the family
                                   (`domain.creates`: what our creates made)
-    Proceed()                     nothing decided here: go on to the next question
+
+A guard (`gate`, `lost_create_race`, `slot_gate`, `creates.may_create`) returns its
+objection, or None when it has none.
 
 The table of situations and decisions is docs/hop-table.md.
 """
@@ -34,7 +36,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from enum import StrEnum
 
 from domain.outcomes import Outcome, StandDown
 from domain.policies import (
@@ -46,55 +47,7 @@ from domain.policies import (
     StatusClass,
 )
 from domain.policies import classify_status as _classify
-from domain.ports import (
-    AmbiguousCreate,
-    GatewayError,
-    MalformedAnswer,
-    RequestRejected,
-    TransientGatewayError,
-    Unauthorized,
-    WorkspaceGone,
-)
-
-
-class FaultKind(StrEnum):
-    """Every kind of gateway fault (the port's exceptions), as a value."""
-
-    AMBIGUOUS = "ambiguous"  # a create that may or may not have happened
-    TRANSIENT = "transient"  # no answer: timeout, 429, 5xx, never sent, held by the pace
-    GONE = "gone"  # 404 for a workspace
-    REJECTED = "rejected"  # refused for good (409, 422, other 4xx)
-    UNAUTHORIZED = "unauthorized"  # 401, 403
-    MALFORMED = "malformed"  # an answer not shaped as the contract says
-
-
-_KINDS: tuple[tuple[type[GatewayError], FaultKind], ...] = (
-    (AmbiguousCreate, FaultKind.AMBIGUOUS),
-    (TransientGatewayError, FaultKind.TRANSIENT),
-    (WorkspaceGone, FaultKind.GONE),
-    (RequestRejected, FaultKind.REJECTED),
-    (Unauthorized, FaultKind.UNAUTHORIZED),
-    (MalformedAnswer, FaultKind.MALFORMED),
-)
-
-
-@dataclass(frozen=True, slots=True)
-class GatewayFault:
-    """What the gateway answered instead of an answer."""
-
-    kind: FaultKind
-    message: str
-    retry_after_s: float = 0.0  # a transient failure: when the gateway or the pace allows
-
-
-def fault_of(exc: GatewayError) -> GatewayFault:
-    """The port's exception as a value (an unknown subclass counts as transient)."""
-    retry_after_s = getattr(exc, "retry_after_s", 0.0)
-    for cls, kind in _KINDS:
-        if isinstance(exc, cls):
-            return GatewayFault(kind, str(exc), retry_after_s)
-    return GatewayFault(FaultKind.TRANSIENT, str(exc), retry_after_s)
-
+from domain.ports import FaultKind, GatewayFault
 
 # Steps.
 
@@ -161,11 +114,13 @@ class Promote:
 @dataclass(frozen=True, slots=True)
 class DropExisting:
     raw: str
+    then: Wait
 
 
 @dataclass(frozen=True, slots=True)
 class DropCandidate:
     raw: str
+    then: Wait
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,11 +130,6 @@ class Create:
 
 @dataclass(frozen=True, slots=True)
 class Recover:
-    pass
-
-
-@dataclass(frozen=True, slots=True)
-class Proceed:
     pass
 
 
@@ -197,7 +147,6 @@ Step = (
     | DropCandidate
     | Create
     | Recover
-    | Proceed
 )
 
 STAND_DOWN_BY_STATE = {
@@ -211,8 +160,8 @@ STAND_DOWN_BY_STATE = {
 # The gate: terminal, duplicate and out-of-order deliveries.
 
 
-def gate(state: AttemptState, expected_hop: int, hop: int, placed_late: bool) -> Stand | Proceed:
-    """Whether this delivery of `hop` may act on the attempt.
+def gate(state: AttemptState, expected_hop: int, hop: int, placed_late: bool) -> Stand | None:
+    """Why this delivery of `hop` may not act on the attempt, if it may not.
 
     `placed_late`: this run has just recorded a create an earlier round of it
     made; a duplicate then means a concurrent delivery moved the attempt on.
@@ -229,26 +178,24 @@ def gate(state: AttemptState, expected_hop: int, hop: int, placed_late: bool) ->
         )
     if hop > expected_hop:
         return Stand(StandDown.FUTURE_HOP, f"attempt expects hop {expected_hop}")
-    return Proceed()
+    return None
 
 
-def lost_create_race(
-    requested_hop: int | None, candidate_id: str | None, hop: int
-) -> Stand | Proceed:
+def lost_create_race(requested_hop: int | None, candidate_id: str | None, hop: int) -> Stand | None:
     """Our `CreateRequested` save conflicted: is another delivery of this hop creating?"""
     if requested_hop == hop and candidate_id is None:
         return Stand(StandDown.CONCURRENT_DELIVERY, "another delivery is creating")
-    return Proceed()
+    return None
 
 
 # Acquiring a candidate.
 
 
-def slot_gate(busy: bool, title: str) -> Wait | Proceed:
+def slot_gate(busy: bool, title: str) -> Wait | None:
     """Before reading the family: another attempt's create of this title may be in flight."""
     if busy:
         return Wait(f"another create titled {title!r} in flight")
-    return Proceed()
+    return None
 
 
 def acquire_faulted(fault: GatewayFault) -> Fail | Wait | Defer:
@@ -304,7 +251,7 @@ def status_answered(
         if answer.kind is not FaultKind.GONE:  # malformed: counted as still settling
             return Wait(f"unknown ({answer.message})")
         if provenance is Provenance.EXISTING:
-            return DropExisting("gone (404)")
+            return _drop_existing("gone (404)")
         return _terminal(workspace_id, "gone (404)")
     status_class = _classify(answer)
     if status_class is StatusClass.READY:
@@ -313,23 +260,18 @@ def status_answered(
         return Wait(answer)
     if status_class is StatusClass.CREATION_FAILED:
         if provenance is Provenance.EXISTING:
-            return DropExisting(answer)
-        return DropCandidate(answer)
+            return _drop_existing(answer)
+        return DropCandidate(answer, Wait(f"candidate reported {answer!r}; creating again"))
     return _terminal(workspace_id, answer)
+
+
+def _drop_existing(raw: str) -> DropExisting:
+    """The bound workspace went terminal: unbind it; the next hop creates or adopts."""
+    return DropExisting(raw, Wait(f"bound workspace reported {raw!r}"))
 
 
 def _terminal(workspace_id: str, raw: str) -> Fail:
     return Fail(FailureReason.TERMINAL_STATUS, f"workspace {workspace_id} reported status {raw!r}")
-
-
-def drop_existing_status(raw: str) -> Wait:
-    """After unbinding a terminal bound workspace: the next hop creates or adopts."""
-    return Wait(f"bound workspace reported {raw!r}")
-
-
-def drop_candidate_status(raw: str) -> Wait:
-    """After dropping a candidate whose creation failed: the next hop creates again."""
-    return Wait(f"candidate reported {raw!r}; creating again")
 
 
 # Endings.

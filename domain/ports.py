@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
+from enum import StrEnum
 from typing import Protocol
 
 
@@ -57,6 +58,48 @@ class Unauthorized(GatewayError):
 
 class MalformedAnswer(GatewayError):
     """The answer did not have the shape the contract promises."""
+
+
+# The same failures, as values: what the hop's decisions take.
+
+
+class FaultKind(StrEnum):
+    """Every kind of gateway fault (the port's exceptions), as a value."""
+
+    AMBIGUOUS = "ambiguous"  # a create that may or may not have happened
+    TRANSIENT = "transient"  # no answer: timeout, 429, 5xx, never sent, held by the pace
+    GONE = "gone"  # 404 for a workspace
+    REJECTED = "rejected"  # refused for good (409, 422, other 4xx)
+    UNAUTHORIZED = "unauthorized"  # 401, 403
+    MALFORMED = "malformed"  # an answer not shaped as the contract says
+
+
+_KINDS: tuple[tuple[type[GatewayError], FaultKind], ...] = (
+    (AmbiguousCreate, FaultKind.AMBIGUOUS),
+    (TransientGatewayError, FaultKind.TRANSIENT),
+    (WorkspaceGone, FaultKind.GONE),
+    (RequestRejected, FaultKind.REJECTED),
+    (Unauthorized, FaultKind.UNAUTHORIZED),
+    (MalformedAnswer, FaultKind.MALFORMED),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class GatewayFault:
+    """What the gateway answered instead of an answer."""
+
+    kind: FaultKind
+    message: str
+    retry_after_s: float = 0.0  # a transient failure: when the gateway or the pace allows
+
+
+def fault_of(exc: GatewayError) -> GatewayFault:
+    """The port's exception as a value (an unknown subclass counts as transient)."""
+    retry_after_s = getattr(exc, "retry_after_s", 0.0)
+    for cls, kind in _KINDS:
+        if isinstance(exc, cls):
+            return GatewayFault(kind, str(exc), retry_after_s)
+    return GatewayFault(FaultKind.TRANSIENT, str(exc), retry_after_s)
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,10 +8,11 @@ Off the request path (what the worker runs, one short step at a time):
     run_hop(attempt_id, hop) -> HopOutcome     `infrastructure.usecases.hop`,
                                                deciding with `domain.hop`
     release(attempt_id)        the owed release of an attempt that ended unpromoted
+    decommission(brand_id)     empty, unbind and unclaim a deactivated brand's workspace
+                               (those two: `infrastructure.usecases.releases`)
     expire(attempt_id, t)      fail an attempt still pending past its deadline
     fail_internal(id, hop, e)  fail an attempt whose hop raised a bug on every retry
-    decommission(brand_id)     empty, unbind and unclaim a deactivated brand's workspace
-                               (those three: `infrastructure.usecases.releases`)
+                               (those two: `infrastructure.usecases.endings`)
 
 Every use case loads, observes through the ports, decides, and saves: every
 state change is ONE `Application.save` of all the aggregates it touches. A
@@ -30,7 +31,7 @@ from uuid import UUID
 from domain.errors import ProvisionerError
 from domain.outcomes import HopOutcome, Outcome
 from domain.policies import FailureReason
-from infrastructure.usecases import commands, releases
+from infrastructure.usecases import commands, endings, releases
 from infrastructure.usecases.commands import Deactivation
 from infrastructure.usecases.hop import HopRun
 from infrastructure.usecases.reads import EngineSettings, ServiceReads, SystemClock
@@ -89,11 +90,11 @@ class ProvisioningService(ServiceReads):
 
     def expire(self, attempt_id: UUID, started_before: datetime) -> bool:
         """Fail a pending attempt that started before `started_before` (its deadline)."""
-        return releases.expire(self, attempt_id, started_before)
+        return endings.expire(self, attempt_id, started_before)
 
     def fail_internal(self, attempt_id: UUID, hop: int, error: str) -> bool:
         """Fail an attempt whose hop raised an unexpected `error` on every retry."""
-        return releases.fail_internal(self, attempt_id, hop, error)
+        return endings.fail_internal(self, attempt_id, hop, error)
 
     def decommission(self, brand_id: str) -> int | None:
         """Empty a deactivated brand's workspace, then unbind it and release its claim."""

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from hypothesis import settings
 from hypothesis import strategies as st
 
-from domain.hop import FaultKind, GatewayFault
+from domain.ports import FaultKind, GatewayFault
 
 PARENT = "parent-1"
 TITLE = "Acme"

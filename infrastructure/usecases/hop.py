@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from functools import partial
 from typing import TypeAlias
 
 from eventsourcing.persistence import IntegrityError
@@ -20,8 +19,8 @@ from domain import hop as decide
 from domain.errors import AlreadyClaimed, BrandDeactivated, CommandRefused
 from domain.outcomes import HopOutcome, Outcome
 from domain.policies import Provenance, adoption_shortlist, same_title
-from domain.ports import GatewayError, WorkspaceGone
-from infrastructure.usecases import releases
+from domain.ports import GatewayError, GatewayFault, WorkspaceGone, fault_of
+from infrastructure.usecases import recovery, releases
 from infrastructure.usecases.hop_base import HopBase
 from infrastructure.usecases.retry import retry_on_conflict
 from infrastructure.usecases.unit import HopUnit
@@ -47,7 +46,7 @@ class HopRun(HopBase):
             try:
                 step = step()
             except GatewayError as exc:
-                step = self._end(decide.acquire_faulted(decide.fault_of(exc)))
+                step = self._end(decide.acquire_faulted(fault_of(exc)))
         return step
 
     def _raced(self) -> None:
@@ -60,14 +59,14 @@ class HopRun(HopBase):
         attempt = self.attempt
         placed_late = self.created is not None
         if placed_late:
-            recorded = self._record_created()
-            if isinstance(recorded, decide.Fail):
-                self._fail(recorded)  # the attempt has ended: the gate says so
+            failed = self._record_created()
+            if failed:
+                self._fail(failed)  # the attempt has ended: the gate says so
             self._save()
         releases.release_owed(self.svc, attempt, self.released)
-        gate = decide.gate(attempt.state, attempt.expected_hop, self.hop, placed_late)
-        if isinstance(gate, decide.Stand):
-            return self._outcome(gate.outcome, gate.detail, stand_down=gate.why)
+        stand = decide.gate(attempt.state, attempt.expected_hop, self.hop, placed_late)
+        if stand:
+            return self._outcome(stand.outcome, stand.detail, stand_down=stand.why)
         if attempt.candidate_id is not None:
             return self._poll
         return self._recover if attempt.create_unresolved else self._adopt_or_create
@@ -83,7 +82,7 @@ class HopRun(HopBase):
         our read makes it conflict and decide again.
         """
         attempt, slot = self.attempt, self.unit.slot()
-        made = releases.made_by_unresolved_create(self.svc, attempt, slot, self.unit.family)
+        made = recovery.made_by_unresolved_create(self.svc, attempt, slot, self.unit.family)
         if isinstance(made, decide.Wait):
             return self._end(made)
         # The grace counts from the create, or from the end of the last deferral after
@@ -100,7 +99,7 @@ class HopRun(HopBase):
             for shell in made.ours:
                 attempt.record_created(shell, self.hop)  # the rest: surplus, owed a release
             return self._poll
-        if isinstance(step, decide.Proceed):
+        if step is None:
             return self._adopt_or_create  # that create did not happen: adopt or create afresh
         return self._end(step)
 
@@ -109,13 +108,13 @@ class HopRun(HopBase):
         # The slot is read before the family, so an adoption that raced a
         # same-title create conflicts on the slot's version and decides again.
         slot, _ = self.unit.slot_and_brand()
-        waiting = decide.slot_gate(releases.slot_busy(self.svc, slot, attempt), attempt.title)
-        if isinstance(waiting, decide.Wait):
+        waiting = decide.slot_gate(recovery.slot_busy(self.svc, slot, attempt), attempt.title)
+        if waiting:
             return self._end(waiting)
         eligible = [
             m.id
             for m in adoption_shortlist(self.unit.family(), attempt.title, parent)
-            if not releases.claimed_by_other(self.svc, m.id, attempt.brand_id)
+            if not recovery.claimed_by_other(self.svc, m.id, attempt.brand_id)
             and self._is_empty(m.id)
         ]
         step = decide.adopt_or_create(eligible, attempt.title)
@@ -125,10 +124,9 @@ class HopRun(HopBase):
             return self._poll
         if isinstance(step, decide.Fail):
             return self._end(step)
-        if attempt.create_unresolved:  # giving an unconfirmed create up: at most so often
-            allowed = creates.may_create(attempt.creates_given_up, attempt.title)
-            if isinstance(allowed, decide.Fail):
-                return self._end(allowed)
+        refused = creates.may_create(attempt.creates_given_up, attempt.title)
+        if refused and attempt.create_unresolved:  # an unconfirmed create given up
+            return self._end(refused)
         return self._create
 
     def _is_empty(self, workspace_id: str) -> bool:
@@ -148,21 +146,21 @@ class HopRun(HopBase):
         except IntegrityError:
             again = self.svc.attempt(attempt.id)
             lost = decide.lost_create_race(again.create_requested_hop, again.candidate_id, self.hop)
-            if isinstance(lost, decide.Stand):
+            if lost:
                 return self._outcome(lost.outcome, lost.detail, stand_down=lost.why)
             raise
-        answer: str | decide.GatewayFault
+        answer: str | GatewayFault
         try:
             answer = self.svc.gateway.create_child(parent, attempt.title)
         except GatewayError as exc:
-            answer = decide.fault_of(exc)
+            answer = fault_of(exc)
         step = creates.create_answered(answer, parent, self.svc.settings.parent_ids or ())
         if isinstance(step, decide.Record):
             if step.workspace_id in (*known, *attempt.created_ids):
                 return self._fail(creates.created_again(step.workspace_id))
             self.created = step.workspace_id
-            recorded = self._record_created()
-            return self._poll if isinstance(recorded, decide.Proceed) else self._fail(recorded)
+            failed = self._record_created()
+            return self._fail(failed) if failed else self._poll
         if isinstance(step, decide.Recover):
             log.warning("create unconfirmed attempt=%s hop=%d", attempt.id, self.hop)
             self.unit.family_read = None  # read before our create: read it again
@@ -186,17 +184,17 @@ class HopRun(HopBase):
         slot.free(attempt.id)
         self.unit.touch(claim, slot)
 
-    def _record_created(self) -> decide.Fail | decide.Proceed:
+    def _record_created(self) -> decide.Fail | None:
         """Put what this run created on record: as the candidate, else as a surplus.
 
         Saved with the attempt's next save (after the first poll on the fresh path).
         A surplus (the attempt moved on meanwhile) is owed a release, which the next
-        step performs. Fail: the attempt must fail.
+        step performs. Returns a Fail when the attempt must fail instead.
         """
         attempt, workspace_id = self.attempt, self.created
         assert workspace_id is not None
         if workspace_id in attempt.created_ids:
-            return decide.Proceed()
+            return None
         takes_candidate = creates.created_takes_candidate(attempt.candidate_id, attempt.state)
         claimed = []
         if takes_candidate:
@@ -225,25 +223,25 @@ class HopRun(HopBase):
                 attempt.id,
                 workspace_id,
             )
-        return decide.Proceed()
+        return None
 
     # Poll.
 
     def _poll(self) -> Next:
         workspace_id = self.attempt.candidate_id
         assert workspace_id is not None
-        answer: str | decide.GatewayFault
+        answer: str | GatewayFault
         try:
             answer = self.svc.gateway.status(workspace_id)
         except GatewayError as exc:
-            answer = decide.fault_of(exc)
+            answer = fault_of(exc)
         step = decide.status_answered(answer, self.attempt.provenance, workspace_id)
         if isinstance(step, decide.Promote):
             return self._promote
         if isinstance(step, decide.DropExisting):
-            return partial(self._drop_existing, step.raw)
+            return self._drop_existing(step)
         if isinstance(step, decide.DropCandidate):
-            return partial(self._drop_candidate, step.raw)
+            return self._drop_candidate(step)
         return self._end(step)
 
     def _promote(self) -> HopOutcome:
@@ -261,21 +259,21 @@ class HopRun(HopBase):
         self._save()
         return self._outcome(Outcome.PROMOTED, "ready")
 
-    def _drop_existing(self, raw: str) -> HopOutcome:
+    def _drop_existing(self, step: decide.DropExisting) -> HopOutcome:
         """The bound workspace went terminal: unbind it; the next hop creates or adopts."""
         attempt, brand = self.attempt, self.unit.brand()
-        brand.unbind(f"status {raw!r}")
+        brand.unbind(f"status {step.raw!r}")
         self.unit.touch(brand)
         claim = self.unit.claim(attempt.candidate_id or "")
         if claim is not None and claim.brand_id == attempt.brand_id:
             claim.release("bound workspace went terminal")
             self.unit.touch(claim)
-        attempt.drop_candidate(raw, self.hop)
-        return self._end(decide.drop_existing_status(raw))
+        attempt.drop_candidate(step.raw, self.hop)
+        return self._end(step.then)
 
-    def _drop_candidate(self, raw: str) -> HopOutcome:
+    def _drop_candidate(self, step: decide.DropCandidate) -> HopOutcome:
         """The candidate's creation failed: drop it; the next hop creates again. A
         created one is then owed a release; an adopted one's claim goes back."""
         self.unit.touch(releases.adopted_claim_to_release(self.svc, self.attempt, self.unit.claim))
-        self.attempt.drop_candidate(raw, self.hop)
-        return self._end(decide.drop_candidate_status(raw))
+        self.attempt.drop_candidate(step.raw, self.hop)
+        return self._end(step.then)

@@ -1,34 +1,29 @@
 """Off the request path: what ended attempts and deactivated brands still owe.
 
     release(attempt_id)        the owed release of an attempt that ended unpromoted
-    expire(attempt_id, t)      fail an attempt still pending past its deadline
-    fail_internal(id, hop, e)  fail an attempt whose hop raised a bug on every retry
     decommission(brand_id)     empty, unbind and unclaim a deactivated brand's workspace
 
 `discharge` is what an ended attempt still owes (releases, the workspace of an
 unresolved create, an adopted claim, its title slot); a hop that finds its
-attempt ended performs it too.
+attempt ended performs it too. What an unresolved create made is read by
+`recovery`, as for the hop.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from datetime import datetime
-from typing import Any
 from uuid import UUID
 
 from eventsourcing.domain import Aggregate
 
 from domain import creates
-from domain import hop as decide
 from domain.attempt import ProvisioningAttempt
 from domain.claim import WorkspaceClaim
 from domain.errors import CommandRefused
-from domain.ids import claim_aggregate_id
 from domain.policies import AttemptState, FailureReason, Provenance
-from domain.ports import FamilyMember, GatewayError, TransientGatewayError, WorkspaceGone
-from domain.slot import TitleSlot
+from domain.ports import GatewayError, TransientGatewayError, WorkspaceGone
+from infrastructure.usecases import recovery
 from infrastructure.usecases.reads import ServiceReads
 from infrastructure.usecases.retry import retry_on_conflict
 
@@ -45,60 +40,6 @@ def release(svc: ServiceReads, attempt_id: UUID) -> tuple[str, ...]:
     def step() -> tuple[str, ...]:
         attempt = svc.attempt(attempt_id)
         return discharge(svc, attempt) if attempt.is_terminal else ()
-
-    return retry_on_conflict(svc.settings.max_rounds, step, _attempt_contended(attempt_id))
-
-
-def expire(svc: ServiceReads, attempt_id: UUID, started_before: datetime) -> bool:
-    """Fail a pending attempt that started before `started_before`: its deadline.
-
-    The reconciler's backstop, for an attempt whose hops cannot run (its message
-    dead-lettered again and again); a hop deferred that long fails itself. Saved
-    like any failure, version checked: a hop that commits first wins, one that
-    commits later finds the attempt failed and stands down. What it owes is
-    released by the release message the relay publishes for every `Failed`.
-    Returns whether it failed it.
-    """
-
-    def why(attempt: ProvisioningAttempt) -> str | None:
-        if attempt.created_on >= started_before:
-            return None
-        age_s = (svc.clock.now() - attempt.created_on).total_seconds()
-        return f"still pending {age_s:.0f} s after it started (hop {attempt.expected_hop})"
-
-    return _give_up(svc, attempt_id, FailureReason.DEADLINE, why)
-
-
-def fail_internal(svc: ServiceReads, attempt_id: UUID, hop: int, error: str) -> bool:
-    """Fail an attempt whose hop raised an unexpected exception on every retry (a
-    bug, not the gateway and not the database), naming it, instead of leaving it
-    pending until its deadline. Only while the attempt still expects that hop."""
-
-    def why(attempt: ProvisioningAttempt) -> str | None:
-        if attempt.expected_hop != hop:
-            return None  # another delivery moved it on: this one is stale
-        return f"hop {hop} raised {error} on every retry"
-
-    return _give_up(svc, attempt_id, FailureReason.INTERNAL_ERROR, why)
-
-
-def _give_up(
-    svc: ServiceReads,
-    attempt_id: UUID,
-    reason: FailureReason,
-    why: Callable[[ProvisioningAttempt], str | None],
-) -> bool:
-    def step() -> bool:
-        attempt = svc.attempt(attempt_id)
-        message = None if attempt.is_terminal else why(attempt)
-        if message is None:
-            return False
-        attempt.fail(reason, message, attempt.expected_hop)
-        svc.app.save(attempt)
-        fields = {"attempt": str(attempt_id), "outcome": "failed", "reason": reason.value}
-        log.error("attempt failed attempt=%s reason=%s: %s", attempt_id, reason.value, message,
-                  extra=fields)  # fmt: skip
-        return True
 
     return retry_on_conflict(svc.settings.max_rounds, step, _attempt_contended(attempt_id))
 
@@ -160,71 +101,6 @@ def empty_workspace(svc: ServiceReads, workspace_id: str) -> int:
     for project_id in project_ids:
         svc.gateway.delete_project(workspace_id, project_id)
     return len(project_ids)
-
-
-def claimed_by_other(svc: ServiceReads, workspace_id: str, brand_id: str) -> bool:
-    claim = svc.claim(workspace_id)
-    return claim is not None and claim.held_by_other_than(brand_id)
-
-
-def taken_elsewhere(svc: ServiceReads, workspace_id: str, attempt: ProvisioningAttempt) -> bool:
-    """Cannot be what the attempt's unresolved create made: another brand holds it,
-    or another attempt has it on record as made by its own create.
-
-    The second covers a shell that attempt created and released (unclaimed
-    now) and the workspace of the brand's own next attempt (claimed by the
-    same brand): both are new to an older create's baseline, and counted as
-    candidates they would make the search ambiguous for good, so the orphan
-    would never be recorded. The attempts the claim ever named are read.
-    """
-    claim: Any = None
-    named: set[UUID] = set()
-    for domain_event in svc.app.events.get(claim_aggregate_id(workspace_id)):
-        event: Any = domain_event
-        claim = event.mutate(claim)
-        by = getattr(event, "attempt_id", None)
-        if isinstance(by, UUID) and by != attempt.id:
-            named.add(by)
-    if claim is None:
-        return False
-    assert isinstance(claim, WorkspaceClaim)
-    if claim.held_by_other_than(attempt.brand_id):
-        return True
-    return bool(named) and any(
-        isinstance(other, ProvisioningAttempt) and workspace_id in other.created_ids
-        for other in svc.load(*named)
-    )
-
-
-def slot_busy(svc: ServiceReads, slot: TitleSlot, attempt: ProvisioningAttempt) -> bool:
-    """Another attempt holds the title slot afresh: its create of the same title may
-    be in flight and would look like ours (`domain.hop.slot_gate`)."""
-    return slot.busy_for(attempt.id, svc.clock.now(), svc.settings.create_grace_s)
-
-
-def made_by_unresolved_create(
-    svc: ServiceReads,
-    attempt: ProvisioningAttempt,
-    slot: TitleSlot,
-    family_of: Callable[[], list[FamilyMember]] | None = None,
-) -> decide.Wait | creates.Made:
-    """What the attempt's unconfirmed creates made (`domain.creates`), the family read
-    after the title slot (a wait while another attempt's create may be in flight).
-
-    What is taken elsewhere is read here, for the children the rule may credit.
-    The caller saves what it records with the slot bumped, so a reservation
-    taken after the slot's read makes that save conflict.
-    """
-    waiting = decide.slot_gate(slot_busy(svc, slot, attempt), attempt.title)
-    if isinstance(waiting, decide.Wait):
-        return waiting
-    if family_of is None:
-        family = svc.family(attempt.parent_workspace_id, attempt.title)
-    else:
-        family = family_of()  # the hop's, read once per round
-    args = (family, attempt.title, attempt.parent_workspace_id, attempt.creates)
-    taken = {m.id for m in creates.unaccounted(*args) if taken_elsewhere(svc, m.id, attempt)}
-    return creates.made_by_our_creates(*args, taken)
 
 
 def adopted_claim_to_release(
@@ -306,7 +182,7 @@ def discharge(svc: ServiceReads, attempt: ProvisioningAttempt) -> tuple[str, ...
         released += [ws for ws in earlier if empty_shell_again(svc, attempt, ws)]
     if attempt.orphan_search:
         slot = svc.slot(attempt.parent_workspace_id, attempt.title)
-        made = made_by_unresolved_create(svc, attempt, slot)
+        made = recovery.made_by_unresolved_create(svc, attempt, slot)
         if isinstance(made, creates.Made) and made.ours:
             for orphan in made.ours:
                 attempt.record_created(orphan, attempt.expected_hop)

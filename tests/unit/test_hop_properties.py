@@ -25,7 +25,6 @@ from domain import hop as decide
 from domain.attempt import ProvisioningAttempt
 from domain.claim import WorkspaceClaim
 from domain.creates import Made, create_answered, made_by_our_creates
-from domain.hop import GatewayFault
 from domain.policies import (
     AttemptState,
     Backoff,
@@ -40,6 +39,7 @@ from domain.policies import (
 )
 from domain.ports import (
     FamilyMember,
+    GatewayFault,
     MalformedAnswer,
     RequestRejected,
     TransientGatewayError,

@@ -24,9 +24,6 @@ from domain.hop import (
     DropCandidate,
     DropExisting,
     Fail,
-    FaultKind,
-    GatewayFault,
-    Proceed,
     Promote,
     Record,
     Recover,
@@ -40,12 +37,15 @@ from domain.policies import AttemptState, Backoff, Deferral, FailureReason, Prov
 from domain.ports import (
     AmbiguousCreate,
     FamilyMember,
+    FaultKind,
     GatewayError,
+    GatewayFault,
     MalformedAnswer,
     RequestRejected,
     TransientGatewayError,
     Unauthorized,
     WorkspaceGone,
+    fault_of,
 )
 
 Row = tuple[str, Callable[..., bool], Callable[..., object]]
@@ -97,7 +97,7 @@ GATE: list[Row] = [
         lambda s, e, h, p: h > e,
         lambda s, e, h, p: Stand(StandDown.FUTURE_HOP, f"attempt expects hop {e}"),
     ),
-    ("the expected hop of a pending attempt", lambda *a: True, lambda *a: Proceed()),
+    ("the expected hop of a pending attempt", lambda *a: True, lambda *a: None),
 ]
 table(
     "gate",
@@ -113,7 +113,7 @@ LOST_RACE: list[Row] = [
         lambda r, c, h: r == h and c is None,
         lambda *a: Stand(StandDown.CONCURRENT_DELIVERY, "another delivery is creating"),
     ),
-    ("anything else: decide again", lambda *a: True, lambda *a: Proceed()),
+    ("anything else: decide again", lambda *a: True, lambda *a: None),
 ]
 table(
     "lost_create_race",
@@ -129,7 +129,7 @@ SLOT: list[Row] = [
         lambda b, t: b,
         lambda b, t: Wait(f"another create titled {t!r} in flight"),
     ),
-    ("slot free, ours, or its reservation lapsed", lambda *a: True, lambda *a: Proceed()),
+    ("slot free, ours, or its reservation lapsed", lambda *a: True, lambda *a: None),
 ]
 table("slot_gate", SLOT, decide.slot_gate, itertools.product([False, True], [TITLE, "Other"]))
 
@@ -272,7 +272,7 @@ RECOVER: list[Row] = [
         lambda m, t, r, h, w, g: w <= g,
         lambda *a: Wait("create unconfirmed; not in the family yet", spends=False),
     ),
-    ("none after the grace: it did not happen", lambda *a: True, lambda *a: Proceed()),
+    ("none after the grace: it did not happen", lambda *a: True, lambda *a: None),
 ]
 table(
     "recover",
@@ -419,7 +419,7 @@ STATUS: list[Row] = [
     (
         "404 on the bound workspace",
         lambda a, p, w: isinstance(a, GatewayFault) and p is Provenance.EXISTING,
-        lambda a, p, w: DropExisting("gone (404)"),
+        lambda a, p, w: DropExisting("gone (404)", Wait("bound workspace reported 'gone (404)'")),
     ),
     (
         "404",
@@ -432,12 +432,12 @@ STATUS: list[Row] = [
     (
         "creation failed, the bound workspace",
         lambda a, p, w: a in CREATION_FAILED and p is Provenance.EXISTING,
-        lambda a, p, w: DropExisting(a),
+        lambda a, p, w: DropExisting(a, Wait(f"bound workspace reported {a!r}")),
     ),
     (
         "creation failed: drop the candidate, create again",
         lambda a, p, w: a in CREATION_FAILED,
-        lambda a, p, w: DropCandidate(a),
+        lambda a, p, w: DropCandidate(a, Wait(f"candidate reported {a!r}; creating again")),
     ),
     (
         "failed, error, invalid subscription (whatever the provenance): not safe to create again",
@@ -556,7 +556,7 @@ MAY_CREATE: list[Row] = [
             FailureReason.EXHAUSTED, f"{g + 1} creates titled {t!r} were never confirmed"
         ),
     ),
-    ("fewer: create again", lambda *a: True, lambda *a: Proceed()),
+    ("fewer: create again", lambda *a: True, lambda *a: None),
 ]
 table("may_create", MAY_CREATE, creates.may_create, [(g, TITLE) for g in range(5)])
 
@@ -579,7 +579,7 @@ EXCEPTIONS: list[Row] = [
 table(
     "fault_of",
     EXCEPTIONS,
-    decide.fault_of,
+    fault_of,
     [
         (cls(f"said {n}"),)
         for n, cls in enumerate(
