@@ -41,8 +41,12 @@ from projections.brand_workspaces import brand_status as status_of
 def brand_status(service: ProvisioningService, brand_id: str) -> dict[str, Any]:
     brand = service.brand(brand_id)
     attempt = service.attempt(brand.current_attempt_id) if brand.current_attempt_id else None
+    failure = attempt.failure_reason if attempt else None
     status = status_of(
-        brand.lifecycle, attempt.state.value if attempt else None, brand.workspace_id
+        brand.lifecycle,
+        attempt.state.value if attempt else None,
+        brand.workspace_id,
+        failure.value if failure else None,
     )
     return {
         "brand_id": brand.brand_id,

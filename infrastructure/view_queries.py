@@ -78,6 +78,12 @@ def count_attempts(
     }
 
 
+def count_degraded(store: SqlViewStore) -> int:
+    """Brands bound to a workspace the gateway reported terminal on re-confirm."""
+    name = PROJECTIONS["brand_workspaces"].name
+    return int(store.scalar(f"SELECT count(*) AS n FROM {name} WHERE status = 'degraded'"))
+
+
 def relay_position(store: SqlViewStore) -> int:
     """The relay's tracked position in the log (0 before its first batch)."""
     table = f"{RELAY_NAME}_tracking" if store.dialect.postgres else "tracking"

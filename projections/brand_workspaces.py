@@ -1,5 +1,5 @@
 """`brand_workspaces`: brand -> lifecycle, provisioning status, bound workspace,
-current attempt and its state, updated at. What the host platform reads to
+current attempt, its state and failure reason, updated at. What the host platform reads to
 answer "which workspace is brand B bound to?".
 
 `status` is decided by `brand_status` from the lifecycle, the bound workspace
@@ -17,7 +17,7 @@ from eventsourcing.utils import get_topic
 
 from domain.attempt import ENDED_BY
 from domain.brand import ACTIVE, DEACTIVATED, Brand
-from domain.policies import AttemptState
+from domain.policies import AttemptState, FailureReason
 from projections.core import TEXT, TS, Index, Row, RowCache
 
 _ATTEMPT_STATE = ENDED_BY
@@ -32,21 +32,33 @@ _BRAND_EVENTS = (
 )
 
 
-def brand_status(lifecycle: str, attempt_state: str | None, workspace_id: str | None) -> str:
-    """deactivated | ready | none | pending | failed | cancelled.
+def brand_status(
+    lifecycle: str,
+    attempt_state: str | None,
+    workspace_id: str | None,
+    failure_reason: str | None = None,
+) -> str:
+    """deactivated | ready | degraded | none | pending | failed | cancelled.
 
     A deactivated brand reads `deactivated` from its `Deactivated` event on (its
     workspace, if still bound, must not be used). An active brand with a bound
-    workspace reads `ready` until it is unbound, whatever its current attempt
-    (a failed, pending or cancelled re-confirm does not hide it). Otherwise the
-    current attempt's state decides: a superseded one is about to be followed
-    by its successor (pending); a promoted one whose workspace was unbound since
-    leaves the brand with none.
+    workspace reads `ready` until it is unbound, whatever its current attempt (a
+    pending or cancelled re-confirm, or one that failed for want of an answer,
+    does not hide it), except `degraded` when the current attempt failed because
+    the gateway reported the bound workspace terminal (`failed`, `error`,
+    `invalid subscription`): the workspace is kept, but not to be used.
+    Otherwise the current attempt's state decides: a superseded one is about to
+    be followed by its successor (pending); a promoted one whose workspace was
+    unbound since leaves the brand with none.
     """
     if lifecycle == DEACTIVATED:
         return "deactivated"
     if workspace_id is not None:
-        return "ready"
+        broken = (attempt_state, failure_reason) == (
+            AttemptState.FAILED.value,
+            FailureReason.TERMINAL_STATUS.value,
+        )
+        return "degraded" if broken else "ready"
     if attempt_state is None:
         return "none"
     state = AttemptState(attempt_state)
@@ -61,7 +73,8 @@ class BrandWorkspaces:
     name = "brand_workspaces"
     # Raised whenever what a row means changes; an older live copy is rebuilt.
     # 2: `status` reads `deactivated` from `Deactivated`, `ready` while bound.
-    version = 2
+    # 3: `degraded` while bound after a re-confirm saw a terminal status; `failure_reason`.
+    version = 3
     key = "id"  # the Brand aggregate's id; `brand_id` is the host platform's id
     index = "attempt_id"
     columns: ClassVar[dict[str, str]] = {
@@ -73,6 +86,7 @@ class BrandWorkspaces:
         "workspace_id": TEXT,
         "attempt_id": TEXT,
         "attempt_state": TEXT,
+        "failure_reason": TEXT,  # the current attempt's, once it failed
         "updated_at": TS,
     }
     indexes: tuple[Index, ...] = (
@@ -98,12 +112,14 @@ class BrandWorkspaces:
                 "workspace_id": None,
                 "attempt_id": None,
                 "attempt_state": None,
+                "failure_reason": None,
             }
         elif type(event) in _ATTEMPT_STATE:
             row = rows.by_index(rows.key_of(event))
             if row is None:
                 return  # not (or no longer) its brand's current attempt
             row["attempt_state"] = _ATTEMPT_STATE[type(event)].value
+            row["failure_reason"] = getattr(event, "reason", None)
         else:
             row = rows.get(rows.key_of(event))
             if row is None:
@@ -111,7 +127,9 @@ class BrandWorkspaces:
                     f"{type(event).__name__} of unregistered brand {event.originator_id}"
                 )
             self._apply_brand_event(event, row)
-        row["status"] = brand_status(row["lifecycle"], row["attempt_state"], row["workspace_id"])
+        row["status"] = brand_status(
+            row["lifecycle"], row["attempt_state"], row["workspace_id"], row["failure_reason"]
+        )
         row["updated_at"] = event.timestamp
         rows.put(row)
 
@@ -120,6 +138,7 @@ class BrandWorkspaces:
         if isinstance(event, Brand.AttemptBegun):
             row["attempt_id"] = str(event.attempt_id)
             row["attempt_state"] = AttemptState.PENDING.value
+            row["failure_reason"] = None
             row["title"] = event.title
         elif isinstance(event, Brand.WorkspaceBound):
             row["workspace_id"] = event.workspace_id

@@ -44,19 +44,21 @@ def touched(app: ProvisionerApplication, after: int) -> tuple[set[UUID], set[UUI
 
 def expected_brand_row(app: ProvisionerApplication, brand_id: UUID) -> dict[str, Any]:
     brand: Brand = app.repository.get(brand_id)
-    state = None
+    state = reason = None
     if brand.current_attempt_id is not None:
         attempt: ProvisioningAttempt = app.repository.get(brand.current_attempt_id)
         state = attempt.state.value
+        reason = attempt.failure_reason.value if attempt.failure_reason else None
     return {
         "id": str(brand.id),
         "brand_id": brand.brand_id,
         "title": brand.title,
         "lifecycle": brand.lifecycle,
-        "status": brand_status(brand.lifecycle, state, brand.workspace_id),
+        "status": brand_status(brand.lifecycle, state, brand.workspace_id, reason),
         "workspace_id": brand.workspace_id,
         "attempt_id": str(brand.current_attempt_id) if brand.current_attempt_id else None,
         "attempt_state": state,
+        "failure_reason": reason,
     }
 
 

@@ -26,7 +26,12 @@ from infrastructure.eventstore import (
 )
 from infrastructure.outbox import TOPICS
 from infrastructure.redaction import redact
-from infrastructure.view_queries import count_attempts, list_attempts, relay_position
+from infrastructure.view_queries import (
+    count_attempts,
+    count_degraded,
+    list_attempts,
+    relay_position,
+)
 from infrastructure.views import LogSource, SqlViewStore
 from worker.health_results import Clock, Degraded, Unhealthy, describe, utc_now
 
@@ -269,6 +274,7 @@ class StoredFacts:
         )
         for key in ("pending", "stuck", "releases_owed"):
             facts[key] = counts if isinstance(counts, Exception) else counts[key]
+        facts["brands_degraded"] = _attempt(lambda: count_degraded(store))
         for key, column in (
             ("oldest_stuck_due", "next_hop_due"),
             ("oldest_stuck_id", "attempt_id"),

@@ -132,8 +132,8 @@ class StateCollector(Collector):
     """Gauges of the stored state, computed when scraped from `facts()`:
 
     {"relay_lag": int | None, "projection_lag": {name: int}, "pending": int,
-     "stuck": int, "releases_owed": int}; a value that is missing, None or an
-    exception (it could not be read) is left out, and a failure to read any
+     "stuck": int, "releases_owed": int, "brands_degraded": int}; a value that is
+    missing, None or an exception (it could not be read) is left out, and a failure to read any
     leaves every gauge out of that scrape.
     """
 
@@ -166,6 +166,11 @@ class StateCollector(Collector):
             ("pending", "provisioner_attempts_pending", "Attempts still pending"),
             ("stuck", "provisioner_attempts_stuck", "Pending attempts overdue past the threshold"),
             ("releases_owed", "provisioner_releases_owed", "Ended attempts that owe a release"),
+            (
+                "brands_degraded",
+                "provisioner_brands_degraded",
+                "Brands bound to a workspace the gateway reported terminal on re-confirm",
+            ),
         ):
             if facts.get(key) is not None:
                 yield GaugeMetricFamily(name, text, value=facts[key])

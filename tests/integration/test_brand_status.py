@@ -1,5 +1,6 @@
 """`brand_workspaces` answers the host platform truthfully: a bound brand reads `ready`
-until it is unbound, whatever its latest attempt; a deactivated brand stops reading
+until it is unbound, whatever its latest attempt, unless a re-confirm saw the gateway
+report it terminal (`degraded`); a deactivated brand stops reading
 `ready` at its `Deactivated` event. The live runner, a rebuild and the audit trail
 agree; a copy built by older code is rebuilt by the runner on start."""
 
@@ -8,13 +9,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from domain.outcomes import Outcome
 from infrastructure.audit import brand_status
 from infrastructure.eventstore import ProvisionerApplication, open_event_store
 from infrastructure.fake_gateway import FakeGateway
 from infrastructure.gateway import HttpGateway
 from infrastructure.service import ProvisioningService
-from infrastructure.view_queries import brand_workspace
+from infrastructure.view_queries import brand_workspace, count_degraded
 from infrastructure.views import (
     PROJECTIONS,
     VERSIONS,
@@ -67,6 +70,32 @@ def test_a_failed_reconfirm_keeps_a_bound_brand_ready(
     assert row["attempt_state"] == "failed"  # the last attempt's outcome, on its own
     status = brand_status(service, brand_id)
     assert (status["status"], status["attempt_state"]) == ("ready", "failed")
+
+
+@pytest.mark.parametrize("database_url", ["postgres"], indirect=True)
+def test_a_reconfirm_that_sees_a_terminal_status_degrades_the_brand_and_keeps_its_id(
+    service: ProvisioningService,
+    fake: FakeGateway,
+    database_url: str,
+    brand_id: str,
+    title: str,
+) -> None:
+    workspace_id = bound(service, brand_id, title)
+    again = service.request_provisioning(brand_id, title, PARENT)  # re-confirms it
+    # The gateway now reports the bound workspace broken (as a scripted fate would).
+    fake._state.workspaces[workspace_id].fixed_status = "failed"
+
+    assert service.run_hop(again, 0).outcome is Outcome.FAILED
+    row = row_of(service.app, database_url, brand_id)
+    with SqlViewStore(database_url) as store:
+        ready = store.rows(BW, "status = 'ready' AND brand_id = ?", [brand_id])
+        degraded = count_degraded(store)
+
+    assert (row["status"], row["workspace_id"]) == ("degraded", workspace_id)
+    assert (row["attempt_state"], row["failure_reason"]) == ("failed", "terminal_status")
+    assert ready == []  # the host platform's query no longer returns it
+    assert degraded >= 1
+    assert brand_status(service, brand_id)["status"] == "degraded"
 
 
 def test_a_deactivated_brand_stops_reading_ready_at_its_deactivation(

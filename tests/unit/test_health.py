@@ -275,13 +275,13 @@ def test_any_other_path_is_404_and_metrics_stay_at_metrics() -> None:
 def test_the_state_gauges_are_read_when_scraped() -> None:
     probes = Probes()
     facts = {"relay_lag": 7, "projection_lag": {"attempts": 2}, "pending": 4, "stuck": 1,
-             "releases_owed": 3}  # fmt: skip
+             "releases_owed": 3, "brands_degraded": 2}  # fmt: skip
     probes.watch_state(lambda: facts)
     body = call(probes, "/metrics")[1].decode()
     for line in ('provisioner_relay_lag_events 7.0',
                  'provisioner_projection_lag_events{projection="attempts"} 2.0',
                  'provisioner_attempts_pending 4.0', 'provisioner_attempts_stuck 1.0',
-                 'provisioner_releases_owed 3.0'):  # fmt: skip
+                 'provisioner_releases_owed 3.0', 'provisioner_brands_degraded 2.0'):  # fmt: skip
         assert line in body
     probes.watch_state(failing)  # type: ignore[arg-type]
     status, body = call(probes, "/metrics")

@@ -61,6 +61,48 @@ def test_a_brand_row_tracks_its_current_attempt_only() -> None:
     assert (row["status"], row["workspace_id"]) == ("ready", "ws-9")
 
 
+def test_a_bound_brand_reads_degraded_only_after_a_terminal_status() -> None:
+    terminal = FailureReason.TERMINAL_STATUS.value
+    assert brand_status("active", "failed", "ws-1", terminal) == "degraded"
+    assert brand_status("active", "failed", "ws-1", "unauthorized") == "ready"
+    assert brand_status("active", "failed", None, terminal) == "failed"  # nothing bound
+    assert brand_status("deactivated", "failed", "ws-1", terminal) == "deactivated"
+
+
+def reconfirm(brand: Brand, at: datetime) -> ProvisioningAttempt:
+    """A new attempt for the brand's title and parent: its candidate is the bound one."""
+    attempt = ProvisioningAttempt.start("b-3", "Acme", "parent", brand.workspace_id, max_hop=3)
+    brand.begin_attempt(attempt.id, "Acme", "parent", at)
+    return attempt
+
+
+def test_a_reconfirm_that_sees_a_terminal_status_degrades_the_row_and_keeps_the_id() -> None:
+    brand = Brand.register("b-3", "Acme", "parent")
+    first = reconfirm(brand, datetime(2030, 1, 1, tzinfo=UTC))
+    first.accept_candidate("ws-3", Provenance.CREATED, 0)
+    first.promote(0)
+    brand.bind("ws-3", first.id)
+    broken = reconfirm(brand, datetime(2030, 1, 2, tzinfo=UTC))
+    broken.fail(FailureReason.TERMINAL_STATUS, "workspace ws-3 reported status 'failed'", 0)
+    history = [*brand.collect_events(), *first.collect_events(), *broken.collect_events()]
+    history.sort(key=lambda e: e.timestamp)
+    [degraded] = project(BrandWorkspaces(), history)
+    healed = reconfirm(brand, datetime(2030, 1, 3, tzinfo=UTC))
+    healed.promote(0)
+    brand.bind("ws-3", healed.id)
+    [ready] = project(
+        BrandWorkspaces(), [*history, *brand.collect_events(), *healed.collect_events()]
+    )
+
+    assert (degraded["status"], degraded["workspace_id"]) == ("degraded", "ws-3")
+    assert (degraded["attempt_state"], degraded["failure_reason"]) == ("failed", "terminal_status")
+    assert (ready["status"], ready["workspace_id"], ready["failure_reason"]) == (
+        "ready",
+        "ws-3",
+        None,
+    )
+
+
 def test_an_attempt_row_counts_hops_and_what_it_owes() -> None:
     attempt = ProvisioningAttempt.start("b-2", "Acme", "parent", None, max_hop=3)
     attempt.request_create(0, [], NOW)

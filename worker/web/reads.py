@@ -23,7 +23,7 @@ from infrastructure.settings import Settings
 from infrastructure.view_queries import list_attempts, relay_position
 from infrastructure.views import PROJECTIONS, LogSource, SqlViewStore
 
-STATUSES = ("ready", "pending", "failed", "cancelled", "none", "deactivated")
+STATUSES = ("ready", "degraded", "pending", "failed", "cancelled", "none", "deactivated")
 BRANDS_SHOWN = 500
 
 
