@@ -122,15 +122,44 @@ def _audit(fetch: Any) -> Any:
         service.app.close()
 
 
+def _status(service: Any, brand_id: str) -> dict[str, Any]:
+    """The brand's status, and its current attempt's "why, and what next?"."""
+    from datetime import UTC, datetime
+    from uuid import UUID
+
+    from infrastructure.audit import brand_status
+    from worker.attempt_progress import progress_fields
+
+    data = brand_status(service, brand_id)
+    attempt = service.attempt(UUID(data["attempt_id"])) if data.get("attempt_id") else None
+    parents = load_settings().parent_ids
+    said = progress_fields(attempt, service.settings, datetime.now(UTC), parents)
+    # The reason and its advice right under the status; the attempt's figures after it.
+    ordered: dict[str, Any] = {}
+    for key, value in data.items():
+        ordered[key] = value
+        if key == "status":
+            ordered.update(reason=said.pop("reason"), advice=said.pop("advice"))
+    return {**ordered, **said}
+
+
+def _status_record(data: dict[str, Any]) -> None:
+    """The record; of the attempt's figures, those it has (the JSON has them all)."""
+    from worker.attempt_progress import FIELDS
+
+    shown = {k: v for k, v in data.items() if k not in FIELDS or v is not None}
+    _record({k: _table_value(v) if v is not None else None for k, v in shown.items()})
+
+
 @click.command()
 @click.argument("brand_id")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def status(brand_id: str, as_json: bool) -> None:
-    """The brand's current state and workspace."""
-    from infrastructure.audit import brand_status
-
-    data = _audit(lambda service: brand_status(service, brand_id))
-    _print(data, as_json, _record)
+    """The brand's current state and workspace; its current attempt: why it is where it
+    is and what comes next (its hop, budget, next hop, deferrals, or its failure's
+    reason and what to do)."""
+    data = _audit(lambda service: _status(service, brand_id))
+    _print(data, as_json, _status_record)
 
 
 @click.command()
@@ -248,23 +277,45 @@ def _table_value(value: Any) -> str:
     return "" if value is None else str(value)
 
 
+def _age(started_at: Any, now: Any) -> str:
+    """How long ago, in its largest unit: 42s, 7m, 3h, 12d."""
+    if started_at is None:
+        return ""
+    seconds = max(int((now - started_at).total_seconds()), 0)
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"
+
+
+def _last_error(row: dict[str, Any]) -> Any:
+    """What a row shows as its last error: none once promoted (what the gateway said
+    while it settled is no error)."""
+    return None if row["state"] == "promoted" else row["last_error"]
+
+
 def _attempts_table(found: list[dict[str, Any]]) -> Any:
     """Fits 80 columns: the attempt id whole (to copy), its last error folded under it."""
+    from datetime import UTC, datetime
+
     from rich.console import Group
     from rich.padding import Padding
     from rich.text import Text
 
+    now = datetime.now(UTC)
     table = compact_table(f"{len(found)} attempts (`attempt ID` for one in full)")
     table.add_column("attempt / last error", overflow="fold", ratio=1, min_width=36)
-    table.add_column("brand", overflow="fold", max_width=20)
+    table.add_column("brand", overflow="fold", max_width=16)
     table.add_column("state", no_wrap=True)
     table.add_column("hops", justify="right", no_wrap=True)
+    table.add_column("age", justify="right", no_wrap=True)
     for row in found:
         first: Any = Text(printable(str(row["attempt_id"])))
-        if row["last_error"]:
-            error = Text(printable(str(row["last_error"])), style="dim", overflow="fold")
+        if _last_error(row):
+            error = Text(printable(str(_last_error(row))), style="dim", overflow="fold")
             first = Group(first, Padding(error, (0, 0, 0, 2)))
-        table.add_row(first, cell(row["brand_id"]), cell(row["state"]), cell(row["hops_used"]))
+        table.add_row(first, cell(row["brand_id"]), cell(row["state"]), cell(row["hops_used"]),
+                      cell(_age(row["started_at"], now)))  # fmt: skip
     return table
 
 
@@ -278,7 +329,8 @@ def _attempt_blocks(found: list[dict[str, Any]]) -> Any:
         if n:
             table.add_row("", "")
         for column in ATTEMPT_COLUMNS:
-            table.add_row(column, cell(_table_value(row[column])))
+            value = _last_error(row) if column == "last_error" else row[column]
+            table.add_row(column, cell(_table_value(value)))
     return table
 
 

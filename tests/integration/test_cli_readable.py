@@ -3,6 +3,7 @@ the failure message, the brand's own events between its attempts, whole sentence
 
 from __future__ import annotations
 
+import json
 import re
 from importlib.metadata import version
 from pathlib import Path
@@ -19,6 +20,7 @@ from infrastructure.service import ProvisioningService
 from infrastructure.views import SqlViewStore
 from tests.conftest import PARENT, ManualClock
 from tests.integration.test_read_models import catch_up_all
+from worker.attempt_progress import FIELDS
 from worker.cli import _wait_for, main
 
 LONG_BRAND = "b-" + "long-brand-name-" * 4
@@ -61,6 +63,8 @@ def story(tmp_path: Path, fake: FakeGateway, http_gateway: HttpGateway) -> dict[
     return {
         "runner": CliRunner(env={"PROVISIONER_DATABASE_URL": url, "COLUMNS": "80"}),
         "service": service,
+        "clock": clock,
+        "url": url,
         "first": str(first),
         "second": str(second),
         "failed": str(failed),
@@ -166,3 +170,72 @@ def test_status_reads_as_aligned_fields_without_none(story: dict[str, Any]) -> N
     assert "workspace_id:  none" in lines
     assert "attempt_state: failed" in lines
     assert "None" not in text
+
+
+def test_status_says_why_and_what_next(story: dict[str, Any], fake: FakeGateway) -> None:
+    runner, service = story["runner"], story["service"]
+    fake.configure(terminal_rate=0.0, unauthorized_rate=1.0)
+    service.run_hop(service.request_provisioning("b-token", "Token Co", PARENT), 0)
+    fake.configure(unauthorized_rate=0.0)
+    # Nothing answers on port 9: the hop is deferred, the settle budget untouched.
+    silent = HttpGateway("http://127.0.0.1:9", "unused", retry_backoff_s=0.0)
+    deferring = ProvisioningService(service.app, silent, clock=story["clock"])
+    deferring.run_hop(deferring.request_provisioning("b-silent", "Silent Co", PARENT), 0)
+
+    failed = _words(_read(runner, "status", LONG_BRAND))
+    pending = _words(_read(runner, "status", "b-read"))
+    token = _words(_read(runner, "status", "b-token"))
+    deferred = _words(_read(runner, "status", "b-silent"))
+    as_json = json.loads(runner.invoke(main, ["status", "b-read", "--json"]).output)
+    silent_json = json.loads(runner.invoke(main, ["status", "b-silent", "--json"]).output)
+
+    assert "status: failed reason: exhausted advice: the workspace was not ready" in failed
+    assert f"parent: {PARENT}" in failed
+    assert "progress:" not in failed  # an ended attempt has no next hop
+    assert "reason: unauthorized" in token
+    assert "rotate the token (PROVISIONER_GATEWAY_TOKEN)" in token
+    assert re.search(r"progress: hop 1 of 6, next at [0-9:]{8}.*, fails after "
+                     r"[0-9:]{8} unless confirmed", pending), pending  # fmt: skip
+    assert "budget_left: 5" in pending
+    assert "reason: deferred" in deferred
+    assert "deferral: deferred ×1: gateway unavailable" in deferred
+    assert "progress: hop 1 of 6 (hop #1 in all), next at" in deferred
+    assert set(FIELDS) <= set(as_json)  # the JSON has every field, null where none
+    assert (as_json["hop"], as_json["settle_hops"], as_json["max_hop"]) == (0, 0, 5)
+    assert as_json["progress"].startswith("hop 1 of 6, next at ")
+    assert (silent_json["reason"], silent_json["deferred_row"]) == ("deferred", 1)
+    assert silent_json["down_since"] is not None
+    assert silent_json["fails_after"] is not None
+
+
+def test_attempts_show_their_age_and_no_error_once_promoted(
+    story: dict[str, Any], fake: FakeGateway
+) -> None:
+    service, clock = story["service"], story["clock"]
+    fake.configure(terminal_rate=0.0, settle_polls=1)
+    settled = service.request_provisioning("b-settles", "Settles Co", PARENT)
+    outcome, hop = service.run_hop(settled, 0), 0
+    while outcome.next_hop is not None:
+        clock.advance(60)
+        hop = outcome.next_hop
+        outcome = service.run_hop(settled, hop)
+    assert service.attempt(settled).state.value == "promoted"
+    assert service.attempt(settled).last_status  # what it said while it settled
+    with SqlViewStore(story["url"]) as views:
+        catch_up_all(service.app, views)
+
+    text = _read(story["runner"], "attempts")
+    wide = _words(_read(story["runner"], "attempts", "--wide"))
+    raw = json.loads(story["runner"].invoke(main, ["attempts", "--json"]).output)
+
+    header = next(line for line in text.splitlines() if line.startswith("attempt / last error"))
+    row = next(line for line in text.splitlines() if str(settled) in line)
+    said = next(r for r in raw if r["attempt_id"] == str(settled))["last_error"]
+    block = wide.split(f"attempt_id {settled}")[1].split("attempt_id ")[0]
+
+    assert header.rstrip().endswith("age")
+    assert re.search(r" promoted +\d+ +\d+[smhd]$", row.rstrip()), row
+    assert said  # the projection keeps what it said while it settled ...
+    assert said not in _words(text)  # ... which a promoted row does not show as an error
+    assert said not in block
+    assert "last_error" in block
