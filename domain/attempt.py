@@ -92,6 +92,10 @@ class ProvisioningAttempt(Aggregate):
         workspace_id: str
         to_attempt_id: UUID
 
+    class ReleaseRefused(Aggregate.Event):
+        workspace_id: str
+        message: str
+
     def __init__(
         self,
         brand_id: str,
@@ -123,7 +127,9 @@ class ProvisioningAttempt(Aggregate):
         # search for it goes on after the attempt ends, whatever later creates did.
         self.creates_lost = 0
         self.creates_given_up = 0  # ... for a new create (at most MAX_CREATES - 1)
-        self.released_ids: tuple[str, ...] = ()  # emptied, or handed to a later attempt
+        # No longer owed: emptied, handed to a later attempt, or refused for good (below).
+        self.released_ids: tuple[str, ...] = ()
+        self.refused_ids: tuple[str, ...] = ()  # the gateway refused to empty: left as is
         self.settle_hops = 0  # hops the gateway answered "not yet" (the settle budget)
         self.deferrals = 0  # hops the gateway did not answer, in all
         self.deferred_in_row = 0  # ... since the last hop it answered
@@ -306,6 +312,14 @@ class ProvisioningAttempt(Aggregate):
             raise CommandRefused(f"attempt {self.id} owes no release of {workspace_id}")
         self._candidate_handed_over(workspace_id, to_attempt_id)
 
+    def record_release_refused(self, workspace_id: str, message: str) -> None:
+        """The gateway refused for good to empty a workspace we owe a release of (a
+        4xx on its projects): a decision on record, not a release retried forever.
+        Nothing more is deleted; the workspace is left to an operator."""
+        if workspace_id not in self.owed_releases:
+            raise CommandRefused(f"attempt {self.id} owes no release of {workspace_id}")
+        self._release_refused(workspace_id, message)
+
     # Events: mutation only.
 
     @event(CreateRequested)
@@ -386,6 +400,11 @@ class ProvisioningAttempt(Aggregate):
     @event(CandidateHandedOver)
     def _candidate_handed_over(self, workspace_id: str, to_attempt_id: UUID) -> None:
         self.released_ids = (*self.released_ids, workspace_id)
+
+    @event(ReleaseRefused)
+    def _release_refused(self, workspace_id: str, message: str) -> None:
+        self.released_ids = (*self.released_ids, workspace_id)
+        self.refused_ids = (*self.refused_ids, workspace_id)
 
 
 # The events that end an attempt, and the state each leaves it in (read models use it).

@@ -42,12 +42,13 @@ _EVENTS = (
     *_TERMINAL,
     A.CandidateReleased,
     A.CandidateHandedOver,
+    A.ReleaseRefused,
 )
 
 # Only these can change what is owed (the rest leave every input of the rule alone).
 _CHANGES_OWED = frozenset(
     {A.Started, A.SurplusCreated, A.CandidateAccepted, A.CandidateDropped, *_TERMINAL,
-     A.CandidateReleased, A.CandidateHandedOver}
+     A.CandidateReleased, A.CandidateHandedOver, A.ReleaseRefused}
 )  # fmt: skip
 
 
@@ -188,7 +189,7 @@ class Attempts:
             if isinstance(event, A.Failed):
                 row["failure_reason"] = event.reason
                 row["last_error"] = event.message or None
-        elif isinstance(event, (A.CandidateReleased, A.CandidateHandedOver)):
-            row["released_ids"] = [*row["released_ids"], event.workspace_id]
+        elif isinstance(event, (A.CandidateReleased, A.CandidateHandedOver, A.ReleaseRefused)):
+            row["released_ids"] = [*row["released_ids"], event.workspace_id]  # none owed
             if isinstance(event, A.CandidateReleased):
                 row["create_unresolved"] = 0

@@ -237,7 +237,8 @@ def reconcile(
     finally:
         service.app.close()
     echo(
-        f"re-published {report.hops} hops, {report.releases} releases, "
+        f"re-published {report.hops} hops, {report.releases} owed releases "
+        f"({report.stuck} stuck), {report.rechecks} orphan re-checks, "
         f"{report.decommissions} decommissions; {report.expired} attempts failed at "
         "their deadline"
     )

@@ -3,7 +3,9 @@
 Each sweep reads the projections and re-publishes what should have happened:
 - a hop for every pending attempt whose next hop is overdue by `overdue_s`;
 - a release for every ended attempt (promoted ones included) that has owed one
-  for `grace_s`; and, during `orphan_window_s` after it ended, for one whose
+  for `grace_s` (one owed for `stuck_after_s` after it ended is logged as stuck,
+  with its brand and attempt); and, during `orphan_window_s` after it ended, a
+  re-check (the same release message, counted apart: nothing is owed) for one whose
   create is unresolved or was given up unconfirmed (the workspace may still
   appear upstream: the release looks for it again, even after a later create
   succeeded) and for one failed `exhausted` (its shells, emptied while still
@@ -56,13 +58,15 @@ REPUBLISHED = Counter(
 @dataclass
 class SweepReport:
     hops: int = 0
-    releases: int = 0
+    releases: int = 0  # owed: `provisioner_releases_owed` counts the same rows
+    rechecks: int = 0  # nothing owed: within the orphan window, look for a late create
     decommissions: int = 0
     expired: int = 0
+    stuck: int = 0  # owed releases still owed `stuck_after_s` after the attempt ended
 
     @property
     def total(self) -> int:
-        return self.hops + self.releases + self.decommissions + self.expired
+        return self.hops + self.releases + self.rechecks + self.decommissions + self.expired
 
 
 class Reconciler:
@@ -79,6 +83,7 @@ class Reconciler:
         interval_s: float = 30.0,
         resend_s: float = 300.0,
         orphan_window_s: float = 3600.0,
+        stuck_after_s: float = 900.0,
         deadline_s: float = 86_400.0,
         service: ProvisioningService | None = None,
     ) -> None:
@@ -89,6 +94,7 @@ class Reconciler:
         self.interval_s = interval_s
         self.resend_s = resend_s
         self.orphan_window_s = orphan_window_s
+        self.stuck_after_s = stuck_after_s
         self.deadline_s = deadline_s
         self.service = service
         self._sent: dict[tuple[str, str, int], float] = {}
@@ -127,11 +133,25 @@ class Reconciler:
                 message = messages.hop(UUID(row["attempt_id"]), row["next_hop"])
                 self._send(broker, message, ("hop", row["attempt_id"], row["next_hop"]))
                 report.hops += 1
+        stuck_before = now - timedelta(seconds=self.stuck_after_s)
         for row in self._owing(store, now):
             if self._fresh("release", row["attempt_id"]):
                 message = messages.release(UUID(row["attempt_id"]))
                 self._send(broker, message, ("release", row["attempt_id"], 0))
+                if not row["release_owed"]:
+                    report.rechecks += 1
+                    continue
                 report.releases += 1
+                finished = row["finished_at"]
+                if finished is not None and finished < stuck_before:
+                    report.stuck += 1
+                    log.warning(
+                        "release still owed %.0f s after the attempt ended brand=%s attempt=%s "
+                        "owed=%d; re-published (`provisioner history %s` says what failed)",
+                        (now - finished).total_seconds(), row["brand_id"], row["attempt_id"],
+                        row["release_owed"], row["brand_id"],
+                        extra={"brand": row["brand_id"], "attempt": row["attempt_id"]},
+                    )  # fmt: skip
         before = store.dialect.to_db("ts", now - timedelta(seconds=self.grace_s))
         bound = store.rows(
             PROJECTIONS["brand_workspaces"],
@@ -145,14 +165,16 @@ class Reconciler:
                 self._send(broker, message, ("decommission", row["brand_id"], 0))
                 report.decommissions += 1
         for kind, count in (("hop", report.hops), ("release", report.releases),
-                            ("decommission", report.decommissions),
+                            ("recheck", report.rechecks), ("decommission", report.decommissions),
                             ("expired", report.expired)):  # fmt: skip
             if count:
                 REPUBLISHED.labels(kind).inc(count)
         if report.total:
             log.warning(
-                "re-published %d hops, %d releases, %d decommissions; %d attempts expired",
-                report.hops, report.releases, report.decommissions, report.expired,
+                "re-published %d hops, %d owed releases (%d stuck), %d orphan re-checks, "
+                "%d decommissions; %d attempts expired",
+                report.hops, report.releases, report.stuck, report.rechecks,
+                report.decommissions, report.expired,
             )  # fmt: skip
         return report
 

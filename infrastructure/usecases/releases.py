@@ -22,7 +22,7 @@ from domain.attempt import ProvisioningAttempt
 from domain.claim import WorkspaceClaim
 from domain.errors import CommandRefused
 from domain.policies import AttemptState, FailureReason, Provenance
-from domain.ports import GatewayError, TransientGatewayError, WorkspaceGone
+from domain.ports import GatewayError, RequestRejected, TransientGatewayError, WorkspaceGone
 from infrastructure.usecases import recovery
 from infrastructure.usecases.reads import ServiceReads
 from infrastructure.usecases.retry import retry_on_conflict
@@ -142,7 +142,18 @@ def release_workspace(svc: ServiceReads, attempt: ProvisioningAttempt, workspace
     if claim.releasing_by != attempt.id:
         claim.begin_release(attempt.brand_id, attempt.id)
         svc.app.save(claim)
-    deleted = empty_workspace(svc, workspace_id)
+    try:
+        deleted = empty_workspace(svc, workspace_id)
+    except RequestRejected as exc:
+        attempt.record_release_refused(workspace_id, str(exc))
+        claim.release("the gateway refused to empty it")
+        svc.app.save(attempt, claim)
+        log.error(  # noqa: TRY400 - a decision on record; a traceback adds nothing
+            "release refused for good brand=%s attempt=%s workspace=%s: %s; nothing more "
+            "is deleted: empty it by hand once the gateway allows it",
+            attempt.brand_id, attempt.id, workspace_id, exc,
+        )  # fmt: skip
+        return False
     attempt.record_release(workspace_id, deleted)
     claim.release("emptied")
     svc.app.save(attempt, claim)
@@ -168,9 +179,9 @@ def release_owed(svc: ServiceReads, attempt: ProvisioningAttempt, released: list
                 if release_workspace(svc, attempt, workspace_id):
                     released.append(workspace_id)
     except TransientGatewayError as exc:  # no answer: the pace logs the outage once
-        log.info("release deferred attempt=%s: %s", attempt.id, exc)
+        log.info("release deferred brand=%s attempt=%s: %s", attempt.brand_id, attempt.id, exc)
     except GatewayError as exc:
-        log.warning("release deferred attempt=%s: %s", attempt.id, exc)
+        log.warning("release deferred brand=%s attempt=%s: %s", attempt.brand_id, attempt.id, exc)
 
 
 def discharge(svc: ServiceReads, attempt: ProvisioningAttempt) -> tuple[str, ...]:
@@ -178,7 +189,7 @@ def discharge(svc: ServiceReads, attempt: ProvisioningAttempt) -> tuple[str, ...
     and an exhausted attempt's shells re-checked."""
     released = [ws for ws in attempt.owed_releases if release_workspace(svc, attempt, ws)]
     if attempt.failure_reason is FailureReason.EXHAUSTED:
-        earlier = [ws for ws in attempt.released_ids if ws not in released]
+        earlier = [ws for ws in attempt.released_ids if ws not in (*released, *attempt.refused_ids)]
         released += [ws for ws in earlier if empty_shell_again(svc, attempt, ws)]
     if attempt.orphan_search:
         slot = svc.slot(attempt.parent_workspace_id, attempt.title)

@@ -298,6 +298,29 @@ def test_a_cancelled_attempt_releases_what_it_created_when_released(
     assert service.release(attempt_id) == ()  # safe to repeat
 
 
+def test_a_release_the_gateway_refuses_for_good_is_recorded_once_not_retried(
+    service: ProvisioningService, gateway: MemoryGateway
+) -> None:
+    gateway.new_statuses = ["not ready"]
+    attempt_id = service.request_provisioning("b1", TITLE, PARENT)
+    first = service.run_hop(attempt_id, 0)
+    assert first.workspace_id is not None
+    gateway.workspaces[first.workspace_id].projects = ["p-1"]
+    gateway.fail["delete_project"] = [RequestRejected("HTTP 409: project locked")]
+
+    service.deactivate("b1")
+    assert service.release(attempt_id) == ()
+
+    attempt = service.attempt(attempt_id)
+    assert attempt.refused_ids == (first.workspace_id,)
+    assert attempt.owed_releases == ()  # a decision on record: nothing left to retry
+    assert gateway.workspaces[first.workspace_id].projects == ["p-1"]  # nothing more deleted
+    claim = service.claim(first.workspace_id)
+    assert claim is not None and claim.brand_id is None
+    assert service.release(attempt_id) == ()
+    assert gateway.calls["delete_project"] == 1
+
+
 def test_retry_on_conflict_decides_again_then_gives_up() -> None:
     rounds: list[int] = []
     forgotten: list[int] = []
