@@ -16,6 +16,7 @@ import click
 
 from infrastructure.fake_gateway.cli import serve as serve_fake_gateway
 from worker import cli_read
+from worker.cli_audit import audit
 from worker.cli_dead_letters import dead_letters
 from worker.cli_rollout import retry, rollout
 from worker.cli_serve import projections, reconcile, relay, run, worker
@@ -131,7 +132,7 @@ def deactivate(brand_id: str) -> None:
 
 for command in (cli_read.status, cli_read.history, cli_read.attempt, cli_read.pointer,
                 cli_read.attempts, db, broker, projections, worker, relay, run, reconcile,
-                rollout, retry, dead_letters):  # fmt: skip
+                rollout, retry, dead_letters, audit):  # fmt: skip
     main.add_command(command)
 main.add_command(serve_fake_gateway, "fake-gateway")
 

@@ -1,0 +1,120 @@
+"""The upstream audit against the fake over HTTP: it finds an orphan of ours, releases
+it once through the release use case, and never touches someone else's workspace or
+the parent."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from domain.upstream_audit import Kind
+from infrastructure.eventstore import ProvisionerApplication
+from infrastructure.fake_gateway import FakeConfig, FakeGateway
+from infrastructure.gateway import HttpGateway
+from infrastructure.service import EngineSettings, ProvisioningService
+from infrastructure.usecases.upstream_audit import audit_parent, fix, parents_on_record
+from tests.audit_support import lose_a_create
+from tests.conftest import TOKEN
+from tests.support import drive
+from worker.cli import main
+
+
+@pytest.fixture
+def parent() -> str:
+    """A parent of this test's own: the session's PostgreSQL database is shared, and the
+    audit reads every brand and attempt under a parent."""
+    return f"org-{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture
+def fake(parent: str) -> Iterator[FakeGateway]:
+    with FakeGateway(FakeConfig(seed=uuid.uuid4().int % 2**31), parents=(parent,)) as gateway:
+        yield gateway
+
+
+@pytest.fixture
+def service(app: ProvisionerApplication, fake: FakeGateway, parent: str) -> Iterator[Any]:
+    with HttpGateway(fake.url, TOKEN, read_timeout=0.5, retries=1) as gateway:
+        yield ProvisioningService(
+            app, gateway, settings=EngineSettings(parent_ids=frozenset({parent}))
+        )
+
+
+def upstream(fake: FakeGateway, title: str) -> dict[str, dict[str, Any]]:
+    return {w["id"]: w for w in fake.state()["workspaces"] if w["title"] == title}
+
+
+def test_an_orphan_of_ours_is_found_recorded_and_released_once(
+    service: ProvisioningService, fake: FakeGateway, brand_id: str, title: str, parent: str
+) -> None:
+    bound = service.request_provisioning(brand_id, title, parent)
+    drive(service, bound)
+    [mine] = upstream(fake, title)
+    others = fake.seed_workspace(title, parent, status="created", projects=1)["id"]
+    lost = lose_a_create(service, f"{brand_id}-lost", title, parent)
+    [orphan] = set(upstream(fake, title)) - {mine, others}
+    fake.add_project(orphan)  # someone started using it: it is emptied all the same
+
+    found = audit_parent(service, parent)
+    done = fix(service, found)
+    head = service.app.recorder.max_notification_id()
+    again = audit_parent(service, parent)
+    fix(service, again)
+
+    assert parent in parents_on_record(service)
+    by_kind = {(f.kind, f.workspace_id) for f in found.findings}
+    assert by_kind == {(Kind.ORPHAN, orphan), (Kind.FOREIGN, others)}
+    assert [f.kind for f in found.problems] == [Kind.ORPHAN]
+    assert found.problems[0].attempt_id == str(lost)
+    assert found.problems[0].projects == 1
+    assert [d.done for d in done] == [f"recorded and released by attempt {lost}"]
+    attempt = service.attempt(lost)
+    assert orphan in attempt.created_ids
+    assert orphan in attempt.released_ids
+    assert again.problems == ()
+    assert [(f.kind, f.workspace_id) for f in again.findings] == [(Kind.FOREIGN, others)]
+    assert dict(again.clean) == {"bound_ready": 1, "bound_settling": 0, "released_empty": 1}
+    assert service.app.recorder.max_notification_id() == head  # nothing more recorded
+    state = upstream(fake, title)
+    assert state[orphan]["projects"] == []
+    assert len(state[others]["projects"]) == 1  # someone else's: never touched
+    root = next(w for w in fake.state()["workspaces"] if w["id"] == parent)
+    assert len(root["projects"]) == 1  # the parent: untouched
+
+
+def test_the_command_exits_1_on_findings_and_0_once_fixed(
+    service: ProvisioningService,
+    fake: FakeGateway,
+    brand_id: str,
+    title: str,
+    parent: str,
+    database_url: str,
+) -> None:
+    lose_a_create(service, brand_id, title, parent)
+    [orphan] = upstream(fake, title)
+    runner = CliRunner(env={
+        "PROVISIONER_DATABASE_URL": database_url, "PROVISIONER_GATEWAY_URL": fake.url,
+        "PROVISIONER_GATEWAY_TOKEN": TOKEN, "PROVISIONER_PARENT_IDS": parent,
+    })  # fmt: skip
+
+    listed = runner.invoke(main, ["audit", "--parent", parent, "--json"])
+    fixed = runner.invoke(main, ["audit", "--parent", parent, "--fix", "--json"])
+    clean = runner.invoke(main, ["audit", "--parent", parent])
+
+    assert listed.exit_code == 1, listed.output
+    [finding] = [f for f in json.loads(listed.output) if f["workspace_id"] == orphan]
+    assert finding["kind"] == "orphan"
+    assert finding["action"] == "release"
+    assert finding["problem"] is True
+    assert finding["brand_ids"] == [brand_id]
+    assert fixed.exit_code == 1, fixed.output
+    [done] = [f["done"] for f in json.loads(fixed.output) if f["workspace_id"] == orphan]
+    assert done.startswith("recorded and released")
+    assert clean.exit_code == 0, clean.output
+    assert "0 findings" in clean.output
+    assert TOKEN not in listed.output + fixed.output + clean.output
