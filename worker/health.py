@@ -33,6 +33,7 @@ from worker.health_checks import (
     relay_lag_check,
     stuck_check,
 )
+from worker.health_liveness import COMPONENTS, check_name, heartbeat_check
 from worker.health_results import Check, CheckResult, Degraded, Health, Unhealthy, healthy, report
 
 __all__ = [
@@ -67,7 +68,8 @@ def checks_for(
     pace: Callable[[], tuple[PaceState, float] | None] | None = None,
 ) -> tuple[list[Check], StoredFacts]:
     """The checks of a process running `parts` (all of them: the `health` command),
-    and the stored facts they and the gauges read."""
+    and the stored facts they and the gauges read. A process checks the heartbeats
+    of its own background parts (one that hangs stops beating); `health`, all."""
     facts = StoredFacts(
         settings.database_url, stuck_after_s=settings.health_stuck_after_s, app=app,
         views_url=views_url,
@@ -85,6 +87,9 @@ def checks_for(
         checks.append(("projection_lag", projection_lag_check(facts, settings.health_max_lag)))
     if "reconciler" in parts:
         checks.append(("stuck_attempts", stuck_check(facts, settings.health_stuck_after_s)))
+    for component in (c for c in COMPONENTS if c in parts):
+        check = heartbeat_check(facts, component, settings.heartbeat_max_age_s)
+        checks.append((check_name(component), check))
     return checks, facts
 
 

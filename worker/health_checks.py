@@ -24,6 +24,7 @@ from infrastructure.eventstore import (
     persistence_env,
     postgres_conninfo,
 )
+from infrastructure.heartbeats import read_beats
 from infrastructure.outbox import TOPICS
 from infrastructure.redaction import redact
 from infrastructure.view_queries import (
@@ -261,6 +262,10 @@ class StoredFacts:
         source = LogSource(app, None if in_process else store)
         now = self.clock()
         facts: dict[str, Any] = {
+            # The heartbeats of an in-process store are only in its own process.
+            "heartbeats": _attempt(
+                lambda: None if in_process and self.app is None else read_beats(store)
+            ),
             "relay_lag": _attempt(lambda: self._relay_lag(app, store)),
             "projection_lag": _attempt(
                 lambda: {item["projection"]: item["behind"] for item in store.status(source)}

@@ -9,6 +9,7 @@ through `StateCollector`, from the facts the readiness checks use.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -17,6 +18,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from domain.attempt import ProvisioningAttempt
+from domain.liveness import age_s
 from domain.policies import FailureReason
 
 HOP_SECONDS = Histogram(
@@ -146,6 +148,15 @@ class StateCollector(Collector):
         except Exception:  # noqa: BLE001 - the readiness check names it; a scrape stays up
             return
         facts = {k: v for k, v in facts.items() if not isinstance(v, Exception)}
+        if facts.get("heartbeats"):
+            ages = GaugeMetricFamily(
+                "provisioner_component_heartbeat_age_seconds",
+                "Seconds since a background component's last heartbeat in this database",
+                labels=["component"],
+            )
+            for name, beat in sorted(facts["heartbeats"].items()):
+                ages.add_metric([name], age_s(beat, time.time()))
+            yield ages
         if facts.get("relay_lag") is not None:
             yield GaugeMetricFamily(
                 "provisioner_relay_lag_events",

@@ -16,6 +16,7 @@ from prometheus_client import Counter, Gauge
 
 from infrastructure.eventstore import ProvisionerApplication, is_postgres
 from infrastructure.failures import Backoff
+from infrastructure.heartbeats import Heartbeat
 from infrastructure.outages import Outage, refusal
 from infrastructure.views import PROJECTIONS, LogSource, SqlViewStore
 from projections.core import Projection, catch_up, rebuild
@@ -40,6 +41,7 @@ class Projector:
         projections: Sequence[Projection] = tuple(PROJECTIONS.values()),
         poll_s: float = 0.2,
         batch: int = 2000,
+        heartbeat: Heartbeat | None = None,
     ) -> None:
         self.app = app
         self.views_url = views_url
@@ -49,6 +51,7 @@ class Projector:
         self.batch = batch
         self.applied = 0
         self._upgraded = False
+        self.heartbeat = heartbeat or Heartbeat(None, "projections")
 
     def upgrade(self, store: SqlViewStore) -> None:
         """Rebuild (without downtime) every projection whose live copy older code built."""
@@ -91,6 +94,7 @@ class Projector:
                     store.setup()
                     while not stop.is_set():
                         applied = self.step(store)
+                        self.heartbeat.beat()
                         outage.up()
                         backoff.reset()
                         if applied == 0:
@@ -101,7 +105,8 @@ class Projector:
                     raise refused from None
                 pause = backoff.next()
                 outage.failed(self.database_url, exc, pause)
-                stop.wait(pause)
+                self.heartbeat.wait(stop, pause)
+        self.heartbeat.close()
 
     def _listener(self) -> _PostgresListener | _Poller:
         if is_postgres(self.database_url):

@@ -40,6 +40,7 @@ from prometheus_client import Counter
 from infrastructure import messages
 from infrastructure.broker import Broker
 from infrastructure.failures import Backoff
+from infrastructure.heartbeats import Heartbeat
 from infrastructure.outages import Outage, refusal, which_service
 from infrastructure.service import ProvisioningService
 from infrastructure.view_queries import list_attempts
@@ -86,6 +87,7 @@ class Reconciler:
         stuck_after_s: float = 900.0,
         deadline_s: float = 86_400.0,
         service: ProvisioningService | None = None,
+        heartbeat: Heartbeat | None = None,
     ) -> None:
         self.views_url = views_url
         self.overdue_s = overdue_s
@@ -98,6 +100,7 @@ class Reconciler:
         self.deadline_s = deadline_s
         self.service = service
         self._sent: dict[tuple[str, str, int], float] = {}
+        self.heartbeat = heartbeat or Heartbeat(None, "reconciler")
 
     def _fresh(self, kind: str, key: str, hop: int = 0) -> bool:
         """True (and remembered) unless this message went out less than resend_s ago."""
@@ -244,8 +247,10 @@ class Reconciler:
                     raise refused from None
                 pause = min(backoff.next(), self.interval_s)
                 outage.failed(which_service(exc, **urls), exc, pause)
-                stop.wait(pause)
+                self.heartbeat.wait(stop, pause)
                 continue
+            self.heartbeat.beat()
             outage.up()
             backoff.reset()
-            stop.wait(self.interval_s)
+            self.heartbeat.wait(stop, self.interval_s)
+        self.heartbeat.close()

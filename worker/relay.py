@@ -31,6 +31,7 @@ from infrastructure.eventstore import (
     postgres_conninfo,
 )
 from infrastructure.failures import Backoff
+from infrastructure.heartbeats import Heartbeat
 from infrastructure.outages import Outage, refusal, which_service
 from infrastructure.outbox import (
     TOPICS,
@@ -64,6 +65,7 @@ class Relay:
         batch_size: int = 500,
         poll_s: float = 0.2,
         linger_s: float = 0.01,
+        heartbeat: Heartbeat | None = None,
     ) -> None:
         self.app = app
         self.broker = broker
@@ -73,6 +75,7 @@ class Relay:
         self.poll_s = poll_s
         self.linger_s = linger_s
         self.mapper = OutboxMapper(app)
+        self.heartbeat = heartbeat or Heartbeat(None, "relay")
         self.stats = RelayStats(position=load_position(positions))
 
     def pump(self) -> int:
@@ -134,6 +137,7 @@ class Relay:
                     self.broker.declare()
                     while not stop.is_set():
                         published = self.pump()
+                        self.heartbeat.beat()
                         outage.up()
                         backoff.reset()
                         if published < self.batch_size:
@@ -151,7 +155,8 @@ class Relay:
                     raise refused from None
                 pause = backoff.next()
                 outage.failed(which_service(exc, **urls), exc, pause)
-                stop.wait(pause)
+                self.heartbeat.wait(stop, pause)
+        self.heartbeat.close()
 
     def _listener(self) -> Any:
         if self.database_url.startswith(("postgresql://", "postgres://")):

@@ -10,6 +10,7 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
+from domain.liveness import beat_interval_s
 from domain.ports import Gateway
 from infrastructure.broker import Broker, DelayScheduler, Topology, is_memory
 from infrastructure.eventstore import (
@@ -21,6 +22,7 @@ from infrastructure.eventstore import (
 from infrastructure.failures import ConfigurationError
 from infrastructure.fake_gateway import FakeConfig, FakeGateway
 from infrastructure.gateway import HttpGateway
+from infrastructure.heartbeats import Heartbeat
 from infrastructure.pacing import MemoryPaceStore, Pace, PaceStore, PgPaceStore
 from infrastructure.service import ProvisioningService
 from infrastructure.settings import Settings
@@ -64,6 +66,13 @@ class _Threads:
 ALL_PARTS = ("worker", "relay", "projections", "reconciler")
 
 
+def heartbeat(settings: Settings, views_url: str, component: str) -> Heartbeat:
+    """The component's beats, in the read models' database (the event store's, or the
+    in-process one of memory://), often enough for PROVISIONER_HEARTBEAT_MAX_AGE_S."""
+    every = beat_interval_s(settings.heartbeat_max_age_s)
+    return Heartbeat(views_url, component, every_s=every)
+
+
 def pool_size(parts: tuple[str, ...], concurrency: int) -> int:
     """Event-store connections one process needs: one per hop thread, one more for the
     worker's consumer, and one each for the relay's, the projections' and the
@@ -105,12 +114,14 @@ class Runtime(_Threads):
         url = self.settings.database_url
         positions = open_position_store(url, create_table=not is_postgres(url))
         broker = self._broker()
-        return Relay(self.app, broker, positions, database_url=url)
+        beats = heartbeat(self.settings, self.views_url, "relay")
+        return Relay(self.app, broker, positions, database_url=url, heartbeat=beats)
 
     def projector(self, batch: int = 2000) -> Projector:
         return Projector(
-            self.app, self.views_url, database_url=self.settings.database_url, batch=batch
-        )
+            self.app, self.views_url, database_url=self.settings.database_url, batch=batch,
+            heartbeat=heartbeat(self.settings, self.views_url, "projections"),
+        )  # fmt: skip
 
     def reconciler(
         self,
@@ -124,6 +135,7 @@ class Runtime(_Threads):
         reconciler = Reconciler(
             self.views_url, overdue_s=overdue_s, grace_s=grace_s, interval_s=interval_s,
             deadline_s=deadline_s or self.settings.attempt_deadline_s, service=self.service,
+            heartbeat=heartbeat(self.settings, self.views_url, "reconciler"),
         )  # fmt: skip
         return reconciler, broker
 
@@ -205,7 +217,8 @@ class ProjectorRuntime(_Threads):
 
     def projector(self, batch: int = 2000) -> Projector:
         url = self.settings.database_url
-        return Projector(self.app, url, database_url=url, batch=batch)
+        beats = heartbeat(self.settings, url, "projections")
+        return Projector(self.app, url, database_url=url, batch=batch, heartbeat=beats)
 
 
 @contextmanager

@@ -56,6 +56,15 @@ def failing(body: str) -> dict[str, Any]:
     return {c["name"]: c for c in json.loads(body)["checks"] if not c["ok"]}
 
 
+def forget_heartbeats(url: str) -> None:
+    """The session's database is shared: components other tests ran (and stopped) are
+    forgotten, as an operator forgets one retired for good."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        found = conn.execute("SELECT to_regclass('provisioner_heartbeats')").fetchone()
+        if found is not None and found[0] is not None:
+            conn.execute("DELETE FROM provisioner_heartbeats")
+
+
 @pytest.mark.postgres
 def test_a_process_is_not_ready_while_its_database_is_down(
     pg_database: str, tmp_path: Path
@@ -77,7 +86,8 @@ def test_a_process_is_not_ready_while_its_database_is_down(
         try:
             body = until(port, "/readyz", 200)
             assert json.loads(body) == {
-                "status": "ok", "checks": {"database": "ok", "projection_lag": "ok"},
+                "status": "ok",
+                "checks": {"database": "ok", "projection_lag": "ok", "projections_heartbeat": "ok"},
             }  # fmt: skip
             assert get(port, "/healthz")[0] == 200
             assert get(port, "/")[0] == 404
@@ -111,6 +121,7 @@ def test_a_process_is_not_ready_while_its_database_is_down(
 @pytest.mark.postgres
 def test_readiness_names_the_broker_when_its_vhost_is_deleted(pg_database: str) -> None:
     """The relay's checks, served on a real port, while its vhost exists and after."""
+    forget_heartbeats(pg_database)
     vhost = f"provisioner_health_{uuid.uuid4().hex[:8]}"
     try:
         rabbitmqctl("add_vhost", vhost)
@@ -131,7 +142,9 @@ def test_readiness_names_the_broker_when_its_vhost_is_deleted(pg_database: str) 
     assert server is not None
     try:
         body = until(port, "/readyz", 200)
-        assert json.loads(body)["checks"] == {"database": "ok", "broker": "ok", "relay_lag": "ok"}
+        assert json.loads(body)["checks"] == {
+            "database": "ok", "broker": "ok", "relay_lag": "ok", "relay_heartbeat": "ok",
+        }  # fmt: skip
         assert "provisioner_relay_lag_events" in get(port, "/metrics")[1]
         rabbitmqctl("delete_vhost", vhost)
         body = until(port, "/readyz", 503)  # once the last answer (kept 5 s) is stale
@@ -152,6 +165,7 @@ def test_readiness_names_the_broker_when_its_vhost_is_deleted(pg_database: str) 
 def test_the_health_command_exits_0_when_healthy_and_1_naming_what_fails(
     pg_database: str, rabbit_session_url: str, fake: FakeGateway
 ) -> None:
+    forget_heartbeats(pg_database)
     env = clean_env(
         PROVISIONER_DATABASE_URL=pg_database, PROVISIONER_BROKER_URL=rabbit_session_url,
         PROVISIONER_GATEWAY_URL=fake.url,
@@ -165,8 +179,10 @@ def test_the_health_command_exits_0_when_healthy_and_1_naming_what_fails(
     checks = {c["name"]: c for c in json.loads(ok.stdout)["checks"]}
     assert set(checks) == {
         "database", "broker", "gateway", "gateway_circuit", "relay_lag", "projection_lag",
-        "stuck_attempts",
+        "stuck_attempts", "relay_heartbeat", "projections_heartbeat", "reconciler_heartbeat",
     }  # fmt: skip
+    # None of them ever ran against this database: a warning, not a failure.
+    assert checks["relay_heartbeat"]["degraded"], checks["relay_heartbeat"]
     assert checks["gateway"]["detail"] == "reachable, token accepted"
     assert not checks["gateway_circuit"]["degraded"]
 
@@ -216,6 +232,50 @@ def test_the_health_command_exits_0_when_healthy_and_1_naming_what_fails(
         capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
     assert refused.returncode == 3  # a setting that cannot be used: the configuration code
+
+
+@pytest.mark.postgres
+def test_health_fails_within_the_threshold_once_the_relay_stops(
+    pg_database: str, rabbit_session_url: str
+) -> None:
+    forget_heartbeats(pg_database)
+    env = clean_env(
+        PROVISIONER_DATABASE_URL=pg_database, PROVISIONER_BROKER_URL=rabbit_session_url,
+        PROVISIONER_HEARTBEAT_MAX_AGE_S="2",
+    )  # fmt: skip
+
+    def health() -> tuple[int, dict[str, Any]]:
+        done = subprocess.run(
+            [PROVISIONER, "health", "--json"], env=env, capture_output=True, text=True,
+            timeout=60, check=False,
+        )  # fmt: skip
+        return done.returncode, {c["name"]: c for c in json.loads(done.stdout)["checks"]}
+
+    relay = subprocess.Popen(
+        [PROVISIONER, "relay"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        assert relay.stdout is not None
+        assert "running" in relay.stdout.readline()
+        code, checks = health()
+        assert code == 0, checks
+        assert checks["relay_heartbeat"]["ok"], checks["relay_heartbeat"]
+        assert not checks["relay_heartbeat"]["degraded"]
+        assert checks["reconciler_heartbeat"]["degraded"]  # never ran here: a warning
+    finally:
+        relay.send_signal(signal.SIGTERM)
+        _, stderr = relay.communicate(timeout=30)
+    assert relay.returncode == 0, stderr
+    stopped_at = time.monotonic()
+    time.sleep(max(0.0, 2.5 - (time.monotonic() - stopped_at)))
+    code, checks = health()
+    assert code == 1
+    relay_check = checks["relay_heartbeat"]
+    assert not relay_check["ok"]
+    assert not relay_check["degraded"]
+    assert relay_check["detail"].startswith("the relay has not beaten for "), relay_check
+    assert relay_check["since"]
+    assert [name for name, c in checks.items() if not c["ok"]] == ["relay_heartbeat"]
 
 
 @pytest.mark.postgres
@@ -273,6 +333,7 @@ def test_metric_names_appear_after_a_small_run(tmp_path: Path) -> None:
                 "provisioner_relay_lag_events", "provisioner_projection_lag_events{",
                 "provisioner_attempts_pending", "provisioner_attempts_stuck",
                 "provisioner_releases_owed", "provisioner_dead_letters_total",
+                'provisioner_component_heartbeat_age_seconds{component="relay"}',
             ):  # fmt: skip
                 assert name in text, name
         finally:
