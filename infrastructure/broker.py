@@ -24,7 +24,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -282,9 +282,18 @@ class Broker:
             else:
                 return
 
-    def publish_dead(self, body: bytes, reason: str, errors: dict[str, Any], source: str) -> None:
+    def publish_dead(
+        self,
+        body: bytes,
+        reason: str,
+        errors: dict[str, Any],
+        source: str,
+        kept: Mapping[str, Any] | None = None,
+    ) -> None:
         """Dead-letter `body` with the reason: only its first `DEAD_BODY_KEPT` bytes, with
-        the whole body's length and sha256; `x-dead-truncated`: it cannot be replayed."""
+        the whole body's length and sha256; `x-dead-truncated`: it cannot be replayed.
+        `kept`: headers it keeps of the message (its content type and encoding, and the
+        `x-dead-id` it was given when first dead-lettered, which wins over a fresh one)."""
         headers = {
             "x-dead-reason": reason,
             "x-dead-errors": json.dumps(errors, default=str)[:2000],
@@ -294,9 +303,9 @@ class Broker:
             "x-dead-body-bytes": len(body),
             "x-dead-body-sha256": hashlib.sha256(body).hexdigest(),
             "x-dead-truncated": len(body) > DEAD_BODY_KEPT,
+            **(kept or {}),
         }
-        kept = body[:DEAD_BODY_KEPT]
-        self._send(kept, exchange=EXCHANGE, routing_key=DEAD_KEY, headers=headers)
+        self._send(body[:DEAD_BODY_KEPT], exchange=EXCHANGE, routing_key=DEAD_KEY, headers=headers)
 
     def _send(
         self,

@@ -3,23 +3,34 @@ infrastructure/dead_letters.py.
 
 Two kinds of message land there:
 - those the worker dead-letters itself (worker/delivery.py, `Broker.publish_dead`),
-  with `x-dead-reason`, `x-dead-errors`, `x-dead-source` (the routing key they
-  came on), `x-dead-id` (a fresh id, set once), and only the first
-  `DEAD_BODY_KEPT` (8 KiB) bytes of the body, with the whole body's length
-  (`x-dead-body-bytes`) and sha256 (`x-dead-body-sha256`) and whether it was cut
-  (`x-dead-truncated`);
+  with `x-dead-reason` (a `Reason`), `x-dead-errors`, `x-dead-source` (the
+  routing key they came on), `x-dead-id`, the message's own content type and
+  encoding (`x-dead-content-type`, `x-dead-content-encoding`: "" for none; the
+  dead letter itself is labelled JSON), and only the first `DEAD_BODY_KEPT`
+  (8 KiB) bytes of the body, with the whole body's length (`x-dead-body-bytes`)
+  and sha256 (`x-dead-body-sha256`) and whether it was cut (`x-dead-truncated`);
 - those a queue dead-letters on its own (a rejected message, a quorum queue's
-  delivery limit), which carry RabbitMQ's `x-death` (and `x-first-death-*`) and
-  their whole body.
+  delivery limit), which carry RabbitMQ's `x-death` (and `x-first-death-*`),
+  their whole body and their own properties.
+
+An id is given once: `x-dead-id`, set fresh when the worker first dead-letters a
+message, or a hash of the body and headers for one the queue dead-lettered. A
+replay sends the message back with its `x-dead-id` (`replay_headers`), and a
+message that is dead-lettered again keeps it (`kept_of`), so its id does not
+change. A reason as stored is read through `reason_of`: letters written with an
+older label ("schema errors", `UnknownAttempt`) read as today's reason.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from domain.dead_letter_rules import reason_of
 from infrastructure.broker import (
     COMMAND_KEY,
     COMMANDS_QUEUE,
@@ -31,6 +42,12 @@ from infrastructure.broker import (
 from infrastructure.redaction import Secrets
 
 DEAD_HEADERS = ("x-death", "x-first-death-", "x-last-death-", "x-dead-")
+ID_HEADER = "x-dead-id"
+CONTENT_TYPE_HEADER = "x-dead-content-type"
+CONTENT_ENCODING_HEADER = "x-dead-content-encoding"
+# What a worker's dead letter written before these headers held: JSON it could not read.
+LEGACY_CONTENT = ("application/json", "utf-8")
+_ID = re.compile(r"[0-9A-Za-z]{1,64}")  # an id kept from a message: short and printable
 _QUEUE_OF_KEY = {WORK_KEY: HOPS_QUEUE, COMMAND_KEY: COMMANDS_QUEUE}
 
 
@@ -48,7 +65,7 @@ class NotReplayable(Exception):
 @dataclass(frozen=True, slots=True)
 class DeadLetter:
     id: str
-    reason: str
+    reason: str  # a `Reason` value
     source_queue: str
     exchange: str
     routing_key: str
@@ -59,14 +76,19 @@ class DeadLetter:
     body_sha256: str  # and its sha256 (hex)
     truncated: bool  # the queue holds less than the whole body: it cannot be replayed
     headers: dict[str, Any] = field(default_factory=dict)
+    content_type: str | None = None  # the message's own, to replay it with
+    content_encoding: str | None = None
+    stored_reason: str = ""  # the label as the letter holds it, when not `reason`
 
     def age_s(self, now: float) -> float | None:
         return None if self.dead_at is None else max(0.0, now - self.dead_at)
 
     @property
     def replay_headers(self) -> dict[str, Any]:
-        """The message's own headers, without the dead-letter ones."""
-        return {k: v for k, v in self.headers.items() if not k.startswith(DEAD_HEADERS)}
+        """The message's own headers, without the dead-letter ones but its id: dead-lettered
+        again, it keeps the id."""
+        own = {k: v for k, v in self.headers.items() if not k.startswith(DEAD_HEADERS)}
+        return {**own, ID_HEADER: self.id}
 
     def scrubbed(self, secrets: Secrets) -> DeadLetter:
         """This dead letter as shown to a person: its reason, errors (keys and
@@ -82,7 +104,7 @@ class DeadLetter:
 
     def summary(self, now: float) -> dict[str, Any]:
         age = self.age_s(now)
-        return {
+        shown: dict[str, Any] = {
             "id": self.id,
             "reason": self.reason,
             "source_queue": self.source_queue,
@@ -93,15 +115,22 @@ class DeadLetter:
             "body_bytes": self.body_bytes,
             "body_sha256": self.body_sha256,
             "truncated": self.truncated,
+            "content_type": self.content_type,
+            "content_encoding": self.content_encoding,
         }
+        if self.stored_reason:
+            shown["stored_reason"] = self.stored_reason
+        return shown
 
 
 @dataclass(frozen=True, slots=True)
 class Page:
-    """Dead letters in queue order; `more`: others follow the last one."""
+    """Dead letters in queue order; `more`: others follow the last one; `counts`:
+    how many letters the whole queue holds by reason, the most first (when asked)."""
 
     letters: list[DeadLetter]
     more: bool
+    counts: list[tuple[str, int]] = field(default_factory=list)
 
     @property
     def after(self) -> str | None:
@@ -158,34 +187,81 @@ def _whole(body: bytes, headers: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def parse(body: bytes, headers: dict[str, Any] | None, timestamp: Any = None) -> DeadLetter:
+def kept_of(headers: object, content_type: object, content_encoding: object) -> dict[str, Any]:
+    """What a dead letter the worker writes keeps of the message it came from: its
+    content type and encoding ("" for none), and its id when a replay gave it one."""
+    kept: dict[str, Any] = {
+        CONTENT_TYPE_HEADER: _property(content_type),
+        CONTENT_ENCODING_HEADER: _property(content_encoding),
+    }
+    given = headers.get(ID_HEADER) if isinstance(headers, Mapping) else None
+    if given is not None and _ID.fullmatch(_text(given)):
+        kept[ID_HEADER] = _text(given)
+    return kept
+
+
+def _property(value: object) -> str:
+    return "" if value is None else _text(value)[:100]
+
+
+def _content(headers: dict[str, Any]) -> dict[str, Any]:
+    """The content type and encoding a worker's dead letter kept of its message."""
+    if CONTENT_TYPE_HEADER not in headers:
+        content_type, encoding = LEGACY_CONTENT
+        return {"content_type": content_type, "content_encoding": encoding}
+    return {
+        "content_type": _text(headers[CONTENT_TYPE_HEADER]) or None,
+        "content_encoding": _text(headers.get(CONTENT_ENCODING_HEADER) or "") or None,
+    }
+
+
+def _reason(label: Any) -> dict[str, Any]:
+    """The reason a stored label means, and the label when it is not that reason."""
+    text = _text(label)
+    reason = reason_of(text)
+    return {"reason": reason.value, "stored_reason": "" if text == reason.value else text}
+
+
+def parse(
+    body: bytes,
+    headers: dict[str, Any] | None,
+    timestamp: Any = None,
+    *,
+    content_type: str | None = None,
+    content_encoding: str | None = None,
+) -> DeadLetter:
     """A dead letter from a message of `provisioning.dead`, its body as the queue holds
-    it; the letter keeps the first `DEAD_BODY_KEPT` bytes (pure: no broker)."""
+    it, with its own content type and encoding; the letter keeps the first
+    `DEAD_BODY_KEPT` bytes (pure: no broker)."""
     headers = dict(headers or {})
     if "x-dead-reason" in headers:
         key = _text(headers.get("x-dead-source", "?"))
         return DeadLetter(
-            id=_text(headers.get("x-dead-id") or dead_letter_id(body, headers)),
-            reason=_text(headers["x-dead-reason"]),
+            id=_text(headers.get(ID_HEADER) or dead_letter_id(body, headers)),
+            **_reason(headers["x-dead-reason"]),
             source_queue=_QUEUE_OF_KEY.get(key, key),
             exchange=EXCHANGE,
             routing_key=key,
             errors=_errors(headers.get("x-dead-errors")),
             dead_at=_epoch(headers.get("x-dead-at")) or _epoch(timestamp),
             headers=headers,
+            **_content(headers),
             **_whole(body, headers),
         )
     deaths = headers.get("x-death") or [{}]
     first = deaths[-1] if isinstance(deaths, list) and deaths else {}
     keys = first.get("routing-keys") or [headers.get("x-first-death-queue", "?")]
+    given = _text(headers.get(ID_HEADER) or "")  # a replay's, dead-lettered by the queue
     return DeadLetter(
-        id=dead_letter_id(body, headers),
-        reason=_text(first.get("reason") or headers.get("x-first-death-reason", "?")),
+        id=given if _ID.fullmatch(given) else dead_letter_id(body, headers),
+        **_reason(first.get("reason") or headers.get("x-first-death-reason", "?")),
         source_queue=_text(first.get("queue") or headers.get("x-first-death-queue", "?")),
         exchange=_text(first.get("exchange") or headers.get("x-first-death-exchange", "")),
         routing_key=_text(keys[0]),
         errors={"count": first.get("count")} if first.get("count") else {},
         dead_at=_epoch(first.get("time")) or _epoch(timestamp),
         headers=headers,
+        content_type=content_type,
+        content_encoding=content_encoding,
         **_whole(body, headers),
     )

@@ -8,17 +8,21 @@ come in); the channel closes at the end, and RabbitMQ puts them back in their
 places, so order is kept and nothing is lost, whatever happens in between. Only
 the message at hand is in memory: a `DeadLetter` keeps the first
 `DEAD_BODY_KEPT` bytes of its body, and a listing is a `Page` of at most
-`PAGE_MAX` of them. A message's id is its `x-dead-id`, or for a message the
-queue dead-lettered, a hash of its body and headers (stable while it sits in
-the queue).
+`PAGE_MAX` of them (with the counts by reason of all, when asked). A message's
+id is its `x-dead-id`, or for a message the queue dead-lettered, a hash of its
+body and headers; a replay keeps it (infrastructure/dead_letter_parsing.py).
+Wherever an id is taken, so is a unique prefix of one (`resolve`: a walk of its
+own; `AmbiguousId` names the matches).
 
 `replay` re-publishes the chosen messages, their bodies as the queue holds them,
-confirmed, to the exchange and routing key they came from, their headers
-stripped of the dead-letter ones, and only then acks them in the dead queue. A
-truncated dead letter is never replayed (its body is not whole): `NotReplayable`
-for one asked by its id, kept and reported with every other. The embedded
-broker (`memory://`) lives inside one process: another process never sees its
-dead letters.
+with their own content type and encoding, confirmed, to the exchange and
+routing key they came from, their headers stripped of the dead-letter ones but
+the id, and only then acks them in the dead queue. A truncated dead letter is
+never replayed (its body is not whole): `NotReplayable` for one asked by its
+id, kept and reported with every other. `purge` deletes the letters of given
+ids or reasons (acking them in the walk), `purge_all` the whole queue. The
+embedded broker (`memory://`) lives inside one process: another process never
+sees its dead letters.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from typing import Any
 
 import amqp
 
+from domain.dead_letter_rules import AmbiguousId, NoSuchId, counts_by_reason, match_id
 from infrastructure.broker import (
     DEAD_QUEUE,
     BrokerTls,
@@ -46,6 +51,7 @@ from infrastructure.failures import ConfigurationError
 __all__ = [
     "PAGE",
     "PAGE_MAX",
+    "AmbiguousId",
     "DeadLetter",
     "DeadLetters",
     "EmbeddedBroker",
@@ -73,8 +79,8 @@ class EmbeddedBroker(ConfigurationError):
         super().__init__(EMBEDDED_NOTICE)
 
 
-class NotFound(LookupError):
-    """No dead letter has this id."""
+class NotFound(NoSuchId):
+    """No dead letter has this id (nor one it is a prefix of)."""
 
 
 class DeadLetters:
@@ -122,24 +128,30 @@ class DeadLetters:
             with contextlib.suppress(Exception):
                 channel.close()  # the broker requeues every unacked message, in its place
 
-    def page(self, limit: int = PAGE, after: str | None = None) -> Page:
+    def page(self, limit: int = PAGE, after: str | None = None, *, counted: bool = False) -> Page:
         """Up to `limit` (at most `PAGE_MAX`) dead letters in queue order, from the one
         after the letter `after` (from the first with None). NotFound when no letter
-        has that id (it was replayed or purged meanwhile)."""
+        has that id (it was replayed or purged meanwhile). `counted`: walk the whole
+        queue for the counts by reason of every letter (`Page.counts`)."""
         limit = max(1, min(limit, PAGE_MAX))
         letters: list[DeadLetter] = []
+        reasons: list[str] = []
+        more = False
         with self._walk() as (_, taken):
             found = after is None
             for item in taken:
+                reasons.append(item.letter.reason)
                 if not found:
                     found = item.letter.id == after
                 elif len(letters) == limit:
-                    return Page(letters, more=True)
+                    more = True
+                    if not counted:
+                        break
                 else:
                     letters.append(item.letter)
         if not found:
             raise NotFound(f"no dead letter {after} in {DEAD_QUEUE}: list from the first")
-        return Page(letters, more=False)
+        return Page(letters, more=more, counts=counts_by_reason(reasons) if counted else [])
 
     def each(self) -> Iterator[DeadLetter]:
         """Every dead letter, in queue order, one at a time (nothing consumed)."""
@@ -151,7 +163,21 @@ class DeadLetters:
         """How many dead letters there are by reason (for a metric or a health check)."""
         return dict(Counter(letter.reason for letter in self.each()))
 
+    def resolve(self, wanted: str) -> str:
+        """The id `wanted` names: itself, or the one id it is a prefix of. NotFound
+        when none; AmbiguousId, naming them, when several."""
+        with self._walk() as (_, taken):
+            ids = [i.letter.id for i in taken if i.letter.id.startswith(wanted)]
+        try:
+            return match_id(wanted, ids)
+        except AmbiguousId:
+            raise
+        except NoSuchId:
+            raise NotFound(f"no dead letter {wanted} in {DEAD_QUEUE}") from None
+
     def show(self, letter_id: str) -> DeadLetter:
+        """The letter of this id, or of the one id it is a unique prefix of."""
+        letter_id = self.resolve(letter_id)
         with self._walk() as (_, taken):
             for item in taken:
                 if item.letter.id == letter_id:
@@ -159,28 +185,27 @@ class DeadLetters:
         raise NotFound(f"no dead letter {letter_id} in {DEAD_QUEUE}")
 
     def replay(self, letter_id: str | None = None) -> Replayed:
-        """Re-publish one dead letter (or every one with None) where it came from, its
-        body as the queue holds it; each is acked in the dead queue only once the broker
-        confirmed its copy. A truncated one is not: NotReplayable when asked by its id,
-        else kept and listed in `kept`."""
+        """Re-publish the dead letter of this id or unique prefix (or every one with
+        None) where it came from, its body as the queue holds it; each is acked in the
+        dead queue only once the broker confirmed its copy. A truncated one is not:
+        NotReplayable when asked by its id, else kept and listed in `kept`."""
+        wanted = None if letter_id is None else self.resolve(letter_id)
         done = Replayed([], [])
         with self._walk(whole=True) as (held, taken):
             for item in taken:
                 letter = item.letter
-                if letter_id is not None and letter.id != letter_id:
+                if wanted is not None and letter.id != wanted:
                     continue
                 if letter.truncated:
-                    if letter_id is not None:
+                    if wanted is not None:
                         raise NotReplayable(letter)
                     done.kept.append(letter)
                     continue
                 self._republish(letter, item.body)
                 held.basic_ack(item.tag)
                 done.replayed.append(letter)
-                if letter_id is not None:
-                    return done
-        if letter_id is not None:
-            raise NotFound(f"no dead letter {letter_id} in {DEAD_QUEUE}")
+        if wanted is not None and not done.replayed:
+            raise NotFound(f"no dead letter {wanted} in {DEAD_QUEUE}")
         return done
 
     def _republish(self, letter: DeadLetter, body: bytes) -> None:
@@ -193,12 +218,12 @@ class DeadLetters:
         channel = self.channel
         channel.events["basic_return"].add(on_return)
         try:
+            own = {"content_type": letter.content_type, "content_encoding": letter.content_encoding}
             message = amqp.Message(
                 body,
-                content_type="application/json",
-                content_encoding="utf-8",
                 application_headers=letter.replay_headers,
                 delivery_mode=2,
+                **{name: value for name, value in own.items() if value is not None},
             )
             channel.basic_publish(
                 message, exchange=letter.exchange, routing_key=letter.routing_key, mandatory=True
@@ -211,7 +236,20 @@ class DeadLetters:
                 f"dead letter {letter.id} kept"
             )
 
-    def purge(self) -> int:
+    def purge(self, ids: tuple[str, ...] = (), reasons: tuple[str, ...] = ()) -> list[DeadLetter]:
+        """Delete for good the dead letters of these ids (or unique prefixes: each is
+        resolved first, and an unknown or ambiguous one deletes nothing) and those of
+        these reasons; the letters deleted, in queue order."""
+        wanted = {self.resolve(letter_id) for letter_id in ids}
+        purged: list[DeadLetter] = []
+        with self._walk() as (held, taken):
+            for item in taken:
+                if item.letter.id in wanted or item.letter.reason in reasons:
+                    held.basic_ack(item.tag)
+                    purged.append(item.letter)
+        return purged
+
+    def purge_all(self) -> int:
         """Delete every dead letter; how many there were."""
         return int(self.channel.queue_purge(DEAD_QUEUE) or 0)
 
@@ -231,9 +269,14 @@ def _take(channel: Any, *, whole: bool) -> _Taken | None:
     raw = channel.basic_get(DEAD_QUEUE, no_ack=False)
     if raw is None:
         return None
-    headers = raw.properties.get("application_headers") or {}
+    properties = raw.properties
+    headers = properties.get("application_headers") or {}
     body = raw.body if isinstance(raw.body, bytes) else str(raw.body).encode()
-    letter = parse(body, headers, raw.properties.get("timestamp"))
+    letter = parse(
+        body, headers, properties.get("timestamp"),
+        content_type=properties.get("content_type"),
+        content_encoding=properties.get("content_encoding"),
+    )  # fmt: skip
     return _Taken(raw.delivery_tag, letter, body if whole else b"")
 
 

@@ -1,9 +1,11 @@
 """`provisioner dead-letters`: what `provisioning.dead` holds, replay and purge.
 
 Reading never consumes a message for good (infrastructure/dead_letters.py) and
-lists a page at a time (`--limit`, `--after`); the embedded broker (`memory://`)
-keeps none across processes, which is said in one line with the configuration
-exit code.
+lists a page at a time (`--limit`, `--after`), after the counts by reason of the
+whole queue; an id may be given by a unique prefix. `purge` deletes the letters
+named by id or `--reason`, or with `--all` every one, and asks for `--yes`. The
+embedded broker (`memory://`) keeps none across processes, which is said in one
+line with the configuration exit code.
 """
 
 from __future__ import annotations
@@ -15,10 +17,12 @@ from typing import Any
 
 import click
 
+from domain.dead_letter_rules import Reason
 from infrastructure.broker_failures import broker_failure
 from infrastructure.dead_letters import (
     PAGE,
     PAGE_MAX,
+    AmbiguousId,
     DeadLetter,
     DeadLetters,
     NotFound,
@@ -43,7 +47,7 @@ def _dead_letters(broker_url: str | None) -> Iterator[DeadLetters]:
         tls = settings.broker_tls()
         with DeadLetters(url, Topology(queue_type=settings.queue_type), tls=tls) as letters:
             yield letters
-    except (NotFound, NotReplayable) as exc:
+    except (NotFound, AmbiguousId, NotReplayable) as exc:
         raise click.ClickException(str(exc)) from None
     except Exception as exc:
         failure = broker_failure(exc, url)
@@ -69,6 +73,19 @@ def _cut(letter: DeadLetter) -> str:
     return f" (cut to {len(letter.body)} of {letter.body_bytes} bytes)" if letter.truncated else ""
 
 
+def _counts(counts: list[tuple[str, int]]) -> str:
+    """`12 dead letter(s) in all: 7 schema_error, 5 unknown_attempt`."""
+    total = sum(n for _, n in counts)
+    return f"{total} dead letter(s) in all: " + ", ".join(f"{n} {reason}" for reason, n in counts)
+
+
+def _reason(letter: DeadLetter) -> str:
+    return letter.reason + (f" ({letter.stored_reason})" if letter.stored_reason else "")
+
+
+REASONS = [reason.value for reason in Reason]
+
+
 @click.group("dead-letters")
 def dead_letters() -> None:
     """What the dead-letter queue (provisioning.dead) holds; replay or purge it."""
@@ -81,25 +98,29 @@ def dead_letters() -> None:
 @click.option("--after", metavar="ID", help="Start after this dead letter (where a page ended).")
 @BROKER_URL
 def list_(as_json: bool, limit: int, after: str | None, broker_url: str | None) -> None:
-    """A page of dead letters: each one's id, reason, source queue, age and errors
-    (nothing consumed)."""
+    """The counts by reason of the whole queue, then a page of dead letters: each
+    one's id, reason, source queue, age and errors (nothing consumed)."""
     with _dead_letters(broker_url) as letters:
-        page = letters.page(limit, after)
+        page = letters.page(limit, after, counted=True)
     found = [letter.scrubbed(secrets()) for letter in page.letters]
     at = now()
     more = f"more after {page.after}: dead-letters list --after {page.after}"
     if as_json:
         echo(json.dumps([x.summary(at) for x in found], default=str, indent=2))
+        if page.counts:
+            echo(_counts(page.counts), err=True)
         if page.after:
             echo(more, err=True)
         return
+    if page.counts:
+        echo(_counts(page.counts))
     if not found:
         echo("no dead letters" if after is None else f"no dead letters after {after}")
         return
     for letter in found:
         echo(
             f"{letter.id}  {_age(letter.age_s(at)):>4} ago  from {letter.source_queue}  "
-            f"{letter.reason}{_cut(letter)}"
+            f"{_reason(letter)}{_cut(letter)}"
         )
         if letter.errors:
             echo(f"    {_errors(letter)}")
@@ -110,8 +131,9 @@ def list_(as_json: bool, limit: int, after: str | None, broker_url: str | None) 
 @click.argument("letter_id")
 @BROKER_URL
 def show(letter_id: str, broker_url: str | None) -> None:
-    """One dead letter: its reason, errors, where it came from, headers and body (its
-    first 8 KiB: `truncated`, with the whole body's length and sha256)."""
+    """One dead letter (LETTER_ID or a unique prefix of it): its reason, errors, where
+    it came from, headers and body (its first 8 KiB: `truncated`, with the whole
+    body's length and sha256)."""
     with _dead_letters(broker_url) as letters:
         letter = letters.show(letter_id).scrubbed(secrets())
     shown: dict[str, Any] = letter.summary(now())
@@ -125,8 +147,9 @@ def show(letter_id: str, broker_url: str | None) -> None:
 @click.option("--all", "every", is_flag=True, help="Replay every dead letter.")
 @BROKER_URL
 def replay(letter_id: str | None, every: bool, broker_url: str | None) -> None:
-    """Put LETTER_ID (or --all) back where it came from, without the dead-letter headers.
-    A truncated one cannot be: it is kept and said so."""
+    """Put LETTER_ID (or a unique prefix of it; or --all) back where it came from, with
+    its own content type and encoding and without the dead-letter headers; it keeps
+    its id. A truncated one cannot be: it is kept and said so."""
     if every == (letter_id is not None):
         raise click.UsageError("give one dead letter's id, or --all")
     with _dead_letters(broker_url) as letters:
@@ -139,13 +162,40 @@ def replay(letter_id: str | None, every: bool, broker_url: str | None) -> None:
     echo(f"{len(done.replayed)} dead letter(s) replayed{kept}")
 
 
+PURGE_FORMS = (
+    "purge deletes dead letters for good: name them by id (or a unique prefix), "
+    "--reason R (repeatable), or --all for every one; and add --yes"
+)
+
+
 @dead_letters.command("purge")
+@click.argument("letter_ids", nargs=-1, metavar="[LETTER_ID]...")
+@click.option("--reason", "reasons", multiple=True, type=click.Choice(REASONS),
+              help="Delete the dead letters of this reason (repeatable).")  # fmt: skip
+@click.option("--all", "every", is_flag=True, help="Delete every dead letter.")
 @click.option("--yes", is_flag=True, help="Confirm: the dead letters are deleted for good.")
 @BROKER_URL
-def purge(yes: bool, broker_url: str | None) -> None:
-    """Delete every dead letter for good (asks for --yes)."""
+def purge(
+    letter_ids: tuple[str, ...],
+    reasons: tuple[str, ...],
+    every: bool,
+    yes: bool,
+    broker_url: str | None,
+) -> None:
+    """Delete for good the dead letters of LETTER_IDs (or unique prefixes) or of
+    --reason, or --all of them (asks for --yes)."""
+    if every == bool(letter_ids or reasons):
+        raise click.UsageError(
+            "--all deletes every dead letter: give it without ids or --reason"
+            if every else PURGE_FORMS
+        )  # fmt: skip
     if not yes:
-        raise click.UsageError("purging deletes every dead letter for good: add --yes")
+        raise click.UsageError(PURGE_FORMS)
     with _dead_letters(broker_url) as letters:
-        count = letters.purge()
-    echo(f"{count} dead letter(s) purged")
+        if every:
+            echo(f"{letters.purge_all()} dead letter(s) purged")
+            return
+        purged = letters.purge(letter_ids, reasons)
+    for letter in purged:
+        echo(f"purged {letter.id} ({letter.reason}, from {letter.source_queue})")
+    echo(f"{len(purged)} dead letter(s) purged")

@@ -10,11 +10,14 @@ message ends its thread:
   exhausted: a hop that raised a bug every time fails its attempt
   `internal_error` first, through `given_up`), or re-publishes it after a delay
   with its counts (`x-retries` or `x-waits`).
-- `Settler.dead` is the one way to the dead-letter queue: the body, the source
-  and the errors lose every configured secret first.
+- `Settler.dead` is the one way to the dead-letter queue: the reason is read
+  as one of `Reason` (a label none of them is `other`, kept in the errors),
+  the message's content type, encoding and dead-letter id are kept (a replay
+  sends them back), and the body, the source and the errors lose every
+  configured secret first.
 - An unexpected exception while doing any of that is contained (`_contain`):
-  the message is retried if it can be, else dead-lettered (`unexpected
-  error`), else rejected without requeue (the queue's own dead-lettering then
+  the message is retried if it can be, else dead-lettered (`internal_error`),
+  else rejected without requeue (the queue's own dead-lettering then
   takes it), and the worker carries on. Broker connection errors alone pass
   through: the consuming loop reconnects and the broker redelivers.
 """
@@ -26,7 +29,9 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
+from domain.dead_letter_rules import Reason, reason_of
 from infrastructure.broker import Broker
+from infrastructure.dead_letter_parsing import kept_of
 from infrastructure.messages import InvalidMessage, Message
 from infrastructure.outages import Outage, is_database_error, one_line
 from infrastructure.redaction import Secrets
@@ -46,6 +51,8 @@ from worker.retry_policy import (
 __all__ = ["WAIT_DELAYS_S", "Delivery", "Settler", "inspect"]
 
 log = logging.getLogger("provisioner.worker")
+# What a dead letter keeps of the delivery, to be replayed as it came.
+KEPT_PROPERTIES = ("headers", "content_type", "content_encoding")
 
 
 class Settler:
@@ -85,7 +92,7 @@ class Settler:
         except InvalidMessage as exc:
             reason, errors = exc.reason, exc.errors
         except Exception as exc:  # noqa: BLE001 - whatever a delivery holds, it is refused
-            reason, errors = "undecodable", {"error": one_line(exc)}
+            reason, errors = Reason.UNDECODABLE, {"error": one_line(exc)}
         self._guarded(message, lambda: self.dead(message, reason, errors), None)
         return None
 
@@ -151,15 +158,19 @@ class Settler:
         metrics.RETRIED.inc()
         self.stats.retried += 1
 
-    def dead(self, message: Any, reason: str, errors: dict[str, Any]) -> None:
+    def dead(self, message: Any, label: Reason | str, errors: dict[str, Any]) -> None:
+        reason = reason_of(label).value
+        if reason == Reason.OTHER and str(label) != reason:
+            errors = {"label": str(label)[:200], **errors}  # what it was called
         source = str((message.delivery_info or {}).get("routing_key", "?"))
         body = message.body
         if not isinstance(body, bytes):
             body = str(body).encode("utf-8", "backslashreplace")
         # A producer's body, a field name or type in its errors may hold the token.
         body, source = self.secrets.scrub_bytes(body), self.secrets.scrub(source)
-        reason, errors = self.secrets.scrub(reason), self.secrets.scrub_value(errors)
-        self.publisher.publish_dead(body, reason, errors, source)
+        errors = self.secrets.scrub_value(errors)
+        kept = kept_of(*(getattr(message, name, None) for name in KEPT_PROPERTIES))
+        self.publisher.publish_dead(body, reason, errors, source, kept=kept)
         message.ack()
         metrics.DEAD_LETTERED.labels(reason).inc()
         self.stats.dead_lettered += 1
@@ -184,7 +195,7 @@ class Settler:
         if delivery is not None and self.policy.can_retry(delivery.facts):
             retry = self.policy.failed(delivery.facts, exc)
             steps.append(lambda: self.apply(message, delivery, retry, exc))
-        steps.append(lambda: self.dead(message, "unexpected error", {"error": one_line(exc)}))
+        steps.append(lambda: self.dead(message, Reason.INTERNAL_ERROR, {"error": one_line(exc)}))
         steps.append(lambda: message.reject(requeue=False))
         for step in steps:
             try:

@@ -5,10 +5,11 @@
 returned) to one of:
 
 - `Ack`: handled.
-- `Dead(reason, errors)`: to the dead-letter queue. A `DeadLetter` raised by a
-  handler (never retried), or a failure whose schedule is spent (`retries
-  exhausted`). A hop that raised a bug (`is_bug`) on every retry is also
-  `give_up`: its attempt is failed `internal_error` before the message goes.
+- `Dead(reason, errors)`: to the dead-letter queue, the reason one of
+  `Reason` (domain/dead_letter_rules.py). A `DeadLetter` raised by a handler
+  (never retried), or a failure whose schedule is spent (`retries_exhausted`).
+  A hop that raised a bug (`is_bug`) on every retry is also `give_up`: its
+  attempt is failed `internal_error` before the message goes.
 - `Republish(delay_s, headers)`: re-published after the delay with the counts
   in `headers`. An infrastructure failure (database down, too much contention,
   a bug that may pass) counts in `x-retries` on `retry_delays_s` (about 200 s);
@@ -24,6 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from domain.dead_letter_rules import Reason, reason_of
 from domain.errors import RetryLater
 from domain.ports import GatewayError, TransientGatewayError
 from infrastructure.outages import is_database_error
@@ -39,9 +41,10 @@ REFUSED_FOR_NOW: tuple[type[BaseException], ...] = (RetryLater, TransientGateway
 
 
 class DeadLetter(Exception):
-    """A message that can never succeed; it goes to the dead-letter queue."""
+    """A message that can never succeed; it goes to the dead-letter queue. `reason`:
+    one of `Reason`, or a label `reason_of` reads as one (a refusal's name)."""
 
-    def __init__(self, reason: str, errors: dict[str, Any] | None = None) -> None:
+    def __init__(self, reason: Reason | str, errors: dict[str, Any] | None = None) -> None:
         super().__init__(reason)
         self.reason = reason
         self.errors = errors or {}
@@ -79,7 +82,7 @@ class Republish:
 class Dead:
     """Dead-letter it with `reason` and `errors`, then ack it."""
 
-    reason: str
+    reason: Reason
     errors: Mapping[str, Any] = field(default_factory=dict)
     give_up: bool = False  # a hop that raised a bug every time: fail its attempt first
 
@@ -101,8 +104,12 @@ class RetryPolicy:
         if failure is None:
             return Ack()
         if isinstance(failure, self.never_retried):
-            reason = str(getattr(failure, "reason", type(failure).__name__))
-            return Dead(reason, dict(getattr(failure, "errors", None) or {}))
+            label = str(getattr(failure, "reason", type(failure).__name__))
+            errors = dict(getattr(failure, "errors", None) or {})
+            reason = reason_of(label)
+            if reason is Reason.OTHER:
+                errors = {"label": label[:200], **errors}
+            return Dead(reason, errors)
         return self.failed(facts, failure)
 
     def failed(self, facts: Facts, exc: BaseException) -> Republish | Dead:
@@ -111,7 +118,8 @@ class RetryPolicy:
             return self._wait(facts, exc)
         if facts.tries >= len(self.retry_delays_s):
             give_up = facts.type == "hop" and is_bug(exc)
-            return Dead("retries exhausted", {"error": repr(exc)[:300]}, give_up=give_up)
+            errors = {"error": repr(exc)[:300]}
+            return Dead(Reason.RETRIES_EXHAUSTED, errors, give_up=give_up)
         return Republish(
             self.retry_delays_s[facts.tries], _counts(facts, **{"x-retries": facts.tries + 1})
         )
@@ -123,7 +131,8 @@ class RetryPolicy:
     def _wait(self, facts: Facts, exc: BaseException) -> Republish | Dead:
         if facts.waits >= len(self.wait_delays_s):
             waited = sum(self.wait_delays_s)
-            return Dead("retries exhausted", {"error": repr(exc)[:300], "waited_s": waited})
+            errors = {"error": repr(exc)[:300], "waited_s": waited}
+            return Dead(Reason.RETRIES_EXHAUSTED, errors)
         delay = self.wait_delays_s[facts.waits]
         return Republish(delay, _counts(facts, **{"x-waits": facts.waits + 1}), waiting=True)
 

@@ -69,7 +69,7 @@ from worker.runtime import build
 pytestmark = pytest.mark.rabbitmq
 
 HOST = "127.0.0.1:5672"  # the broker the local rabbitmqctl manages
-REFUSAL = "internal message on the commands queue"
+REFUSAL = "wrong_queue"  # an internal message on the commands queue
 WAIT_QUEUE = str(Topology().wait(wait_rung_ms(5)).name)
 
 

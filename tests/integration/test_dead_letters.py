@@ -1,8 +1,11 @@
-"""`provisioner dead-letters` on RabbitMQ: listing consumes nothing and keeps the
-order; ids are stable; replay puts a message back where it came from without the
-dead-letter headers; purge asks for --yes; memory:// says it keeps none. A large
-body is dead-lettered cut, with its length and hash, and is never replayed; a
-listing pages through the queue holding one page of letters at a time."""
+"""`provisioner dead-letters` on RabbitMQ: listing consumes nothing, keeps the
+order and starts with the counts by reason; ids are stable, across replays too,
+and a unique prefix names one; replay puts a message back where it came from with
+its own content type and encoding and without the dead-letter headers; purge
+takes ids or reasons (or --all) and asks for --yes; memory:// says it keeps none.
+A large body is dead-lettered cut, with its length and hash, and is never
+replayed; a listing pages through the queue holding one page of letters at a
+time."""
 
 from __future__ import annotations
 
@@ -42,7 +45,8 @@ pytestmark = pytest.mark.rabbitmq
 
 
 def seed(url: str) -> None:
-    """Three dead letters from the worker, then one the hops queue dead-letters itself."""
+    """Three dead letters from the worker (with the labels older ones were written
+    with), then one the hops queue dead-letters itself."""
     broker = Broker(url, Topology(), scheduler=None)
     try:
         broker.declare()
@@ -65,10 +69,13 @@ def cli(url: str, *args: str) -> Any:
     )
 
 
+def raw(message: Any) -> bytes:
+    """A message's body as bytes (kombu hands a text/* one over as str)."""
+    return message.body if isinstance(message.body, bytes) else message.body.encode()
+
+
 def bodies(url: str, queue: str) -> list[tuple[bytes, dict[str, Any]]]:
-    taken = take_all(url, queue)
-    return [(m.body if isinstance(m.body, bytes) else m.body.encode(), dict(m.headers or {}))
-            for m in taken]  # fmt: skip
+    return [(raw(m), dict(m.headers or {})) for m in take_all(url, queue)]
 
 
 def test_listing_consumes_nothing_keeps_the_order_and_the_ids(rabbit_url: str) -> None:
@@ -82,17 +89,23 @@ def test_listing_consumes_nothing_keeps_the_order_and_the_ids(rabbit_url: str) -
     assert [x.id for x in first] == [x.id for x in second]
     assert len({x.id for x in first}) == 4
     assert [x.source_queue for x in first] == [HOPS_QUEUE, COMMANDS_QUEUE, HOPS_QUEUE, HOPS_QUEUE]
-    assert [x.reason for x in first] == ["schema errors", "unknown brand", "schema errors",
+    assert [x.reason for x in first] == ["schema_error", "unknown_brand", "schema_error",
                                          "rejected"]  # fmt: skip
+    assert [x.stored_reason for x in first] == ["schema errors", "unknown brand",
+                                                "schema errors", ""]  # fmt: skip
     assert first[1].errors == {"brand": "b-2"}
-    assert counts == {"schema errors": 2, "unknown brand": 1, "rejected": 1}
+    assert counts == {"schema_error": 2, "unknown_brand": 1, "rejected": 1}
     assert all(x.age_s(x.dead_at or 0) is not None for x in first)
 
     listed = cli(rabbit_url, "list", "--json")
     assert listed.exit_code == 0, listed.output
-    assert [x["id"] for x in json.loads(listed.output)] == [x.id for x in first]
+    assert [x["id"] for x in json.loads(listed.stdout)] == [x.id for x in first]
+    counted = "4 dead letter(s) in all: 2 schema_error, 1 rejected, 1 unknown_brand"
+    assert counted in listed.stderr
+    text = cli(rabbit_url, "list", "--limit", "1")
+    assert text.output.splitlines()[0] == counted  # of the whole queue, not the page
     text = cli(rabbit_url, "list")
-    assert "unknown brand" in text.output
+    assert "unknown_brand (unknown brand)" in text.output
     assert "brand: b-2" in text.output
     assert "4 dead letter(s)" in text.output
     assert len(take_all(rabbit_url, DEAD_QUEUE)) == 4  # still all there
@@ -105,13 +118,13 @@ def test_show_and_replay_one_then_all(rabbit_url: str) -> None:
 
     shown = cli(rabbit_url, "show", ids[1])
     assert shown.exit_code == 0, shown.output
-    assert json.loads(shown.output)["reason"] == "unknown brand"
+    assert json.loads(shown.output)["reason"] == "unknown_brand"
     assert cli(rabbit_url, "show", "nope").exit_code == 1
 
     one = cli(rabbit_url, "replay", ids[1])
     assert one.exit_code == 0, one.output
     assert f"replayed {ids[1]} to {EXCHANGE}/{COMMAND_KEY}" in one.output
-    assert bodies(rabbit_url, COMMANDS_QUEUE) == [(b'{"n": 2}', {})]
+    assert bodies(rabbit_url, COMMANDS_QUEUE) == [(b'{"n": 2}', {"x-dead-id": ids[1]})]
     with DeadLetters(rabbit_url) as letters:
         assert [x.id for x in letters.each()] == [ids[0], ids[2], ids[3]]
 
@@ -119,22 +132,127 @@ def test_show_and_replay_one_then_all(rabbit_url: str) -> None:
     every = cli(rabbit_url, "replay", "--all")
     assert "3 dead letter(s) replayed" in every.output
     assert bodies(rabbit_url, HOPS_QUEUE) == [
-        (b'{"n": 1}', {}), (b'{"n": 3}', {}), (b'{"n": 4}', {"x-keep": "yes"})
+        (b'{"n": 1}', {"x-dead-id": ids[0]}), (b'{"n": 3}', {"x-dead-id": ids[2]}),
+        (b'{"n": 4}', {"x-keep": "yes", "x-dead-id": ids[3]}),
     ]  # fmt: skip
     assert take_all(rabbit_url, DEAD_QUEUE) == []
 
 
-def test_purge_asks_for_yes(rabbit_url: str) -> None:
+def unique_prefix(letter_id: str, ids: list[str]) -> str:
+    """The shortest prefix of `letter_id` no other id starts with."""
+    others = [x for x in ids if x != letter_id]
+    return next(letter_id[:n] for n in range(1, len(letter_id) + 1)
+                if not any(x.startswith(letter_id[:n]) for x in others))  # fmt: skip
+
+
+def held(url: str) -> list[str]:
+    with DeadLetters(url) as letters:
+        return [x.id for x in letters.each()]
+
+
+def test_purge_takes_ids_or_reasons_and_all_only_when_asked(rabbit_url: str) -> None:
     seed(rabbit_url)
-    refused = cli(rabbit_url, "purge")
-    assert refused.exit_code == 2
-    assert "--yes" in refused.output
-    with DeadLetters(rabbit_url) as letters:
-        assert len(list(letters.each())) == 4
-    done = cli(rabbit_url, "purge", "--yes")
-    assert done.exit_code == 0
-    assert "dead letter(s) purged" in done.output
+    ids = held(rabbit_url)
+
+    for refused in (["purge"], ["purge", "--yes"], ["purge", ids[1]],
+                    ["purge", "--all"], ["purge", "--all", ids[1], "--yes"],
+                    ["purge", "--reason", "no_such_reason", "--yes"]):  # fmt: skip
+        result = cli(rabbit_url, *refused)
+        assert result.exit_code == 2, (refused, result.output)
+    assert "--reason" in cli(rabbit_url, "purge").output  # says how, deletes nothing
+    assert "--all" in cli(rabbit_url, "purge", "--yes").output
+    assert held(rabbit_url) == ids
+
+    one = cli(rabbit_url, "purge", unique_prefix(ids[1], ids), "--yes")
+    assert one.exit_code == 0, one.output
+    assert f"purged {ids[1]} (unknown_brand, from {COMMANDS_QUEUE})" in one.output
+    assert held(rabbit_url) == [ids[0], ids[2], ids[3]]
+
+    by_reason = cli(rabbit_url, "purge", "--reason", "schema_error", "--yes")
+    assert by_reason.exit_code == 0, by_reason.output
+    assert "2 dead letter(s) purged" in by_reason.output
+    assert held(rabbit_url) == [ids[3]]  # the order of the rest is kept
+
+    every = cli(rabbit_url, "purge", "--all", "--yes")
+    assert every.exit_code == 0, every.output
+    assert "1 dead letter(s) purged" in every.output
     assert take_all(rabbit_url, DEAD_QUEUE) == []
+
+
+def test_an_ambiguous_prefix_is_refused_naming_the_matches(rabbit_url: str) -> None:
+    broker = Broker(rabbit_url, Topology(), scheduler=None)
+    try:
+        broker.declare()
+        for letter_id in ("abc111", "abc222"):
+            broker.publish_dead(b'{"n": 1}', "schema_error", {}, WORK_KEY,
+                                kept={"x-dead-id": letter_id})  # fmt: skip
+    finally:
+        broker.close()
+
+    for command in (["show", "abc"], ["replay", "abc"], ["purge", "abc", "--yes"]):
+        result = cli(rabbit_url, *command)
+        assert result.exit_code == 1, result.output
+        assert "ambiguous" in result.output
+        assert "abc111, abc222" in result.output
+    assert held(rabbit_url) == ["abc111", "abc222"]  # nothing replayed or purged
+    assert json.loads(cli(rabbit_url, "show", "abc2").output)["id"] == "abc222"
+    assert "no dead letter abd" in cli(rabbit_url, "show", "abd").output
+
+
+def settler(publisher: Broker) -> Settler:
+    return Settler(
+        publisher,
+        stats=WorkerStats(),
+        retry_delays_s=(1.0,),
+        connection_errors=(ConnectionError,),
+        database=Outage(logging.getLogger("test"), "worker", "db", announce_start=False),
+        dead_letter=DeadLetter,
+    )
+
+
+def test_replay_keeps_the_content_type_and_encoding_and_the_id(rabbit_url: str) -> None:
+    # One the worker refuses for its content type, one the hops queue rejects itself.
+    publish_raw(rabbit_url, b"plain words", WORK_KEY, "text/plain", "us-ascii", {})
+    publish_raw(rabbit_url, b"<hop/>", WORK_KEY, "application/xml", "binary", {})
+    publisher = Broker(rabbit_url, Topology(), scheduler=None)
+    try:
+        with Connection(rabbit_url) as conn:
+            queue = Queue(HOPS_QUEUE, no_declare=True).bind(conn.channel())
+
+            def again() -> None:
+                """The worker reads the first again, the queue rejects the second."""
+                plain, xml = queue.get(no_ack=False), queue.get(no_ack=False)
+                assert plain is not None
+                assert xml is not None
+                assert settler(publisher).read(plain, HOPS_QUEUE) is None
+                xml.reject(requeue=False)
+
+            again()
+            with DeadLetters(rabbit_url) as letters:
+                first = letters.page().letters
+            assert [(x.reason, x.content_type, x.content_encoding) for x in first] == [
+                ("unsupported_content_type", "text/plain", "us-ascii"),
+                ("rejected", "application/xml", "binary"),
+            ]
+
+            every = cli(rabbit_url, "replay", "--all")
+            assert every.exit_code == 0, every.output
+            plain, xml = queue.get(no_ack=False), queue.get(no_ack=False)
+            assert plain is not None
+            assert xml is not None
+            got = [(raw(m), m.content_type, m.content_encoding) for m in (plain, xml)]
+            assert got == [(b"plain words", "text/plain", "us-ascii"),
+                           (b"<hop/>", "application/xml", "binary")]  # fmt: skip
+            assert plain.headers == {"x-dead-id": first[0].id}
+            plain.requeue()
+            xml.requeue()
+
+            again()  # the same refusal as before, not "invalid JSON"
+            with DeadLetters(rabbit_url) as letters:
+                second = letters.page().letters
+    finally:
+        publisher.close()
+    assert [(x.id, x.reason) for x in second] == [(x.id, x.reason) for x in first]
 
 
 def test_the_embedded_broker_says_it_keeps_none() -> None:
@@ -158,14 +276,7 @@ def dead_letter_through_the_worker(url: str, bodies: list[bytes]) -> None:
     for body in bodies:
         publish_raw(url, body, WORK_KEY, "application/json", "utf-8", {})
     publisher = Broker(url, Topology(), scheduler=None)
-    settler = Settler(
-        publisher,
-        stats=WorkerStats(),
-        retry_delays_s=(1.0,),
-        connection_errors=(ConnectionError,),
-        database=Outage(logging.getLogger("test"), "worker", "db", announce_start=False),
-        dead_letter=DeadLetter,
-    )
+    settle = settler(publisher)
     try:
         with Connection(url) as conn:
             queue = Queue(HOPS_QUEUE, no_declare=True).bind(conn.channel())
@@ -174,7 +285,7 @@ def dead_letter_through_the_worker(url: str, bodies: list[bytes]) -> None:
                 assert message is not None
                 size = len(message.body)
                 reason = "too large" if size > MAX_BODY_BYTES else "schema errors"
-                settler.dead(message, reason, {"size": size})
+                settle.dead(message, reason, {"size": size})
                 assert message.acknowledged
     finally:
         publisher.close()
@@ -190,7 +301,7 @@ def test_a_large_body_is_dead_lettered_cut_with_its_length_and_hash(rabbit_url: 
         whole = listed[-1]
         with pytest.raises(NotReplayable, match="cannot be replayed"):
             letters.replay(listed[0].id)
-    assert [x.reason for x in listed] == ["too large"] * 4 + ["schema errors"]
+    assert [x.reason for x in listed] == ["too_large"] * 4 + ["schema_error"]
     for letter, body in zip(listed, big, strict=False):
         assert letter.truncated
         assert letter.body == body[:DEAD_BODY_KEPT]
@@ -208,7 +319,7 @@ def test_a_large_body_is_dead_lettered_cut_with_its_length_and_hash(rabbit_url: 
     assert every.exit_code == 0, every.output
     assert "1 dead letter(s) replayed; 4 kept, truncated" in every.output
     assert f"kept {listed[0].id}: its body is not whole" in every.output
-    assert bodies(rabbit_url, HOPS_QUEUE) == [(small, {})]
+    assert bodies(rabbit_url, HOPS_QUEUE) == [(small, {"x-dead-id": whole.id})]
 
     held = take_all(rabbit_url, DEAD_QUEUE)  # what sits in the queue, raw
     assert len(held) == 4
@@ -251,7 +362,7 @@ def test_listing_pages_through_the_queue_holding_one_page(rabbit_url: str) -> No
     assert [p.more for p in pages] == [True, True, False]
     listed = [letter for p in pages for letter in p.letters]
     assert len({x.id for x in listed}) == 9
-    assert [x.reason for x in listed] == ["rejected"] * 6 + ["too large"] * 3
+    assert [x.reason for x in listed] == ["rejected"] * 6 + ["too_large"] * 3
     assert all(len(x.body) == DEAD_BODY_KEPT for x in listed)
     assert [x.body_bytes for x in listed[:6]] == [8 * MIB] * 6
     assert not any(x.truncated for x in listed[:6])  # the queue holds them whole

@@ -336,10 +336,10 @@ def pg_env(pg_database: str, rabbit_url: str, fake: FakeGateway) -> dict[str, st
 
 
 POISON: list[tuple[str, bytes, str]] = [
-    (WORK_KEY, b"\x80not json", "not UTF-8"),
-    (WORK_KEY, b"[1, 2]", "not a JSON object"),
-    (WORK_KEY, b'{"hop": 1}', "missing type or version"),
-    (WORK_KEY, b'{"type": "explode", "version": 1}', "unknown type"),
+    (WORK_KEY, b"\x80not json", "not_utf8"),
+    (WORK_KEY, b"[1, 2]", "not_a_json_object"),
+    (WORK_KEY, b'{"hop": 1}', "missing_type_or_version"),
+    (WORK_KEY, b'{"type": "explode", "version": 1}', "unknown_type"),
     (
         WORK_KEY,
         json.dumps({"type": "hop", "version": 9, "attempt_id": str(uuid4()), "hop": 0}).encode(),
@@ -349,10 +349,10 @@ POISON: list[tuple[str, bytes, str]] = [
     (
         WORK_KEY,
         json.dumps({"type": "hop", "version": 1, "attempt_id": str(uuid4()), "hop": "1"}).encode(),
-        "schema errors",
+        "schema_error",
     ),
-    (WORK_KEY, messages.hop(uuid4(), 0).encode(), "UnknownAttempt"),
-    (COMMAND_KEY, b'{"type": "provision", "version": 1, "brand_id": "b"}', "schema errors"),
+    (WORK_KEY, messages.hop(uuid4(), 0).encode(), "unknown_attempt"),
+    (COMMAND_KEY, b'{"type": "provision", "version": 1, "brand_id": "b"}', "schema_error"),
     (
         COMMAND_KEY,
         b'{"type": "deactivate", "version": 1, "brand_id": "b", "requested_at": "2030-01-01"}',
@@ -935,7 +935,7 @@ def test_an_infrastructure_failure_is_retried_with_a_count_then_dead_lettered(
 
     assert service.calls == 3  # the first try and two retries
     assert worker.stats.retried == 2
-    assert letter.headers["x-dead-reason"] == "retries exhausted"
+    assert letter.headers["x-dead-reason"] == "retries_exhausted"
     assert "connection refused" in letter.headers["x-dead-errors"]
     assert decode(letter.body) == message
 
@@ -1022,7 +1022,7 @@ def test_memory_broker_commands_and_dead_letters(
             letter = Queue(DEAD_QUEUE, no_declare=True).bind(conn.channel()).get(no_ack=True)
 
     assert letter is not None
-    assert letter.headers["x-dead-reason"] == "UnknownAttempt"
+    assert letter.headers["x-dead-reason"] == "unknown_attempt"
     assert creates(fake, title) == 1
 
 

@@ -26,21 +26,21 @@ JSON, UTF8 = "application/json", "utf-8"
 
 # (body, content type, content encoding, headers, reason)
 POISON: list[tuple[bytes, str, str, dict[str, Any], str]] = [
-    (b"[" * 1000 + b"]" * 1000, JSON, UTF8, {}, "too deeply nested"),
-    (b"[" * 100_000, JSON, UTF8, {}, "too large"),
-    (b'{"type": "hop", "version": 1, "x": "' + b"a" * 70_000 + b'"}', JSON, UTF8, {}, "too large"),
-    (b'{"type": "hop", "version": 1, "attempt_id": "\xff\xfe"}', JSON, UTF8, {}, "not UTF-8"),
-    (GOOD_HOP, JSON, "latin-1", {}, "unsupported encoding"),
-    (GOOD_HOP, "application/x-python-serialize", "binary", {}, "unsupported content type"),
+    (b"[" * 1000 + b"]" * 1000, JSON, UTF8, {}, "too_deeply_nested"),
+    (b"[" * 100_000, JSON, UTF8, {}, "too_large"),
+    (b'{"type": "hop", "version": 1, "x": "' + b"a" * 70_000 + b'"}', JSON, UTF8, {}, "too_large"),
+    (b'{"type": "hop", "version": 1, "attempt_id": "\xff\xfe"}', JSON, UTF8, {}, "not_utf8"),
+    (GOOD_HOP, JSON, "latin-1", {}, "unsupported_encoding"),
+    (GOOD_HOP, "application/x-python-serialize", "binary", {}, "unsupported_content_type"),
     (GOOD_HOP, JSON, UTF8, {"compression": "application/x-gzip"}, "undecodable"),
-    (GOOD_HOP, JSON, UTF8, {"x-retries": "abc"}, "bad header"),
-    (GOOD_HOP, JSON, UTF8, {"x-retries": [1, 2]}, "bad header"),
+    (GOOD_HOP, JSON, UTF8, {"x-retries": "abc"}, "bad_header"),
+    (GOOD_HOP, JSON, UTF8, {"x-retries": [1, 2]}, "bad_header"),
     (
         b'{"type": "hop", "version": 1, "attempt_id": 7, "hop": "1"}',
         JSON,
         UTF8,
         {},
-        "schema errors",
+        "schema_error",
     ),
 ]
 

@@ -342,7 +342,7 @@ def test_a_command_refused_for_now_is_retried_for_about_an_hour_on_its_own_count
     ]
     assert 3000 <= sum(WAIT_DELAYS_S) <= 3600  # about an hour, as documented
     assert all(60 <= d <= 120 for d in WAIT_DELAYS_S[2:])
-    assert [d[1] for d in publisher.dead] == ["retries exhausted"]  # only after that
+    assert [d[1] for d in publisher.dead] == ["retries_exhausted"]  # only after that
     assert all(m.state == "ACK" for m in (*waits, last))
 
 

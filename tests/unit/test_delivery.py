@@ -7,6 +7,7 @@ import json
 import logging
 import random
 import threading
+from collections.abc import Mapping
 from concurrent.futures import Future
 from typing import Any
 from uuid import uuid4
@@ -69,6 +70,7 @@ class FakePublisher:
     def __init__(self, *, fail_publish: int = 0, fail_dead: int = 0) -> None:
         self.published: list[tuple[messages.Message, float, dict[str, Any] | None]] = []
         self.dead: list[tuple[bytes, str, dict[str, Any], str]] = []
+        self.kept: list[dict[str, Any]] = []
         self.fail_publish = fail_publish
         self.fail_dead = fail_dead
 
@@ -80,7 +82,15 @@ class FakePublisher:
             raise RuntimeError("the broker refused (nacked) a message")
         self.published.append((message, delay_s, headers))
 
-    def publish_dead(self, body: bytes, reason: str, errors: dict[str, Any], source: str) -> None:
+    def publish_dead(
+        self,
+        body: bytes,
+        reason: str,
+        errors: dict[str, Any],
+        source: str,
+        kept: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.kept.append(dict(kept or {}))
         if self.fail_dead:
             self.fail_dead -= 1
             raise RuntimeError("no queue bound for provisioning/dead")
@@ -113,26 +123,26 @@ def finished(result: str | BaseException) -> Future[str]:
 
 
 POISON: list[tuple[FakeMessage, str]] = [
-    (FakeMessage(b"[" * 1000 + b"]" * 1000), "too deeply nested"),
-    (FakeMessage(b"[" * 100_000), "too large"),
-    (FakeMessage(b'{"a": ' * 1000 + b"1" + b"}" * 1000), "too deeply nested"),
-    (FakeMessage(b" " * (64 * 1024 + 1)), "too large"),
-    (FakeMessage(b'{"type": "hop", "version": 1, "attempt_id": "\xff"}'), "not UTF-8"),
-    (FakeMessage("\ud800"), "not UTF-8"),  # a str body py-amqp could not encode back
-    (FakeMessage(GOOD, content_encoding="latin-1"), "unsupported encoding"),
-    (FakeMessage(GOOD, content_encoding=b"utf-8"), "unsupported encoding"),
-    (FakeMessage(GOOD, content_type="application/x-python-serialize"), "unsupported content type"),
-    (FakeMessage(GOOD, {"compression": "application/x-gzip"}), "unsupported encoding"),
+    (FakeMessage(b"[" * 1000 + b"]" * 1000), "too_deeply_nested"),
+    (FakeMessage(b"[" * 100_000), "too_large"),
+    (FakeMessage(b'{"a": ' * 1000 + b"1" + b"}" * 1000), "too_deeply_nested"),
+    (FakeMessage(b" " * (64 * 1024 + 1)), "too_large"),
+    (FakeMessage(b'{"type": "hop", "version": 1, "attempt_id": "\xff"}'), "not_utf8"),
+    (FakeMessage("\ud800"), "not_utf8"),  # a str body py-amqp could not encode back
+    (FakeMessage(GOOD, content_encoding="latin-1"), "unsupported_encoding"),
+    (FakeMessage(GOOD, content_encoding=b"utf-8"), "unsupported_encoding"),
+    (FakeMessage(GOOD, content_type="application/x-python-serialize"), "unsupported_content_type"),
+    (FakeMessage(GOOD, {"compression": "application/x-gzip"}), "unsupported_encoding"),
     (FakeMessage(GOOD, errors=[(ValueError, ValueError("bad zlib"), None)]), "undecodable"),
-    (FakeMessage(GOOD, {"x-retries": "abc"}), "bad header"),
-    (FakeMessage(GOOD, {"x-retries": True}), "bad header"),
-    (FakeMessage(GOOD, {"x-retries": -3}), "bad header"),
-    (FakeMessage(GOOD, {"x-retries": [1]}), "bad header"),
-    (FakeMessage(GOOD, "not a table"), "bad header"),
-    (FakeMessage(12345), "not a byte string"),
-    (FakeMessage(None), "not a byte string"),
-    (FakeMessage(b'{"type": "hop", "version": 1e999}'), "missing type or version"),
-    (FakeMessage(b'{"type": "hop", "version": 1, "hop": ' + b"9" * 5000 + b"}"), "invalid JSON"),
+    (FakeMessage(GOOD, {"x-retries": "abc"}), "bad_header"),
+    (FakeMessage(GOOD, {"x-retries": True}), "bad_header"),
+    (FakeMessage(GOOD, {"x-retries": -3}), "bad_header"),
+    (FakeMessage(GOOD, {"x-retries": [1]}), "bad_header"),
+    (FakeMessage(GOOD, "not a table"), "bad_header"),
+    (FakeMessage(12345), "undecodable"),
+    (FakeMessage(None), "undecodable"),
+    (FakeMessage(b'{"type": "hop", "version": 1e999}'), "missing_type_or_version"),
+    (FakeMessage(b'{"type": "hop", "version": 1, "hop": ' + b"9" * 5000 + b"}"), "invalid_json"),
 ]
 
 
@@ -164,6 +174,28 @@ def test_random_bodies_and_headers_never_escape_the_reader() -> None:
     assert publisher.dead
 
 
+def test_a_dead_letter_keeps_the_messages_content_type_encoding_and_id() -> None:
+    publisher = FakePublisher()
+    message = FakeMessage(GOOD, {"x-dead-id": "abc123"}, content_type="text/plain",
+                          content_encoding=None)  # fmt: skip
+
+    assert settler(publisher).read(message, HOPS_QUEUE) is None
+
+    assert [d[1] for d in publisher.dead] == ["unsupported_content_type"]
+    assert publisher.kept == [{"x-dead-content-type": "text/plain", "x-dead-content-encoding": "",
+                               "x-dead-id": "abc123"}]  # fmt: skip
+
+
+def test_a_label_that_is_no_reason_is_dead_lettered_other_and_kept() -> None:
+    publisher = FakePublisher()
+
+    settler(publisher).dead(FakeMessage(), "Nobody's Label", {"n": 1})
+
+    assert [(d[1], d[2]) for d in publisher.dead] == [
+        ("other", {"label": "Nobody's Label", "n": 1})
+    ]
+
+
 def test_a_good_delivery_is_read_with_its_retry_count() -> None:
     delivery = settler(FakePublisher()).read(FakeMessage(GOOD, {"x-retries": 2}), HOPS_QUEUE)
 
@@ -181,7 +213,7 @@ def test_a_failed_handler_is_retried_with_the_count_then_dead_lettered() -> None
     settle.settle(last, Delivery(decoded, 2), finished(failure))
 
     assert publisher.published == [(decoded, 1.0, {"x-retries": 1})]
-    assert [d[1] for d in publisher.dead] == ["retries exhausted"]
+    assert [d[1] for d in publisher.dead] == ["retries_exhausted"]
     assert first.state == last.state == "ACK"
 
 
@@ -193,7 +225,7 @@ def test_a_dead_letter_from_the_handler_is_not_retried() -> None:
         message, Delivery(messages.decode(GOOD), 0), finished(DeadLetter("UnknownBrand"))
     )
 
-    assert [d[1] for d in publisher.dead] == ["UnknownBrand"]
+    assert [d[1] for d in publisher.dead] == ["unknown_brand"]  # its name, read as a reason
     assert not publisher.published
 
 
@@ -205,7 +237,7 @@ def test_a_retry_that_cannot_be_published_is_dead_lettered_instead() -> None:
         message, Delivery(messages.decode(GOOD), 0), finished(RuntimeError("db"))
     )
 
-    assert [d[1] for d in publisher.dead] == ["unexpected error"]
+    assert [d[1] for d in publisher.dead] == ["internal_error"]
     assert message.state == "ACK"
 
 
@@ -310,7 +342,7 @@ def test_a_hop_that_raised_a_bug_on_every_retry_fails_internal_error_then_is_dea
     settle.settle(FakeMessage(), Delivery(decoded, 1), finished(KeyError("x")))
 
     assert given_up == [("hop", "KeyError")]
-    assert [d[1] for d in publisher.dead] == ["retries exhausted"]  # the message is kept
+    assert [d[1] for d in publisher.dead] == ["retries_exhausted"]  # the message is kept
 
 
 @pytest.mark.parametrize(

@@ -28,6 +28,7 @@ import pytest
 from hypothesis import event, example, given, note, settings
 from hypothesis import strategies as st
 
+from domain.dead_letter_rules import Reason, reason_of
 from domain.errors import RetryLater
 from domain.ports import GatewayError
 from infrastructure import messages
@@ -230,11 +231,11 @@ def _handle_and_settle(
     assert delivery_message.state == "ACK"
     if isinstance(failure, DeadLetter):
         [(_, reason, _, _)] = publisher.dead
-        assert reason == failure.reason != ""
+        assert reason == reason_of(failure.reason) != Reason.OTHER
         event(f"dead-lettered by the handler: {reason}")
     elif publisher.dead:  # a failure retried as often as its schedule allows
         [(_, reason, _, _)] = publisher.dead
-        assert reason == "retries exhausted"
+        assert reason == "retries_exhausted"
         assert publisher.published == []
         event(f"retries exhausted: {type(failure).__name__}")
     elif failure is not None:
@@ -328,7 +329,7 @@ def _assert_refused_unhandled(
     """Dead-lettered as internal on the commands queue, acked, and nothing recorded."""
     assert delivery is None
     [(_, reason, errors, _)] = publisher.dead
-    assert reason == "internal message on the commands queue"
+    assert reason == "wrong_queue"
     assert errors["queue"] == COMMANDS_QUEUE
     assert errors["accepts"] == ["deactivate", "provision"]
     assert delivery_message.state == "ACK"

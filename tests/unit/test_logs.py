@@ -173,7 +173,7 @@ def test_a_known_secret_never_reaches_a_line(captured: io.StringIO) -> None:
             "provisioner.engine"} <= loggers  # fmt: skip
     dead = [x for x in got if "dead-lettered" in str(x["message"])]
     assert dead[0]["level"] == "ERROR"
-    assert dead[0]["reason"] == "unexpected error"
+    assert dead[0]["reason"] == "internal_error"
     hop = [x for x in got if str(x["message"]).startswith("hop done")]
     assert (hop[0]["level"], hop[0]["reason"], hop[0]["hop"]) == ("ERROR", "unauthorized", 0)
     assert any("exception" in x for x in got)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import psycopg
 import pytest
 
+from domain.dead_letter_rules import Reason
 from domain.errors import RetryLater
 from domain.ports import TransientGatewayError
 from infrastructure.service import ContentionError
@@ -31,11 +32,11 @@ UNANSWERED = TransientGatewayError("503")
 
 
 def exhausted(exc: BaseException, *, give_up: bool = False) -> Dead:
-    return Dead("retries exhausted", {"error": repr(exc)}, give_up=give_up)
+    return Dead(Reason.RETRIES_EXHAUSTED, {"error": repr(exc)}, give_up=give_up)
 
 
 def waited(exc: BaseException) -> Dead:
-    return Dead("retries exhausted", {"error": repr(exc), "waited_s": 30.0})
+    return Dead(Reason.RETRIES_EXHAUSTED, {"error": repr(exc), "waited_s": 30.0})
 
 
 @pytest.mark.parametrize(
@@ -44,10 +45,16 @@ def waited(exc: BaseException) -> Dead:
         # Handled.
         (Facts("hop"), None, Ack()),
         (Facts("provision", 2, 2), None, Ack()),
-        # A DeadLetter: never retried, whatever the counts.
+        # A DeadLetter: never retried, whatever the counts; its reason, or the name
+        # of the refusal, read as a Reason, and a label that is none kept as it was.
         (Facts("hop"), DeadLetter("UnknownAttempt", {"error": "no attempt"}),
-         Dead("UnknownAttempt", {"error": "no attempt"})),
-        (Facts("provision", 9, 9), DeadLetter("InvalidRequest"), Dead("InvalidRequest", {})),
+         Dead(Reason.UNKNOWN_ATTEMPT, {"error": "no attempt"})),
+        (Facts("provision", 9, 9), DeadLetter("InvalidRequest"),
+         Dead(Reason.INVALID_REQUEST, {})),
+        (Facts("hop"), DeadLetter(Reason.SCHEMA_ERROR, {"fields": {}}),
+         Dead(Reason.SCHEMA_ERROR, {"fields": {}})),
+        (Facts("hop"), DeadLetter("no such thing", {"n": 1}),
+         Dead(Reason.OTHER, {"label": "no such thing", "n": 1})),
         # Infrastructure failures: x-retries on the retry schedule, x-waits kept.
         (Facts("hop"), DB_DOWN, Republish(1.0, {"x-retries": 1})),
         (Facts("release", 1), BUSY, Republish(5.0, {"x-retries": 2})),
@@ -88,7 +95,7 @@ def test_the_default_schedules_are_the_workers() -> None:
         WAIT_DELAYS_S[0], {"x-retries": 0, "x-waits": 1}, waiting=True
     )
     assert decide(Facts("provision", 0, len(WAIT_DELAYS_S)), LATER) == Dead(
-        "retries exhausted", {"error": repr(LATER), "waited_s": sum(WAIT_DELAYS_S)}
+        Reason.RETRIES_EXHAUSTED, {"error": repr(LATER), "waited_s": sum(WAIT_DELAYS_S)}
     )
 
 

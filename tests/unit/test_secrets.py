@@ -182,7 +182,7 @@ def test_a_dead_lettered_body_loses_the_token_it_held(token: str, ensure_ascii: 
     settle.settle(message, Delivery(delivery.message, 0), refused)
 
     [(dead_body, reason, errors, _)] = publisher.dead
-    assert reason == "InvalidRequest"
+    assert reason == "invalid_request"
     assert token not in json.loads(dead_body)["title"]
     assert json.loads(dead_body)["title"] == "x***x"  # the rest is kept for the operator
     assert token not in json.dumps(errors, ensure_ascii=False)
