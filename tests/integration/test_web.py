@@ -5,6 +5,7 @@ check and the refusal to serve open beyond loopback."""
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -13,8 +14,9 @@ import pytest
 from click.testing import CliRunner
 from starlette.testclient import TestClient
 
+from infrastructure.broker import WORK_KEY, Broker, Topology
 from infrastructure.settings import Settings, SettingsError, log_secrets
-from tests.integration.web_fixture import HOSTILE_ID, HOSTILE_TITLE, filled_store
+from tests.integration.web_fixture import DEFERRED_ID, HOSTILE_ID, HOSTILE_TITLE, filled_store
 from worker.cli import main
 from worker.web.app import create_app
 from worker.web.guard import check_bind
@@ -49,6 +51,68 @@ def test_the_brand_list_shows_every_brand_with_its_status(web: TestClient) -> No
     )  # the demo's 13, the markup brand, the deferred one
     assert "demo-01" in page.text
     assert '<span class="status status-deactivated">deactivated</span>' in page.text
+    assert "15 of 15 brand(s) shown" in page.text
+    assert 'id="next-page"' not in page.text
+
+
+def _counts(text: str) -> dict[str, int]:
+    found = re.findall(r'href="\?status=(\w+)">\w+ <strong>(\d+)</strong>', text)
+    return {status: int(n) for status, n in found}
+
+
+def test_the_brand_list_counts_each_status_and_names_the_failures(web: TestClient) -> None:
+    text = web.get("/").text
+    failed = web.get("/", params={"status": "failed"}).text
+    reasons = re.findall(r'<td class="reason">([^<]*)</td>', failed)
+
+    assert _counts(text) == {"ready": 10, "degraded": 0, "pending": 2, "failed": 2,
+                             "cancelled": 0, "none": 0, "deactivated": 1}  # fmt: skip
+    assert _counts(failed) == _counts(text)  # of every brand, whatever the filter
+    assert reasons == ["exhausted", "exhausted"]
+    assert re.search(r'href="/workspaces/ws-[0-9a-f]+"', text)  # a bound brand's workspace
+    assert re.search(r'href="/attempts/[0-9a-f-]{36}">[0-9a-f-]{36}</a> \(promoted\)', text)
+
+
+def test_an_unknown_filter_value_is_refused_with_what_it_may_be(web: TestClient) -> None:
+    refused = web.get("/", params={"status": "faild"})
+
+    assert refused.status_code == 400
+    assert "unknown status &#39;faild&#39;: one of ready, degraded, pending, failed" in refused.text
+    assert 'class="brand-row"' not in refused.text
+
+
+def test_the_brand_list_pages_through_every_brand(
+    web: TestClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("worker.web.reads.BRANDS_SHOWN", 4)
+    seen: list[str] = []
+    pages = 0
+    url: str | None = "/?q=demo"
+    while url is not None:
+        text = web.get(url).text
+        pages += 1
+        seen += re.findall(r'class="brand-link" href="/brands/[^"]+">([^<]+)</a>', text)
+        after = re.search(r'id="next-page" href="([^"]+)"', text)
+        url = "/" + after.group(1).replace("&amp;", "&") if after else None
+        assert pages < 10
+
+    assert pages == 4  # 14 brands match "demo": 4 + 4 + 4 + 2
+    assert seen == sorted(seen)
+    assert len(seen) == len(set(seen)) == 14
+    assert DEFERRED_ID in seen
+
+
+def test_auto_refresh_is_asked_for_and_bounded(web: TestClient) -> None:
+    fresh = web.get("/", params={"refresh": "10"})
+    plain = web.get("/")
+    too_fast = web.get("/lag", params={"refresh": "1"})
+    junk = web.get("/lag", params={"refresh": "soon"})
+
+    assert '<meta http-equiv="refresh" content="10">' in fresh.text
+    assert "reloads every 10 s" in fresh.text
+    assert "http-equiv" not in plain.text
+    assert (too_fast.status_code, junk.status_code) == (400, 400)
+    assert "from 5 to 3600" in too_fast.text
 
 
 def test_filters_by_status_and_searches_ids_and_titles(web: TestClient) -> None:
@@ -79,6 +143,14 @@ def test_markup_from_a_brand_is_escaped_everywhere(web: TestClient) -> None:
     assert "/brands/%3Cscript%3Ealert%281%29%3C/script%3E" in listing
 
 
+def _attempt_of(web: TestClient, brand_id: str) -> str:
+    """The brand's current attempt, as its page links it."""
+    link = r'current attempt <a class="mono attempt-link" href="/attempts/([0-9a-f-]{36})"'
+    found = re.search(link, web.get(f"/brands/{brand_id}").text)
+    assert found is not None
+    return found.group(1)
+
+
 def test_a_brand_page_shows_each_attempt_as_a_timeline(web: TestClient) -> None:
     failed = web.get("/brands/demo-09").text
     deactivated = web.get("/brands/demo-13").text
@@ -91,6 +163,61 @@ def test_a_brand_page_shows_each_attempt_as_a_timeline(web: TestClient) -> None:
     assert "cancelled" in deactivated
 
 
+def test_the_current_attempt_comes_first_with_why_and_what_next(web: TestClient) -> None:
+    text = web.get(f"/brands/{DEFERRED_ID}").text
+    failed = web.get("/brands/demo-09").text
+
+    assert text.index('class="attempt current"') < text.index("brand: Registered")
+    assert '<dd id="why-reason">deferred</dd>' in text
+    assert re.search(r'id="why-step">hop 1 of 6 \(hop #2 in all\), next at [0-9:]{8}, '
+                     r"fails after [0-9:]{8} unless confirmed<", text)  # fmt: skip
+    assert '<dd id="why-budget">5 settle hop(s)</dd>' in text
+    assert 'id="why-deferral" class="owed">deferred ×2: gateway unavailable' in text
+    assert '<dd id="why-reason">exhausted</dd>' in failed
+    assert "check it on the gateway, then `provisioner retry --failed`" in failed
+    assert re.search(r'<td class="after">\+[0-9.]+ (ms|s)</td>', failed)  # time since the last
+
+
+def test_an_attempt_page_shows_its_hops_on_a_strip_and_links_back(web: TestClient) -> None:
+    attempt = _attempt_of(web, "demo-09")
+    page = web.get(f"/attempts/{attempt}")
+    deferred = web.get(f"/attempts/{_attempt_of(web, DEFERRED_ID)}").text
+
+    assert page.status_code == 200
+    assert '<a class="brand-link" href="/brands/demo-09">demo-09</a>' in page.text
+    assert "failed (exhausted): not confirmed after 6 answered hops" in page.text
+    assert page.text.count('<circle class="mark mark-hop"') == 5  # the five settle waits
+    assert page.text.count('<circle class="mark mark-failed"') == 1
+    assert '<circle class="mark mark-next"' not in page.text  # it ended: no next hop
+    assert re.search(r'href="/workspaces/ws-[0-9a-f]+"', page.text)  # what its creates made
+    assert '<rect class="mark-deferred"' in deferred
+    assert '<circle class="mark mark-next"' in deferred
+    assert 'id="why-deferral"' in deferred
+
+
+def test_a_workspace_page_names_its_brand_claim_and_attempts(web: TestClient) -> None:
+    brand = web.get("/brands/demo-01").text
+    workspace = re.search(r'href="/workspaces/(ws-[0-9a-f]+)"', brand)
+    assert workspace is not None
+    page = web.get(f"/workspaces/{workspace.group(1)}").text
+    unknown = web.get("/workspaces/ws-never_seen").text
+
+    assert 'Bound to brand <a class="brand-link" href="/brands/demo-01">demo-01</a>' in page
+    assert 'Claimed by brand <a class="brand-link" href="/brands/demo-01">' in page
+    assert "candidate (created)" in page
+    assert "Bound to no brand." in unknown
+    assert "no attempt had it" in unknown  # `_` is no wildcard
+
+
+def test_the_health_page_shows_every_check_and_the_circuit(web: TestClient) -> None:
+    text = web.get("/health").text
+    checks = re.findall(r'<tr class="check-row"><td>(\w+)</td>', text)
+
+    assert "database" in checks
+    assert "stuck_attempts" in checks
+    assert 'id="circuit">No circuit to show' in text  # SQLite holds no pace
+
+
 def test_an_unknown_brand_or_page_is_404(web: TestClient) -> None:
     brand = web.get("/brands/no-such-brand")
     page = web.get("/nowhere")
@@ -98,6 +225,11 @@ def test_an_unknown_brand_or_page_is_404(web: TestClient) -> None:
     assert brand.status_code == 404
     assert "no brand &#39;no-such-brand&#39; is registered" in brand.text
     assert page.status_code == 404
+    not_uuid = web.get("/attempts/not-a-uuid")
+    no_attempt = web.get("/attempts/00000000-0000-4000-8000-000000000000")
+    assert (not_uuid.status_code, no_attempt.status_code) == (404, 404)
+    assert "is not an attempt id (a UUID)" in not_uuid.text
+    assert "no attempt 00000000-0000-4000-8000-000000000000 exists" in no_attempt.text
 
 
 def test_stuck_lag_and_dead_letter_pages(web: TestClient) -> None:
@@ -135,7 +267,8 @@ def test_an_unreachable_store_or_broker_is_said_in_one_line(tmp_path: Path) -> N
 
 def test_with_a_token_every_page_needs_it(database_url: str) -> None:
     with client(database_url, PROVISIONER_WEB_TOKEN="s3cret-token") as web:
-        for path in ("/", "/brands/demo-01", "/stuck", "/lag", "/dead-letters", "/nowhere"):
+        for path in ("/", "/brands/demo-01", "/stuck", "/lag", "/dead-letters", "/nowhere",
+                     "/health", "/attempts/x", "/workspaces/x", "/dead-letters/x"):  # fmt: skip
             assert web.get(path).status_code == 401
         wrong = web.get("/", headers={"Authorization": "Bearer nope"})
         right = web.get("/", headers={"Authorization": "Bearer s3cret-token"})
@@ -185,7 +318,8 @@ def assert_secured(answer: Any) -> None:
 
 
 PAGES = ("/", "/brands/demo-01", "/brands/no-such-brand", "/stuck", "/lag", "/dead-letters",
-         "/nowhere", "/style.css")  # fmt: skip
+         "/nowhere", "/style.css", "/health", "/?status=nope", "/attempts/not-a-uuid",
+         "/dead-letters/abc")  # fmt: skip
 
 
 def test_every_answer_carries_the_security_headers(web: TestClient, database_url: str) -> None:
@@ -207,7 +341,9 @@ def test_the_pages_have_no_inline_style_or_script_and_load_their_stylesheet(
     assert sheet.status_code == 200
     assert sheet.headers["content-type"].startswith("text/css")
     assert "font-family" in sheet.text
-    for path in ("/", "/brands/demo-09", "/stuck", "/lag", "/dead-letters", "/nowhere"):
+    attempt = _attempt_of(web, "demo-09")
+    for path in ("/", "/brands/demo-09", "/stuck", "/lag", "/dead-letters", "/nowhere",
+                 f"/attempts/{attempt}", "/workspaces/ws-none", "/health"):  # fmt: skip
         text = web.get(path).text
         assert '<link rel="stylesheet" href="/style.css">' in text
         for inline in ("<style", "<script", "style=", "onclick", "http-equiv"):
@@ -293,3 +429,48 @@ def test_serving_off_loopback_needs_a_token_or_the_open_opt_in(
 @pytest.mark.parametrize("host", ["127.0.0.1", "localhost", "::1"])
 def test_loopback_is_served_open_without_a_word(host: str) -> None:
     check_bind(Settings.from_env({}), host)  # no ConfigurationError
+
+
+@pytest.mark.parametrize(("host", "shown"), [("127.0.0.1", "127.0.0.1"), ("::1", "[::1]")])
+def test_the_command_says_where_it_listens(
+    host: str, shown: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    served: list[int] = []
+    monkeypatch.setattr(
+        "worker.web.app.uvicorn.run", lambda app, host, port, **_: served.append(port)
+    )
+    for key in ("PROVISIONER_WEB_TOKEN", "PROVISIONER_WEB_ALLOW_OPEN", "PROVISIONER_WEB_HOST"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("PROVISIONER_DATABASE_URL", "memory://")
+
+    result = CliRunner().invoke(main, ["web", "--host", host, "--port", "8181"])
+
+    assert result.exit_code == 0, result.output
+    assert result.output.strip().splitlines()[-1] == f"listening on http://{shown}:8181"
+    assert served == [8181]
+
+
+@pytest.mark.rabbitmq
+def test_a_dead_letters_body_and_headers_are_shown_escaped(
+    database_url: str, rabbit_url: str
+) -> None:
+    broker = Broker(rabbit_url, Topology(), scheduler=None)
+    try:
+        broker.declare()
+        broker.publish_dead(b'{"brand": "<img src=x>"}', "schema errors", {"hop": "missing"},
+                            WORK_KEY)  # fmt: skip
+    finally:
+        broker.close()
+    with client(database_url, PROVISIONER_BROKER_URL=rabbit_url) as web:
+        listing = web.get("/dead-letters").text
+        linked = re.search(r'class="letter-link" href="/dead-letters/([^"]+)"', listing)
+        assert linked is not None
+        page = web.get(f"/dead-letters/{linked.group(1)}")
+        gone = web.get("/dead-letters/zzzzzzzzzzzzzzzz")
+
+    assert page.status_code == 200
+    assert '<pre id="body">{&#34;brand&#34;: &#34;&lt;img src=x&gt;&#34;}</pre>' in page.text
+    assert '<td class="mono">x-dead-source</td>' in page.text
+    assert "hop: missing" in page.text  # its errors
+    assert "<img" not in page.text
+    assert gone.status_code == 404

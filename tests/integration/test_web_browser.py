@@ -123,29 +123,88 @@ def test_a_person_finds_brands_by_status_and_reads_a_timeline(
 
     _follow(browser, browser.find_element(By.LINK_TEXT, "demo-09"))
     timeline = _cells(browser, "tr.timeline-row")
-    events = [row[1] for row in timeline]
+    # An attempt's row: time, after, event, ...; a brand's own: time, event, what it said.
+    events = [row[2] if len(row) > 3 else row[1] for row in timeline]
+    first = browser.find_element(By.CSS_SELECTOR, ".attempt h3").text
 
     assert browser.find_element(By.ID, "brand-status").text == "failed"
-    assert events[0] == "brand: Registered"
+    assert events[-1] == "brand: Registered"  # newest first: the current attempt on top
+    assert "current" in first
+    assert "failed: exhausted" in first
     assert "Started" in events
     assert "CreateRequested" in events
     assert any(row[0] and row[0][:4].isdigit() for row in timeline)  # each row has its time
-    assert "failed: exhausted" in browser.find_element(By.CSS_SELECTOR, ".attempt h3").text
+    assert any(row[1].startswith("+") for row in timeline if len(row) > 3)  # and its wait
+    assert browser.find_element(By.ID, "why-reason").text == "exhausted"
+    assert "provisioner retry --failed" in browser.find_element(By.ID, "why-advice").text
+
     browser.get(site + "/")
     _follow(browser, browser.find_element(By.LINK_TEXT, "demo-deferred"))
     rows = _cells(browser, "tr.timeline-row.deferred")
     heading = browser.find_element(By.CSS_SELECTOR, ".attempt h3").text
 
-    assert [row[1] for row in rows] == ["HopScheduled (deferred)"]
-    assert rows[0][4].startswith("deferred ×2: gateway unavailable: ")
+    assert [row[2] for row in rows] == ["HopScheduled (deferred)"]
+    assert rows[0][5].startswith("deferred ×2: gateway unavailable: ")
     assert "settle hops 0 of 5" in heading
     assert "deferred ×2" in heading
+    assert browser.find_element(By.ID, "why-step").text.startswith("hop 1 of 6 (hop #2 in all)")
+    assert browser.find_element(By.ID, "why-budget").text == "5 settle hop(s)"
+    assert browser.find_element(By.ID, "why-deferral").text.startswith("deferred ×2: gateway")
 
     browser.get(site + "/")
     _follow(browser, browser.find_element(By.LINK_TEXT, "demo-09"))
     shot = Path(SCREENSHOT_TO) if SCREENSHOT_TO else tmp_path / "web-brand.png"
     assert browser.save_screenshot(str(shot))
     assert shot.stat().st_size > 10_000  # a page was drawn, not a blank
+
+
+def test_a_person_follows_links_from_brand_to_attempt_to_workspace(
+    site: str, browser: webdriver.Chrome
+) -> None:
+    browser.get(site + "/")
+    counts = browser.find_element(By.ID, "counts").text
+    reasons = {row[0]: row[3] for row in _cells(browser, "tr.brand-row")}
+
+    assert "failed 2" in counts
+    assert "ready 10" in counts
+    assert reasons["demo-09"] == "exhausted"
+    assert reasons["demo-01"] == ""
+
+    _follow(browser, browser.find_element(By.LINK_TEXT, "demo-07"))
+    _follow(browser, browser.find_element(By.CSS_SELECTOR, ".links a.attempt-link"))
+    strip = browser.find_element(By.CSS_SELECTOR, "#strip svg")
+
+    assert browser.title.startswith("Attempt ")
+    assert browser.find_element(By.ID, "attempt-state").text == "failed"
+    assert strip.is_displayed()
+    assert strip.size["width"] > 300  # drawn, not collapsed
+    assert len(browser.find_elements(By.CSS_SELECTOR, "#strip circle.mark-hop")) == 5
+    assert "over" in browser.find_element(By.CSS_SELECTOR, "#strip figcaption").text
+
+    _follow(browser, browser.find_element(By.CSS_SELECTOR, "p a.workspace-link"))
+    assert browser.title.startswith("Workspace ws-")
+    attempts = _cells(browser, "#workspace-attempts tbody tr")
+    assert [row[1] for row in attempts] == ["demo-07"]
+
+    _follow(browser, browser.find_element(By.CSS_SELECTOR, "#workspace-attempts a.brand-link"))
+    assert browser.find_element(By.ID, "brand-id").text == "demo-07"
+
+
+def test_a_person_pages_filters_and_refreshes(site: str, browser: webdriver.Chrome) -> None:
+    browser.get(site + "/?status=faild")
+    refused = browser.find_element(By.ID, "message").text
+    browser.get(site + "/health")
+    checks = {row[0]: row[1] for row in _cells(browser, "tr.check-row")}
+    circuit = browser.find_element(By.ID, "circuit").text
+    browser.get(site + "/")
+    _follow(browser, browser.find_element(By.LINK_TEXT, "reload every 10 s"))
+    refreshing = browser.find_element(By.ID, "refresh").text
+
+    assert refused.startswith("unknown status 'faild': one of ready,")
+    assert checks["database"] == "ok"
+    assert "No circuit to show" in circuit
+    assert "refresh=10" in browser.current_url
+    assert refreshing.startswith("reloads every 10 s")
 
 
 def test_the_other_pages_say_what_they_hold(site: str, browser: webdriver.Chrome) -> None:
@@ -167,7 +226,8 @@ def test_the_pages_are_styled_under_their_content_security_policy(
 ) -> None:
     """The stylesheet loads and applies, and the browser blocks nothing the pages use."""
     browser.get_log("browser")  # what earlier tests left
-    for path in ("/", "/brands/demo-09", "/stuck", "/lag", "/dead-letters", "/nowhere"):
+    for path in ("/", "/brands/demo-09", "/stuck", "/lag", "/dead-letters", "/nowhere",
+                 "/health", "/?status=nope"):  # fmt: skip
         browser.get(site + path)
         header = browser.find_element(By.TAG_NAME, "header")
         assert header.value_of_css_property("background-color") == "rgba(29, 35, 48, 1)", path

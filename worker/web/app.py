@@ -10,7 +10,7 @@ check and the security headers are worker/web/guard.py's.
 from __future__ import annotations
 
 import secrets
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +18,6 @@ import jinja2
 import markupsafe
 import uvicorn
 from starlette.applications import Starlette
-from starlette.concurrency import run_in_threadpool
 from starlette.middleware import Middleware
 from starlette.middleware.base import BaseHTTPMiddleware, RequestResponseEndpoint
 from starlette.requests import Request
@@ -27,13 +26,12 @@ from starlette.routing import Route
 from starlette.templating import Jinja2Templates
 from starlette.types import ASGIApp
 
-from domain.errors import UnknownBrand
-from infrastructure.dead_letters import PAGE
+from domain.progress import clock
 from infrastructure.redaction import Secrets
 from infrastructure.settings import Settings
-from worker.edges import describe
 from worker.web.guard import Guard, HostCheck, check_bind
-from worker.web.reads import BRANDS_SHOWN, STATUSES, Reads
+from worker.web.pages import Pages
+from worker.web.timeline import duration
 
 TEMPLATES = Path(__file__).parent / "templates"
 STYLESHEET = Path(__file__).parent / "static" / "style.css"  # no inline style: the CSP
@@ -70,6 +68,8 @@ def _templates(secrets: Secrets) -> Jinja2Templates:
         undefined=jinja2.StrictUndefined,
     )
     env.filters["when"] = when
+    env.filters["clock"] = lambda at: "" if at is None else clock(at, datetime.now(UTC))
+    env.filters["duration"] = duration
     return Jinja2Templates(env=env)
 
 
@@ -94,73 +94,30 @@ class BearerToken(BaseHTTPMiddleware):
 def create_app(settings: Settings, *, host: str | None = None, port: int | None = None) -> ASGIApp:
     """The pages, answering only to the names of `host`:`port` (the bound address;
     PROVISIONER_WEB_HOST and _PORT by default) and PROVISIONER_WEB_ALLOWED_HOSTS."""
-    reads = Reads(settings)
-    templates = _templates(settings.secrets())
+    pages = Pages(settings, _templates(settings.secrets()))
     css = STYLESHEET.read_bytes()
-
-    def page(request: Request, name: str, status_code: int = 200, **context: Any) -> Response:
-        return templates.TemplateResponse(request, name, context, status_code=status_code)
-
-    async def brands(request: Request) -> Response:
-        status = request.query_params.get("status") or None
-        if status is not None and status not in STATUSES:
-            status = None
-        search = (request.query_params.get("q") or "").strip() or None
-        rows = await run_in_threadpool(reads.brands, status, search)
-        return page(
-            request, "brands.html", rows=rows[:BRANDS_SHOWN], more=len(rows) > BRANDS_SHOWN,
-            statuses=STATUSES, status=status or "", q=search or "",
-        )  # fmt: skip
-
-    async def brand(request: Request) -> Response:
-        brand_id = request.path_params["brand_id"]
-        try:
-            found = await run_in_threadpool(reads.brand, brand_id)
-        except UnknownBrand as exc:
-            return page(request, "missing.html", 404, heading="Not found", message=str(exc))
-        return page(request, "brand.html", brand_id=brand_id, **found)
-
-    async def stuck(request: Request) -> Response:
-        try:
-            overdue = float(request.query_params.get("overdue", settings.health_stuck_after_s))
-        except ValueError:
-            overdue = settings.health_stuck_after_s
-        overdue = max(0.0, overdue)
-        rows = await run_in_threadpool(reads.stuck, overdue)
-        return page(request, "stuck.html", rows=rows, overdue=overdue)
-
-    async def dead_letters(request: Request) -> Response:
-        after = request.query_params.get("after", "")[:100] or None  # ids are 16 characters
-        found = await run_in_threadpool(reads.dead_letters, after)
-        return page(request, "dead_letters.html", page_size=PAGE, **found)
-
-    async def lag(request: Request) -> Response:
-        found = await run_in_threadpool(reads.lag)
-        return page(request, "lag.html", **found)
 
     async def stylesheet(_request: Request) -> Response:
         return Response(css, media_type="text/css", headers={"Cache-Control": "max-age=300"})
 
-    async def failed(request: Request, exc: Exception) -> Response:
-        return page(request, "missing.html", 503, heading="Unavailable", message=str(describe(exc)))
-
-    async def not_found(request: Request, _exc: Exception) -> Response:
-        return page(request, "missing.html", 404, heading="Not found", message="no such page")
-
     middleware = [Middleware(BearerToken, token=settings.web_token)] if settings.web_token else []
-    pages = Starlette(
+    served = Starlette(
         routes=[
             Route("/style.css", stylesheet),
-            Route("/", brands),
-            Route("/brands/{brand_id:path}", brand),
-            Route("/stuck", stuck),
-            Route("/dead-letters", dead_letters),
-            Route("/lag", lag),
+            Route("/", pages.brands),
+            Route("/brands/{brand_id:path}", pages.brand),
+            Route("/attempts/{attempt_id}", pages.attempt),
+            Route("/workspaces/{workspace_id:path}", pages.workspace),
+            Route("/stuck", pages.stuck),
+            Route("/dead-letters", pages.dead_letters),
+            Route("/dead-letters/{letter_id}", pages.dead_letter),
+            Route("/health", pages.health),
+            Route("/lag", pages.lag),
         ],
         middleware=middleware,
-        exception_handlers={404: not_found, Exception: failed},
+        exception_handlers={404: pages.not_found, Exception: pages.failed},
     )
-    return Guard(pages, HostCheck(settings, host or settings.web_host, port or settings.web_port))
+    return Guard(served, HostCheck(settings, host or settings.web_host, port or settings.web_port))
 
 
 def serve(settings: Settings, host: str, port: int) -> None:
@@ -168,6 +125,8 @@ def serve(settings: Settings, host: str, port: int) -> None:
     refused beyond loopback without a token unless PROVISIONER_WEB_ALLOW_OPEN=1."""
     check_bind(settings, host)
     app = create_app(settings, host=host, port=port)
+    shown = f"[{host}]" if ":" in host else host
+    print(f"listening on http://{shown}:{port}", flush=True)
     # log_config=None: uvicorn's lines (a traceback too) go to the root handler, behind
     # the redaction, rather than to handlers of its own made after it.
     uvicorn.run(app, host=host, port=port, log_level="warning", log_config=None)

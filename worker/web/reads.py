@@ -10,8 +10,11 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import urlsplit
+from uuid import UUID
 
-from infrastructure.audit import brand_history, brand_status
+from domain.errors import UnknownAttempt
+from domain.progress import Progress
+from infrastructure.audit import attempt_story, brand_history, brand_status
 from infrastructure.broker import Topology
 from infrastructure.broker_failures import broker_failure
 from infrastructure.dead_letters import PAGE, DeadLetters, EmbeddedBroker, NotFound, now
@@ -20,16 +23,29 @@ from infrastructure.gateway import HttpGateway
 from infrastructure.outbox import TOPICS
 from infrastructure.service import ProvisioningService
 from infrastructure.settings import Settings
+from infrastructure.usecases.reads import is_unicode_text
 from infrastructure.view_queries import list_attempts, relay_position
 from infrastructure.views import PROJECTIONS, LogSource, SqlViewStore
+from worker.attempt_progress import progress_of
+from worker.health import CheckResult, check_once
+from worker.web.timeline import hop_strip, with_durations
 
 STATUSES = ("ready", "degraded", "pending", "failed", "cancelled", "none", "deactivated")
-BRANDS_SHOWN = 500
+BRANDS_SHOWN = 100  # a page of the brand list (`?after=` the last one for the next)
+LINKED_SHOWN = 100  # attempts a workspace page lists
 
 
 def _like(text: str) -> str:
     escaped = text.lower().replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
     return f"%{escaped}%"
+
+
+def _attempts_by_id(store: SqlViewStore, ids: list[str]) -> dict[str, dict[str, Any]]:
+    if not ids:
+        return {}
+    marks = ", ".join("?" * len(ids))
+    found = store.rows(PROJECTIONS["attempts"], f"attempt_id IN ({marks})", ids)
+    return {row["attempt_id"]: row for row in found}
 
 
 @dataclass(frozen=True)
@@ -56,7 +72,11 @@ class Reads:
         finally:
             app.close()
 
-    def brands(self, status: str | None, search: str | None) -> list[dict[str, Any]]:
+    def brands(
+        self, status: str | None, search: str | None, after: str | None = None
+    ) -> dict[str, Any]:
+        """A page of brands by id (after the id `after`), the counts by status of all,
+        how many match, and each row's current attempt from `attempts` (its failure)."""
         where: list[str] = []
         params: list[Any] = []
         if status:
@@ -65,27 +85,82 @@ class Reads:
         if search:
             where.append("(lower(brand_id) LIKE ? ESCAPE '\\' OR lower(title) LIKE ? ESCAPE '\\')")
             params += [_like(search), _like(search)]
+        table = PROJECTIONS["brand_workspaces"]
+        matching = " AND ".join(where)
+        paged = " AND ".join([*where, "brand_id > ?"]) if after else matching
         with self.store() as store:
-            return store.rows(
-                PROJECTIONS["brand_workspaces"],
-                " AND ".join(where),
-                params,
-                order="brand_id",
-                limit=BRANDS_SHOWN + 1,
-            )
+            rows = store.rows(table, paged, [*params, *([after] if after else [])],
+                              order="brand_id", limit=BRANDS_SHOWN + 1)  # fmt: skip
+            count = f"SELECT count(*) AS n FROM {table.name}"  # noqa: S608 - values bound
+            matched = int(store.scalar(f"{count} WHERE {matching}" if matching else count, *params))
+            counts = {s: int(store.scalar(f"{count} WHERE status = ?", s)) for s in STATUSES}
+            ids = [r["attempt_id"] for r in rows[:BRANDS_SHOWN] if r["attempt_id"]]
+            attempts = _attempts_by_id(store, ids)
+        shown = rows[:BRANDS_SHOWN]
+        for row in shown:
+            row["attempt"] = attempts.get(row["attempt_id"] or "")
+        more = len(rows) > BRANDS_SHOWN
+        return {"rows": shown, "counts": counts, "matched": matched,
+                "next_after": shown[-1]["brand_id"] if more else None}  # fmt: skip
 
     def brand(self, brand_id: str) -> dict[str, Any]:
-        """The brand's state and its history (UnknownBrand if it was never registered),
-        each attempt with its row of `attempts` (what it still owes) when projected."""
+        """The brand's state, its current attempt's "why, and what next?", and its
+        history newest first (UnknownBrand if it was never registered), each attempt
+        with its row of `attempts` (what it still owes) when projected."""
         with self.service() as service:
             status = brand_status(service, brand_id)
             history = brand_history(service, brand_id)
+            current = status["attempt_id"]
+            said = self._progress(service, current) if current else None
         with self.store() as store:
             rows = {r["attempt_id"]: r for r in list_attempts(store, brand_id=brand_id, limit=1000)}
         for item in history:
             if item["kind"] == "attempt":
                 item["row"] = rows.get(item["attempt_id"])
-        return {"status": status, "history": history}
+                item["events"] = with_durations(item["events"])
+        return {"status": status, "history": history[::-1], "progress": said}
+
+    def attempt(self, attempt_id: UUID) -> dict[str, Any]:
+        """One attempt: its story, its row of `attempts`, its "why, and what next?" and
+        its hops on a strip (UnknownAttempt if there is none)."""
+        with self.service() as service:
+            story = attempt_story(service, attempt_id)
+            said = self._progress(service, str(attempt_id))
+        with self.store() as store:
+            row = _attempts_by_id(store, [str(attempt_id)]).get(str(attempt_id))
+        strip = hop_strip(story["events"], said.next_hop_at if said else None)
+        story["events"] = with_durations(story["events"])
+        return {"story": story, "row": row, "progress": said, "strip": strip}
+
+    def workspace(self, workspace_id: str) -> dict[str, Any]:
+        """Who a workspace belongs to: the brand bound to it, the brand its claim names,
+        and the attempts that had it as a candidate or created it."""
+        with self.service() as service:
+            claim = service.claim(workspace_id) if is_unicode_text(workspace_id) else None
+        literal = workspace_id.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+        pattern = f'%"{literal}"%'  # as the JSON list holds it
+        with self.store() as store:
+            bound = store.rows(PROJECTIONS["brand_workspaces"], "workspace_id = ?", [workspace_id])
+            attempts = store.rows(
+                PROJECTIONS["attempts"],
+                "candidate_id = ? OR created_ids LIKE ? ESCAPE '\\'",
+                [workspace_id, pattern],
+                order="started_at DESC",
+                limit=LINKED_SHOWN,
+            )
+        claimed = None
+        if claim is not None and claim.brand_id is not None:
+            claimed = {"brand_id": claim.brand_id, "attempt_id": str(claim.attempt_id),
+                       "releasing": claim.releasing_by is not None}  # fmt: skip
+        return {"bound": bound, "attempts": attempts, "claim": claimed}
+
+    def _progress(self, service: ProvisioningService, attempt_id: str) -> Progress | None:
+        try:
+            attempt = service.attempt(UUID(attempt_id))
+        except (ValueError, UnknownAttempt):
+            return None
+        now = datetime.now(UTC)
+        return progress_of(attempt, service.settings, now, self.settings.parent_ids)
 
     def stuck(self, overdue_s: float) -> list[dict[str, Any]]:
         with self.store() as store:
@@ -110,6 +185,33 @@ class Reads:
         at = now()
         letters_shown = [letter.summary(at) for letter in page.letters]
         return {"letters": letters_shown, "next_after": page.after, "paged": after is not None}
+
+    def dead_letter(self, letter_id: str) -> dict[str, Any]:
+        """One dead letter in full: its summary, headers and body (as text, undecodable
+        bytes replaced); `missing` when no letter has this id (or a unique prefix)."""
+        url = self.settings.broker_url
+        topology = Topology(queue_type=self.settings.queue_type)
+        try:
+            with DeadLetters(url, topology, tls=self.settings.broker_tls()) as letters:
+                letter = letters.show(letter_id)
+        except EmbeddedBroker as exc:
+            return {"notice": str(exc)}
+        except LookupError as exc:  # no such id, or a prefix of several
+            return {"missing": str(exc)}
+        except Exception as exc:
+            failure = broker_failure(exc, url)
+            if failure is None:
+                raise
+            return {"error": str(failure)}
+        return {
+            "letter": letter.summary(now()),
+            "headers": sorted(letter.headers.items()),
+            "body": letter.body.decode("utf-8", "replace"),
+        }
+
+    def health(self) -> list[CheckResult]:
+        """Every check, once, as `provisioner health` runs them."""
+        return check_once(self.settings)
 
     def lag(self) -> dict[str, Any]:
         s = self.settings

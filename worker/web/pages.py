@@ -1,0 +1,130 @@
+"""The web view's pages: each reads what it shows (worker/web/reads.py) and renders
+its template; a page's refusals (an unknown filter, a bad `?refresh=`) are 400s."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+from urllib.parse import urlencode
+from uuid import UUID
+
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.templating import Jinja2Templates
+
+from domain.errors import UnknownAttempt, UnknownBrand
+from infrastructure.dead_letters import PAGE
+from infrastructure.settings import Settings
+from worker.edges import describe
+from worker.health import healthy
+from worker.web.reads import BRANDS_SHOWN, STATUSES, Reads
+
+REFRESH_S = (5, 3600)  # the seconds `?refresh=` may ask between reloads
+
+
+class Pages:
+    def __init__(self, settings: Settings, templates: Jinja2Templates) -> None:
+        self.settings = settings
+        self.reads = Reads(settings)
+        self.templates = templates
+
+    def page(self, request: Request, name: str, status_code: int = 200, **context: Any) -> Response:
+        """The template; with `?refresh=N`, one the browser reloads every N seconds."""
+        refresh = request.query_params.get("refresh")
+        low, high = REFRESH_S
+        if refresh is not None and not (refresh.isdigit() and low <= int(refresh) <= high):
+            return self.refused(request, f"?refresh={refresh[:20]!r}: give the seconds "
+                                f"between reloads, from {low} to {high}")  # fmt: skip
+        return self.templates.TemplateResponse(
+            request, name, {"refresh": int(refresh) if refresh else None, **context},
+            status_code=status_code,
+        )  # fmt: skip
+
+    def refused(self, request: Request, message: str) -> Response:
+        context = {"refresh": None, "heading": "Bad request", "message": message}
+        return self.templates.TemplateResponse(request, "missing.html", context, status_code=400)
+
+    def missing(self, request: Request, message: str) -> Response:
+        return self.page(request, "missing.html", 404, heading="Not found", message=message)
+
+    async def brands(self, request: Request) -> Response:
+        status = request.query_params.get("status") or None
+        if status is not None and status not in STATUSES:
+            shown = status[:40]
+            return self.refused(request, f"unknown status {shown!r}: one of {', '.join(STATUSES)}")
+        search = (request.query_params.get("q") or "").strip() or None
+        after = request.query_params.get("after", "")[:200] or None
+        found = await run_in_threadpool(self.reads.brands, status, search, after)
+        refresh = request.query_params.get("refresh")
+        kept = {k: v for k, v in (("status", status), ("q", search), ("refresh", refresh)) if v}
+        nxt = found["next_after"]
+        return self.page(
+            request, "brands.html", statuses=STATUSES, status=status or "", q=search or "",
+            page_size=BRANDS_SHOWN, paged=after is not None, first_url="?" + urlencode(kept),
+            next_url="?" + urlencode({**kept, "after": nxt}) if nxt else None, **found,
+        )  # fmt: skip
+
+    async def brand(self, request: Request) -> Response:
+        brand_id = request.path_params["brand_id"]
+        try:
+            found = await run_in_threadpool(self.reads.brand, brand_id)
+        except UnknownBrand as exc:
+            return self.missing(request, str(exc))
+        return self.page(request, "brand.html", brand_id=brand_id, **found)
+
+    async def attempt(self, request: Request) -> Response:
+        given = request.path_params["attempt_id"]
+        try:
+            attempt_id = UUID(given)
+        except ValueError:
+            return self.missing(request, f"{given[:60]!r} is not an attempt id (a UUID)")
+        try:
+            found = await run_in_threadpool(self.reads.attempt, attempt_id)
+        except UnknownAttempt as exc:
+            return self.missing(request, str(exc))
+        return self.page(request, "attempt.html", **found)
+
+    async def workspace(self, request: Request) -> Response:
+        workspace_id = request.path_params["workspace_id"]
+        found = await run_in_threadpool(self.reads.workspace, workspace_id)
+        return self.page(request, "workspace.html", workspace_id=workspace_id, **found)
+
+    async def stuck(self, request: Request) -> Response:
+        default = self.settings.health_stuck_after_s
+        try:
+            overdue = float(request.query_params.get("overdue", default))
+        except ValueError:
+            overdue = default
+        overdue = max(0.0, overdue)
+        rows = await run_in_threadpool(self.reads.stuck, overdue)
+        return self.page(request, "stuck.html", rows=rows, overdue=overdue)
+
+    async def dead_letters(self, request: Request) -> Response:
+        after = request.query_params.get("after", "")[:100] or None  # ids are 16 characters
+        found = await run_in_threadpool(self.reads.dead_letters, after)
+        return self.page(request, "dead_letters.html", page_size=PAGE, **found)
+
+    async def dead_letter(self, request: Request) -> Response:
+        letter_id = request.path_params["letter_id"][:100]
+        found = await run_in_threadpool(self.reads.dead_letter, letter_id)
+        if "missing" in found:
+            return self.missing(request, found["missing"])
+        return self.page(request, "dead_letter.html", letter_id=letter_id, **found)
+
+    async def health(self, request: Request) -> Response:
+        results = await run_in_threadpool(self.reads.health)
+        circuit = next((r for r in results if r.name == "gateway_circuit"), None)
+        return self.page(request, "health.html", results=results, circuit=circuit,
+                         healthy=healthy(results), at=datetime.now(UTC))  # fmt: skip
+
+    async def lag(self, request: Request) -> Response:
+        found = await run_in_threadpool(self.reads.lag)
+        return self.page(request, "lag.html", **found)
+
+    async def failed(self, request: Request, exc: Exception) -> Response:
+        message = str(describe(exc))
+        return self.page(request, "missing.html", 503, heading="Unavailable", message=message)
+
+    async def not_found(self, request: Request, _exc: Exception) -> Response:
+        return self.missing(request, "no such page")
