@@ -69,7 +69,7 @@ def test_the_brand_list_counts_each_status_and_names_the_failures(web: TestClien
                              "cancelled": 0, "none": 0, "deactivated": 1}  # fmt: skip
     assert _counts(failed) == _counts(text)  # of every brand, whatever the filter
     assert reasons == ["exhausted", "exhausted"]
-    assert re.search(r'href="/workspaces/ws-[0-9a-f]+"', text)  # a bound brand's workspace
+    assert re.search(r'href="/workspaces/ws-[0-9a-f-]+"', text)  # a bound brand's workspace
     assert re.search(r'href="/attempts/[0-9a-f-]{36}">[0-9a-f-]{36}</a> \(promoted\)', text)
 
 
@@ -176,6 +176,8 @@ def test_the_current_attempt_comes_first_with_why_and_what_next(web: TestClient)
     assert '<dd id="why-reason">exhausted</dd>' in failed
     assert "check it on the gateway, then `provisioner retry --failed`" in failed
     assert re.search(r'<td class="after">\+[0-9.]+ (ms|s)</td>', failed)  # time since the last
+    assert failed.count('<figure class="strip">') == 1  # each attempt's hops, drawn
+    assert '<circle class="mark mark-next"' in text  # the pending one's next hop
 
 
 def test_an_attempt_page_shows_its_hops_on_a_strip_and_links_back(web: TestClient) -> None:
@@ -189,7 +191,7 @@ def test_an_attempt_page_shows_its_hops_on_a_strip_and_links_back(web: TestClien
     assert page.text.count('<circle class="mark mark-hop"') == 5  # the five settle waits
     assert page.text.count('<circle class="mark mark-failed"') == 1
     assert '<circle class="mark mark-next"' not in page.text  # it ended: no next hop
-    assert re.search(r'href="/workspaces/ws-[0-9a-f]+"', page.text)  # what its creates made
+    assert re.search(r'href="/workspaces/ws-[0-9a-f-]+"', page.text)  # what its creates made
     assert '<rect class="mark-deferred"' in deferred
     assert '<circle class="mark mark-next"' in deferred
     assert 'id="why-deferral"' in deferred
@@ -197,7 +199,7 @@ def test_an_attempt_page_shows_its_hops_on_a_strip_and_links_back(web: TestClien
 
 def test_a_workspace_page_names_its_brand_claim_and_attempts(web: TestClient) -> None:
     brand = web.get("/brands/demo-01").text
-    workspace = re.search(r'href="/workspaces/(ws-[0-9a-f]+)"', brand)
+    workspace = re.search(r'href="/workspaces/(ws-[0-9a-f-]+)"', brand)
     assert workspace is not None
     page = web.get(f"/workspaces/{workspace.group(1)}").text
     unknown = web.get("/workspaces/ws-never_seen").text

@@ -172,14 +172,14 @@ def test_a_person_follows_links_from_brand_to_attempt_to_workspace(
 
     _follow(browser, browser.find_element(By.LINK_TEXT, "demo-07"))
     _follow(browser, browser.find_element(By.CSS_SELECTOR, ".links a.attempt-link"))
-    strip = browser.find_element(By.CSS_SELECTOR, "#strip svg")
+    strip = browser.find_element(By.CSS_SELECTOR, ".strip svg")
 
     assert browser.title.startswith("Attempt ")
     assert browser.find_element(By.ID, "attempt-state").text == "failed"
     assert strip.is_displayed()
     assert strip.size["width"] > 300  # drawn, not collapsed
-    assert len(browser.find_elements(By.CSS_SELECTOR, "#strip circle.mark-hop")) == 5
-    assert "over" in browser.find_element(By.CSS_SELECTOR, "#strip figcaption").text
+    assert len(browser.find_elements(By.CSS_SELECTOR, ".strip circle.mark-hop")) == 5
+    assert "over" in browser.find_element(By.CSS_SELECTOR, ".strip figcaption").text
 
     _follow(browser, browser.find_element(By.CSS_SELECTOR, "p a.workspace-link"))
     assert browser.title.startswith("Workspace ws-")

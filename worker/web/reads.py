@@ -117,6 +117,8 @@ class Reads:
         for item in history:
             if item["kind"] == "attempt":
                 item["row"] = rows.get(item["attempt_id"])
+                due = said.next_hop_at if said and item["attempt_id"] == current else None
+                item["strip"] = hop_strip(item["events"], due)
                 item["events"] = with_durations(item["events"])
         return {"status": status, "history": history[::-1], "progress": said}
 

@@ -11,6 +11,7 @@ from typing import Any
 
 STRIP_WIDTH = 640  # the SVG's width, in its own units
 STRIP_PAD = 8
+ENDS = frozenset({"promoted", "failed", "ended"})
 
 # The kind of mark each event type makes on the strip (its CSS class: `mark-<kind>`).
 KINDS = {
@@ -110,4 +111,5 @@ def hop_strip(
         marks.append(Mark(x(at), KINDS.get(event["type"], "hop"), f"{event['type']}{hop}"))
     if next_hop_at is not None:
         marks.append(Mark(x(next_hop_at), "next", "next hop due"))
+    marks.sort(key=lambda m: m.kind in ENDS)  # drawn last: on top of what came at once
     return {"marks": marks, "spans": spans, "span": duration(total), "width": STRIP_WIDTH}
