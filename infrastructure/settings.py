@@ -30,6 +30,7 @@
 | PROVISIONER_METRICS_HOST         | 127.0.0.1                        |
 | PROVISIONER_HEALTH_MAX_LAG       | 10000 (events behind)            |
 | PROVISIONER_HEALTH_STUCK_AFTER_S | 900 (seconds overdue)            |
+| PROVISIONER_AUDIT_EVERY_S        | 86400 (upstream audit; 0: off)   |
 | PROVISIONER_HEARTBEAT_MAX_AGE_S  | 60 (a component's silence)       |
 | PROVISIONER_CONNECT_WAIT_S       | 30 (one-shot commands)           |
 | PROVISIONER_LOG_FORMAT           | auto (text on a TTY, else json)  |
@@ -152,6 +153,7 @@ class Settings:
     metrics_host: str = "127.0.0.1"
     health_max_lag: int = 10_000
     health_stuck_after_s: float = 900.0
+    audit_every_s: float = 86_400.0  # the reconciler's upstream audit of each parent
     heartbeat_max_age_s: float = 60.0
     connect_wait_s: float = 30.0
     log_format: str = "auto"
@@ -242,6 +244,9 @@ class Settings:
             ),
             health_stuck_after_s=positive(
                 env, "PROVISIONER_HEALTH_STUCK_AFTER_S", default.health_stuck_after_s, high=10**7
+            ),
+            audit_every_s=number(
+                env, "PROVISIONER_AUDIT_EVERY_S", default.audit_every_s, low=0, high=86400 * 30
             ),
             heartbeat_max_age_s=positive(
                 env, "PROVISIONER_HEARTBEAT_MAX_AGE_S", default.heartbeat_max_age_s, high=10**6

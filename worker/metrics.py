@@ -10,7 +10,7 @@ through `StateCollector`, from the facts the readiness checks use.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from prometheus_client import Counter, Gauge, Histogram
@@ -185,3 +185,17 @@ class StateCollector(Collector):
         ):
             if facts.get(key) is not None:
                 yield GaugeMetricFamily(name, text, value=facts[key])
+
+
+AUDIT_FINDINGS = Gauge(
+    "provisioner_audit_findings",
+    "Findings of the reconciler's last upstream audit of every parent on record, by kind",
+    ["kind"],
+)
+
+
+def observe_audit(counts: Mapping[str, int]) -> None:
+    """The last audit's findings by kind (the caller gives every kind, 0 when none, so
+    that an alert clears)."""
+    for kind, count in counts.items():
+        AUDIT_FINDINGS.labels(kind).set(count)

@@ -47,6 +47,7 @@ from infrastructure.view_queries import list_attempts
 from infrastructure.views import PROJECTIONS, SqlViewStore
 from projections.attempts import OWING
 from projections.core import Row
+from worker.audit_schedule import AuditSchedule
 
 log = logging.getLogger("provisioner.reconciler")
 OVERDUE_S = 60.0  # default: how long a hop may be overdue before it is re-published
@@ -73,6 +74,10 @@ class SweepReport:
 class Reconciler:
     """Sweeps the projections; remembers what it sent for `resend_s` so that an
     outage of the workers does not turn every sweep into the same burst."""
+
+    # The upstream audit of each parent on its slow schedule, on a thread of its own
+    # while `run` sweeps (set by the runtime when the process calls the gateway).
+    audit: AuditSchedule | None = None
 
     def __init__(
         self,
@@ -232,6 +237,8 @@ class Reconciler:
         """Sweep every `interval_s` until `stop` is set. A failed sweep is tried again
         after a backoff pause (at most `interval_s`), the outage logged once and its
         end once; a service that refuses us for good raises ServiceRefused."""
+        if self.audit is not None:
+            threading.Thread(target=self.audit.run, args=(stop,), name="audit", daemon=True).start()
         backoff = Backoff()
         outage = Outage(log, "reconciler", self.views_url, announce_start=False)
         urls = {"broker_url": broker.url, "database_url": self.views_url}

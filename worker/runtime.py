@@ -28,6 +28,7 @@ from infrastructure.service import ProvisioningService
 from infrastructure.settings import Settings
 from infrastructure.views import SqlViewStore, memory_views_url
 from worker import metrics
+from worker.audit_schedule import AuditSchedule
 from worker.consumer import HopWorker
 from worker.projector import Projector
 from worker.reconciler import GRACE_S, OVERDUE_S, Reconciler
@@ -92,6 +93,7 @@ class Runtime(_Threads):
     views_url: str = ""
     fake: FakeGateway | None = None
     pace: Pace | None = None
+    audits: bool = False  # the reconciler runs the upstream audit (it calls the gateway)
     threads: list[threading.Thread] = field(default_factory=list)
     failures: dict[str, BaseException] = field(default_factory=dict)
 
@@ -137,6 +139,8 @@ class Runtime(_Threads):
             deadline_s=deadline_s or self.settings.attempt_deadline_s, service=self.service,
             heartbeat=heartbeat(self.settings, self.views_url, "reconciler"),
         )  # fmt: skip
+        if self.audits:
+            reconciler.audit = AuditSchedule(self.service, self.settings.audit_every_s)
         return reconciler, broker
 
 
@@ -166,7 +170,12 @@ def build(
     connects). With memory:// the in-process delay scheduler runs too. The
     database is waited for while it is unavailable (until `stop`).
     """
-    chosen = settings.gateway() if "worker" in parts else ("http://127.0.0.1:9", "no-calls")
+    # The reconciler audits upstream (PROVISIONER_AUDIT_EVERY_S) beside a worker, or on
+    # its own when the gateway is configured; it then calls the gateway, paced too.
+    audits = "reconciler" in parts and settings.audit_every_s > 0
+    audits = audits and ("worker" in parts or settings.gateway_url is not None)
+    calls = "worker" in parts or audits
+    chosen = settings.gateway() if calls else ("http://127.0.0.1:9", "no-calls")
     with ExitStack() as stack:
         size = pool_size(parts, concurrency or settings.concurrency)
         app = open_event_store(settings.database_url, pool_size=size, wait_s=None, stop=stop)
@@ -180,7 +189,7 @@ def build(
             log.info("PROVISIONER_FAKE_GATEWAY=1: the in-process fake gateway at %s", url)
         else:
             url, token = chosen
-        store = pace_store(settings, url, calls="worker" in parts)
+        store = pace_store(settings, url, calls=calls)
         pace = Pace(store, settings.pace(), on_event=metrics.observe_pace)
         stack.callback(pace.close)
         gateway = stack.enter_context(
@@ -196,14 +205,16 @@ def build(
             stack.callback(scheduler.stop)
         # The configured token never reaches an event or a log through a producer's text.
         secrets = (settings.gateway_token,) if settings.gateway_token else ()
-        engine = settings.engine(acting="worker" in parts)
+        engine = settings.engine(acting=calls)
         service = ProvisioningService(app, gateway, settings=engine, secrets=secrets)
         views_url = settings.database_url
         if urlsplit(views_url).scheme == "memory":
             views_url = memory_views_url()
             # An in-process database lives while one connection to it is open.
             stack.enter_context(SqlViewStore(views_url)).setup()
-        yield Runtime(settings, app, gateway, service, topology, scheduler, views_url, fake, pace)
+        yield Runtime(
+            settings, app, gateway, service, topology, scheduler, views_url, fake, pace, audits
+        )
 
 
 @dataclass

@@ -5,23 +5,30 @@ the parent."""
 from __future__ import annotations
 
 import json
+import threading
+import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 from click.testing import CliRunner
+from prometheus_client import REGISTRY
 
 from domain.upstream_audit import Kind
-from infrastructure.eventstore import ProvisionerApplication
+from infrastructure.eventstore import ProvisionerApplication, init_database
 from infrastructure.fake_gateway import FakeConfig, FakeGateway
 from infrastructure.gateway import HttpGateway
 from infrastructure.service import EngineSettings, ProvisioningService
+from infrastructure.settings import Settings
 from infrastructure.usecases.upstream_audit import audit_parent, fix, parents_on_record
+from infrastructure.views import init_read_models
 from tests.audit_support import lose_a_create
 from tests.conftest import TOKEN
 from tests.support import drive
 from worker.cli import main
+from worker.runtime import build
 
 
 @pytest.fixture
@@ -118,3 +125,41 @@ def test_the_command_exits_1_on_findings_and_0_once_fixed(
     assert clean.exit_code == 0, clean.output
     assert "0 findings" in clean.output
     assert TOKEN not in listed.output + fixed.output + clean.output
+
+
+def test_the_reconciler_audits_on_its_schedule_and_counts_the_findings(
+    tmp_path: Path, fake: FakeGateway, parent: str, title: str
+) -> None:
+    url = f"sqlite:///{tmp_path / 'events.sqlite'}"
+    init_database(url)
+    init_read_models(url)
+    env = {
+        "PROVISIONER_DATABASE_URL": url, "PROVISIONER_GATEWAY_URL": fake.url,
+        "PROVISIONER_GATEWAY_TOKEN": TOKEN, "PROVISIONER_PARENT_IDS": parent,
+        "PROVISIONER_AUDIT_EVERY_S": "0.5",
+    }  # fmt: skip
+    off = Settings.from_env({**env, "PROVISIONER_AUDIT_EVERY_S": "0"})
+    with build(off, parts=("reconciler",)) as runtime:
+        assert runtime.reconciler()[0].audit is None
+    with build(Settings.from_env(env), parts=("reconciler",)) as runtime:
+        lose_a_create(runtime.service, "b-scheduled", title, parent)
+        reconciler, broker = runtime.reconciler(interval_s=0.2)
+        assert reconciler.audit is not None
+        stop = threading.Event()
+        thread = threading.Thread(target=reconciler.run, args=(stop, broker))
+        thread.start()
+        try:
+            deadline = time.monotonic() + 10
+            while reconciler.audit.runs < 1 and time.monotonic() < deadline:
+                time.sleep(0.05)
+        finally:
+            stop.set()
+            thread.join(10)
+            broker.close()
+
+    assert reconciler.audit.runs >= 1
+    sample = REGISTRY.get_sample_value
+    assert sample("provisioner_audit_findings", {"kind": "orphan"}) == 1
+    assert sample("provisioner_audit_findings", {"kind": "foreign"}) == 0
+    [workspace] = upstream(fake, title).values()
+    assert workspace["projects"] == []  # counted, never fixed: nothing was emptied
