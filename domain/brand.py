@@ -9,6 +9,10 @@ Command ordering: `provision` and `deactivate` carry their producer's time
 (`CommandIgnored`), any command that is older, a redelivery, or loses a tie
 (`stale_because`): a late or redelivered command never undoes a later one, so
 whatever order they run in, the brand ends as its producer's last command says.
+
+Retention: a deactivation records when the still-bound workspace is to be
+emptied (`purge_at`, the end of the retention window); the decommission waits
+until then (`decommission_due`), and a reactivation before then cancels it.
 """
 
 from __future__ import annotations
@@ -28,12 +32,20 @@ PROVISION = "provision"
 DEACTIVATE = "deactivate"
 # A command without a producer's time is ordered right after everything applied.
 TICK = timedelta(microseconds=1)
+# A delayed decommission may arrive a moment before its time (clocks, the wait ladder).
+DUE_SLACK = timedelta(seconds=1)
 
 
 def _requested_at_is_the_record_time(state: dict[str, Any]) -> None:
     """Upcaster: events stored before commands carried a time ordered by when they
     were recorded."""
     state["requested_at"] = state["timestamp"]
+
+
+def _emptied_at_once(state: dict[str, Any]) -> None:
+    """Upcaster: a deactivation stored before the retention window emptied the bound
+    workspace at once."""
+    state["purge_at"] = state["timestamp"]
 
 
 class Brand(Aggregate):
@@ -66,10 +78,12 @@ class Brand(Aggregate):
         projects_deleted: int
 
     class Deactivated(Aggregate.Event):
-        class_version = 2
+        class_version = 3
         requested_at: datetime  # the deactivate command's time
+        purge_at: datetime  # when a still-bound workspace is emptied (retention's end)
 
         upcast_v1_v2 = staticmethod(_requested_at_is_the_record_time)
+        upcast_v2_v3 = staticmethod(_emptied_at_once)
 
     class ProvisionNoted(Aggregate.Event):
         attempt_id: UUID  # the pending attempt that serves it
@@ -91,6 +105,7 @@ class Brand(Aggregate):
         self.current_attempt_id: UUID | None = None
         self.workspace_id: str | None = None
         self.decommissioning: str | None = None
+        self.purge_at: datetime | None = None  # deactivated: when the workspace is emptied
         self.last_command_at: datetime | None = None  # newest command time applied
         self.last_command_kind: str | None = None  # provision | deactivate, at that time
 
@@ -119,6 +134,22 @@ class Brand(Aggregate):
     @property
     def is_active(self) -> bool:
         return self.lifecycle == ACTIVE
+
+    @property
+    def to_be_emptied_at(self) -> datetime | None:
+        """When the deactivated brand's still-bound workspace is emptied; else None."""
+        if self.is_active or self.workspace_id is None:
+            return None
+        return self.purge_at
+
+    def decommission_due(self, now: datetime) -> bool:
+        """Deactivated, still bound, and its retention window over (or the emptying
+        already begun): the decommission may empty the workspace now."""
+        if self.is_active or self.workspace_id is None:
+            return False
+        if self.decommissioning == self.workspace_id or self.purge_at is None:
+            return True
+        return self.purge_at <= now + DUE_SLACK
 
     # Command ordering.
 
@@ -186,10 +217,12 @@ class Brand(Aggregate):
             )
         moving = parent_workspace_id not in (None, self.parent_workspace_id)
         if not self.is_active and self.workspace_id is not None and moving:
+            when = f" at {self.purge_at.isoformat()}" if self.purge_at else ""
             raise RetryLater(
                 f"brand {self.brand_id} is deactivated and still bound to {self.workspace_id} "
                 f"under parent {self.parent_workspace_id}; it moves to {parent_workspace_id} "
-                "once that workspace is decommissioned: retry in a moment"
+                f"once that workspace is decommissioned{when} (`provisioner deactivate "
+                "--purge-now` empties it now): retry then"
             )
 
     def note_provision(self, attempt_id: UUID, requested_at: datetime) -> None:
@@ -242,13 +275,19 @@ class Brand(Aggregate):
         if self.decommissioning != self.workspace_id:
             self._decommission_started(self.workspace_id)
 
-    def deactivate(self, requested_at: datetime) -> None:
-        """Deactivate, or (already deactivated) record the newer deactivation's time."""
+    def deactivate(self, requested_at: datetime, purge_at: datetime | None = None) -> None:
+        """Deactivate, or (already deactivated) record the newer deactivation's time.
+
+        A bound workspace is emptied at `purge_at` (default: at once); a later
+        deactivation never puts off one already set (the earlier time stays)."""
         if self.stale_because(DEACTIVATE, requested_at) is not None:
             raise CommandRefused(
                 f"brand {self.brand_id}: deactivate at {requested_at.isoformat()} is stale"
             )
-        self._deactivated(requested_at)
+        purge_at = requested_at if purge_at is None else purge_at
+        if not self.is_active and self.purge_at is not None:
+            purge_at = min(purge_at, self.purge_at)
+        self._deactivated(requested_at, purge_at)
 
     def reactivate(self) -> None:
         if self.is_active:
@@ -278,10 +317,12 @@ class Brand(Aggregate):
     def _workspace_unbound(self, workspace_id: str, reason: str, projects_deleted: int) -> None:
         self.workspace_id = None
         self.decommissioning = None
+        self.purge_at = None
 
     @event(Deactivated)
-    def _deactivated(self, requested_at: datetime) -> None:
+    def _deactivated(self, requested_at: datetime, purge_at: datetime) -> None:
         self.lifecycle = DEACTIVATED
+        self.purge_at = purge_at
         self._applied(DEACTIVATE, requested_at)
 
     @event(ProvisionNoted)
@@ -302,3 +343,4 @@ class Brand(Aggregate):
     @event(Reactivated)
     def _reactivated(self) -> None:
         self.lifecycle = ACTIVE
+        self.purge_at = None  # the pending emptying is cancelled

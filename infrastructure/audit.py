@@ -1,7 +1,8 @@
 """The audit trail, read straight from the event store: a brand's state, its attempts
 and every event of each, oldest first. JSON shapes (other tools rely on them):
 
-    status  -> {brand_id, title, lifecycle, status, workspace_id, attempt_id, attempt_state}
+    status  -> {brand_id, title, lifecycle, status, workspace_id, attempt_id, attempt_state,
+                to_be_emptied_at (a deactivated brand's bound workspace: when; else null)}
     pointer -> {brand_id, at, workspace_id, attempt_id (the one that bound it), lifecycle}
     attempt -> {attempt_id, brand_id, state, failure_reason, failure_message,
                 settle_hops, max_hop, deferrals,
@@ -56,7 +57,12 @@ def brand_status(service: ProvisioningService, brand_id: str) -> dict[str, Any]:
         "workspace_id": brand.workspace_id,
         "attempt_id": str(attempt.id) if attempt else None,
         "attempt_state": attempt.state.value if attempt else None,
+        "to_be_emptied_at": _iso(brand.to_be_emptied_at),
     }
+
+
+def _iso(at: datetime | None) -> str | None:
+    return at.isoformat() if at is not None else None
 
 
 def _replayed(service: ProvisioningService, aggregate_id: UUID) -> tuple[Any, list[Any]]:
@@ -140,10 +146,15 @@ def _fold_deferral(events: list[dict[str, Any]], event: Any) -> None:
     last["reason"] = f"deferred ×{last['deferred']}: {event.last_status} since {since}"
 
 
-def _brand_event(event: Any) -> dict[str, Any]:
+def _brand_event(event: Any, bound: bool = False) -> dict[str, Any]:
     fields = vars(event)
     reason = fields.get("reason")
-    if isinstance(event, Brand.CommandIgnored):
+    if isinstance(event, Brand.Deactivated) and bound and event.purge_at > event.timestamp:
+        # A retention window (none: emptied at once, nothing to say).
+        reason = f"to be emptied at {event.purge_at.isoformat(timespec='seconds')}"
+    elif isinstance(event, Brand.Reactivated) and bound:
+        reason = "the emptying is cancelled: the workspace is kept"
+    elif isinstance(event, Brand.CommandIgnored):
         reason = f"{event.command}: {event.reason}"
     elif isinstance(event, Brand.WorkspaceUnbound) and event.projects_deleted:
         reason = f"{event.reason} ({event.projects_deleted} projects deleted)"
@@ -163,12 +174,16 @@ def brand_history(service: ProvisioningService, brand_id: str) -> list[dict[str,
     the brand began it, with all its events): one read per stream."""
     _, events = _brand_stream(service, brand_id)
     items: list[dict[str, Any]] = []
+    bound = False
     for event in events:
         if isinstance(event, Brand.AttemptBegun):
             story = attempt_story(service, event.attempt_id)
             items.append({"kind": "attempt", "at": event.timestamp.isoformat(), **story})
         else:
-            items.append(_brand_event(event))
+            bound = isinstance(event, Brand.WorkspaceBound) or (
+                bound and not isinstance(event, Brand.WorkspaceUnbound)
+            )
+            items.append(_brand_event(event, bound))
     return items
 
 

@@ -9,7 +9,7 @@ the messages from it afterwards. Work messages:
 | ProvisioningAttempt.Started             | hop 0, now                            |
 | ProvisioningAttempt.HopScheduled        | hop n, after its backoff delay        |
 | ProvisioningAttempt.Cancelled/Superseded/Failed | release (a no-op if nothing is owed) |
-| Brand.Deactivated                       | decommission                          |
+| Brand.Deactivated                       | decommission, at its `purge_at`       |
 
 Integration events (topic exchange `provisioning.events`), each with `event_id`
 (stable across re-publishes, for deduplication downstream), `brand_id`,
@@ -140,7 +140,8 @@ class OutboxMapper:
     def _brand(self, event: DomainEventProtocol[Any]) -> tuple[list[Work], list[IntegrationEvent]]:
         if isinstance(event, Brand.Deactivated):
             brand: Any = self.app.repository.get(event.originator_id)
-            return [Work(messages.decommission(brand.brand_id))], []
+            delay = max(0.0, (event.purge_at - _timestamp(event)).total_seconds())
+            return [Work(messages.decommission(brand.brand_id), delay)], []
         if isinstance(event, Brand.WorkspaceUnbound):
             brand = self.app.repository.get(event.originator_id)
             payload = self._payload(event, "workspace.unbound", brand.brand_id, None)

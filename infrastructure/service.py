@@ -56,9 +56,11 @@ class ProvisioningService(ServiceReads):
             self, brand_id, title, parent_workspace_id, requested_at
         )
 
-    def deactivate(self, brand_id: str, requested_at: datetime | None = None) -> Deactivation:
+    def deactivate(
+        self, brand_id: str, requested_at: datetime | None = None, *, purge_now: bool = False
+    ) -> Deactivation:
         """Record the deactivation and cancel a pending attempt (see `commands.deactivate`)."""
-        return commands.deactivate(self, brand_id, requested_at)
+        return commands.deactivate(self, brand_id, requested_at, purge_now=purge_now)
 
     def run_hop(self, attempt_id: UUID, hop: int) -> HopOutcome:
         outcome = HopRun(self, attempt_id, hop).run()

@@ -21,6 +21,7 @@
 | PROVISIONER_STALE_AFTER_S        | 600                              |
 | PROVISIONER_CREATE_GRACE_S       | 60 (an unconfirmed create's wait)|
 | PROVISIONER_ATTEMPT_DEADLINE_S   | 86400 (a day: deferral's end)    |
+| PROVISIONER_DECOMMISSION_DELAY_S | 259200 (3 days before emptying)  |
 | PROVISIONER_DEFER_MAX_S          | 30 (cap of a deferred hop's wait)|
 | PROVISIONER_GATEWAY_RATE         | (none: learned from 429s)        |
 | PROVISIONER_GATEWAY_BURST        | 1                                |
@@ -144,6 +145,7 @@ class Settings:
     stale_after_s: float = 600.0
     create_grace_s: float = 60.0
     attempt_deadline_s: float = 86_400.0
+    decommission_delay_s: float = 259_200.0  # 3 days: a mistake or a lapse is undone in time
     defer_max_s: float = 30.0
     gateway_rate: float | None = None
     gateway_burst: int = 1
@@ -221,6 +223,13 @@ class Settings:
             ),
             defer_max_s=number(
                 env, "PROVISIONER_DEFER_MAX_S", default.defer_max_s, low=2, high=86400
+            ),
+            decommission_delay_s=number(
+                env,
+                "PROVISIONER_DECOMMISSION_DELAY_S",
+                default.decommission_delay_s,
+                low=0,
+                high=86400 * 90,
             ),
             gateway_rate=gateway_rate(env),
             gateway_burst=integer(
@@ -374,6 +383,7 @@ class Settings:
             create_grace_s=self.create_grace_s,
             parent_ids=frozenset(self.parents()) if acting else None,
             command_skew_s=self.command_skew_s,
+            decommission_delay_s=self.decommission_delay_s,
         )
 
     def pace(self) -> PaceRules:

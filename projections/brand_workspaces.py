@@ -1,5 +1,6 @@
 """`brand_workspaces`: brand -> lifecycle, provisioning status, bound workspace,
-current attempt, its state and failure reason, updated at. What the host platform reads to
+current attempt, its state and failure reason, when a deactivated brand's
+workspace is to be emptied, updated at. What the host platform reads to
 answer "which workspace is brand B bound to?".
 
 `status` is decided by `brand_status` from the lifecycle, the bound workspace
@@ -74,7 +75,8 @@ class BrandWorkspaces:
     # Raised whenever what a row means changes; an older live copy is rebuilt.
     # 2: `status` reads `deactivated` from `Deactivated`, `ready` while bound.
     # 3: `degraded` while bound after a re-confirm saw a terminal status; `failure_reason`.
-    version = 3
+    # 4: `purge_at`, the end of a deactivated brand's retention window.
+    version = 4
     key = "id"  # the Brand aggregate's id; `brand_id` is the host platform's id
     index = "attempt_id"
     columns: ClassVar[dict[str, str]] = {
@@ -87,6 +89,7 @@ class BrandWorkspaces:
         "attempt_id": TEXT,
         "attempt_state": TEXT,
         "failure_reason": TEXT,  # the current attempt's, once it failed
+        "purge_at": TS,  # deactivated: when its bound workspace is emptied
         "updated_at": TS,
     }
     indexes: tuple[Index, ...] = (
@@ -113,6 +116,7 @@ class BrandWorkspaces:
                 "attempt_id": None,
                 "attempt_state": None,
                 "failure_reason": None,
+                "purge_at": None,
             }
         elif type(event) in _ATTEMPT_STATE:
             row = rows.by_index(rows.key_of(event))
@@ -143,8 +147,10 @@ class BrandWorkspaces:
         elif isinstance(event, Brand.WorkspaceBound):
             row["workspace_id"] = event.workspace_id
         elif isinstance(event, Brand.WorkspaceUnbound):
-            row["workspace_id"] = None
+            row["workspace_id"] = row["purge_at"] = None
         elif isinstance(event, Brand.Deactivated):
             row["lifecycle"] = DEACTIVATED
+            row["purge_at"] = event.purge_at
         elif isinstance(event, Brand.Reactivated):
             row["lifecycle"] = ACTIVE
+            row["purge_at"] = None

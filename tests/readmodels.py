@@ -59,6 +59,7 @@ def expected_brand_row(app: ProvisionerApplication, brand_id: UUID) -> dict[str,
         "attempt_id": str(brand.current_attempt_id) if brand.current_attempt_id else None,
         "attempt_state": state,
         "failure_reason": reason,
+        "purge_at": brand.purge_at,
     }
 
 

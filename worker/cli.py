@@ -116,13 +116,20 @@ def _wait_for(service: Any, attempt_id: Any, timeout: float) -> int:
 
 @main.command()
 @click.argument("brand_id")
-def deactivate(brand_id: str) -> None:
-    """Deactivate BRAND_ID: cancel its attempt; a worker then empties its workspace."""
+@click.option(
+    "--purge-now",
+    is_flag=True,
+    help="Empty its workspace now, not at the end of PROVISIONER_DECOMMISSION_DELAY_S.",
+)
+def deactivate(brand_id: str, purge_now: bool) -> None:
+    """Deactivate BRAND_ID: cancel its attempt; a worker empties its workspace once the
+    retention window (PROVISIONER_DECOMMISSION_DELAY_S) ends, unless it is provisioned
+    again before then."""
     from domain.errors import ProvisionerError
 
     service = service_only()
     try:
-        result = service.deactivate(brand_id)
+        result = service.deactivate(brand_id, purge_now=purge_now)
     except ProvisionerError as exc:
         raise click.ClickException(str(exc)) from None
     from worker.cli_support import deactivation_sentence

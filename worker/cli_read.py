@@ -147,7 +147,8 @@ def _status_record(data: dict[str, Any]) -> None:
     from worker.attempt_progress import FIELDS
     from worker.attempt_tables import table_value
 
-    shown = {k: v for k, v in data.items() if k not in FIELDS or v is not None}
+    hidden = (*FIELDS, "to_be_emptied_at")  # shown only when it has a value
+    shown = {k: v for k, v in data.items() if k not in hidden or v is not None}
     _record({k: table_value(v) if v is not None else None for k, v in shown.items()})
 
 

@@ -162,7 +162,14 @@ def outcome_sentence(story: dict[str, Any]) -> str:
 def deactivation_sentence(result: Any) -> str:
     """What `deactivate` did (a `Deactivation`), as one or two sentences."""
     brand = result.brand_id
+    at = getattr(result, "to_be_emptied_at", None)
+    when = f" at {at.isoformat(timespec='seconds')}" if at else ""
     if result.already_deactivated:
+        if result.workspace_id:
+            return (
+                f"brand {brand} was already deactivated; workspace {result.workspace_id} "
+                f"is to be emptied{when}."
+            )
         return f"brand {brand} was already deactivated; nothing changed."
     done = f"brand {brand} deactivated"
     if result.cancelled_attempt_id is not None:
@@ -170,5 +177,8 @@ def deactivation_sentence(result: Any) -> str:
     else:
         done += "; no attempt was pending"
     if result.workspace_id:
-        return f"{done}. A worker will empty workspace {result.workspace_id} and unbind it."
+        return (
+            f"{done}. A worker will empty workspace {result.workspace_id}{when} and unbind "
+            "it; a provision of the same title and parent before then keeps it."
+        )
     return f"{done}, and it has no workspace to empty."

@@ -10,7 +10,8 @@ Each sweep reads the projections and re-publishes what should have happened:
   appear upstream: the release looks for it again, even after a later create
   succeeded) and for one failed `exhausted` (its shells, emptied while still
   `not ready`, are re-checked and emptied again if projects appeared);
-- a decommission for every deactivated brand still bound `grace_s` later;
+- a decommission for every deactivated brand still bound `grace_s` after its
+  retention window ended (`purge_at`): after a restart or a lost message too;
 - and, given the service, it fails (`deadline`) every attempt still pending
   `deadline_s` after it started: one whose hops cannot run at all (its message
   dead-lettered every time) would otherwise stay pending forever.
@@ -161,12 +162,7 @@ class Reconciler:
                         extra={"brand": row["brand_id"], "attempt": row["attempt_id"]},
                     )  # fmt: skip
         before = store.dialect.to_db("ts", now - timedelta(seconds=self.grace_s))
-        bound = store.rows(
-            PROJECTIONS["brand_workspaces"],
-            "lifecycle = 'deactivated' AND workspace_id IS NOT NULL AND updated_at < ?",
-            [before],
-            limit=self.limit,
-        )
+        bound = self._due(store, before)
         for row in bound:
             if self._fresh("decommission", row["brand_id"]):
                 message = messages.decommission(row["brand_id"])
@@ -185,6 +181,17 @@ class Reconciler:
                 report.decommissions, report.expired,
             )  # fmt: skip
         return report
+
+    def _due(self, store: SqlViewStore, before: object) -> list[Row]:
+        """Deactivated brands still bound whose retention window ended before `before`.
+        A live copy built before `purge_at` (version 4) gets every deactivated bound
+        brand until its rebuild switches: the decommission re-checks the time."""
+        where = "lifecycle = 'deactivated' AND workspace_id IS NOT NULL AND updated_at < ?"
+        params = [before]
+        if not any(p.name == "brand_workspaces" for p in store.outdated()):
+            where += " AND (purge_at IS NULL OR purge_at < ?)"
+            params.append(before)
+        return store.rows(PROJECTIONS["brand_workspaces"], where, params, limit=self.limit)
 
     def _expire(self, store: SqlViewStore, service: ProvisioningService, now: datetime) -> set[str]:
         """Fail the pending attempts past their deadline (the service re-checks each)."""

@@ -45,6 +45,7 @@ class Deactivation:
     already_deactivated: bool
     cancelled_attempt_id: UUID | None
     workspace_id: str | None
+    to_be_emptied_at: datetime | None = None  # the bound workspace's, if one is bound
 
 
 def _require_text(name: str, value: object, secrets: tuple[str, ...] = ()) -> str:
@@ -176,11 +177,18 @@ def _refuse_if_stale(
 
 
 def deactivate(
-    svc: ServiceReads, brand_id: str, requested_at: datetime | None = None
+    svc: ServiceReads,
+    brand_id: str,
+    requested_at: datetime | None = None,
+    *,
+    purge_now: bool = False,
 ) -> Deactivation:
     """Record the deactivation and cancel a pending attempt, in one save.
 
-    A brand never seen is recorded as deactivated (a tombstone). Raises
+    A bound workspace is to be emptied `decommission_delay_s` from now (the
+    retention window; `purge_now`: at once, also for a brand already
+    deactivated); a provision of the brand before then keeps it. A brand never
+    seen is recorded as deactivated (a tombstone). Raises
     StaleCommand (after recording it) if the command is stale (older than the
     last command applied, or a redelivery of it; a deactivate at the same time
     as a provision wins the tie and applies).
@@ -189,12 +197,14 @@ def deactivate(
     _require_time(svc, requested_at)
     return retry_on_conflict(
         svc.settings.max_rounds,
-        lambda: _deactivate(svc, brand_id, requested_at),
+        lambda: _deactivate(svc, brand_id, requested_at, purge_now),
         _brand_contended(brand_id),
     )
 
 
-def _deactivate(svc: ServiceReads, brand_id: str, requested_at: datetime | None) -> Deactivation:
+def _deactivate(
+    svc: ServiceReads, brand_id: str, requested_at: datetime | None, purge_now: bool
+) -> Deactivation:
     (found,) = svc.load(brand_aggregate_id(brand_id))
     if found is None:
         tomb = Brand.tombstone(brand_id, requested_at or svc.clock.now())
@@ -205,7 +215,10 @@ def _deactivate(svc: ServiceReads, brand_id: str, requested_at: datetime | None)
     at = brand.command_time(requested_at, svc.clock.now())
     _refuse_if_stale(svc, brand, DEACTIVATE, at)
     already = not brand.is_active
-    brand.deactivate(at)
+    now = svc.clock.now()
+    brand.deactivate(
+        at, now if purge_now else now + timedelta(seconds=svc.settings.decommission_delay_s)
+    )
     touched: list[Aggregate] = [brand]
     cancelled: UUID | None = None
     if not already and brand.current_attempt_id is not None:
@@ -215,5 +228,7 @@ def _deactivate(svc: ServiceReads, brand_id: str, requested_at: datetime | None)
             touched.append(current)
             cancelled = current.id
     svc.app.save(*touched)
-    log.info("brand deactivated brand=%s cancelled=%s", brand_id, cancelled)
-    return Deactivation(brand_id, already, cancelled, brand.workspace_id)
+    emptied_at = brand.to_be_emptied_at
+    log.info("brand deactivated brand=%s cancelled=%s to_be_emptied_at=%s",
+             brand_id, cancelled, emptied_at.isoformat() if emptied_at else None)  # fmt: skip
+    return Deactivation(brand_id, already, cancelled, brand.workspace_id, emptied_at)

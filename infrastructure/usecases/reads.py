@@ -57,6 +57,9 @@ class EngineSettings:
     parent_ids: frozenset[str] | None = None
     # How far in the future a command's `requested_at` may be (clock skew).
     command_skew_s: float = 300.0
+    # The retention window: from a deactivation to emptying the bound workspace.
+    # 0 here (a service embedded in a test); the settings default to 3 days.
+    decommission_delay_s: float = 0.0
 
 
 class ServiceReads:

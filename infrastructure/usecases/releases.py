@@ -48,12 +48,13 @@ def decommission(svc: ServiceReads, brand_id: str) -> int | None:
     """Empty a deactivated brand's workspace, then unbind it and release its claim.
 
     Returns the number of projects deleted, or None when there was nothing
-    to do (brand active again, or no workspace bound). Safe to repeat.
+    to do now (brand active again, no workspace bound, or its retention window
+    not over: the reconciler sends it again once it is). Safe to repeat.
     """
 
     def step() -> int | None:
         brand = svc.brand(brand_id)
-        if brand.is_active or brand.workspace_id is None:
+        if not brand.decommission_due(svc.clock.now()) or brand.workspace_id is None:
             return None
         workspace_id = brand.workspace_id
         if brand.decommissioning != workspace_id:

@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 
 from domain.outcomes import Outcome
-from infrastructure.audit import brand_status
+from infrastructure.audit import brand_history, brand_status
 from infrastructure.eventstore import ProvisionerApplication, open_event_store
 from infrastructure.fake_gateway import FakeGateway
 from infrastructure.gateway import HttpGateway
-from infrastructure.service import ProvisioningService
+from infrastructure.service import EngineSettings, ProvisioningService
 from infrastructure.view_queries import brand_workspace, count_degraded
 from infrastructure.views import (
     PROJECTIONS,
@@ -155,3 +155,31 @@ def test_a_rebuild_agrees_with_the_live_rows_and_an_outdated_copy_is_rebuilt_on_
     assert rebuilt == live
     assert upgraded == live
     assert outdated_after == []
+
+
+def test_a_deactivated_brand_shows_when_its_workspace_is_to_be_emptied(
+    app: ProvisionerApplication,
+    http_gateway: HttpGateway,
+    database_url: str,
+    brand_id: str,
+    title: str,
+) -> None:
+    settings = EngineSettings(decommission_delay_s=3600.0)
+    service = ProvisioningService(app, http_gateway, clock=ManualClock(), settings=settings)
+    workspace_id = bound(service, brand_id, title)
+    result = service.deactivate(brand_id)
+
+    row = row_of(service.app, database_url, brand_id)
+    status = brand_status(service, brand_id)
+    [deactivated] = [e for e in brand_history(service, brand_id) if e.get("type") == "Deactivated"]
+
+    due = result.to_be_emptied_at
+    assert due is not None
+    assert (row["status"], row["workspace_id"], row["purge_at"]) == (
+        "deactivated",
+        workspace_id,
+        due,
+    )
+    assert status["to_be_emptied_at"] == due.isoformat()
+    assert deactivated["reason"] == f"to be emptied at {due.isoformat(timespec='seconds')}"
+    assert service.decommission(brand_id) is None  # not yet

@@ -243,3 +243,66 @@ def test_a_newer_provision_for_another_title_supersedes_and_what_it_created_is_r
         f"{title}-b",
         second,
     )
+
+
+def bound_with_a_project(service: ProvisioningService, fake: FakeGateway, brand_id: str) -> str:
+    """Provisioned here (no relay, no worker yet), bound, with one project upstream."""
+    attempt_id = service.request_provisioning(brand_id, title_of(brand_id), PARENT)
+    for hop in range(5):
+        if service.run_hop(attempt_id, hop).outcome.value != "scheduled":
+            break
+    workspace_id = service.brand(brand_id).workspace_id
+    assert workspace_id is not None
+    fake.add_project(workspace_id)
+    return workspace_id
+
+
+def projects_of(fake: FakeGateway, workspace_id: str) -> list[str]:
+    return next(w["projects"] for w in fake.state()["workspaces"] if w["id"] == workspace_id)
+
+
+def test_inside_the_retention_window_a_provision_keeps_the_workspace_and_the_rest_is_emptied(
+    pg_env: dict[str, str], rabbit_url: str, fake: FakeGateway
+) -> None:
+    """Deactivated with a 2 s window: both read `deactivated` at once and keep their
+    projects; the one provisioned again inside the window is re-confirmed (nothing
+    created) and its delayed decommission does nothing; the other is emptied when
+    its window ends, by the decommission the broker held back."""
+    suffix = uuid4().hex[:8]
+    kept, dropped = f"keep-{suffix}", f"drop-{suffix}"
+    env = {**pg_env, "PROVISIONER_DECOMMISSION_DELAY_S": "2"}
+    with build(Settings.from_env(env)) as runtime:
+        service = runtime.service
+        kept_ws = bound_with_a_project(service, fake, kept)
+        dropped_ws = bound_with_a_project(service, fake, dropped)
+        with components(runtime, relay=True, concurrency=2) as running:
+            assert running.worker is not None
+            stats = running.worker.stats
+            service.deactivate(kept)
+            service.deactivate(dropped)
+            at_once = [service.brand(b).lifecycle for b in (kept, dropped)]
+            intact = [projects_of(fake, w) != [] for w in (kept_ws, dropped_ws)]
+            publisher = Broker(rabbit_url, runtime.topology, scheduler=None)
+            try:
+                publisher.publish(
+                    messages.provision(kept, title_of(kept), PARENT, datetime.now(UTC))
+                )
+            finally:
+                publisher.close()
+            wait_for(lambda: service.brand(dropped).workspace_id is None, "the emptying", 20)
+            wait_for(lambda: stats.by_type.get("decommission", 0) >= 2, "both decommissions", 20)
+            brand = service.brand(kept)
+            current = brand.current_attempt_id
+            assert current is not None
+            wait_for(lambda: service.attempt(current).is_terminal, "the re-confirm", 20)
+            dead = stats.dead_lettered
+        brand = service.brand(kept)
+        state = service.attempt(current).state
+
+    assert at_once == [DEACTIVATED, DEACTIVATED]
+    assert intact == [True, True]
+    assert (brand.lifecycle, brand.workspace_id, state) == (ACTIVE, kept_ws, AttemptState.PROMOTED)
+    assert projects_of(fake, kept_ws) != []  # projects intact
+    assert int(fake.state()["creates"].get(title_of(kept), 0)) == 1  # nothing created again
+    assert projects_of(fake, dropped_ws) == []
+    assert dead == 0

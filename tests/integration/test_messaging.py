@@ -97,6 +97,7 @@ def environment(
         "PROVISIONER_GATEWAY_TIMEOUT_S": "5",
         "PROVISIONER_BACKOFF_BASE_S": BACKOFF_BASE_S,
         "PROVISIONER_CONCURRENCY": "4",
+        "PROVISIONER_DECOMMISSION_DELAY_S": "0",  # emptied at once unless a test says
         **extra,
     }
 

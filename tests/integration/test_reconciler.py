@@ -15,7 +15,7 @@ from domain.attempt import ProvisioningAttempt
 from domain.policies import AttemptState, FailureReason, Provenance
 from infrastructure.eventstore import open_event_store
 from infrastructure.fake_gateway import FakeGateway
-from infrastructure.service import ProvisioningService
+from infrastructure.service import EngineSettings, ProvisioningService
 from infrastructure.settings import Settings
 from infrastructure.view_queries import list_attempts
 from infrastructure.views import PROJECTIONS, VERSIONS, LogSource, SqlViewStore
@@ -294,3 +294,32 @@ def test_before_the_attempts_rebuild_switches_the_sweep_keeps_the_old_rule(
 
     assert report.releases == 1  # owed, by the rule its columns allow
     app.close()
+
+
+def test_a_decommission_is_swept_only_once_its_retention_window_ended(tmp_path: Path) -> None:
+    """Its message lost (or the broker restarted): the sweep sends it once the window
+    ended, not before; a brand provisioned again inside the window is not sent."""
+    url = f"sqlite:///{tmp_path / 'events.sqlite'}"
+    app = open_event_store(url)
+    settings = EngineSettings(decommission_delay_s=3600.0)
+    service = ProvisioningService(app, None, settings=settings)  # type: ignore[arg-type]
+    for brand_id in ("b-window", "b-back"):
+        attempt_id = service.request_provisioning(brand_id, "Acme", PARENT)
+        brand = service.brand(brand_id)
+        brand.bind(f"ws-{brand_id}", attempt_id)
+        app.save(brand)
+        service.deactivate(brand_id)
+    service.request_provisioning("b-back", "Acme", PARENT)  # inside the window: kept
+    broker = RecordingBroker()
+    now = datetime.now(UTC)
+    with SqlViewStore(url) as store:
+        caught_up(app, store)
+        sweep = Reconciler(url).sweep
+        inside = sweep(store, broker, now=now + timedelta(minutes=30))  # type: ignore[arg-type]
+        after = sweep(store, broker, now=now + timedelta(minutes=62))  # type: ignore[arg-type]
+    app.close()
+
+    assert inside.decommissions == 0
+    assert after.decommissions == 1
+    sent = [m.fields["brand_id"] for m in broker.sent if m.type == "decommission"]
+    assert sent == ["b-window"]

@@ -176,6 +176,7 @@ def environment(iso: Isolation, gateway_url: str, knobs: dict[str, str]) -> dict
         "PROVISIONER_GATEWAY_URL": gateway_url,
         "PROVISIONER_GATEWAY_TOKEN": iso.token,
         "PROVISIONER_LOG_FORMAT": "json",
+        "PROVISIONER_DECOMMISSION_DELAY_S": "0",  # the checks expect deactivations emptied
         **knobs,
     }
 

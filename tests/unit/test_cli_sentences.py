@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 from uuid import UUID
 
@@ -43,16 +44,23 @@ def test_each_end_of_an_attempt_is_one_whole_sentence() -> None:
 def test_deactivate_says_what_it_did_and_what_follows() -> None:
     attempt = UUID(ATTEMPT)
 
-    with_workspace = Deactivation("b-1", False, None, "ws-9")
+    due = datetime(2030, 1, 4, 12, 0, tzinfo=UTC)
+    with_workspace = Deactivation("b-1", False, None, "ws-9", due)
     with_attempt = Deactivation("b-1", False, attempt, None)
-    again = Deactivation("b-1", True, None, "ws-9")
+    again = Deactivation("b-1", True, None, "ws-9", due)
+    emptied = Deactivation("b-1", True, None, None)
 
     assert deactivation_sentence(with_workspace) == (
-        "brand b-1 deactivated; no attempt was pending. "
-        "A worker will empty workspace ws-9 and unbind it."
+        "brand b-1 deactivated; no attempt was pending. A worker will empty workspace "
+        "ws-9 at 2030-01-04T12:00:00+00:00 and unbind it; a provision of the same "
+        "title and parent before then keeps it."
     )
     assert deactivation_sentence(with_attempt) == (
         f"brand b-1 deactivated; its pending attempt {ATTEMPT} was cancelled, "
         "and it has no workspace to empty."
     )
-    assert deactivation_sentence(again) == "brand b-1 was already deactivated; nothing changed."
+    assert deactivation_sentence(again) == (
+        "brand b-1 was already deactivated; workspace ws-9 is to be emptied at "
+        "2030-01-04T12:00:00+00:00."
+    )
+    assert deactivation_sentence(emptied) == "brand b-1 was already deactivated; nothing changed."

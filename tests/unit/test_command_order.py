@@ -4,6 +4,7 @@ request path never calls the gateway."""
 
 from __future__ import annotations
 
+import contextlib
 from datetime import UTC, datetime, timedelta
 from itertools import permutations
 from typing import Any
@@ -14,11 +15,15 @@ import pytest
 from domain.attempt import ProvisioningAttempt
 from domain.brand import ACTIVE, DEACTIVATED, Brand
 from domain.errors import AttemptInProgress, RetryLater, StaleCommand
+from domain.outcomes import Outcome
 from domain.policies import AttemptState
 from infrastructure import messages
 from infrastructure.eventstore import open_event_store
-from infrastructure.service import ProvisioningService
-from tests.support import as_stored_before
+from infrastructure.outbox import OutboxMapper
+from infrastructure.service import EngineSettings, ProvisioningService
+from tests.conftest import ManualClock
+from tests.memory_gateway import MemoryGateway
+from tests.support import as_stored_before, drive
 from tests.unit.test_delivery import FakeMessage, FakePublisher, finished, settler
 from worker.delivery import WAIT_DELAYS_S, Delivery
 
@@ -176,7 +181,7 @@ def test_a_provision_for_a_new_parent_waits_for_the_deactivated_brands_decommiss
     service.deactivate("b1", at(2))
 
     # Deactivated, still bound, its decommission not started yet: refused for now.
-    with pytest.raises(RetryLater, match="retry in a moment"):
+    with pytest.raises(RetryLater, match="--purge-now"):
         service.request_provisioning("b1", "Acme", "parent-y", at(3))
     brand = service.brand("b1")
     brand.start_decommission()
@@ -359,3 +364,181 @@ def test_an_infrastructure_failure_after_waits_still_gets_its_own_retries() -> N
     assert [(d, h) for _, d, h in publisher.published] == [(1.0, {"x-retries": 1, "x-waits": 7})]
     read = settler(FakePublisher()).read(message, messages.COMMANDS_QUEUE)
     assert read == Delivery(decoded, 0, 7)
+
+
+# The retention window: a deactivated brand's workspace is emptied only when it ends.
+
+WINDOW_S = 3600.0
+
+
+def window_service() -> tuple[ProvisioningService, MemoryGateway, ManualClock]:
+    gateway, clock = MemoryGateway("parent"), ManualClock()
+    settings = EngineSettings(decommission_delay_s=WINDOW_S)
+    service = ProvisioningService(open_event_store("memory://"), gateway, clock, settings)
+    return service, gateway, clock
+
+
+def provisioned(service: ProvisioningService, gateway: MemoryGateway, brand_id: str) -> str:
+    """Provisioned through the hops, bound, with two projects in its workspace."""
+    attempt_id = service.request_provisioning(brand_id, "Acme", "parent")
+    assert drive(service, attempt_id)[-1].outcome is Outcome.PROMOTED
+    workspace_id = service.brand(brand_id).workspace_id
+    assert workspace_id is not None
+    gateway.workspaces[workspace_id].projects += ["p1", "p2"]
+    return workspace_id
+
+
+def test_a_deactivated_brand_is_emptied_only_when_its_window_ends() -> None:
+    service, gateway, clock = window_service()
+    workspace_id = provisioned(service, gateway, "b1")
+
+    result = service.deactivate("b1")
+    early = service.decommission("b1")  # the message, arrived early (or a stray one)
+    clock.advance(WINDOW_S)
+    emptied = service.decommission("b1")
+
+    assert result.to_be_emptied_at is not None
+    assert abs((result.to_be_emptied_at - clock.now()).total_seconds()) < 5  # then + window
+    assert early is None
+    assert emptied == 2
+    assert gateway.deleted == [(workspace_id, "p1"), (workspace_id, "p2")]
+    brand = service.brand("b1")
+    assert (brand.lifecycle, brand.workspace_id, brand.to_be_emptied_at) == (
+        DEACTIVATED,
+        None,
+        None,
+    )
+
+
+def test_a_provision_inside_the_window_reconfirms_the_workspace_and_creates_nothing() -> None:
+    service, gateway, clock = window_service()
+    workspace_id = provisioned(service, gateway, "b1")
+    service.deactivate("b1")
+    clock.advance(WINDOW_S / 2)
+
+    attempt_id = service.request_provisioning("b1", "Acme", "parent")
+    outcomes = drive(service, attempt_id)
+    clock.advance(WINDOW_S)
+    late = service.decommission("b1")  # the delayed message, after the reactivation
+
+    assert outcomes[-1].outcome is Outcome.PROMOTED
+    assert late is None
+    brand = service.brand("b1")
+    assert (brand.lifecycle, brand.workspace_id, brand.to_be_emptied_at) == (
+        ACTIVE,
+        workspace_id,
+        None,
+    )
+    assert gateway.made == [workspace_id]  # one create, ever
+    assert gateway.deleted == []
+    assert gateway.workspaces[workspace_id].projects == ["p1", "p2"]
+
+
+def test_an_older_window_does_not_empty_a_brand_deactivated_again_since() -> None:
+    service, gateway, clock = window_service()
+    provisioned(service, gateway, "b1")
+    service.deactivate("b1")
+    clock.advance(10)
+    service.request_provisioning("b1", "Acme", "parent")  # reactivated: the emptying is off
+    clock.advance(10)
+    service.deactivate("b1")  # a new window, 20 s after the first
+
+    clock.advance(WINDOW_S - 15)  # past the first window's end, not the second's
+    first = service.decommission("b1")
+    clock.advance(30)
+    second = service.decommission("b1")
+
+    assert (first, second) == (None, 2)
+
+
+def test_purge_now_empties_at_once_even_after_a_deactivation_with_a_window() -> None:
+    service, gateway, _ = window_service()
+    provisioned(service, gateway, "b1")
+    provisioned(service, gateway, "b2")
+    service.deactivate("b1", purge_now=True)
+    service.deactivate("b2")
+    waiting = service.decommission("b2")
+    brought_forward = service.deactivate("b2", purge_now=True)
+
+    assert service.decommission("b1") == 2
+    assert waiting is None
+    assert brought_forward.already_deactivated
+    assert service.decommission("b2") == 2
+
+
+def test_a_later_deactivate_never_puts_the_emptying_off() -> None:
+    service, gateway, clock = window_service()
+    provisioned(service, gateway, "b1")
+    first = service.deactivate("b1").to_be_emptied_at
+    clock.advance(60)
+    again = service.deactivate("b1").to_be_emptied_at
+
+    assert first is not None
+    assert again == first
+
+
+@pytest.mark.parametrize(
+    ("provision_s", "deactivate_s", "emptied"),
+    [(3, 2, False), (2, 3, True), (2, 2, True)],  # the newest wins; a deactivate wins a tie
+)
+@pytest.mark.parametrize("deactivate_first", [True, False])
+def test_either_order_inside_the_window_ends_as_the_newest_command_says(
+    provision_s: int, deactivate_s: int, emptied: bool, deactivate_first: bool
+) -> None:
+    service, gateway, clock = window_service()
+    base = service.clock.now()
+    attempt_id = service.request_provisioning("b1", "Acme", "parent", base)
+    drive(service, attempt_id)
+    gateway.workspaces[service.brand("b1").workspace_id or ""].projects.append("p1")
+    commands = [
+        lambda: service.deactivate("b1", base + timedelta(seconds=deactivate_s)),
+        lambda: service.request_provisioning(
+            "b1", "Acme", "parent", base + timedelta(seconds=provision_s)
+        ),
+    ]
+    for command in commands if deactivate_first else commands[::-1]:
+        with contextlib.suppress(StaleCommand):
+            command()
+    current = service.brand("b1").current_attempt_id
+    assert current is not None
+    if not service.attempt(current).is_terminal:
+        drive(service, current)
+    clock.advance(WINDOW_S + 1)
+    deleted = service.decommission("b1")
+
+    brand = service.brand("b1")
+    assert brand.lifecycle == (DEACTIVATED if emptied else ACTIVE)
+    assert (deleted == 1) is emptied
+    assert (brand.workspace_id is None) is emptied
+    assert len(gateway.made) == 1  # the reactivation re-confirmed, never created
+
+
+def test_a_log_written_before_the_retention_window_empties_at_once() -> None:
+    service, gateway, _ = window_service()
+    app = service.app
+    provisioned(service, gateway, "b1")
+    brand = service.brand("b1")
+    brand.deactivate(at(0) + (datetime.now(UTC) - T0))
+    events = brand.collect_events()
+    old = [as_stored_before(app.mapper.to_stored_event(e), "purge_at") for e in events]
+    assert all(b"purge_at" not in s.state for s in old)
+    app.recorder.insert_events(old)
+
+    loaded = service.brand("b1")
+
+    assert loaded.lifecycle == DEACTIVATED
+    assert loaded.to_be_emptied_at == events[-1].timestamp  # emptied at once, as then
+    assert service.decommission("b1") == 2
+
+
+def test_the_decommission_message_is_held_back_until_the_window_ends() -> None:
+    service, gateway, _ = window_service()
+    provisioned(service, gateway, "b1")
+    service.deactivate("b1")
+    events = list(service.app.events.get(Brand.create_id("b1")))
+    [deactivated] = [e for e in events if isinstance(e, Brand.Deactivated)]
+
+    [work], _ = OutboxMapper(service.app).map(deactivated)
+
+    assert work.message == messages.decommission("b1")
+    assert WINDOW_S - 5 < work.delay_s <= WINDOW_S
