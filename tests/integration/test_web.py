@@ -109,6 +109,9 @@ def test_auto_refresh_is_asked_for_and_bounded(web: TestClient) -> None:
     junk = web.get("/lag", params={"refresh": "soon"})
 
     assert '<meta http-equiv="refresh" content="10">' in fresh.text
+    filtered = web.get("/", params={"status": "failed"}).text
+    assert 'href="?status=failed&amp;refresh=10">reload every 10 s' in filtered  # keeps the filter
+    assert 'href="?status=failed">stop' in web.get("/?status=failed&refresh=10").text
     assert "reloads every 10 s" in fresh.text
     assert "http-equiv" not in plain.text
     assert (too_fast.status_code, junk.status_code) == (400, 400)

@@ -36,13 +36,15 @@ class Pages:
         if refresh is not None and not (refresh.isdigit() and low <= int(refresh) <= high):
             return self.refused(request, f"?refresh={refresh[:20]!r}: give the seconds "
                                 f"between reloads, from {low} to {high}")  # fmt: skip
-        return self.templates.TemplateResponse(
-            request, name, {"refresh": int(refresh) if refresh else None, **context},
-            status_code=status_code,
-        )  # fmt: skip
+        others = [(k, v) for k, v in request.query_params.multi_items() if k != "refresh"]
+        links = {"stop_url": "?" + urlencode(others),
+                 "refresh_url": "?" + urlencode([*others, ("refresh", "10")])}  # fmt: skip
+        shown = {"refresh": int(refresh) if refresh else None, **links, **context}
+        return self.templates.TemplateResponse(request, name, shown, status_code=status_code)
 
     def refused(self, request: Request, message: str) -> Response:
-        context = {"refresh": None, "heading": "Bad request", "message": message}
+        context = {"refresh": None, "stop_url": "?", "refresh_url": "?refresh=10",
+                   "heading": "Bad request", "message": message}  # fmt: skip
         return self.templates.TemplateResponse(request, "missing.html", context, status_code=400)
 
     def missing(self, request: Request, message: str) -> Response:
