@@ -4,6 +4,7 @@
 |----------------------------------|----------------------------------|
 | PROVISIONER_DATABASE_URL         | sqlite:///var/provisioner.sqlite |
 | PROVISIONER_BROKER_URL           | memory:// (in-process)           |
+| PROVISIONER_ALLOW_MIXED_EMBEDDED | 0 (1: embedded mixed with real)  |
 | PROVISIONER_QUEUE_TYPE           | classic (quorum on a cluster)    |
 | PROVISIONER_GATEWAY_URL          | (none)                           |
 | PROVISIONER_GATEWAY_TOKEN        | (none)                           |
@@ -43,7 +44,7 @@
 
 Every value is checked here, before anything connects: a bad one raises
 `ConfigurationError` with one line naming the variable. A variable that is set
-but empty is an error, never a fallback to the default.
+but empty is an error, never a fallback to the default, and so is a name not in this table.
 """
 
 from __future__ import annotations
@@ -61,6 +62,7 @@ from infrastructure.failures import ConfigurationError
 from infrastructure.messages import MAX_HOP
 from infrastructure.redaction import Secrets, url_passwords
 from infrastructure.service import EngineSettings
+from infrastructure.settings_checks import ALLOW_MIXED, check_names, table_names
 from infrastructure.settings_parsing import (
     SettingsError,
     allowed_hosts,
@@ -102,6 +104,7 @@ BROKER_SCHEMES = ("amqp", "amqps", "pyamqp", "memory")
 GATEWAY_SCHEMES = ("http", "https")
 FAKE_SWITCH = "PROVISIONER_FAKE_GATEWAY"
 FAKE_OPT_IN = "--i-know-this-is-a-test"  # the CLI's global flag; PROVISIONER_FAKE_GATEWAY=test
+VARIABLES = table_names(__doc__)  # the settings, in the table's order
 
 
 def log_secrets(env: Mapping[str, str] | None = None) -> tuple[str, ...]:
@@ -127,6 +130,7 @@ def log_secrets(env: Mapping[str, str] | None = None) -> tuple[str, ...]:
 class Settings:
     database_url: str = DEFAULT_DATABASE_URL
     broker_url: str = "memory://"
+    allow_mixed_embedded: bool = False
     queue_type: str = "classic"
     gateway_url: str | None = None
     gateway_token: str | None = field(default=None, repr=False)
@@ -168,6 +172,7 @@ class Settings:
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
         env = os.environ if env is None else env
+        check_names(env, VARIABLES)
         default = cls()  # each variable's default is its field's
         database_url = env_value(env, "PROVISIONER_DATABASE_URL") or default.database_url
         check_url("PROVISIONER_DATABASE_URL", database_url, DATABASE_SCHEMES, host=False)
@@ -189,6 +194,7 @@ class Settings:
                 env_value(env, "PROVISIONER_BROKER_URL") or default.broker_url,
                 BROKER_SCHEMES,
             ),
+            allow_mixed_embedded=flag(env, ALLOW_MIXED),
             queue_type=choice(env, "PROVISIONER_QUEUE_TYPE", ("classic", "quorum")),
             gateway_url=gateway_url,
             gateway_token=token,

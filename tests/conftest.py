@@ -38,6 +38,10 @@ settings.register_profile("default", derandomize=True, max_examples=100, **_EVER
 settings.register_profile("deep", derandomize=False, max_examples=2_000, **_EVERY_PROFILE)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
+# The suite mixes the embedded default with real services on purpose (PostgreSQL with
+# the in-process broker, SQLite with RabbitMQ), for CliRunner and the subprocesses
+# that inherit this environment; the tests of the rule itself unset it.
+os.environ.setdefault("PROVISIONER_ALLOW_MIXED_EMBEDDED", "1")
 PG_ADMIN = os.environ.get("PROVISIONER_TEST_PG", "postgresql://root@127.0.0.1:5432/postgres")
 TOKEN = "test-token-s3cr3t"
 PARENT = "org-parent"

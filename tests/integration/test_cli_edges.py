@@ -52,7 +52,8 @@ READ_COMMANDS = [
 
 def clean_env(**settings: str) -> dict[str, str]:
     base = {k: v for k, v in os.environ.items() if not k.startswith("PROVISIONER_")}
-    return {**base, "PYTHONPATH": str(ROOT), **settings}
+    mixed = {"PROVISIONER_ALLOW_MIXED_EMBEDDED": "1"}  # PostgreSQL alone, on purpose
+    return {**base, "PYTHONPATH": str(ROOT), **mixed, **settings}
 
 
 def run_cli(

@@ -45,6 +45,7 @@ def env_of(database_url: str, broker_url: str, fake: FakeGateway) -> dict[str, s
     base = {k: v for k, v in os.environ.items() if not k.startswith("PROVISIONER_")}
     return {
         **base,
+        "PROVISIONER_ALLOW_MIXED_EMBEDDED": "1",  # SQLite with RabbitMQ, on purpose
         "PROVISIONER_DATABASE_URL": database_url,
         "PROVISIONER_BROKER_URL": broker_url,
         "PROVISIONER_GATEWAY_URL": fake.url,

@@ -1,0 +1,134 @@
+"""On the command line: a misspelt setting or a half-embedded default stops a
+command before it writes anything; `provisioner config` shows the settings in
+effect and where each came from, with every secret redacted."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from infrastructure.failures import EXIT_CONFIGURATION
+from worker.cli import main
+
+PROVISION = ["provision", "b1", "--title", "T", "--parent", "org-parent"]
+TOKEN = "tok-s3cret-9f2d41"
+DB_PASSWORD = "dbpw-8c1e77"
+MQ_PASSWORD = "mqpw-52ab90"
+
+
+@pytest.fixture
+def here(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A fresh working folder (the default store is ./var/provisioner.sqlite), with
+    no PROVISIONER_* variable inherited but the ones each test sets."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("PROVISIONER_ALLOW_MIXED_EMBEDDED", raising=False)  # tests/conftest.py's
+    return tmp_path
+
+
+def test_a_misspelt_database_url_stops_provision_and_writes_nothing(here: Path) -> None:
+    meant = here / "events.sqlite"
+    result = CliRunner().invoke(
+        main, PROVISION, env={"PROVISIONER_DATABSE_URL": f"sqlite:///{meant}"}
+    )
+
+    assert result.exit_code == EXIT_CONFIGURATION, result.output
+    assert (
+        "Error: unknown setting PROVISIONER_DATABSE_URL; did you mean "
+        "PROVISIONER_DATABASE_URL?" in result.output
+    )
+    assert "started" not in result.output
+    assert list(here.iterdir()) == []  # no ./var/provisioner.sqlite, nor the one meant
+
+
+@pytest.mark.parametrize("command", [["demo", "--brands", "1"], ["fake-gateway"], ["config"]])
+def test_every_command_refuses_an_unknown_setting(here: Path, command: list[str]) -> None:
+    result = CliRunner().invoke(main, command, env={"PROVISIONER_CONCURENCY": "4"})
+
+    assert result.exit_code == EXIT_CONFIGURATION, result.output
+    assert "did you mean PROVISIONER_CONCURRENCY?" in result.output
+    assert list(here.iterdir()) == []
+
+
+def test_a_real_broker_with_the_default_store_stops_provision_unless_asked_for(
+    here: Path,
+) -> None:
+    env = {"PROVISIONER_BROKER_URL": "amqp://guest:guest@127.0.0.1:1//"}
+    refused = CliRunner().invoke(main, PROVISION, env=env)
+
+    assert refused.exit_code == EXIT_CONFIGURATION, refused.output
+    assert "the embedded event store sqlite:///var/provisioner.sqlite with a real broker" in (
+        refused.output
+    )
+    assert "PROVISIONER_ALLOW_MIXED_EMBEDDED=1" in refused.output
+    assert list(here.iterdir()) == []
+
+    mixed = {"PROVISIONER_ALLOW_MIXED_EMBEDDED": "1", "PROVISIONER_PARENT_IDS": "org-parent"}
+    asked = CliRunner().invoke(main, PROVISION, env={**env, **mixed})
+    assert asked.exit_code == 0, asked.output  # the mix on purpose: the outbox on SQLite
+    assert (here / "var" / "provisioner.sqlite").exists()
+
+
+def config_env() -> dict[str, str]:
+    return {
+        "PROVISIONER_DATABASE_URL": f"postgresql://svc:{DB_PASSWORD}@127.0.0.1:1/events",
+        "PROVISIONER_BROKER_URL": f"amqp://svc:{MQ_PASSWORD}@127.0.0.1:1/vhost",
+        "PROVISIONER_GATEWAY_URL": "https://gateway.example",
+        "PROVISIONER_GATEWAY_TOKEN": TOKEN,
+        "PROVISIONER_CONCURRENCY": "4",
+    }
+
+
+def test_config_shows_each_setting_and_its_source_with_secrets_redacted(here: Path) -> None:
+    text = CliRunner().invoke(main, ["config"], env={**config_env(), "COLUMNS": "200"})
+    as_json = CliRunner().invoke(main, ["config", "--json"], env=config_env())
+
+    for result in (text, as_json):
+        assert result.exit_code == 0, result.output
+        for secret in (TOKEN, DB_PASSWORD, MQ_PASSWORD):
+            assert secret not in result.output
+    rows = {row["name"]: row for row in json.loads(as_json.output)["settings"]}
+    assert rows["PROVISIONER_GATEWAY_TOKEN"] == {
+        "name": "PROVISIONER_GATEWAY_TOKEN", "value": "***", "source": "environment",
+    }  # fmt: skip
+    assert rows["PROVISIONER_DATABASE_URL"]["value"] == "postgresql://svc:***@127.0.0.1:1/events"
+    assert rows["PROVISIONER_BROKER_URL"]["value"] == "amqp://svc:***@127.0.0.1:1/vhost"
+    assert rows["PROVISIONER_CONCURRENCY"] == {
+        "name": "PROVISIONER_CONCURRENCY", "value": 4, "source": "environment",
+    }  # fmt: skip
+    assert rows["PROVISIONER_BACKOFF_BASE_S"] == {
+        "name": "PROVISIONER_BACKOFF_BASE_S", "value": 5.0, "source": "default",
+    }  # fmt: skip
+    assert rows["PROVISIONER_WEB_TOKEN"]["value"] is None
+    lines = {line.split()[0]: line.split()[1:] for line in text.output.splitlines() if line}
+    assert lines["PROVISIONER_GATEWAY_TOKEN"] == ["***", "environment"]
+    assert lines["PROVISIONER_WEB_TOKEN"] == ["(none)", "default"]
+    assert lines["PROVISIONER_CONCURRENCY"] == ["4", "environment"]
+    assert list(here.iterdir()) == []  # nothing connected, nothing created
+
+
+def test_config_shows_the_settings_then_refuses_a_half_embedded_default(here: Path) -> None:
+    env = {"PROVISIONER_DATABASE_URL": f"postgresql://svc:{DB_PASSWORD}@127.0.0.1:1/events"}
+    result = CliRunner().invoke(main, ["config", "--json"], env=env)
+
+    assert result.exit_code == EXIT_CONFIGURATION
+    assert '"name": "PROVISIONER_BROKER_URL"' in result.output
+    assert "Error: PostgreSQL with the in-process broker memory://" in result.output
+    assert DB_PASSWORD not in result.output
+
+
+def test_config_says_the_fake_was_let_run_by_the_global_flag(here: Path) -> None:
+    env = {"PROVISIONER_FAKE_GATEWAY": "1"}
+    flagged = CliRunner().invoke(main, ["--i-know-this-is-a-test", "config", "--json"], env=env)
+    plain = CliRunner().invoke(main, ["config", "--json"], env=env)
+
+    def fake(result: object) -> dict[str, object]:
+        rows = json.loads(result.output)["settings"]  # type: ignore[attr-defined]
+        return next(r for r in rows if r["name"] == "PROVISIONER_FAKE_GATEWAY")
+
+    assert fake(flagged)["value"] == "test"
+    assert fake(flagged)["source"] == "flag"
+    assert fake(plain)["value"] == "1"
+    assert fake(plain)["source"] == "environment"

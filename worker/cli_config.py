@@ -1,0 +1,84 @@
+"""`provisioner config`: the settings in effect, each with where it came from
+(`default`, `environment`, or `flag` for the global `--i-know-this-is-a-test`),
+every secret redacted: the tokens shown as `***`, passwords in URLs too."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import click
+
+from infrastructure.redaction import HIDDEN, redact
+from infrastructure.settings import FAKE_SWITCH, VARIABLES, Settings
+from infrastructure.settings_checks import PREFIX, check_environment
+from worker.cli_support import cell, compact_table, echo, load_settings
+
+SECRET_FIELDS = frozenset({"gateway_token", "web_token"})
+
+
+def _value(settings: Settings, name: str, env: Mapping[str, str]) -> Any:
+    """The value in effect of variable `name`: its `Settings` field (a field per
+    variable, named after it), or the raw variable for one without a field."""
+    if name == FAKE_SWITCH:
+        return ("test" if settings.fake_gateway_test else "1") if settings.fake_gateway else "0"
+    field = name.removeprefix(PREFIX).lower()
+    if not hasattr(settings, field):
+        return env.get(name)
+    value = getattr(settings, field)
+    if field in SECRET_FIELDS and value is not None:
+        return HIDDEN
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    if isinstance(value, tuple):
+        return ",".join(value) or None
+    return value
+
+
+def config_rows(
+    settings: Settings, env: Mapping[str, str], *, fake_flag: bool = False
+) -> list[dict[str, Any]]:
+    """One row per setting, in the table's order: name, value in effect, source."""
+    secrets = settings.secrets()
+    rows = []
+    for name in VARIABLES:
+        value = _value(settings, name, env)
+        if isinstance(value, str):
+            value = secrets.scrub(redact(value))
+        source = "environment" if name in env else "default"
+        if name == FAKE_SWITCH and fake_flag and value == "test" and env.get(name) != "test":
+            source = "flag"  # PROVISIONER_FAKE_GATEWAY=1 and --i-know-this-is-a-test
+        rows.append({"name": name, "value": value, "source": source})
+    return rows
+
+
+def _shown(value: Any) -> str:
+    if value is None:
+        return "(none)"
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+@click.command("config")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def config(as_json: bool) -> None:
+    """Print the settings in effect and where each came from (default, environment,
+    flag); secrets redacted. Exit 3, after them, if the store and broker mix the
+    embedded default with real services without PROVISIONER_ALLOW_MIXED_EMBEDDED=1."""
+    settings = load_settings()
+    fake_flag = bool(click.get_current_context().find_root().params.get("fake_is_test"))
+    rows = config_rows(settings, os.environ, fake_flag=fake_flag)
+    if as_json:
+        echo(json.dumps({"settings": rows}, indent=2))
+    else:
+        from rich.console import Console
+
+        table = compact_table(None)
+        table.add_column("setting", no_wrap=True)
+        table.add_column("value", overflow="fold", ratio=1)
+        table.add_column("source", no_wrap=True)
+        for row in rows:
+            table.add_row(cell(row["name"]), cell(_shown(row["value"])), cell(row["source"]))
+        Console().print(table)
+    check_environment(mix=True)
