@@ -17,6 +17,7 @@ import click
 from infrastructure.fake_gateway.cli import serve as serve_fake_gateway
 from worker import cli_read
 from worker.cli_audit import audit
+from worker.cli_config import config
 from worker.cli_dead_letters import dead_letters
 from worker.cli_rollout import retry, rollout
 from worker.cli_serve import projections, reconcile, relay, run, worker
@@ -61,9 +62,14 @@ class _Main(click.Group):
 def main(verbose: bool, debug: bool, fake_is_test: bool) -> None:  # noqa: ARG001 - load_settings reads it
     """Event-sourced provisioning of brand sub-workspaces in the workspace gateway."""
     from infrastructure.settings import log_format, log_secrets
+    from infrastructure.settings_checks import check_environment
     from worker.logs import setup
 
     setup(logging.INFO if verbose else logging.WARNING, log_format(), log_secrets())
+    # An unknown PROVISIONER_* name stops every command; a half-embedded default, those
+    # that use the store or the broker (`config` shows the settings, then refuses).
+    invoked = click.get_current_context().invoked_subcommand
+    check_environment(mix=invoked not in ("demo", "fake-gateway", "config"))
     if debug:  # the project's own debug lines; a failure's traceback is `_Main.invoke`'s
         logging.getLogger("provisioner").setLevel(logging.DEBUG)
 
@@ -142,6 +148,7 @@ for command in (cli_read.status, cli_read.history, cli_read.attempt, cli_read.po
                 rollout, retry, dead_letters, audit):  # fmt: skip
     main.add_command(command)
 main.add_command(serve_fake_gateway, "fake-gateway")
+main.add_command(config)
 
 
 @main.command()

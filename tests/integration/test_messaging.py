@@ -284,7 +284,8 @@ class FixedPosition:
 def cli_env(database_url: str, broker_url: str, fake: FakeGateway) -> dict[str, str]:
     """The environment of a CLI subprocess: this one without PROVISIONER_*, plus the test's."""
     base = {k: v for k, v in os.environ.items() if not k.startswith("PROVISIONER_")}
-    return {**base, "PYTHONPATH": str(ROOT), **environment(database_url, broker_url, fake)}
+    mixed = {"PROVISIONER_ALLOW_MIXED_EMBEDDED": "1"}  # SQLite with RabbitMQ, on purpose
+    return {**base, "PYTHONPATH": str(ROOT), **mixed, **environment(database_url, broker_url, fake)}
 
 
 def cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
