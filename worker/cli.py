@@ -53,19 +53,23 @@ class _Main(click.Group):
 
 @click.group(cls=_Main, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="workspace-provisioner", prog_name="provisioner")
-@click.option("-v", "--verbose", is_flag=True, help="Log every hop.")
+@click.option(
+    "-v", "--verbose", count=True,
+    help="-v: the project's debug lines, every hop among them; -vv: the libraries' too.",
+)  # fmt: skip
 @click.option("--debug", is_flag=True, help="Show the traceback of a failure.")
 @click.option(
     "--i-know-this-is-a-test", "fake_is_test", is_flag=True,
     help="Let PROVISIONER_FAKE_GATEWAY=1 run with PostgreSQL or RabbitMQ (as =test does).",
 )  # fmt: skip
-def main(verbose: bool, debug: bool, fake_is_test: bool) -> None:  # noqa: ARG001 - load_settings reads it
+def main(verbose: int, debug: bool, fake_is_test: bool) -> None:  # noqa: ARG001 - load_settings reads it
     """Event-sourced provisioning of brand sub-workspaces in the workspace gateway."""
     from infrastructure.settings import log_format, log_secrets
     from infrastructure.settings_checks import check_environment
-    from worker.logs import setup
+    from worker.logs import raise_loggers, root_level, setup
 
-    setup(logging.INFO if verbose else logging.WARNING, log_format(), log_secrets())
+    setup(root_level(verbose), log_format(), log_secrets())
+    raise_loggers(verbose)  # -v: the project's loggers; -vv: the libraries' too
     # An unknown PROVISIONER_* name stops every command; a half-embedded default, those
     # that use the store or the broker (`config` shows the settings, then refuses).
     invoked = click.get_current_context().invoked_subcommand
@@ -178,11 +182,13 @@ def web(host: str | None, port: int | None) -> None:
     """Serve the operator's read-only pages: brands, a brand's timeline, stuck attempts,
     dead letters and lag (with PROVISIONER_WEB_TOKEN set, each needs that bearer token)."""
     from infrastructure.settings import check_host
+    from infrastructure.stopping import stopping
     from worker.web.app import serve
 
     settings = load_settings()
     host = check_host("--host", host) if host is not None else settings.web_host
-    serve(settings, host, port or settings.web_port)
+    with stopping("web"):  # uvicorn hands the signal back as it stops
+        serve(settings, host, port or settings.web_port)
 
 
 @main.command()

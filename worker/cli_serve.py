@@ -99,12 +99,12 @@ def serve(
     reconcile_every: dict[str, Any] | None = None,
 ) -> None:
     """Run the chosen parts until SIGTERM or SIGINT, then stop them cleanly."""
-    import signal
     import threading
     from contextlib import ExitStack
 
     from infrastructure.broker import is_memory
     from infrastructure.failures import ConfigurationError, ServiceUnavailable
+    from infrastructure.stopping import stopping
     from worker.runtime import build, build_projector
 
     settings = load_settings()
@@ -123,8 +123,6 @@ def serve(
         for name in ("connect", "worker", "relay", "projections", "reconciler"):
             logging.getLogger(f"provisioner.{name}").setLevel(logging.INFO)
     stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
     # The projections alone need neither the gateway nor the broker.
     context: Any = (
         build_projector(settings, stop=stop)
@@ -132,6 +130,8 @@ def serve(
         else build(settings, parts=parts, concurrency=concurrency, stop=stop)
     )
     with ExitStack() as stack:
+        # SIGTERM and SIGINT set `stop`; one line says why the process stopped.
+        stack.enter_context(stopping(" + ".join(parts), stop))
         try:
             runtime = stack.enter_context(context)
         except ServiceUnavailable as exc:

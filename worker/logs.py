@@ -131,6 +131,27 @@ def protect(secrets: Secrets | Iterable[str] = ()) -> Redact:
     return guard
 
 
+PROJECT = "provisioner"  # the project's loggers: provisioner.engine, provisioner.relay, ...
+# The libraries' loggers -vv raises (some set a level of their own, psycopg's ERROR).
+LIBRARIES = ("httpx", "httpcore", "kombu", "amqp", "eventsourcing", "psycopg", "uvicorn")
+
+
+def root_level(verbose: int) -> int:
+    """The root logger's level for `-v` given `verbose` times: DEBUG from `-vv`."""
+    return logging.DEBUG if verbose >= 2 else logging.WARNING
+
+
+def raise_loggers(verbose: int) -> None:
+    """None: the project's loggers inherit the root's WARNING (the long-running
+    commands raise their start and stop lines to INFO themselves). `-v`: the
+    project's at DEBUG (every hop), the libraries' (httpx, kombu, amqp,
+    eventsourcing, psycopg, uvicorn) left at WARNING. `-vv`: both at DEBUG."""
+    logging.getLogger(PROJECT).setLevel(logging.DEBUG if verbose >= 1 else logging.NOTSET)
+    if verbose >= 2:
+        for name in LIBRARIES:
+            logging.getLogger(name).setLevel(logging.DEBUG)
+
+
 def setup(
     level: int,
     log_format: str,

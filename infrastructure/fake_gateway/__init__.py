@@ -66,7 +66,10 @@ Behaviour worth knowing:
 * Random draws come from one ``random.Random(seed)`` under the state lock, and
   only for knobs whose rate is strictly between 0 and 1, so a fake started with
   the same seed and fed the same calls in the same order behaves the same.
-  Ids are never reused within one fake's lifetime, even across resets.
+  Ids are never reused within one fake's lifetime, even across resets, nor
+  across restarts: each instance puts a random prefix of its own in them
+  (``ws-1a2b3c4d-...``) unless given one (``id_prefix=""``, as
+  ``provisioner fake-gateway --seed N`` does: ids from the seed alone).
 * ``POST /_fake/reset`` keeps the configuration and the parents given at start
   (with their projects untouched); workspaces seeded with ``parent`` null are
   dropped like any other.

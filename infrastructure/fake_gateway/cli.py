@@ -2,15 +2,14 @@
 
 Flags: ``--host``, ``--port`` (0 picks a free port), ``--parent`` (repeatable)
 and one per knob of `FakeConfig` (``--latency-ms``, ``--zombie-rate``, ...).
-The listening URL is printed first, on one line.
+`--help` lists the admin calls too (routes.ADMIN_CALLS). The listening URL is
+printed first, on one line; one log line says why it stopped. Workspace ids
+carry a random prefix per start unless ``--seed`` is given.
 """
 
 from __future__ import annotations
 
-import signal
-import threading
 from collections.abc import Callable
-from types import FrameType
 from typing import Any
 
 import click
@@ -22,7 +21,9 @@ from infrastructure.fake_gateway.config import (
     STATUS_CASES,
     FakeConfig,
 )
+from infrastructure.fake_gateway.routes import ADMIN_CALLS, SCRIPT_FATES
 from infrastructure.fake_gateway.server import FakeGateway
+from infrastructure.stopping import stopping
 
 
 def _knob_options(command: Callable[..., None]) -> Callable[..., None]:
@@ -42,7 +43,24 @@ def _knob_options(command: Callable[..., None]) -> Callable[..., None]:
     return command
 
 
-@click.command("fake-gateway", context_settings={"help_option_names": ["-h", "--help"]})
+def _help() -> str:
+    """The command's help: what it serves, then each admin call on a line of its own."""
+    width = max(len(path) for _, path, _ in ADMIN_CALLS)
+    calls = "\n".join(f"{method:<4} {path:<{width}}  {what}" for method, path, what in ADMIN_CALLS)
+    return (
+        "Serve the fake workspace gateway (docs/gateway.md) until interrupted.\n\n"
+        "Admin calls (JSON in and out, no auth, never throttled, not counted):\n\n"
+        f"\b\n{calls}\n\n"
+        f"Script fates: {SCRIPT_FATES}.\n\n"
+        "Workspace and project ids carry a random prefix per start, so that a restarted "
+        "fake never issues an id again; with --seed they follow from the seed alone "
+        "(the same every start)."
+    )
+
+
+@click.command(
+    "fake-gateway", help=_help(), context_settings={"help_option_names": ["-h", "--help"]}
+)
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", type=int, default=8089, show_default=True, help="0 picks a free port.")
 @click.option(
@@ -54,31 +72,17 @@ def _knob_options(command: Callable[..., None]) -> Callable[..., None]:
 )
 @_knob_options
 def serve(host: str, port: int, parents: tuple[str, ...], **knobs: object) -> None:
-    """Serve the fake workspace gateway (docs/gateway.md) until interrupted.
-
-    Admin endpoints (JSON, no auth, never throttled, not counted): GET /_fake/state
-    (workspaces, creates, calls, faults, throttled, outage), POST /_fake/reset
-    (forget all but the parents; keeps the config), GET|POST /_fake/config (read
-    or set knobs), POST /_fake/scripts ({"title": "fate"}), POST /_fake/workspaces
-    (seed one; .../{id}/projects adds a project) and POST /_fake/outage
-    ({"seconds": N, "mode": "503" | "refuse"}; a refuse outage ends by itself).
-    """
     config = FakeConfig()
     try:
         config.update({name: value for name, value in knobs.items() if value is not None})
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
-    done = threading.Event()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, _on_signal(done))
-    with FakeGateway(config, host=host, port=port, parents=parents or ("org-parent",)) as fake:
+    prefix = "" if knobs.get("seed") is not None else None  # --seed: the seed's ids alone
+    parents = parents or ("org-parent",)
+    with (
+        stopping("fake-gateway") as done,
+        FakeGateway(config, host=host, port=port, parents=parents, id_prefix=prefix) as fake,
+    ):
         click.echo(f"fake gateway listening on {fake.url}")
         while not done.wait(0.5):
             pass
-
-
-def _on_signal(done: threading.Event) -> Callable[[int, FrameType | None], None]:
-    def handler(_signum: int, _frame: FrameType | None) -> None:
-        done.set()
-
-    return handler

@@ -67,6 +67,7 @@ KNOB_TYPES: dict[str, type] = {
 }
 # What a knob means, where its name does not say it (shown by `--help`).
 KNOB_HELP: dict[str, str] = {
+    "seed": "seeds the random faults; given, ids follow from it alone (the same every start)",
     "rate_limit": "calls/s over all gateway calls, beyond which they are answered 429; 0 = off",
     "burst": "calls admitted at once before --rate-limit applies (at least 1)",
 }

@@ -28,6 +28,24 @@ GATEWAY_ROUTES: tuple[tuple[str, re.Pattern[str], str], ...] = (
 )
 
 
+# The admin calls, one line each, as `provisioner fake-gateway --help` lists them
+# (a test holds this table and `_Admin.routes` to the same calls).
+ADMIN_CALLS: tuple[tuple[str, str, str], ...] = (
+    ("GET", "/_fake/state", "workspaces, creates, calls, faults, throttled, outage"),
+    ("POST", "/_fake/reset", "forget all but the parents; keeps the config"),
+    ("GET", "/_fake/config", "the knobs in force"),
+    ("POST", "/_fake/config", 'set knobs {"zombie_rate": 0.1, ...}; answers them all'),
+    ("POST", "/_fake/workspaces", 'seed one {"title", "parent", "status", "projects": n}'),
+    ("POST", "/_fake/workspaces/{id}/projects", 'add a project; answers {"id": P}'),
+    ("POST", "/_fake/scripts", '{"title": "fate"}: fix what creates of that title do'),
+    ("POST", "/_fake/outage", '{"seconds": N, "mode": "503" | "refuse"}; 0 ends one'),
+)
+SCRIPT_FATES = (
+    "zombie, creation_failed, failed, error, invalid subscription, timeout_after_create, "
+    'timeout_without_create, slow:N (polls); "" clears'
+)
+
+
 class _Admin:
     """The /_fake/ endpoints."""
 

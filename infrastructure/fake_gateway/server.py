@@ -209,8 +209,13 @@ class FakeGateway:
         host: str = "127.0.0.1",
         port: int = 0,
         parents: Sequence[str] = ("org-parent",),
+        id_prefix: str | None = None,
     ) -> None:
-        self._state = FakeState(config if config is not None else FakeConfig(), parents)
+        """`id_prefix`: what every id it issues starts with after its kind (`ws-`,
+        `prj-`); None, a random one per instance, so that ids never repeat across
+        restarts; "" for ids that follow from the seed alone."""
+        config = config if config is not None else FakeConfig()
+        self._state = FakeState(config, parents, id_prefix=id_prefix)
         self._address = (host, port)
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
@@ -259,6 +264,11 @@ class FakeGateway:
         return f"http://{host!s}:{port}"
 
     # ---- admin, in process
+
+    @property
+    def id_prefix(self) -> str:
+        """What this instance's ids carry after their kind ("" for none)."""
+        return self._state.id_prefix
 
     @property
     def parents(self) -> tuple[str, ...]:

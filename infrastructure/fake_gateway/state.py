@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import random
 import re
+import secrets
 import threading
 import time
 import typing
@@ -82,8 +83,13 @@ _SCRIPT = re.compile(
 class FakeState(Metering):
     """Everything the fake knows, guarded by one lock."""
 
-    def __init__(self, config: FakeConfig, parents: Sequence[str]) -> None:
+    def __init__(
+        self, config: FakeConfig, parents: Sequence[str], *, id_prefix: str | None = None
+    ) -> None:
         self.lock = threading.Lock()
+        # Ids of one start never meet those of another: a random prefix per start
+        # (`id_prefix` None), or the one given ("": none, the seed's ids alone).
+        self.id_prefix = secrets.token_hex(4) if id_prefix is None else id_prefix
         self.stopping = threading.Event()
         self.config = config
         self.rng = random.Random(config.seed)  # noqa: S311 - reproducible fake, not crypto
@@ -106,7 +112,8 @@ class FakeState(Metering):
 
     def _new_id(self, prefix: str) -> str:
         while True:
-            candidate = f"{prefix}-{self.rng.getrandbits(48):012x}"
+            run = f"{self.id_prefix}-" if self.id_prefix else ""
+            candidate = f"{prefix}-{run}{self.rng.getrandbits(48):012x}"
             if candidate not in self._issued:
                 self._issued.add(candidate)
                 return candidate

@@ -68,7 +68,8 @@ def test_create_answers_not_ready_then_created_after_settle_polls(
     assert response.status_code == 200
     body = response.json()
     assert body["status"] == "not ready"
-    assert re.fullmatch(r"ws-[0-9a-f]{12}", body["id"])
+    assert re.fullmatch(rf"ws-{fake.id_prefix}-[0-9a-f]{{12}}", body["id"])
+    assert re.fullmatch(r"[0-9a-f]{8}", fake.id_prefix)
     polls = [status(client, body["id"]) for _ in range(4)]
     assert polls == ["not ready", "not ready", "created", "created"]
 
@@ -405,24 +406,32 @@ def test_admin_seeds_workspaces_and_projects(fake: FakeGateway, client: httpx.Cl
         fake.add_project("nope")
 
 
-def test_ids_are_reproducible_for_a_seed() -> None:
-    def ids(seed: int) -> list[str]:
+def test_ids_are_reproducible_for_a_seed_only_without_the_prefix_per_start() -> None:
+    def ids(seed: int, id_prefix: str | None = "") -> list[str]:
         config = FakeConfig(seed=seed)
         with (
-            FakeGateway(config, parents=("p1", "p2")) as other,
+            FakeGateway(config, parents=("p1", "p2"), id_prefix=id_prefix) as other,
             http_client(other.url, headers=AUTH) as http,
         ):
             return [create(http, f"T{i}", parent="p2").json()["id"] for i in range(3)]
 
     assert ids(1) == ids(1)
     assert ids(1) != ids(2)
+    assert all(re.fullmatch(r"ws-[0-9a-f]{12}", found) for found in ids(1))
+    first, again = ids(1, None), ids(1, None)  # restarted: a new prefix, new ids
+    assert not set(first) & set(again)
+    assert [found.rsplit("-", 1)[1] for found in first] == [
+        found.rsplit("-", 1)[1] for found in again
+    ]  # the seed's draws, under another prefix
 
 
 def test_command_line_serves_until_sigterm() -> None:
     command = [sys.executable, "-m", "infrastructure.fake_gateway", "--port", "0"]
     command += ["--parent", "p1", "--parent", "p2", "--settle-polls", "2", "--status-case", "upper"]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    with subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True) as proc:
+    with subprocess.Popen(
+        command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    ) as proc:
         assert proc.stdout is not None
         line = proc.stdout.readline()
         match = re.fullmatch(r"fake gateway listening on (http://127\.0\.0\.1:\d+)\n", line)
@@ -431,10 +440,32 @@ def test_command_line_serves_until_sigterm() -> None:
             config = http.get("/_fake/config").json()
             ids = [ws["id"] for ws in http.get("/_fake/state").json()["workspaces"]]
         proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=5) == 0
+        _, stderr = proc.communicate(timeout=5)
+        assert proc.returncode == 0
     assert config["settle_polls"] == 2
     assert config["status_case"] == "upper"
     assert ids == ["p1", "p2"]
+    assert stderr.strip().endswith("provisioner.process fake-gateway stopped (SIGTERM)"), stderr
+
+
+def test_command_line_ids_repeat_across_restarts_only_with_a_seed() -> None:
+    def first_id(*flags: str) -> str:
+        command = [sys.executable, "-m", "infrastructure.fake_gateway", "--port", "0", *flags]
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        with subprocess.Popen(
+            command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+            text=True,
+        ) as proc:  # fmt: skip
+            assert proc.stdout is not None
+            url = proc.stdout.readline().rsplit(" ", 1)[1].strip()
+            with http_client(url, headers=AUTH, timeout=2.0) as http:
+                made: str = create(http, "Brand A").json()["id"]
+            proc.send_signal(signal.SIGINT)
+            assert proc.wait(timeout=5) == 0
+        return made
+
+    assert first_id() != first_id()
+    assert first_id("--seed", "5") == first_id("--seed", "5")
 
 
 def test_scripted_titles_get_their_fate_instead_of_a_random_draw() -> None:

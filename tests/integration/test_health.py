@@ -266,6 +266,7 @@ def test_health_fails_within_the_threshold_once_the_relay_stops(
         relay.send_signal(signal.SIGTERM)
         _, stderr = relay.communicate(timeout=30)
     assert relay.returncode == 0, stderr
+    assert "relay stopped (SIGTERM)" in stderr  # its last log line
     stopped_at = time.monotonic()
     time.sleep(max(0.0, 2.5 - (time.monotonic() - stopped_at)))
     code, checks = health()
