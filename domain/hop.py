@@ -250,8 +250,7 @@ def status_answered(
             return unavailable(answer)
         if answer.kind is not FaultKind.GONE:  # malformed: counted as still settling
             return Wait(f"unknown ({answer.message})")
-        if provenance is Provenance.EXISTING:
-            return _drop_existing("gone (404)")
+        # Gone: a bound workspace stays bound (the brand reads degraded) for an operator.
         return _terminal(workspace_id, "gone (404)")
     status_class = _classify(answer)
     if status_class is StatusClass.READY:
@@ -259,15 +258,10 @@ def status_answered(
     if status_class is StatusClass.SETTLING:
         return Wait(answer)
     if status_class is StatusClass.CREATION_FAILED:
-        if provenance is Provenance.EXISTING:
-            return _drop_existing(answer)
+        if provenance is Provenance.EXISTING:  # nothing usable was made: replace it
+            return DropExisting(answer, Wait(f"bound workspace reported {answer!r}"))
         return DropCandidate(answer, Wait(f"candidate reported {answer!r}; creating again"))
     return _terminal(workspace_id, answer)
-
-
-def _drop_existing(raw: str) -> DropExisting:
-    """The bound workspace went terminal: unbind it; the next hop creates or adopts."""
-    return DropExisting(raw, Wait(f"bound workspace reported {raw!r}"))
 
 
 def _terminal(workspace_id: str, raw: str) -> Fail:

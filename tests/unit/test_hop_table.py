@@ -417,12 +417,7 @@ STATUS: list[Row] = [
         lambda a, p, w: Wait(f"unknown ({a.message})"),
     ),
     (
-        "404 on the bound workspace",
-        lambda a, p, w: isinstance(a, GatewayFault) and p is Provenance.EXISTING,
-        lambda a, p, w: DropExisting("gone (404)", Wait("bound workspace reported 'gone (404)'")),
-    ),
-    (
-        "404",
+        "404, the bound workspace too (it stays bound: the brand reads degraded)",
         lambda a, p, w: isinstance(a, GatewayFault),
         lambda a, p, w: Fail(
             FailureReason.TERMINAL_STATUS, f"workspace {w} reported status 'gone (404)'"
