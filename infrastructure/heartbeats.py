@@ -106,15 +106,17 @@ class Heartbeat:
         self._failing = False
         self._lock = threading.Lock()
 
-    def beat(self) -> bool:
-        """Record a beat unless one was recorded less than `every_s` ago; True if written."""
+    def beat(self, via: ViewConnection | None = None) -> bool:
+        """Record a beat unless one was recorded less than `every_s` ago; True if written.
+        `via`: the component's own open connection to that database, used instead of
+        one of the heartbeat's (which is closed then: no connection more than needed)."""
         if self.url is None or time.monotonic() - self._last < self.every_s:
             return False
         with self._lock:
             try:
-                self._write()
+                self._write(via)
             except Exception as exc:  # noqa: BLE001 - a lost beat goes stale, the work goes on
-                self._lost(exc)
+                self._lost(exc, via)
                 return False
         return True
 
@@ -137,26 +139,34 @@ class Heartbeat:
             self._conn = None
             self._created = False
 
-    def _write(self) -> None:
+    def _write(self, via: ViewConnection | None) -> None:
         assert self.url is not None
-        if self._conn is None:
+        if via is not None and self._conn is not None:
+            self._drop()
+        if via is None and self._conn is None:
             self._conn = ViewConnection(self.url, wait_s=0)
+        conn = via or self._conn
+        assert conn is not None
         if not self._created:
-            _create(self._conn)
+            _create(conn)
             self._created = True
-        record(self._conn, Beat(self.component, self.process, self.started_at, self.clock()))
+        record(conn, Beat(self.component, self.process, self.started_at, self.clock()))
         self._last = time.monotonic()
         if self._failing:
             log.info("heartbeat of the %s recorded again", self.component)
             self._failing = False
 
-    def _lost(self, exc: Exception) -> None:
+    def _drop(self) -> None:
         if self._conn is not None:
             try:
                 self._conn.close()
             except Exception:  # a broken connection is dropped either way
                 log.debug("closing the heartbeat connection failed", exc_info=True)
         self._conn = None
+
+    def _lost(self, exc: Exception, via: ViewConnection | None) -> None:
+        if via is None:
+            self._drop()
         self._created = False
         self._last = time.monotonic()  # tried: the next try after every_s
         level = logging.DEBUG if self._failing else logging.WARNING

@@ -94,7 +94,7 @@ class Projector:
                     store.setup()
                     while not stop.is_set():
                         applied = self.step(store)
-                        self.heartbeat.beat()
+                        self.heartbeat.beat(store)
                         outage.up()
                         backoff.reset()
                         if applied == 0:

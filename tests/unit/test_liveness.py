@@ -123,3 +123,15 @@ def test_waiting_beats_meanwhile_and_ends_at_stop(tmp_path: Path) -> None:
     stop.set()
     assert heart.wait(stop, 30)
     heart.close()
+
+
+def test_a_beat_through_the_components_own_connection_opens_none(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'events.sqlite'}"
+    heart = Heartbeat(url, "projections", every_s=0)
+    assert heart.beat()  # its own connection, while the component has none open
+    assert heart._conn is not None
+    with ViewConnection(url) as store:
+        assert heart.beat(store)
+        assert heart._conn is None  # closed: the component's serves
+        assert set(read_beats(store)) == {"projections"}
+    heart.close()

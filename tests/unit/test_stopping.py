@@ -7,7 +7,6 @@ import os
 import signal
 import threading
 
-import click
 import pytest
 
 from infrastructure.stopping import stopping
@@ -29,20 +28,25 @@ def test_a_signal_sets_the_event_and_names_itself_in_the_line(
     assert signal.getsignal(sig) is before  # given back
 
 
-def test_an_error_is_the_reason_and_still_raised(caplog: pytest.LogCaptureFixture) -> None:
-    """Not its message: the command line prints that once, as its last line."""
+def test_an_error_logs_nothing_here_and_is_still_raised(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The command line prints it as the process's one error line, which says why."""
     with caplog.at_level("INFO"), pytest.raises(RuntimeError), stopping("worker"):
         raise RuntimeError("the broker refused: ACCESS_REFUSED")
-    with caplog.at_level("INFO"), pytest.raises(click.ClickException), stopping("relay"):
-        raise click.ClickException("relay stopped: refused")
     with caplog.at_level("INFO"), pytest.raises(SystemExit), stopping("web"):
         raise SystemExit(3)
-    assert lines(caplog) == [
-        "worker stopped (error: RuntimeError)",
-        "relay stopped (error, exit 1)",
-        "web stopped (error, exit 3)",
-    ]
-    assert {r.levelname for r in caplog.records} == {"ERROR"}
+    assert lines(caplog) == []
+
+    def stopped_then_failed() -> None:
+        with stopping("run") as stop:
+            os.kill(os.getpid(), signal.SIGTERM)
+            assert stop.wait(5)
+            raise RuntimeError("a part failed while stopping")
+
+    with caplog.at_level("INFO"), pytest.raises(RuntimeError):
+        stopped_then_failed()
+    assert lines(caplog) == ["run stopped (SIGTERM)"]
 
 
 def test_a_block_that_returns_or_exits_0_ended(caplog: pytest.LogCaptureFixture) -> None:
