@@ -1,11 +1,9 @@
 """The ProvisioningAttempt aggregate: one try at giving a brand its workspace.
 
-Its stream is the audit trail of the attempt and the record of ownership: a
-candidate with provenance `created` is ours to release if the attempt does
-not end promoted, and `CandidateReleased` records that the release happened.
-Repeated identical polls are summarised in `HopScheduled`, so the stream is
-bounded by the settle budget and, for hops the gateway did not answer
-(`HopScheduled.deferred`), by the attempt's deadline over the deferral cap.
+Its stream is the attempt's audit trail and its record of ownership: what our
+creates made is ours to release unless the attempt ends promoted with it. One
+`HopScheduled` per hop bounds the stream by the settle budget and, for hops the
+gateway did not answer, by the deadline over the deferral cap.
 """
 
 from __future__ import annotations
@@ -19,8 +17,6 @@ from domain.creates import Creates
 from domain.errors import CommandRefused
 from domain.policies import AttemptState, FailureReason, Provenance, owed_releases
 from domain.stored import deferred_false, safe_message, spent_unless_deferred
-
-__all__ = ["ProvisioningAttempt", "safe_message"]
 
 
 class ProvisioningAttempt(Aggregate):
@@ -116,15 +112,13 @@ class ProvisioningAttempt(Aggregate):
         self.provenance: Provenance | None = Provenance.EXISTING if existing_workspace_id else None
         self.create_requested_hop: int | None = None
         self.create_requested_at: datetime | None = None
-        # Same-title children present before the first create that may still show
-        # up (a later create keeps this baseline while an earlier one is unresolved
-        # or lost): whatever appears beside them may be ours, never what was there.
+        # Same-title children before the first create that may still show up (kept while
+        # an earlier one is unresolved or lost): what appears beside them may be ours.
         self.create_known_ids: tuple[str, ...] = ()
         self.failure_reason: FailureReason | None = None
         self.created_ids: tuple[str, ...] = ()  # every workspace our creates made
-        # Creates given up unconfirmed (after its grace a new create was requested,
-        # or a workspace adopted): what they made may still appear upstream, so the
-        # search for it goes on after the attempt ends, whatever later creates did.
+        # Creates given up unconfirmed (for a new create or an adoption): what they made
+        # may still appear upstream, so the search goes on after the attempt ends.
         self.creates_lost = 0
         self.creates_given_up = 0  # ... for a new create (at most MAX_CREATES - 1)
         # No longer owed: emptied, handed to a later attempt, or refused for good (below).
@@ -133,11 +127,9 @@ class ProvisioningAttempt(Aggregate):
         self.settle_hops = 0  # hops the gateway answered "not yet" (the settle budget)
         self.deferrals = 0  # hops the gateway did not answer, in all
         self.deferred_in_row = 0  # ... since the last hop it answered
-        # When the gateway last answered this attempt, as far as the stream tells: the
-        # time of the last event before the first of those deferrals.
+        # When the gateway last answered: the event before the first of those deferrals.
         self.unavailable_since: datetime | None = None
-        # When the last deferral ended (its next hop's not_before): an unconfirmed
-        # create's grace restarts then, as the family could not be listed meanwhile.
+        # When the last deferral ended: an unconfirmed create's grace restarts then.
         self.deferred_until: datetime | None = None
 
     @classmethod
@@ -211,15 +203,17 @@ class ProvisioningAttempt(Aggregate):
         if self.is_terminal:
             raise CommandRefused(f"attempt {self.id} is {self.state.value}; cannot {what}")
 
+    def _require_owed(self, workspace_id: str) -> None:
+        if workspace_id not in self.owed_releases:
+            raise CommandRefused(f"attempt {self.id} owes no release of {workspace_id}")
+
     def request_create(self, hop: int, known_ids: list[str], now: datetime) -> None:
         self._require_pending("request a create")
         if self.candidate_id is not None:
             raise CommandRefused(f"attempt {self.id} already has candidate {self.candidate_id}")
-        # The first create's baseline is kept while an earlier create may still show
-        # up (unresolved now, or given up unconfirmed before): what appeared since
-        # may be what it made. When every earlier create was resolved (answered,
-        # refused, found), what appeared since is someone else's: the baseline is
-        # what is there now.
+        # The first create's baseline is kept while an earlier create may still show up:
+        # what appeared since may be what it made. Once every earlier create was resolved,
+        # what appeared since is someone else's: the baseline is what is there now.
         earlier_may_appear = self.create_unresolved or self.create_lost
         baseline = self.create_known_ids if earlier_may_appear else tuple(known_ids)
         self._create_requested(hop, sorted(baseline), now)
@@ -242,12 +236,8 @@ class ProvisioningAttempt(Aggregate):
         self._candidate_accepted(workspace_id, provenance.value, hop)
 
     def record_created(self, workspace_id: str, hop: int) -> None:
-        """Record a workspace our create made, whatever happened concurrently.
-
-        Ownership must be on record so that the owed release follows: it becomes
-        the candidate if the attempt can still take one, else a surplus that is
-        owed a release at once.
-        """
+        """Record a workspace our create made, whatever happened concurrently: the
+        candidate if the attempt can still take one, else a surplus owed a release."""
         if not workspace_id or workspace_id == self.parent_workspace_id:
             raise CommandRefused("a created workspace needs its own id, never the parent's")
         if workspace_id in self.created_ids:
@@ -272,8 +262,7 @@ class ProvisioningAttempt(Aggregate):
         deferred: bool = False,
         spends: bool = True,
     ) -> None:
-        """The next hop: a settle wait (at most `max_hop` of them), a wait that spends
-        none of them, or a deferral (never spends one)."""
+        """The next hop: a settle wait (at most `max_hop`), one that spends none, or a deferral."""
         self._require_pending("schedule a hop")
         spent = spends and not deferred
         if hop != self.expected_hop + 1 or (spent and self.settle_hops >= self.max_hop):
@@ -300,25 +289,20 @@ class ProvisioningAttempt(Aggregate):
 
     def record_release(self, workspace_id: str, projects_deleted: int) -> None:
         """Record that a workspace we created was emptied and will not be used."""
-        if workspace_id in self.released_ids:
-            return
-        if workspace_id not in self.owed_releases:
-            raise CommandRefused(f"attempt {self.id} owes no release of {workspace_id}")
-        self._candidate_released(workspace_id, projects_deleted)
+        if workspace_id not in self.released_ids:
+            self._require_owed(workspace_id)
+            self._candidate_released(workspace_id, projects_deleted)
 
     def record_hand_over(self, workspace_id: str, to_attempt_id: UUID) -> None:
         """A later attempt of the same brand took the workspace on: nothing to empty."""
-        if workspace_id not in self.owed_releases:
-            raise CommandRefused(f"attempt {self.id} owes no release of {workspace_id}")
+        self._require_owed(workspace_id)
         self._candidate_handed_over(workspace_id, to_attempt_id)
 
     def record_release_refused(self, workspace_id: str, message: str) -> None:
-        """The gateway refused for good to empty a workspace we owe a release of (a
-        4xx on its projects): a decision on record, not a release retried forever.
-        Nothing more is deleted; the workspace is left to an operator."""
-        if workspace_id not in self.owed_releases:
-            raise CommandRefused(f"attempt {self.id} owes no release of {workspace_id}")
-        self._release_refused(workspace_id, message)
+        """The gateway refused for good to empty a workspace we owe (a 4xx on its
+        projects): a decision on record, left to an operator, not retried forever."""
+        self._require_owed(workspace_id)
+        self._release_refused(workspace_id, safe_message(message))
 
     # Events: mutation only.
 

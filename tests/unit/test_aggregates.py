@@ -6,12 +6,13 @@ from uuid import uuid4
 import pytest
 from eventsourcing.application import Application
 
-from domain.attempt import ProvisioningAttempt, safe_message
+from domain.attempt import ProvisioningAttempt
 from domain.brand import Brand
 from domain.claim import WorkspaceClaim
 from domain.errors import AlreadyClaimed, BrandDeactivated, CommandRefused
 from domain.ids import brand_aggregate_id
 from domain.policies import AttemptState, FailureReason, Provenance
+from domain.stored import safe_message
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
 

@@ -316,7 +316,8 @@ def test_a_release_the_gateway_refuses_for_good_is_recorded_once_not_retried(
     assert attempt.owed_releases == ()  # a decision on record: nothing left to retry
     assert gateway.workspaces[first.workspace_id].projects == ["p-1"]  # nothing more deleted
     claim = service.claim(first.workspace_id)
-    assert claim is not None and claim.brand_id is None
+    assert claim is not None
+    assert claim.brand_id is None
     assert service.release(attempt_id) == ()
     assert gateway.calls["delete_project"] == 1
 
