@@ -194,10 +194,15 @@ def kept_of(headers: object, content_type: object, content_encoding: object) -> 
         CONTENT_TYPE_HEADER: _property(content_type),
         CONTENT_ENCODING_HEADER: _property(content_encoding),
     }
+    return {**kept, **kept_id(headers)}
+
+
+def kept_id(headers: object) -> dict[str, str]:
+    """The dead-letter id a replay gave the message (empty when none, or not ours)."""
     given = headers.get(ID_HEADER) if isinstance(headers, Mapping) else None
     if given is not None and _ID.fullmatch(_text(given)):
-        kept[ID_HEADER] = _text(given)
-    return kept
+        return {ID_HEADER: _text(given)}
+    return {}
 
 
 def _property(value: object) -> str:

@@ -31,7 +31,7 @@ from typing import Any
 
 from domain.dead_letter_rules import Reason, reason_of
 from infrastructure.broker import Broker
-from infrastructure.dead_letter_parsing import kept_of
+from infrastructure.dead_letter_parsing import kept_id, kept_of
 from infrastructure.messages import InvalidMessage, Message
 from infrastructure.outages import Outage, is_database_error, one_line
 from infrastructure.redaction import Secrets
@@ -153,7 +153,10 @@ class Settler:
         else:
             log.warning("%s failed (%s); retry %d in %.0fs",
                         kind, one_line(exc), decision.headers["x-retries"], delay)  # fmt: skip
-        self.publisher.publish(delivery.message, delay_s=delay, headers=dict(decision.headers))
+        # A replayed message keeps its dead letter's id through retries, so it is
+        # dead-lettered again under the same id.
+        headers = {**kept_id(getattr(message, "headers", None)), **decision.headers}
+        self.publisher.publish(delivery.message, delay_s=delay, headers=headers)
         message.ack()
         metrics.RETRIED.inc()
         self.stats.retried += 1

@@ -217,6 +217,16 @@ def test_a_failed_handler_is_retried_with_the_count_then_dead_lettered() -> None
     assert first.state == last.state == "ACK"
 
 
+def test_a_replayed_message_keeps_its_dead_letter_id_through_a_retry() -> None:
+    publisher = FakePublisher()
+    decoded = messages.decode(GOOD)
+    replayed = FakeMessage(GOOD, {"x-dead-id": "d3adbeef0001"})
+
+    settler(publisher).settle(replayed, Delivery(decoded, 0), finished(RuntimeError("boom")))
+
+    assert publisher.published == [(decoded, 1.0, {"x-dead-id": "d3adbeef0001", "x-retries": 1})]
+
+
 def test_a_dead_letter_from_the_handler_is_not_retried() -> None:
     publisher = FakePublisher()
     message = FakeMessage()
