@@ -33,6 +33,9 @@ class _Main(click.Group):
         """Every error line (and a `--debug` traceback) without any configured secret."""
         from worker.cli_support import shown
 
+        # A command's --help reads no setting: it shows whatever the environment holds.
+        rest = [*getattr(ctx, "_protected_args", ()), *ctx.args]
+        ctx.meta["asks_help"] = any(arg in ("-h", "--help") for arg in rest)
         try:
             return super().invoke(ctx)
         except click.ClickException as exc:
@@ -72,8 +75,10 @@ def main(verbose: int, debug: bool, fake_is_test: bool) -> None:  # noqa: ARG001
     raise_loggers(verbose)  # -v: the project's loggers; -vv: the libraries' too
     # An unknown PROVISIONER_* name stops every command; a half-embedded default, those
     # that use the store or the broker (`config` shows the settings, then refuses).
-    invoked = click.get_current_context().invoked_subcommand
-    check_environment(mix=invoked not in ("demo", "fake-gateway", "config"))
+    context = click.get_current_context()
+    if not context.meta.get("asks_help"):
+        invoked = context.invoked_subcommand
+        check_environment(mix=invoked not in ("demo", "fake-gateway", "config"))
     if debug:  # the project's own debug lines; a failure's traceback is `_Main.invoke`'s
         logging.getLogger("provisioner").setLevel(logging.DEBUG)
 

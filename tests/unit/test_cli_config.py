@@ -52,6 +52,16 @@ def test_every_command_refuses_an_unknown_setting(here: Path, command: list[str]
     assert list(here.iterdir()) == []
 
 
+def test_a_commands_help_shows_whatever_the_environment_holds(here: Path) -> None:
+    env = {"PROVISIONER_CONCURENCY": "4"}
+    shown = CliRunner().invoke(main, ["status", "--help"], env=env)
+    run = CliRunner().invoke(main, ["status", "b1"], env=env)
+
+    assert (shown.exit_code, run.exit_code) == (0, 3)
+    assert "Usage: main status" in shown.output or "Usage: provisioner status" in shown.output
+    assert "unknown setting PROVISIONER_CONCURENCY" in run.output
+
+
 def test_a_real_broker_with_the_default_store_stops_provision_unless_asked_for(
     here: Path,
 ) -> None:
