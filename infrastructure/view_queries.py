@@ -61,20 +61,19 @@ def list_attempts(
 def count_attempts(
     store: SqlViewStore, *, stuck_overdue_s: float, now: datetime | None = None
 ) -> dict[str, int]:
-    """Pending attempts, those overdue by more than `stuck_overdue_s`, and ended
-    attempts that owe a release (the health checks' and the gauges' figures)."""
+    """Pending attempts, those overdue by more than `stuck_overdue_s`, ended attempts
+    that owe a release, and those still owing one `stuck_overdue_s` after they ended
+    (the health checks' and the gauges' figures)."""
     name = PROJECTIONS["attempts"].name
     since = (now or datetime.now(UTC)) - timedelta(seconds=stuck_overdue_s)
     cutoff = store.dialect.to_db(TS, since)
     pending = f"SELECT count(*) AS n FROM {name} WHERE state = 'pending'"
+    owed = f"SELECT count(*) AS n FROM {name} WHERE state <> 'pending' AND release_owed > 0"
     return {
         "pending": int(store.scalar(pending)),
         "stuck": int(store.scalar(f"{pending} AND next_hop_due < ?", cutoff)),
-        "releases_owed": int(
-            store.scalar(
-                f"SELECT count(*) AS n FROM {name} WHERE state <> 'pending' AND release_owed > 0"
-            )
-        ),
+        "releases_owed": int(store.scalar(owed)),
+        "releases_stuck": int(store.scalar(f"{owed} AND finished_at < ?", cutoff)),
     }
 
 

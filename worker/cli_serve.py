@@ -229,6 +229,7 @@ def reconcile(
     reconciler = Reconciler(
         settings.database_url, overdue_s=overdue, grace_s=grace,
         deadline_s=deadline or settings.attempt_deadline_s, service=service,
+        stuck_after_s=settings.health_stuck_after_s,
     )  # fmt: skip
     topology = Topology(queue_type=settings.queue_type)
     try:

@@ -32,6 +32,7 @@ from worker.health_checks import (
     projection_lag_check,
     relay_lag_check,
     stuck_check,
+    stuck_releases_check,
 )
 from worker.health_liveness import COMPONENTS, check_name, heartbeat_check
 from worker.health_results import Check, CheckResult, Degraded, Health, Unhealthy, healthy, report
@@ -55,6 +56,7 @@ __all__ = [
     "relay_lag_check",
     "report",
     "stuck_check",
+    "stuck_releases_check",
 ]
 
 
@@ -87,6 +89,9 @@ def checks_for(
         checks.append(("projection_lag", projection_lag_check(facts, settings.health_max_lag)))
     if "reconciler" in parts:
         checks.append(("stuck_attempts", stuck_check(facts, settings.health_stuck_after_s)))
+        checks.append(
+            ("stuck_releases", stuck_releases_check(facts, settings.health_stuck_after_s))
+        )
     for component in (c for c in COMPONENTS if c in parts):
         check = heartbeat_check(facts, component, settings.heartbeat_max_age_s)
         checks.append((check_name(component), check))

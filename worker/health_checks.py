@@ -194,6 +194,21 @@ def stuck_check(facts: Callable[[], dict[str, Any]], after_s: float) -> Callable
     return check
 
 
+def stuck_releases_check(facts: Callable[[], dict[str, Any]], after_s: float) -> Callable[[], str]:
+    """A warning (the service works on) while releases stay owed long after their end."""
+
+    def check() -> str:
+        owed, stuck = fact(facts(), "releases_owed"), fact(facts(), "releases_stuck")
+        if stuck:
+            raise Degraded(
+                f"{stuck} ended attempts still owe a release more than {after_s:g}s after they "
+                "ended: the reconciler's 'release still owed' lines name each brand and attempt"
+            )
+        return f"{owed} releases owed, none for more than {after_s:g}s"
+
+    return check
+
+
 # -- the stored state --------------------------------------------------------------
 
 
@@ -277,7 +292,7 @@ class StoredFacts:
         oldest = _attempt(
             lambda: list_attempts(store, stuck=True, overdue_s=self.stuck_after_s, limit=1, now=now)
         )
-        for key in ("pending", "stuck", "releases_owed"):
+        for key in ("pending", "stuck", "releases_owed", "releases_stuck"):
             facts[key] = counts if isinstance(counts, Exception) else counts[key]
         facts["brands_degraded"] = _attempt(lambda: count_degraded(store))
         for key, column in (

@@ -178,6 +178,11 @@ class StateCollector(Collector):
             ("stuck", "provisioner_attempts_stuck", "Pending attempts overdue past the threshold"),
             ("releases_owed", "provisioner_releases_owed", "Ended attempts that owe a release"),
             (
+                "releases_stuck",
+                "provisioner_releases_stuck",
+                "Ended attempts still owing a release past the stuck threshold",
+            ),
+            (
                 "brands_degraded",
                 "provisioner_brands_degraded",
                 "Brands bound to a workspace the gateway reported terminal on re-confirm",

@@ -137,6 +137,7 @@ class Runtime(_Threads):
         reconciler = Reconciler(
             self.views_url, overdue_s=overdue_s, grace_s=grace_s, interval_s=interval_s,
             deadline_s=deadline_s or self.settings.attempt_deadline_s, service=self.service,
+            stuck_after_s=self.settings.health_stuck_after_s,
             heartbeat=heartbeat(self.settings, self.views_url, "reconciler"),
         )  # fmt: skip
         if self.audits:

@@ -179,8 +179,10 @@ def test_the_health_command_exits_0_when_healthy_and_1_naming_what_fails(
     checks = {c["name"]: c for c in json.loads(ok.stdout)["checks"]}
     assert set(checks) == {
         "database", "broker", "gateway", "gateway_circuit", "relay_lag", "projection_lag",
-        "stuck_attempts", "relay_heartbeat", "projections_heartbeat", "reconciler_heartbeat",
+        "stuck_attempts", "stuck_releases", "relay_heartbeat", "projections_heartbeat",
+        "reconciler_heartbeat",
     }  # fmt: skip
+    assert not checks["stuck_releases"]["degraded"], checks["stuck_releases"]
     # None of them ever ran against this database: a warning, not a failure.
     assert checks["relay_heartbeat"]["degraded"], checks["relay_heartbeat"]
     assert checks["gateway"]["detail"] == "reachable, token accepted"

@@ -29,6 +29,7 @@ from worker.health import (
     relay_lag_check,
     report,
     stuck_check,
+    stuck_releases_check,
 )
 from worker.probes import Probes
 
@@ -160,6 +161,18 @@ def test_stuck_attempts_fail_since_the_oldest_became_stuck() -> None:
     assert healthy(Health([("stuck_attempts", stuck_check(lambda: calm, 600))]).run())
 
 
+def test_releases_owed_long_after_their_end_warn_but_keep_the_service_ready() -> None:
+    stuck = {"releases_owed": 4, "releases_stuck": 1}
+    (result,) = Health([("stuck_releases", stuck_releases_check(lambda: stuck, 900))]).run()
+    assert result.ok  # a warning: readiness holds
+    assert result.degraded
+    assert "1 ended attempts still owe a release more than 900s" in result.detail
+    calm = {"releases_owed": 4, "releases_stuck": 0}
+    (ok,) = Health([("stuck_releases", stuck_releases_check(lambda: calm, 900))]).run()
+    assert ok.ok
+    assert ok.detail == "4 releases owed, none for more than 900s"
+
+
 # -- the endpoints, as a WSGI application ------------------------------------------
 
 
@@ -275,13 +288,14 @@ def test_any_other_path_is_404_and_metrics_stay_at_metrics() -> None:
 def test_the_state_gauges_are_read_when_scraped() -> None:
     probes = Probes()
     facts = {"relay_lag": 7, "projection_lag": {"attempts": 2}, "pending": 4, "stuck": 1,
-             "releases_owed": 3, "brands_degraded": 2}  # fmt: skip
+             "releases_owed": 3, "releases_stuck": 1, "brands_degraded": 2}  # fmt: skip
     probes.watch_state(lambda: facts)
     body = call(probes, "/metrics")[1].decode()
     for line in ('provisioner_relay_lag_events 7.0',
                  'provisioner_projection_lag_events{projection="attempts"} 2.0',
                  'provisioner_attempts_pending 4.0', 'provisioner_attempts_stuck 1.0',
-                 'provisioner_releases_owed 3.0', 'provisioner_brands_degraded 2.0'):  # fmt: skip
+                 'provisioner_releases_owed 3.0', 'provisioner_releases_stuck 1.0',
+                 'provisioner_brands_degraded 2.0'):  # fmt: skip
         assert line in body
     probes.watch_state(failing)  # type: ignore[arg-type]
     status, body = call(probes, "/metrics")
