@@ -4,7 +4,7 @@ with `domain.hop` and saves; `retry_on_conflict` retries a lost race."""
 
 from __future__ import annotations
 
-from uuid import UUID
+from uuid import UUID, uuid4
 
 import pytest
 from eventsourcing.persistence import IntegrityError
@@ -320,6 +320,29 @@ def test_a_release_the_gateway_refuses_for_good_is_recorded_once_not_retried(
     assert claim.brand_id is None
     assert service.release(attempt_id) == ()
     assert gateway.calls["delete_project"] == 1
+
+
+def test_an_owed_workspace_another_brand_claimed_since_ends_as_a_hand_over_not_a_loop(
+    service: ProvisioningService, gateway: MemoryGateway
+) -> None:
+    # A gateway that re-issued the id to another brand's create: that brand holds it now.
+    gateway.new_statuses = ["not ready"]
+    attempt_id = service.request_provisioning("b1", TITLE, PARENT)
+    made = service.run_hop(attempt_id, 0).workspace_id
+    assert made is not None
+    gateway.workspaces[made].projects = ["theirs"]
+    service.deactivate("b1")
+    claim = service.claim(made)
+    assert claim is not None
+    claim.release("re-issued upstream")
+    claim.claim("b2", uuid4())
+    service.app.save(claim)
+
+    assert service.release(attempt_id) == ()
+
+    assert gateway.workspaces[made].projects == ["theirs"]  # never emptied
+    assert service.attempt(attempt_id).owed_releases == ()  # nothing left to send
+    assert "CandidateHandedOver" in names(service, attempt_id)
 
 
 def test_retry_on_conflict_decides_again_then_gives_up() -> None:
