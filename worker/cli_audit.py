@@ -72,16 +72,24 @@ def finding_json(finding: Any, done: str | None = None) -> dict[str, Any]:
 def audit(parent: str | None, as_json: bool, do_fix: bool) -> None:
     """Compare each parent's family in the gateway with the log: every workspace on
     record, every unexplained child of a title we provisioned. Exit 0 when clean,
-    1 on findings (`foreign` and `in_flight` are information only)."""
+    1 on findings (`foreign` and `in_flight` are information only), 4 or 5 when the
+    gateway refused or did not answer."""
+    from domain.ports import GatewayError, Unauthorized
+    from infrastructure.failures import ServiceRefused, ServiceUnavailable
     from infrastructure.usecases.upstream_audit import audit_parent, fix, parents_on_record
 
-    with audit_service() as svc:
-        parents = [parent] if parent else parents_on_record(svc)
-        audits = [audit_parent(svc, p) for p in parents]
-        done: dict[int, str] = {}
-        if do_fix:
-            for result in audits:
-                done.update({id(f.finding): f.done for f in fix(svc, result)})
+    done: dict[int, str] = {}
+    try:
+        with audit_service() as svc:
+            parents = [parent] if parent else parents_on_record(svc)
+            audits = [audit_parent(svc, p) for p in parents]
+            if do_fix:
+                for result in audits:
+                    done.update({id(f.finding): f.done for f in fix(svc, result)})
+    except Unauthorized as exc:  # exit 4, not 1: 1 means findings
+        raise ServiceRefused(f"the gateway refused the token: {exc}") from None
+    except GatewayError as exc:  # exit 5: try again later
+        raise ServiceUnavailable(f"the gateway did not answer the audit: {exc}") from None
     rows = [(f, done.get(id(f))) for result in audits for f in result.findings]
     if as_json:
         import json

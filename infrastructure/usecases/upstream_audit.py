@@ -13,9 +13,10 @@ a child the family lists is on record in the read that follows it.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Iterator
+import time
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 from uuid import UUID
 
 from eventsourcing.application import project_aggregate
@@ -27,7 +28,7 @@ from domain.claim import WorkspaceClaim
 from domain.errors import ProvisionerError
 from domain.ids import brand_aggregate_id, claim_aggregate_id
 from domain.policies import same_title
-from domain.ports import FamilyMember, GatewayError, WorkspaceGone
+from domain.ports import FamilyMember, GatewayError, TransientGatewayError, WorkspaceGone
 from domain.upstream_audit import (
     Action,
     AttemptRecord,
@@ -47,6 +48,23 @@ from infrastructure.usecases.reads import ServiceReads
 log = logging.getLogger("provisioner.audit")
 STARTED = get_topic(ProvisioningAttempt.Started)
 PAGE = 1000  # notifications, or aggregates, per read
+# A read the gateway did not answer (429, 5xx, the pace holding it) is asked again
+# after its Retry-After or a doubling pause, this often: an audit is never urgent.
+READ_TRIES = 8
+T = TypeVar("T")
+LONGEST_PAUSE_S = 30.0
+
+
+def _asked(read: Callable[[], T], sleep: Callable[[float], None] = time.sleep) -> T:
+    """`read()`, asked again while the gateway does not answer (at most READ_TRIES)."""
+    for n in range(READ_TRIES):
+        try:
+            return read()
+        except TransientGatewayError as exc:
+            if n + 1 == READ_TRIES:
+                raise
+            sleep(min(LONGEST_PAUSE_S, max(exc.retry_after_s, 0.5 * 2**n)))
+    raise AssertionError("unreachable")
 
 
 def _started(svc: ServiceReads, after: int = 0) -> Iterator[tuple[int, UUID, str]]:
@@ -127,7 +145,7 @@ def read_record(
 def audit_parent(svc: ServiceReads, parent_id: str) -> Audit:
     """The audit of one parent: family first, then the log, then what it asks for."""
     seen = list(_started(svc))
-    family = svc.family(parent_id)
+    family = _asked(lambda: svc.family(parent_id))
     after = seen[-1][0] if seen else 0
     seen += _started(svc, after)  # attempts begun while the family was read
     ids = [attempt_id for _, attempt_id, parent in seen if parent == parent_id]
@@ -149,14 +167,14 @@ def audit_parent(svc: ServiceReads, parent_id: str) -> Audit:
 
 def _status(svc: ServiceReads, workspace_id: str) -> str | None:
     try:
-        return svc.gateway.status(workspace_id)
+        return _asked(lambda: svc.gateway.status(workspace_id))
     except WorkspaceGone:
         return None
 
 
 def _projects(svc: ServiceReads, workspace_id: str) -> int | None:
     try:
-        return len(svc.gateway.list_projects(workspace_id))
+        return len(_asked(lambda: svc.gateway.list_projects(workspace_id)))
     except WorkspaceGone:
         return None
 

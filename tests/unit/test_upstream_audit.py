@@ -268,3 +268,28 @@ def test_what_the_audit_reads_the_projects_of() -> None:
     record = Record((replace(lost(), created_ids=("w1",), released_ids=("w1",)),))
     family = [ROOT, member("w1"), member("w9"), member("w7", title="Other Co")]
     assert needs_projects(P, family, record) == {"w1", "w9"}
+
+
+def test_a_read_the_gateway_did_not_answer_is_asked_again_then_given_up() -> None:
+    from domain.ports import TransientGatewayError
+    from infrastructure.usecases.upstream_audit import READ_TRIES, _asked
+
+    pauses: list[float] = []
+    answers: list[object] = [TransientGatewayError("429", retry_after_s=3.0),
+                             TransientGatewayError("503"), ["p1"]]  # fmt: skip
+
+    def read() -> object:
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    assert _asked(read, pauses.append) == ["p1"]
+    assert pauses == [3.0, 1.0]  # its Retry-After, then the doubling pause
+
+    def down() -> object:
+        raise TransientGatewayError("503")
+
+    with pytest.raises(TransientGatewayError):
+        _asked(down, pauses.append)
+    assert len(pauses) == 2 + READ_TRIES - 1
