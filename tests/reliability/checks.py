@@ -362,6 +362,28 @@ def _short(body: bytes) -> str:
     return repr(body[:160]) + (f"... ({len(body)} bytes)" if len(body) > 160 else "")
 
 
+# Kinds of `provisioner audit` a drained run never leaves, whatever its faults: the
+# operators' definition of the promises, checked here under the stronger checks above
+# (which read the fake's admin state). Not `unclear` (an attempt failed `ambiguous`
+# leaves its new workspaces so: failures_explained judges it), nor `bound_terminal`
+# (brands_ready does), nor information (`foreign`, `in_flight`).
+AUDIT_BREACHES = frozenset({"orphan", "bound_missing", "claimed_twice", "released_not_empty",
+                            "release_owed", "parent_on_record"})  # fmt: skip
+
+
+def audited(findings: Iterable[Mapping[str, Any]]) -> list[Violation]:
+    """The findings of `provisioner audit --json` that break a promise."""
+    return [
+        Violation(
+            f"audit_{f['kind']}",
+            next(iter(f.get("brand_ids") or ()), None),
+            f"{f['workspace_id']}: {f['detail']}",
+        )
+        for f in findings
+        if f["kind"] in AUDIT_BREACHES
+    ]
+
+
 def check(facts: Facts) -> list[Violation]:
     brands = list(facts.brands.values())
     found = [

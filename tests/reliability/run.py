@@ -326,6 +326,7 @@ class Run:
             state["creates_dropped"],
             tuple(drivers.killer.times),
         )
+        audit = self.fleet.one_shot("audit", "--json", timeout=300)  # before the fake stops
         poisoner = drivers.poisoner
         self.fleet.stop(["fake-gateway"])
         logs = self.fleet.logs()
@@ -346,6 +347,10 @@ class Run:
         if rebuilt.returncode != 0:
             found.extra.append(checks.Violation("rebuild_failed", None, rebuilt.stderr[-300:]))
         found.extra += [checks.Violation("process_failed", None, e) for e in self.fleet.exits]
+        if audit.returncode in (0, 1) and audit.stdout.lstrip().startswith("["):
+            found.extra += checks.audited(json.loads(audit.stdout))
+        else:
+            found.extra.append(checks.Violation("audit_failed", None, audit.stderr[-300:]))
         for name, text in logs.items():
             if "Traceback" in text:
                 found.extra.append(checks.Violation("traceback_in_log", None, name))

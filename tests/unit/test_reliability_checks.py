@@ -322,3 +322,17 @@ def test_the_gateway_faults_drawn_from_a_seed() -> None:
             assert m.env() == {}
             assert not m.random_429s
     assert set(kinds) == {("503",), ("refuse",), ("503", "refuse"), ("refuse", "503")}
+
+
+def test_the_audits_findings_that_break_a_promise_are_violations() -> None:
+    findings = [
+        {"kind": "orphan", "workspace_id": "w1", "brand_ids": ["b1"], "detail": "made by a1"},
+        {"kind": "released_not_empty", "workspace_id": "w2", "brand_ids": [], "detail": "2"},
+        {"kind": "foreign", "workspace_id": "w3", "brand_ids": [], "detail": "someone's"},
+        {"kind": "unclear", "workspace_id": "w4", "brand_ids": ["b2"], "detail": "ambiguous"},
+    ]
+    found = checks.audited(findings)
+    assert [(v.kind, v.brand_id) for v in found] == [
+        ("audit_orphan", "b1"), ("audit_released_not_empty", None)
+    ]  # fmt: skip
+    assert found[0].detail == "w1: made by a1"
