@@ -2,8 +2,9 @@
 record, one after the other, every `every_s` (PROVISIONER_AUDIT_EVERY_S), on a
 thread of its own so that a long audit never holds back a sweep. Its gateway calls
 go through the service's gateway port, paced with the fleet. The findings of the
-last audit are counted in `provisioner_audit_findings{kind}`; it fixes nothing
-(`provisioner audit --fix` does, run by an operator)."""
+last audit are counted in `provisioner_audit_findings{kind}` and, with `findings`,
+recorded per parent for the web view's `/audit` (infrastructure/audit_findings.py);
+it fixes nothing (`provisioner audit --fix` does, run by an operator)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from collections import Counter
 from collections.abc import Callable
 
 from domain.upstream_audit import Audit, Kind
+from infrastructure.audit_findings import FindingsWriter
 from infrastructure.service import ProvisioningService
 from infrastructure.usecases.upstream_audit import audit_parent, parents_on_record
 from worker import metrics
@@ -30,11 +32,13 @@ class AuditSchedule:
         *,
         first_after_s: float = FIRST_AFTER_S,
         audit: Callable[[ProvisioningService, str], Audit] = audit_parent,
+        findings: FindingsWriter | None = None,
     ) -> None:
         self.service = service
         self.every_s = every_s
         self.first_after_s = min(first_after_s, every_s)
         self.audit = audit
+        self.findings = findings
         self.runs = 0  # audits of every parent completed
 
     def run(self, stop: threading.Event) -> None:
@@ -58,6 +62,8 @@ class AuditSchedule:
             except Exception as exc:  # noqa: BLE001 - the other parents are audited still
                 log.warning("upstream audit of parent %s failed: %s", parent, exc)
         kinds = Counter(f.kind.value for a in audits for f in a.findings)
+        if self.findings is not None:  # a failed write is logged, never raised
+            self.findings.write(audits)
         metrics.observe_audit({kind.value: kinds[kind.value] for kind in Kind})
         problems = sum(len(a.problems) for a in audits)
         level = logging.WARNING if problems else logging.INFO

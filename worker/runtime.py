@@ -12,6 +12,7 @@ from urllib.parse import urlsplit
 
 from domain.liveness import beat_interval_s
 from domain.ports import Gateway
+from infrastructure.audit_findings import FindingsWriter
 from infrastructure.broker import Broker, DelayScheduler, Topology, is_memory
 from infrastructure.eventstore import (
     ProvisionerApplication,
@@ -141,7 +142,8 @@ class Runtime(_Threads):
             heartbeat=heartbeat(self.settings, self.views_url, "reconciler"),
         )  # fmt: skip
         if self.audits:
-            reconciler.audit = AuditSchedule(self.service, self.settings.audit_every_s)
+            every, findings = self.settings.audit_every_s, FindingsWriter(self.views_url)
+            reconciler.audit = AuditSchedule(self.service, every, findings=findings)
         return reconciler, broker
 
 
