@@ -44,10 +44,12 @@ from domain.upstream_audit import (
 )
 from infrastructure.usecases import commands, releases
 from infrastructure.usecases.reads import ServiceReads
+from infrastructure.usecases.retry import retry_on_conflict
 
 log = logging.getLogger("provisioner.audit")
 STARTED = get_topic(ProvisioningAttempt.Started)
 PAGE = 1000  # notifications, or aggregates, per read
+UNBOUND_GONE = "gone upstream (provisioner audit --fix)"
 # A read the gateway did not answer (429, 5xx, the pace holding it) is asked again
 # after its Retry-After or a doubling pause, this often: an audit is never urgent.
 READ_TRIES = 8
@@ -188,8 +190,8 @@ class Fixed:
 def fix(svc: ServiceReads, audit: Audit) -> list[Fixed]:
     """Act on the findings that have an action: each attempt's release once (it
     records what its unresolved create made, then empties it: `releases.release`),
-    and a provision for each active brand whose bound workspace is gone. Nothing
-    else is touched, and never a parent."""
+    and for each active brand whose bound workspace is gone, its unbinding (on
+    record) and a provision. Nothing else is touched, and never a parent."""
     done: list[Fixed] = []
     released: dict[str, tuple[str, ...] | str] = {}
     for finding in audit.findings:
@@ -220,16 +222,45 @@ def _release(svc: ServiceReads, attempt_id: str) -> tuple[str, ...] | str:
 
 
 def _provision(svc: ServiceReads, finding: Finding) -> str:
+    """Unbind the brand from its workspace gone upstream (on record, asked once more
+    first), then provision it again: a re-confirm alone would keep the gone one."""
     (brand_id,) = finding.brand_ids
     try:
+        refused = _unbind_gone(svc, brand_id, finding.workspace_id)
+        if refused is not None:
+            return f"not requested: {refused}"
         attempt_id = commands.request_provisioning(
             svc, brand_id, finding.title or "", finding.parent_id
         )
-    except ProvisionerError as exc:
+    except (GatewayError, ProvisionerError) as exc:
         return f"not requested: {exc}"
     log.warning("audit provisions again brand=%s attempt=%s: %s gone upstream",
                 brand_id, attempt_id, finding.workspace_id)  # fmt: skip
-    return f"provisioned again: attempt {attempt_id}"
+    return f"unbound; provisioned again: attempt {attempt_id}"
+
+
+def _unbind_gone(svc: ServiceReads, brand_id: str, workspace_id: str) -> str | None:
+    """Why the brand is not unbound from `workspace_id`, or None once it is."""
+    if _status(svc, workspace_id) is not None:
+        return f"{workspace_id} answers again"
+
+    def step() -> str | None:
+        brand = svc.brand(brand_id)
+        if not brand.is_active or brand.workspace_id != workspace_id:
+            return "the brand changed since the audit read it"
+        current = svc.attempt(brand.current_attempt_id) if brand.current_attempt_id else None
+        if current is not None and not current.is_terminal:
+            return f"attempt {current.id} is pending: audit again once it ends"
+        brand.unbind(UNBOUND_GONE)
+        touched: list[Any] = [brand]
+        claim = svc.claim(workspace_id)
+        if claim is not None and claim.brand_id == brand_id:
+            claim.release(UNBOUND_GONE)
+            touched.append(claim)
+        svc.app.save(*touched)
+        return None
+
+    return retry_on_conflict(svc.settings.max_rounds, step, f"brand {brand_id} is busy; retry")
 
 
 __all__ = ["Fixed", "audit_parent", "fix", "parents_on_record", "read_record"]

@@ -16,7 +16,8 @@ import pytest
 from click.testing import CliRunner
 from prometheus_client import REGISTRY
 
-from domain.upstream_audit import Kind
+from domain.ports import FamilyMember, WorkspaceGone
+from domain.upstream_audit import Action, Kind
 from infrastructure.eventstore import ProvisionerApplication, init_database
 from infrastructure.fake_gateway import FakeConfig, FakeGateway
 from infrastructure.gateway import HttpGateway
@@ -26,7 +27,7 @@ from infrastructure.usecases.upstream_audit import audit_parent, fix, parents_on
 from infrastructure.views import init_read_models
 from tests.audit_support import lose_a_create
 from tests.conftest import TOKEN
-from tests.support import drive
+from tests.support import Intercepting, drive
 from worker.cli import main
 from worker.runtime import build
 
@@ -163,3 +164,47 @@ def test_the_reconciler_audits_on_its_schedule_and_counts_the_findings(
     assert sample("provisioner_audit_findings", {"kind": "foreign"}) == 0
     [workspace] = upstream(fake, title).values()
     assert workspace["projects"] == []  # counted, never fixed: nothing was emptied
+
+
+class Vanishing(Intercepting):
+    """The fake, but for workspaces gone upstream (the fake cannot delete one)."""
+
+    def __init__(self, inner: Any, gone: set[str]) -> None:
+        super().__init__(inner)
+        self.gone = gone
+
+    def family(self, parent_id: str, title: str | None = None) -> list[FamilyMember]:
+        return [m for m in super().family(parent_id, title) if m.id not in self.gone]
+
+    def status(self, workspace_id: str) -> str:
+        if workspace_id in self.gone:
+            raise WorkspaceGone(f"workspace {workspace_id}: 404")
+        return super().status(workspace_id)
+
+
+def test_a_brand_whose_workspace_vanished_is_unbound_and_provisioned_again(
+    service: ProvisioningService, brand_id: str, title: str, parent: str
+) -> None:
+    drive(service, service.request_provisioning(brand_id, title, parent))
+    gone = service.brand(brand_id).workspace_id
+    assert gone is not None
+    service.gateway = Vanishing(service.gateway, {gone})
+
+    found = audit_parent(service, parent)
+    [done] = fix(service, found)
+    unbound = service.brand(brand_id)
+    assert unbound.current_attempt_id is not None
+    drive(service, unbound.current_attempt_id)
+    again = audit_parent(service, parent)
+
+    assert [(f.kind, f.workspace_id, f.action) for f in found.problems] == [
+        (Kind.BOUND_MISSING, gone, Action.PROVISION)
+    ]  # fmt: skip
+    assert done.done.startswith("unbound; provisioned again")
+    assert unbound.workspace_id is None
+    claim = service.claim(gone)
+    assert claim is not None
+    assert claim.brand_id is None
+    assert service.brand(brand_id).workspace_id not in (None, gone)
+    assert again.problems == ()
+    assert again.clean["bound_ready"] == 1
