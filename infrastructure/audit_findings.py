@@ -7,7 +7,8 @@ database set up before them needs nothing done:
 - `provisioner_audits`: one row per parent audited, when (epoch seconds of the
   writer's clock) and how many findings and problems; "clean at T" is a row with 0;
 - `provisioner_audit_findings`: that audit's findings, in the audit's order
-  (`ordinal`), the evidence (title, upstream status, projects, action) as JSON.
+  (`ordinal`), their evidence as JSON (title, upstream status, projects, and the
+  action `provisioner audit --fix` would take, if any).
 
 Each completed audit of a parent replaces that parent's rows in one transaction. A
 write that fails is logged (once, until one succeeds again) and never stops the
@@ -23,7 +24,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from domain.upstream_audit import INFORMATION, Audit, Finding
+from domain.upstream_audit import INFORMATION, Action, Audit, Finding
 from infrastructure.eventstore import SCHEMA_LOCK_KEY
 from infrastructure.view_connection import ViewConnection
 
@@ -60,7 +61,7 @@ class RecordedAudit:
 
 def _evidence(finding: Finding) -> str:
     shown = {"title": finding.title, "status": finding.status, "projects": finding.projects,
-             "action": finding.action.value}  # fmt: skip
+             "action": None if finding.action is Action.NONE else finding.action.value}  # fmt: skip
     return json.dumps({k: v for k, v in shown.items() if v is not None})
 
 

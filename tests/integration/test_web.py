@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import logging
 import re
+import uuid
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +16,8 @@ import pytest
 from click.testing import CliRunner
 from starlette.testclient import TestClient
 
+from domain.upstream_audit import Action, Audit, Finding, Kind
+from infrastructure.audit_findings import FindingsWriter
 from infrastructure.broker import WORK_KEY, Broker, Topology
 from infrastructure.settings import Settings, SettingsError, log_secrets
 from tests.integration.web_fixture import DEFERRED_ID, HOSTILE_ID, HOSTILE_TITLE, filled_store
@@ -248,6 +252,60 @@ def test_stuck_lag_and_dead_letter_pages(web: TestClient) -> None:
     assert "<td>brand_workspaces</td>" in lag
     assert "event(s) behind" in lag
     assert "embedded broker (memory://)" in dead
+
+
+def _section(text: str, parent: str) -> str:
+    found = re.search(rf'<h2 class="mono">{parent}</h2>(.*?)</section>', text, re.DOTALL)
+    assert found, parent
+    return found.group(1)
+
+
+@pytest.mark.postgres
+def test_the_audit_page_shows_each_parents_last_findings_escaped(pg_database: str) -> None:
+    tag = uuid.uuid4().hex[:8]
+    dirty, clean, never = f"org-dirty-{tag}", f"org-clean-{tag}", f"org-never-{tag}"
+    attempt = str(uuid.uuid4())
+    orphan = Finding(Kind.ORPHAN, dirty, "ws-<i>1</i>", "made by <b>attempt</b>", HOSTILE_TITLE,
+                     (HOSTILE_ID,), attempt, status="ready", projects=2,
+                     action=Action.RELEASE)  # fmt: skip
+    foreign = Finding(Kind.FOREIGN, dirty, "ws-2", "someone else's", "Co", status="ready")
+    at = 1_900_000_000.0
+    shown = datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%d %H:%M:%S")
+    writer = FindingsWriter(pg_database, clock=lambda: at)
+    assert writer.write([Audit(dirty, (orphan, foreign), {}), Audit(clean, (), {})])
+
+    with client(pg_database, PROVISIONER_PARENT_IDS=f"{dirty},{never}") as web:
+        page = web.get("/audit")
+    found = _section(page.text, dirty)
+    rows = re.findall(r'<tr class="finding-row">(.*?)</tr>', found, re.DOTALL)
+
+    assert page.status_code == 200
+    assert 'href="/audit" class="here">Audit</a>' in page.text
+    assert f"Audited at {shown} UTC: 2 finding(s), <strong>1</strong> problem(s)." in found
+    assert len(rows) == 2
+    assert '<span class="status status-failed">orphan</span>' in rows[0]
+    assert 'href="/workspaces/ws-%3Ci%3E1%3C/i%3E">ws-&lt;i&gt;1&lt;/i&gt;</a>' in rows[0]
+    assert ('href="/brands/%3Cscript%3Ealert%281%29%3C/script%3E">'
+            "&lt;script&gt;alert(1)&lt;/script&gt;</a>") in rows[0]  # fmt: skip
+    assert f'href="/attempts/{attempt}">{attempt}</a>' in rows[0]
+    assert "made by &lt;b&gt;attempt&lt;/b&gt;" in rows[0]
+    assert ("title &lt;b&gt;Bold &amp; Co&lt;/b&gt; · status ready · projects 2 · "
+            "action release") in rows[0]  # fmt: skip
+    assert '<span class="status status-cancelled">foreign</span>' in rows[1]
+    assert HOSTILE_ID not in page.text
+    assert HOSTILE_TITLE not in page.text
+    assert f'<span class="status status-ready">clean</span> at {shown} UTC' in _section(
+        page.text, clean
+    )
+    assert "no audit recorded yet" in _section(page.text, never)  # configured, not audited
+
+
+def test_the_audit_page_says_when_no_audit_was_recorded(web: TestClient) -> None:
+    page = web.get("/audit")
+
+    assert page.status_code == 200
+    assert 'id="no-audit">no audit recorded yet' in page.text
+    assert 'class="finding-row"' not in page.text
 
 
 def test_an_unreachable_store_or_broker_is_said_in_one_line(tmp_path: Path) -> None:

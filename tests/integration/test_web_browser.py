@@ -24,8 +24,10 @@ from selenium.webdriver.remote.webelement import WebElement
 from selenium.webdriver.support import expected_conditions
 from selenium.webdriver.support.ui import Select, WebDriverWait
 
+from domain.upstream_audit import Action, Audit, Finding, Kind
+from infrastructure.audit_findings import FindingsWriter
 from tests.conftest import unavailable
-from tests.integration.web_fixture import filled_store
+from tests.integration.web_fixture import HOSTILE_ID, filled_store
 
 ROOT = Path(__file__).resolve().parents[2]
 # docs/web-brand.png is refreshed by hand: PROVISIONER_SCREENSHOT=docs/web-brand.png make test
@@ -41,6 +43,10 @@ def _free_port() -> int:
 @pytest.fixture(scope="module")
 def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     url = filled_store(tmp_path_factory.mktemp("browser"))
+    orphan = Finding(Kind.ORPHAN, "org-parent", "ws-orphan", "made by an unresolved create",
+                     "Bold & Co", (HOSTILE_ID,), status="ready", projects=0,
+                     action=Action.RELEASE)  # fmt: skip
+    assert FindingsWriter(url).write([Audit("org-parent", (orphan,), {})])
     port = _free_port()
     env = {**os.environ, "PROVISIONER_DATABASE_URL": url, "PROVISIONER_BROKER_URL": "memory://"}
     env.pop("PROVISIONER_WEB_TOKEN", None)
@@ -221,13 +227,32 @@ def test_the_other_pages_say_what_they_hold(site: str, browser: webdriver.Chrome
     assert stuck == ["<script>alert(1)</script>"]
 
 
+def test_a_person_reads_an_audit_finding_and_follows_it_to_the_brand(
+    site: str, browser: webdriver.Chrome
+) -> None:
+    browser.get(site + "/")
+    _follow(browser, browser.find_element(By.LINK_TEXT, "Audit"))
+    when = browser.find_element(By.CSS_SELECTOR, ".audit .audit-when").text
+    [finding] = _cells(browser, "tr.finding-row")
+
+    assert browser.find_element(By.CSS_SELECTOR, ".audit h2").text == "org-parent"
+    assert when.startswith("Audited at 20")
+    assert when.endswith("UTC: 1 finding(s), 1 problem(s).")
+    assert finding[:3] == ["orphan", "ws-orphan", HOSTILE_ID]  # markup shown as text
+    assert finding[4] == "made by an unresolved create"
+    assert finding[5] == "title Bold & Co · status ready · projects 0 · action release"
+
+    _follow(browser, browser.find_element(By.CSS_SELECTOR, "tr.finding-row a.brand-link"))
+    assert browser.find_element(By.ID, "brand-id").text == HOSTILE_ID
+
+
 def test_the_pages_are_styled_under_their_content_security_policy(
     site: str, browser: webdriver.Chrome
 ) -> None:
     """The stylesheet loads and applies, and the browser blocks nothing the pages use."""
     browser.get_log("browser")  # what earlier tests left
     for path in ("/", "/brands/demo-09", "/stuck", "/lag", "/dead-letters", "/nowhere",
-                 "/health", "/?status=nope"):  # fmt: skip
+                 "/health", "/?status=nope", "/audit"):  # fmt: skip
         browser.get(site + path)
         header = browser.find_element(By.TAG_NAME, "header")
         assert header.value_of_css_property("background-color") == "rgba(29, 35, 48, 1)", path

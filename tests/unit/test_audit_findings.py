@@ -51,7 +51,7 @@ def test_each_audit_of_a_parent_replaces_its_findings_and_a_clean_one_says_when(
                         "a1", {"title": "<b>Co</b>", "status": "ready", "projects": 0,
                                "action": "release"}),
         RecordedFinding("foreign", "ws-2", "someone else's", (), None,
-                        {"title": "Co", "status": "ready", "action": "none"}),
+                        {"title": "Co", "status": "ready"}),
     )  # fmt: skip
     assert first["org-a"].problems == 1  # foreign is information
     assert (second["org-a"].audited_at, second["org-a"].findings) == (200.0, ())

@@ -111,6 +111,7 @@ def create_app(settings: Settings, *, host: str | None = None, port: int | None 
             Route("/stuck", pages.stuck),
             Route("/dead-letters", pages.dead_letters),
             Route("/dead-letters/{letter_id}", pages.dead_letter),
+            Route("/audit", pages.audit),
             Route("/health", pages.health),
             Route("/lag", pages.lag),
         ],

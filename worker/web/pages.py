@@ -114,6 +114,10 @@ class Pages:
             return self.missing(request, found["missing"])
         return self.page(request, "dead_letter.html", letter_id=letter_id, **found)
 
+    async def audit(self, request: Request) -> Response:
+        parents = await run_in_threadpool(self.reads.audit)
+        return self.page(request, "audit.html", parents=parents)
+
     async def health(self, request: Request) -> Response:
         results = await run_in_threadpool(self.reads.health)
         circuit = next((r for r in results if r.name == "gateway_circuit"), None)

@@ -15,6 +15,7 @@ from uuid import UUID
 from domain.errors import UnknownAttempt
 from domain.progress import Progress
 from infrastructure.audit import attempt_story, brand_history, brand_status
+from infrastructure.audit_findings import read_audits
 from infrastructure.broker import Topology
 from infrastructure.broker_failures import broker_failure
 from infrastructure.dead_letters import PAGE, DeadLetters, EmbeddedBroker, NotFound, now
@@ -46,6 +47,10 @@ def _attempts_by_id(store: SqlViewStore, ids: list[str]) -> dict[str, dict[str, 
     marks = ", ".join("?" * len(ids))
     found = store.rows(PROJECTIONS["attempts"], f"attempt_id IN ({marks})", ids)
     return {row["attempt_id"]: row for row in found}
+
+
+def _utc(epoch_s: float) -> datetime:
+    return datetime.fromtimestamp(epoch_s, UTC)
 
 
 @dataclass(frozen=True)
@@ -210,6 +215,16 @@ class Reads:
             "headers": sorted(letter.headers.items()),
             "body": letter.body.decode("utf-8", "replace"),
         }
+
+    def audit(self) -> list[dict[str, Any]]:
+        """Each parent's last recorded upstream audit (the reconciler's), by parent id,
+        and every configured parent never audited yet (`audit` None); no gateway call."""
+        with self.store() as store:
+            recorded = {a.parent_id: a for a in read_audits(store)}
+        parents = sorted({*recorded, *(self.settings.parent_ids or ())})
+        return [{"parent_id": p, "audit": recorded.get(p),
+                 "at": _utc(recorded[p].audited_at) if p in recorded else None}
+                for p in parents]  # fmt: skip
 
     def health(self) -> list[CheckResult]:
         """Every check, once, as `provisioner health` runs them."""
