@@ -345,9 +345,9 @@ POISON: list[tuple[str, bytes, str]] = [
     (
         WORK_KEY,
         json.dumps({"type": "hop", "version": 9, "attempt_id": str(uuid4()), "hop": 0}).encode(),
-        "unknown version",
+        "unknown_version",
     ),
-    (WORK_KEY, b'{"type": "hop", "version": 1, "attempt_id": "nope", "hop": -1}', "schema errors"),
+    (WORK_KEY, b'{"type": "hop", "version": 1, "attempt_id": "nope", "hop": -1}', "schema_error"),
     (
         WORK_KEY,
         json.dumps({"type": "hop", "version": 1, "attempt_id": str(uuid4()), "hop": "1"}).encode(),
@@ -358,7 +358,7 @@ POISON: list[tuple[str, bytes, str]] = [
     (
         COMMAND_KEY,
         b'{"type": "deactivate", "version": 1, "brand_id": "b", "requested_at": "2030-01-01"}',
-        "schema errors",  # a command time without an offset
+        "schema_error",  # a command time without an offset
     ),
 ]
 
