@@ -258,12 +258,13 @@ class Run:
 
         return _asked_again(ask)
 
-    def _queues_empty(self) -> bool:
+    def _queues_held(self) -> dict[str, int]:
+        """The queues that hold messages (the dead letters aside), with their counts."""
         out = rabbitmqctl(
             "list_queues", "-q", "--no-table-headers", "-p", self.iso.name, "name", "messages"
         )
         counts = [line.split() for line in out.splitlines() if line.strip()]
-        return all(parts[-1] == "0" for parts in counts if parts[0] != "provisioning.dead")
+        return {p[0]: int(p[-1]) for p in counts if p[0] != "provisioning.dead" and p[-1] != "0"}
 
     def _behind(self) -> int:
         """Events (of its topics) the slower projection is behind the log."""
@@ -277,13 +278,15 @@ class Run:
         deadline = time.monotonic() + timeout_s
         quiet = 0
         state: tuple[bool, int, int] = (False, 0, 0)
+        held: dict[str, int] = {}
         while time.monotonic() < deadline and quiet < 3:
             time.sleep(1.0)
-            state = (not queues or self._queues_empty(), self._pending(), self._behind())
+            held = self._queues_held() if queues else {}
+            state = (not held, self._pending(), self._behind())
             quiet = quiet + 1 if state == (True, 0, 0) else 0
         if quiet < 3:
             self.notes.append(
-                f"{what}: not drained after {timeout_s:.0f} s (queues empty {state[0]}, "
+                f"{what}: not drained after {timeout_s:.0f} s (queues holding {held or 'none'}, "
                 f"{state[1]} attempts pending, projections {state[2]} events behind)"
             )
 
