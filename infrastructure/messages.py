@@ -231,6 +231,7 @@ def encode(type_: str, version: int, **values: Any) -> bytes:
 MAX_BODY_BYTES = 64 * 1024
 MAX_DEPTH = 8  # our messages are flat objects (depth 1)
 MAX_RETRIES_HEADER = 1000
+MAX_WAITED_MS_HEADER = 7 * 24 * 3600 * 1000  # a week of waiting: more is not ours
 CONTENT_TYPES = frozenset({"application/json"})
 CONTENT_ENCODINGS = frozenset({"utf-8", "utf8"})
 # The bytes that change the nesting or the string state; everything else is skipped.
@@ -277,7 +278,12 @@ def waits(headers: object) -> int:
     return _count(headers, "x-waits")
 
 
-def _count(headers: object, name: str) -> int:
+def waited_ms(headers: object) -> int:
+    """The delivery's `x-waited-ms`: how long its refusals for now have waited in all."""
+    return _count(headers, "x-waited-ms", limit=MAX_WAITED_MS_HEADER)
+
+
+def _count(headers: object, name: str, limit: int = 0) -> int:
     """A count header of the delivery (0 when absent); InvalidMessage when malformed."""
     if headers is None:
         return 0
@@ -286,7 +292,7 @@ def _count(headers: object, name: str) -> int:
     value = headers.get(name, 0)
     if isinstance(value, bool) or not isinstance(value, int):
         raise InvalidMessage("bad header", {name: repr(value)[:50]})
-    if not 0 <= value <= MAX_RETRIES_HEADER:
+    if not 0 <= value <= (limit or MAX_RETRIES_HEADER):
         raise InvalidMessage("bad header", {name: value})
     return value
 

@@ -2,7 +2,7 @@
 
 `inspect` refuses what is not a message we understand — kombu's
 `message.errors` (a compression header with junk), a content type or encoding
-we do not speak, a bad `x-retries` or `x-waits` header, every `decode` refusal
+we do not speak, a bad `x-retries`, `x-waits` or `x-waited-ms` header, every `decode` refusal
 (too large, too deeply nested, not UTF-8, invalid JSON, schema errors), and a
 type its queue does not accept (`messages.QUEUE_RULES`: a hop, release or
 decommission on the producers' commands queue is an `internal message on the
@@ -15,7 +15,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from infrastructure.messages import InvalidMessage, Message, admit, decode, retries, waits
+from infrastructure.messages import (
+    InvalidMessage,
+    Message,
+    admit,
+    decode,
+    retries,
+    waited_ms,
+    waits,
+)
 from infrastructure.outages import one_line
 from worker.retry_policy import Facts
 
@@ -28,10 +36,11 @@ class Delivery:
     message: Message
     tries: int
     waits: int = 0
+    waited_ms: int = 0
 
     @property
     def facts(self) -> Facts:
-        return Facts(self.message.type, self.tries, self.waits)
+        return Facts(self.message.type, self.tries, self.waits, self.waited_ms)
 
 
 def inspect(message: Any, queue: str) -> Delivery:
@@ -41,12 +50,11 @@ def inspect(message: Any, queue: str) -> Delivery:
         exc = message.errors[0][1] if isinstance(message.errors[0], tuple) else message.errors[0]
         raise InvalidMessage("undecodable", {"kombu": one_line(exc)})
     headers = message.headers
-    tries = retries(headers)
-    waited = waits(headers)
+    tries, waited, waited_for = retries(headers), waits(headers), waited_ms(headers)
     if headers and headers.get("compression") is not None:
         compression = repr(headers["compression"])[:50]
         raise InvalidMessage("unsupported encoding", {"compression": compression})
     decoded = decode(
         message.body, content_type=message.content_type, content_encoding=message.content_encoding
     )
-    return Delivery(admit(queue, decoded), tries, waited)
+    return Delivery(admit(queue, decoded), tries, waited, waited_for)

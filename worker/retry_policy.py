@@ -15,8 +15,11 @@ returned) to one of:
   a bug that may pass) counts in `x-retries` on `retry_delays_s` (about 200 s);
   a command refused only for now (`RetryLater`: a decommission in progress) or
   a release the gateway did not answer (`TransientGatewayError`) waits on its
-  own, longer schedule and count (`x-waits`, `WAIT_DELAYS_S`: about an hour),
-  so the one never spends the other.
+  own, longer schedule and count (`x-waits`, `WAIT_DELAYS_S`), so the one never
+  spends the other. A refusal that says when to try again (the gateway's or the
+  fleet pace's Retry-After) waits that long instead, within the schedule's first
+  and longest steps; it is dead-lettered once its waits add up to the whole
+  schedule (`x-waited-ms`: about an hour), however many they were.
 """
 
 from __future__ import annotations
@@ -36,6 +39,8 @@ RETRY_DELAYS_S = (1.0, 5.0, 15.0, 60.0, 120.0)
 # Refusals for now (`x-waits`): 5, 15, 60 s, then every 120 s; 3,560 s (about an
 # hour) in all. Delays the infrastructure schedule uses too: no new wait queues.
 WAIT_DELAYS_S = (5.0, 15.0, 60.0) + (120.0,) * 29
+# At most this many waits, however short (the header's own bound).
+MAX_WAITS = 1000
 # What a handler raises for a refusal for now: waits on WAIT_DELAYS_S.
 REFUSED_FOR_NOW: tuple[type[BaseException], ...] = (RetryLater, TransientGatewayError)
 
@@ -62,6 +67,7 @@ class Facts:
     type: str
     tries: int = 0  # x-retries: infrastructure failures
     waits: int = 0  # x-waits: refusals for now
+    waited_ms: int = 0  # x-waited-ms: how long they waited in all (0: not recorded)
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,12 +135,18 @@ class RetryPolicy:
         return facts.tries < len(self.retry_delays_s)
 
     def _wait(self, facts: Facts, exc: BaseException) -> Republish | Dead:
-        if facts.waits >= len(self.wait_delays_s):
-            waited = sum(self.wait_delays_s)
-            errors = {"error": repr(exc)[:300], "waited_s": waited}
+        schedule = self.wait_delays_s
+        # Recorded, or (a message from before the header) as the schedule would have it.
+        waited_s = facts.waited_ms / 1000 or sum(schedule[: facts.waits])
+        if waited_s >= sum(schedule) or facts.waits >= MAX_WAITS:
+            errors = {"error": repr(exc)[:300], "waited_s": waited_s}
             return Dead(Reason.RETRIES_EXHAUSTED, errors)
-        delay = self.wait_delays_s[facts.waits]
-        return Republish(delay, _counts(facts, **{"x-waits": facts.waits + 1}), waiting=True)
+        delay = schedule[min(facts.waits, len(schedule) - 1)]
+        hint = float(getattr(exc, "retry_after_s", 0.0) or 0.0)
+        if hint > 0:  # told when: that, within the schedule's first and longest steps
+            delay = min(max(schedule[0], hint), max(schedule))
+        counts = {"x-waits": facts.waits + 1, "x-waited-ms": round((waited_s + delay) * 1000)}
+        return Republish(delay, _counts(facts, **counts), waiting=True)
 
 
 DEFAULT = RetryPolicy()
@@ -150,5 +162,7 @@ def _counts(facts: Facts, **counts: int) -> dict[str, int]:
     headers = {"x-retries": facts.tries}
     if facts.waits:
         headers["x-waits"] = facts.waits
+    if facts.waited_ms:
+        headers["x-waited-ms"] = facts.waited_ms
     headers.update(counts)
     return headers

@@ -342,8 +342,10 @@ def test_a_command_refused_for_now_is_retried_for_about_an_hour_on_its_own_count
         settle.settle(message, Delivery(decoded, 2, n), finished(refused))
     settle.settle(last, Delivery(decoded, 2, len(WAIT_DELAYS_S)), finished(refused))
 
+    waited = [round(sum(WAIT_DELAYS_S[: n + 1]) * 1000) for n in range(len(WAIT_DELAYS_S))]
     assert [(d, h) for _, d, h in publisher.published] == [
-        (delay, {"x-retries": 2, "x-waits": n + 1}) for n, delay in enumerate(WAIT_DELAYS_S)
+        (delay, {"x-retries": 2, "x-waits": n + 1, "x-waited-ms": waited[n]})
+        for n, delay in enumerate(WAIT_DELAYS_S)
     ]
     assert 3000 <= sum(WAIT_DELAYS_S) <= 3600  # about an hour, as documented
     assert all(60 <= d <= 120 for d in WAIT_DELAYS_S[2:])

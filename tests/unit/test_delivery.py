@@ -378,5 +378,7 @@ def test_a_release_the_gateway_did_not_answer_waits_on_the_long_schedule() -> No
 
     settler(publisher).settle(message, Delivery(decoded, 2), finished(TransientGatewayError("503")))
 
-    assert publisher.published == [(decoded, 5.0, {"x-retries": 2, "x-waits": 1})]
+    assert publisher.published == [
+        (decoded, 5.0, {"x-retries": 2, "x-waits": 1, "x-waited-ms": 5000})
+    ]
     assert message.state == "ACK"

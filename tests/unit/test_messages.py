@@ -146,6 +146,18 @@ def test_the_retry_header_is_read() -> None:
     assert messages.retries({"x-retries": 3, "x-death": [{"count": 1}]}) == 3
 
 
+@pytest.mark.parametrize("value", ["abc", True, -1, 10**12, 1.5, None])
+def test_a_bad_waited_header_is_refused(value: object) -> None:
+    with pytest.raises(InvalidMessage) as caught:
+        messages.waited_ms({"x-waited-ms": value})
+    assert caught.value.reason == "bad header"
+
+
+def test_the_waited_header_is_read_in_milliseconds() -> None:
+    assert messages.waited_ms({}) == messages.waited_ms(None) == 0
+    assert messages.waited_ms({"x-waited-ms": 3_600_000}) == 3_600_000
+
+
 # The nesting scan (`_depth`) runs on the consuming thread before JSON parsing:
 # it must stay linear whatever the body (a backtracking pattern for whole JSON
 # strings rescanned from every quote of an unterminated string: ~9 s for 64 KiB).

@@ -29,6 +29,9 @@ BUG = KeyError("x")
 BUSY = ContentionError("busy")
 LATER = RetryLater("decommission in progress")
 UNANSWERED = TransientGatewayError("503")
+HELD = TransientGatewayError("held by the pace", retry_after_s=2.0)
+TOLD_15 = TransientGatewayError("throttled (HTTP 429)", retry_after_s=15.0)
+TOLD_AN_HOUR = TransientGatewayError("throttled (HTTP 429)", retry_after_s=3600.0)
 
 
 def exhausted(exc: BaseException, *, give_up: bool = False) -> Dead:
@@ -70,13 +73,26 @@ def waited(exc: BaseException) -> Dead:
         (Facts("release", 2), BUG, exhausted(BUG)),
         (Facts("provision", 2), AssertionError(), exhausted(AssertionError())),
         # Refused for now: x-waits on the wait schedule, apart from x-retries.
-        (Facts("provision"), LATER, Republish(10.0, {"x-retries": 0, "x-waits": 1}, waiting=True)),
+        (Facts("provision"), LATER,
+         Republish(10.0, {"x-retries": 0, "x-waits": 1, "x-waited-ms": 10_000}, waiting=True)),
         (Facts("provision", 2, 1), LATER,
-         Republish(20.0, {"x-retries": 2, "x-waits": 2}, waiting=True)),
+         Republish(20.0, {"x-retries": 2, "x-waits": 2, "x-waited-ms": 30_000}, waiting=True)),
         (Facts("release", 2), UNANSWERED,
-         Republish(10.0, {"x-retries": 2, "x-waits": 1}, waiting=True)),
+         Republish(10.0, {"x-retries": 2, "x-waits": 1, "x-waited-ms": 10_000}, waiting=True)),
         (Facts("decommission", 0, 1), UNANSWERED,
-         Republish(20.0, {"x-retries": 0, "x-waits": 2}, waiting=True)),
+         Republish(20.0, {"x-retries": 0, "x-waits": 2, "x-waited-ms": 30_000}, waiting=True)),
+        # Told when (Retry-After, the pace): that long, within the first and longest steps ...
+        (Facts("release", 0, 1, 10_000), HELD,
+         Republish(10.0, {"x-retries": 0, "x-waits": 2, "x-waited-ms": 20_000}, waiting=True)),
+        (Facts("release", 0, 0), TOLD_15,
+         Republish(15.0, {"x-retries": 0, "x-waits": 1, "x-waited-ms": 15_000}, waiting=True)),
+        (Facts("release", 0, 0), TOLD_AN_HOUR,
+         Republish(20.0, {"x-retries": 0, "x-waits": 1, "x-waited-ms": 20_000}, waiting=True)),
+        # ... and dead once the waits add up to the schedule, however many they were.
+        (Facts("release", 0, 5, 29_000), HELD,
+         Republish(10.0, {"x-retries": 0, "x-waits": 6, "x-waited-ms": 39_000}, waiting=True)),
+        (Facts("release", 0, 6, 39_000), HELD,
+         Dead(Reason.RETRIES_EXHAUSTED, {"error": repr(HELD), "waited_s": 39.0})),
         # ... then dead once spent, saying how long it waited.
         (Facts("provision", 0, 2), LATER, waited(LATER)),
         (Facts("hop", 0, 2), UNANSWERED, waited(UNANSWERED)),
@@ -92,7 +108,9 @@ def test_the_default_schedules_are_the_workers() -> None:
     assert decide(Facts("hop"), DB_DOWN) == Republish(RETRY_DELAYS_S[0], {"x-retries": 1})
     assert decide(Facts("hop", len(RETRY_DELAYS_S)), BUG) == exhausted(BUG, give_up=True)
     assert decide(Facts("provision"), LATER) == Republish(
-        WAIT_DELAYS_S[0], {"x-retries": 0, "x-waits": 1}, waiting=True
+        WAIT_DELAYS_S[0],
+        {"x-retries": 0, "x-waits": 1, "x-waited-ms": WAIT_DELAYS_S[0] * 1000},
+        waiting=True,
     )
     assert decide(Facts("provision", 0, len(WAIT_DELAYS_S)), LATER) == Dead(
         Reason.RETRIES_EXHAUSTED, {"error": repr(LATER), "waited_s": sum(WAIT_DELAYS_S)}
