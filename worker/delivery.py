@@ -55,6 +55,14 @@ log = logging.getLogger("provisioner.worker")
 KEPT_PROPERTIES = ("headers", "content_type", "content_encoding")
 
 
+def subject(message: Message) -> str:
+    """The message's type and whose it is: `release attempt=…`, `decommission brand=…`."""
+    fields = message.fields
+    keys = [k for k in ("brand_id", "attempt_id") if k in fields]
+    whose = [f"{k.removesuffix('_id')}={fields[k]}" for k in keys]
+    return " ".join([message.type, *whose])
+
+
 class Settler:
     """Reads and settles deliveries on the consuming thread, through `publisher`."""
 
@@ -145,7 +153,7 @@ class Settler:
     def _republish(
         self, message: Any, delivery: Delivery, decision: Republish, exc: BaseException
     ) -> None:
-        kind, delay = delivery.message.type, decision.delay_s
+        delay, kind = decision.delay_s, subject(delivery.message)
         if decision.waiting:
             log.info("%s refused for now (%s); retry in %.0fs", kind, one_line(exc), delay)
         elif is_database_error(exc):

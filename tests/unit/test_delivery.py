@@ -22,7 +22,7 @@ from infrastructure.broker import COMMANDS_QUEUE, DEAD_QUEUE, HOPS_QUEUE, Broker
 from infrastructure.outages import Outage
 from infrastructure.service import ContentionError
 from worker.consumer import DeadLetter, HopWorker, WorkerStats
-from worker.delivery import Delivery, Settler
+from worker.delivery import Delivery, Settler, subject
 from worker.retry_policy import is_bug
 
 GOOD = messages.hop(uuid4(), 0).encode()
@@ -215,6 +215,21 @@ def test_a_failed_handler_is_retried_with_the_count_then_dead_lettered() -> None
     assert publisher.published == [(decoded, 1.0, {"x-retries": 1})]
     assert [d[1] for d in publisher.dead] == ["retries_exhausted"]
     assert first.state == last.state == "ACK"
+
+
+def test_a_retry_line_names_whose_message_it_is(caplog: pytest.LogCaptureFixture) -> None:
+    publisher = FakePublisher()
+    attempt_id = uuid4()
+    release = messages.release(attempt_id)
+
+    with caplog.at_level(logging.INFO, "provisioner.worker"):
+        settler(publisher).settle(
+            FakeMessage(), Delivery(release, 0), finished(TransientGatewayError("503"))
+        )
+
+    line = f"release attempt={attempt_id} refused for now (TransientGatewayError: 503)"
+    assert line in caplog.text
+    assert subject(messages.decommission("b-7")) == "decommission brand=b-7"
 
 
 def test_a_replayed_message_keeps_its_dead_letter_id_through_a_retry() -> None:
