@@ -31,6 +31,7 @@ from typing import Any
 from domain.dead_letter_rules import Reason, reason_of
 from domain.errors import RetryLater
 from domain.ports import GatewayError, TransientGatewayError
+from infrastructure.messages import MAX_RETRIES_HEADER
 from infrastructure.outages import is_database_error
 from infrastructure.service import ContentionError
 
@@ -39,8 +40,6 @@ RETRY_DELAYS_S = (1.0, 5.0, 15.0, 60.0, 120.0)
 # Refusals for now (`x-waits`): 5, 15, 60 s, then every 120 s; 3,560 s (about an
 # hour) in all. Delays the infrastructure schedule uses too: no new wait queues.
 WAIT_DELAYS_S = (5.0, 15.0, 60.0) + (120.0,) * 29
-# At most this many waits, however short (the header's own bound).
-MAX_WAITS = 1000
 # What a handler raises for a refusal for now: waits on WAIT_DELAYS_S.
 REFUSED_FOR_NOW: tuple[type[BaseException], ...] = (RetryLater, TransientGatewayError)
 
@@ -138,7 +137,7 @@ class RetryPolicy:
         schedule = self.wait_delays_s
         # Recorded, or (a message from before the header) as the schedule would have it.
         waited_s = facts.waited_ms / 1000 or sum(schedule[: facts.waits])
-        if waited_s >= sum(schedule) or facts.waits >= MAX_WAITS:
+        if waited_s >= sum(schedule) or facts.waits >= MAX_RETRIES_HEADER:  # the header's bound
             errors = {"error": repr(exc)[:300], "waited_s": waited_s}
             return Dead(Reason.RETRIES_EXHAUSTED, errors)
         delay = schedule[min(facts.waits, len(schedule) - 1)]
