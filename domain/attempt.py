@@ -36,6 +36,11 @@ class ProvisioningAttempt(Aggregate):
         hop: int
         message: str
 
+    class CreateUnconfirmed(Aggregate.Event):
+        hop: int
+        message: str
+        answered: bool  # the gateway answered (a 5xx): it holds the create no longer
+
     class SurplusCreated(Aggregate.Event):
         workspace_id: str
         hop: int
@@ -92,14 +97,8 @@ class ProvisioningAttempt(Aggregate):
         workspace_id: str
         message: str
 
-    def __init__(
-        self,
-        brand_id: str,
-        title: str,
-        parent_workspace_id: str,
-        existing_workspace_id: str | None,
-        max_hop: int,
-    ) -> None:
+    def __init__(self, brand_id: str, title: str, parent_workspace_id: str,
+                 existing_workspace_id: str | None, max_hop: int) -> None:  # fmt: skip
         self.brand_id = brand_id
         self.title = title
         self.parent_workspace_id = parent_workspace_id
@@ -112,6 +111,7 @@ class ProvisioningAttempt(Aggregate):
         self.provenance: Provenance | None = Provenance.EXISTING if existing_workspace_id else None
         self.create_requested_hop: int | None = None
         self.create_requested_at: datetime | None = None
+        self.create_answered = False  # the gateway answered it without an id (a 5xx)
         # Same-title children before the first create that may still show up (kept while
         # an earlier one is unresolved or lost): what appears beside them may be ours.
         self.create_known_ids: tuple[str, ...] = ()
@@ -137,22 +137,11 @@ class ProvisioningAttempt(Aggregate):
         return uuid4()
 
     @classmethod
-    def start(
-        cls,
-        brand_id: str,
-        title: str,
-        parent_workspace_id: str,
-        existing_workspace_id: str | None,
-        max_hop: int,
-    ) -> ProvisioningAttempt:
-        return cls._create(
-            cls.Started,
-            brand_id=brand_id,
-            title=title,
-            parent_workspace_id=parent_workspace_id,
-            existing_workspace_id=existing_workspace_id,
-            max_hop=max_hop,
-        )
+    def start(cls, brand_id: str, title: str, parent_workspace_id: str,
+              existing_workspace_id: str | None, max_hop: int) -> ProvisioningAttempt:  # fmt: skip
+        return cls._create(cls.Started, brand_id=brand_id, title=title, max_hop=max_hop,
+                           parent_workspace_id=parent_workspace_id,
+                           existing_workspace_id=existing_workspace_id)  # fmt: skip
 
     # Queries.
 
@@ -224,6 +213,12 @@ class ProvisioningAttempt(Aggregate):
         if self.create_requested_hop is None:
             raise CommandRefused(f"attempt {self.id} has no create in flight")
         self._create_refused(hop, safe_message(message))
+
+    def record_create_unconfirmed(self, hop: int, message: str, answered: bool) -> None:
+        """The create came back without an id and may have made one (a timeout, a 5xx)."""
+        if self.create_requested_hop is None:
+            raise CommandRefused(f"attempt {self.id} has no create in flight")
+        self._create_unconfirmed(hop, safe_message(message), answered)
 
     def accept_candidate(self, workspace_id: str, provenance: Provenance, hop: int) -> None:
         self._require_pending("accept a candidate")
@@ -313,11 +308,16 @@ class ProvisioningAttempt(Aggregate):
             self.creates_given_up += 1
         self.create_requested_hop = hop
         self.create_requested_at = requested_at
+        self.create_answered = False
         self.create_known_ids = tuple(known_ids)
 
     @event(CreateRefused)
     def _create_refused(self, hop: int, message: str) -> None:
         self.create_requested_hop = None
+
+    @event(CreateUnconfirmed)
+    def _create_unconfirmed(self, hop: int, message: str, answered: bool) -> None:
+        self.create_answered = answered
 
     @event(SurplusCreated)
     def _surplus_created(self, workspace_id: str, hop: int) -> None:

@@ -9,6 +9,7 @@ attempt's create on record: read by the use case, passed in as `taken`).
 
     made_by_our_creates(...)   which of those our creates are credited with
     recover(made, ...)         what the hop of an unconfirmed create does about it
+    grace_start(...)           when the grace of an unconfirmed create began
 
 and, around a create call: whether another may be made (`may_create`), what its
 answer means (`create_answered`), and where what it made goes.
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass
+from datetime import datetime
 
 from domain.hop import (
     Accept,
@@ -129,6 +131,20 @@ def recover(
     return None
 
 
+def grace_start(
+    requested_at: datetime, deferred_until: datetime | None, answered: bool
+) -> datetime:
+    """When the grace of an unconfirmed create began: at the create, if the gateway
+    answered it (a 5xx): its handling is over, so whatever it made shows in the
+    family within the grace, however long the gateway was away since. A create it
+    did not answer (a timeout, a dropped connection, a proxy's 502 or 504) it may
+    still hold and carry out when it is back: the grace begins again when the last
+    deferral after the create ends."""
+    if answered or deferred_until is None:
+        return requested_at
+    return max(requested_at, deferred_until)
+
+
 # Creates an attempt makes while none is confirmed: a create that times out is
 # tried again after its grace (its wait spends no settle budget), at most this often.
 MAX_CREATES = 3
@@ -159,7 +175,7 @@ def create_answered(
         return Record(answer)
     kind, message = answer.kind, answer.message
     if kind is FaultKind.AMBIGUOUS:
-        return Recover()
+        return Recover(message, answer.answered)
     if kind is FaultKind.REJECTED:  # refused outright: nothing was made
         return Refused(message, Fail(FailureReason.REJECTED, f"create rejected: {message}"))
     if kind is FaultKind.UNAUTHORIZED:

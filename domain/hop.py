@@ -22,8 +22,8 @@ Steps (what the service does next):
     DropCandidate(raw, then)      the candidate's creation failed: drop it (a created one
                                   is then owed a release); then Wait: the next hop creates
     Create()                      request a create (reserving the title), call it
-    Recover()                     the create is unconfirmed: look for it in the family
-                                  (`domain.creates`: what our creates made)
+    Recover(message, answered)    the create is unconfirmed: record why, then look for it
+                                  in the family (`domain.creates`: what our creates made)
 
 A guard (`gate`, `lost_create_race`, `slot_gate`, `creates.may_create`) returns its
 objection, or None when it has none.
@@ -130,7 +130,8 @@ class Create:
 
 @dataclass(frozen=True, slots=True)
 class Recover:
-    pass
+    message: str = ""
+    answered: bool = False  # the gateway answered the create (a 5xx): it holds it no longer
 
 
 Step = (

@@ -31,7 +31,13 @@ class GatewayError(Exception):
 
 
 class AmbiguousCreate(GatewayError):
-    """The create call may or may not have created the child."""
+    """The create call may or may not have created the child. `answered`: the gateway
+    answered it (a 5xx but 502/504, an unreadable answer), so it holds the request no
+    longer; otherwise (a timeout, a dropped connection, a proxy's 502 or 504) it may."""
+
+    def __init__(self, message: str = "", *, answered: bool = False) -> None:
+        super().__init__(message)
+        self.answered = answered
 
 
 class TransientGatewayError(GatewayError):
@@ -91,14 +97,16 @@ class GatewayFault:
     kind: FaultKind
     message: str
     retry_after_s: float = 0.0  # a transient failure: when the gateway or the pace allows
+    answered: bool = False  # an ambiguous create the gateway answered (`AmbiguousCreate`)
 
 
 def fault_of(exc: GatewayError) -> GatewayFault:
     """The port's exception as a value (an unknown subclass counts as transient)."""
     retry_after_s = getattr(exc, "retry_after_s", 0.0)
+    answered = getattr(exc, "answered", False)
     for cls, kind in _KINDS:
         if isinstance(exc, cls):
-            return GatewayFault(kind, str(exc), retry_after_s)
+            return GatewayFault(kind, str(exc), retry_after_s, answered)
     return GatewayFault(FaultKind.TRANSIENT, str(exc), retry_after_s)
 
 

@@ -28,7 +28,9 @@ than its cap, compressed)
 429                                        TransientGatewayError   TransientGatewayError
                                            (nothing created)       (not retried)
 5xx                                        AmbiguousCreate         retried, then
-                                                                   TransientGatewayError
+                                           (``answered`` but for   TransientGatewayError
+                                           502 / 504, as for an
+                                           unreadable answer)
 401 / 403                                  Unauthorized            Unauthorized
 404                                        RequestRejected         WorkspaceGone (status,
                                                                    family, list_projects);
@@ -184,7 +186,10 @@ class HttpGateway:
                 raise TransientGatewayError(
                     f"{op}: not sent ({outcome.summary})", retry_after_s=outcome.retry_after_s
                 )
-            raise AmbiguousCreate(f"{op}: outcome unknown ({outcome.summary})")
+            raise AmbiguousCreate(
+                f"{op}: outcome unknown ({outcome.summary})",
+                answered=outcome.kind == "unreadable",
+            )
         code = outcome.status_code
         if 200 <= code < 300:
             body = self._answers.json(outcome, op)
@@ -199,8 +204,10 @@ class HttpGateway:
                 f"{op}: throttled (HTTP 429), nothing created",
                 retry_after_s=retry_after(outcome),
             )
-        if code >= 500:
-            raise AmbiguousCreate(f"{op}: outcome unknown (HTTP {code})")
+        if code >= 500:  # a proxy's 502 or 504: the gateway behind it may still hold it
+            raise AmbiguousCreate(
+                f"{op}: outcome unknown (HTTP {code})", answered=code not in (502, 504)
+            )
         if 400 <= code < 500:
             raise RequestRejected(f"{op}: HTTP {code}: {self._answers.error_text(outcome)}")
         raise MalformedAnswer(f"{op}: unexpected HTTP {code}")

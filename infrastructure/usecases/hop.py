@@ -85,10 +85,8 @@ class HopRun(HopBase):
         made = recovery.made_by_unresolved_create(self.svc, attempt, slot, self.unit.family)
         if isinstance(made, decide.Wait):
             return self._end(made)
-        # The grace counts from the create, or from the end of the last deferral after
-        # it: while the gateway did not answer, the family could not show the create.
-        since = max(filter(None, (attempt.create_requested_at, attempt.deferred_until)),
-                    default=None)  # fmt: skip
+        at, answered = attempt.create_requested_at, attempt.create_answered
+        since = at and creates.grace_start(at, attempt.deferred_until, answered)
         waited_s = 0.0 if since is None else (self.now - since).total_seconds()
         step = creates.recover(made, attempt.title, requested_hop=attempt.create_requested_hop,
                                hop=self.hop, waited_s=waited_s, grace_s=self.grace_s)  # fmt: skip
@@ -163,6 +161,7 @@ class HopRun(HopBase):
             return self._fail(failed) if failed else self._poll
         if isinstance(step, decide.Recover):
             log.warning("create unconfirmed attempt=%s hop=%d", attempt.id, self.hop)
+            attempt.record_create_unconfirmed(self.hop, step.message, step.answered)
             self.unit.family_read = None  # read before our create: read it again
             return self._recover
         if isinstance(step, decide.Refused):

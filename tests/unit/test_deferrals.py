@@ -14,7 +14,7 @@ from eventsourcing.persistence import StoredEvent
 from domain.attempt import ProvisioningAttempt
 from domain.outcomes import Outcome
 from domain.policies import AttemptState, Backoff, Deferral, FailureReason
-from domain.ports import TransientGatewayError
+from domain.ports import AmbiguousCreate, TransientGatewayError
 from infrastructure.audit import attempt_story
 from infrastructure.broker import wait_rung_ms
 from infrastructure.eventstore import open_event_store
@@ -207,6 +207,68 @@ def test_an_unconfirmed_create_gets_its_grace_again_after_an_outage(
     gateway.reveal()
     clock.advance(outcome.delay_s or 0)
     assert service.run_hop(attempt_id, hop).outcome is Outcome.PROMOTED
+    assert gateway.calls["create_child"] == 1
+
+
+def _deferred_through(service: ProvisioningService, clock: ManualClock, attempt_id: Any,
+                      first: Any) -> tuple[int, Any]:  # fmt: skip
+    """Run the hops after `first` while they are deferred; the next hop and the outcome
+    of the first hop the gateway answered."""
+    hop, outcome = 1, first
+    while True:
+        clock.advance(outcome.delay_s or 0)
+        outcome = service.run_hop(attempt_id, hop)
+        hop += 1
+        if outcome.outcome is not Outcome.DEFERRED:
+            return hop, outcome
+
+
+@pytest.mark.parametrize(("outage", "waits"), [(12, False), (2, True)])
+def test_a_create_the_gateway_answered_keeps_its_grace_from_the_create(
+    service: ProvisioningService, gateway: MemoryGateway, clock: ManualClock,
+    outage: int, waits: bool,
+) -> None:  # fmt: skip
+    """A 503 to the create: the gateway is done with it, so whatever it made shows
+    within the grace of the create. After an outage longer than the grace it creates
+    again as soon as the family answers; after a shorter one it waits the rest."""
+    gateway.creates = [AmbiguousCreate("create_child: outcome unknown (HTTP 503)", answered=True)]
+    attempt_id = service.request_provisioning("b1", TITLE, PARENT)
+    first = service.run_hop(attempt_id, 0)
+    assert first.detail == "create unconfirmed; not in the family yet"
+    down(gateway, "family", outage)  # 12 deferrals: minutes; 2: 6 s, within the grace
+    hop, outcome = _deferred_through(service, clock, attempt_id, first)
+
+    story = attempt_story(service, attempt_id)
+    unconfirmed = [e for e in story["events"] if e["type"] == "CreateUnconfirmed"]
+    assert [e["message"] for e in unconfirmed] == ["create_child: outcome unknown (HTTP 503)"]
+    if waits:
+        assert outcome.detail == "create unconfirmed; not in the family yet"
+        assert gateway.calls["create_child"] == 1
+        while gateway.calls["create_child"] == 1:
+            clock.advance(outcome.delay_s or 0)
+            outcome = service.run_hop(attempt_id, hop)
+            hop += 1
+        assert clock.now() - service.attempt(attempt_id).created_on >= timedelta(seconds=60)
+    assert gateway.calls["create_child"] == 2  # created again: the first made nothing
+    while outcome.next_hop is not None:
+        clock.advance(outcome.delay_s or 0)
+        outcome = service.run_hop(attempt_id, outcome.next_hop)
+    assert outcome.outcome is Outcome.PROMOTED
+    assert len(gateway.made) == 1
+
+
+def test_a_create_left_unanswered_by_a_proxy_gets_its_grace_again_after_an_outage(
+    service: ProvisioningService, gateway: MemoryGateway, clock: ManualClock
+) -> None:
+    """A 504 from a proxy in front of the gateway: the gateway may still hold the
+    request, as after a timeout, so the grace restarts when the family answers."""
+    gateway.creates = [AmbiguousCreate("create_child: outcome unknown (HTTP 504)")]
+    attempt_id = service.request_provisioning("b1", TITLE, PARENT)
+    first = service.run_hop(attempt_id, 0)
+    down(gateway, "family", 12)
+    _, outcome = _deferred_through(service, clock, attempt_id, first)
+
+    assert outcome.detail == "create unconfirmed; not in the family yet"
     assert gateway.calls["create_child"] == 1
 
 

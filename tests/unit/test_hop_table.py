@@ -53,7 +53,8 @@ NOW = datetime(2026, 1, 1, tzinfo=UTC)
 PARENT = "parent-1"
 TITLE = "Acme"
 FAILURES = [GatewayFault(kind, f"{kind.value} answer") for kind in FaultKind] + [
-    GatewayFault(FaultKind.TRANSIENT, "throttled (HTTP 429)", retry_after_s=7.0)
+    GatewayFault(FaultKind.TRANSIENT, "throttled (HTTP 429)", retry_after_s=7.0),
+    GatewayFault(FaultKind.AMBIGUOUS, "outcome unknown (HTTP 503)", answered=True),
 ]
 CASES: list[tuple[str, Callable[..., object], tuple[Any, ...], list[Row]]] = []
 REACHED: set[str] = set()
@@ -288,6 +289,26 @@ table(
     ),
 )
 
+# When an unconfirmed create's grace began: (requested_at, deferred_until, answered).
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+GRACE_START: list[Row] = [
+    ("the gateway answered the create (a 5xx): at the create", lambda r, d, a: a, lambda r, *_: r),
+    ("no deferral after the create: at the create", lambda r, d, a: d is None or d <= r,
+     lambda r, *_: r),  # fmt: skip
+    ("unanswered, deferred since: when the last deferral ended", lambda *_: True,
+     lambda r, d, a: d),  # fmt: skip
+]
+table(
+    "grace_start",
+    GRACE_START,
+    creates.grace_start,
+    itertools.product(
+        [T0],
+        [None, T0 - timedelta(seconds=5), T0, T0 + timedelta(minutes=10)],
+        [False, True],
+    ),
+)
+
 # Adopt or create: (eligible_ids, title).
 ADOPT: list[Row] = [
     (
@@ -326,9 +347,14 @@ CREATE: list[Row] = [
     ),
     ("an id", lambda a, p: isinstance(a, str), lambda a, p: Record(a)),
     (
-        "timeout, dropped connection, 5xx on the POST",
+        "timeout, dropped connection, 502/504 on the POST: the gateway may still hold it",
+        lambda a, p: a.kind is FaultKind.AMBIGUOUS and not a.answered,
+        lambda a, p: Recover(a.message, answered=False),
+    ),
+    (
+        "another 5xx, or an unreadable answer: the gateway is done with it",
         lambda a, p: a.kind is FaultKind.AMBIGUOUS,
-        lambda a, p: Recover(),
+        lambda a, p: Recover(a.message, answered=True),
     ),
     (
         "409/422, other 4xx",

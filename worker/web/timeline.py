@@ -19,6 +19,7 @@ KINDS = {
     "HopScheduled": "hop",
     "CreateRequested": "create",
     "CreateRefused": "bad",
+    "CreateUnconfirmed": "deferred",
     "CandidateAccepted": "candidate",
     "SurplusCreated": "candidate",
     "CandidateDropped": "bad",
