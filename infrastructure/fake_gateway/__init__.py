@@ -20,14 +20,19 @@ Gateway calls (need ``Authorization: Bearer <non-empty>``, else 401)::
 
 Admin calls (JSON in and out, no auth, no faults, no rate limit, not counted)::
 
-    GET  /_fake/state                     workspaces, creates per title, calls per operation,
-                                          calls_total, faults played by kind, throttled,
-                                          outage, outage_calls
+    GET  /_fake/state                     id_prefix, workspaces, creates per title, calls per
+                                          operation, calls_total, faults played by kind,
+                                          throttled, outage, outage_calls
     POST /_fake/reset                     forget everything but the configured parents;
                                           zero the counts, refill the bucket, end an outage
     POST /_fake/config                    set knobs (a subset), answer the whole config
     POST /_fake/workspaces                seed {"title","parent","status","projects": n}
     POST /_fake/workspaces/{id}/projects  add a project, answer {"id": P}
+    POST /_fake/workspaces/{id}/refuse-deletes
+                                          {"status": 409, "message": M}: answer every
+                                          project delete in it so, deleting nothing (a 4xx
+                                          but 404 and 429; 0 deletes again); answer the
+                                          workspace
     POST /_fake/scripts                   {"title": "fate"}: fix what creates of that
                                           title do (zombie, creation_failed, failed,
                                           error, invalid subscription,
@@ -71,8 +76,12 @@ Behaviour worth knowing:
   (``ws-1a2b3c4d-...``) unless given one (``id_prefix=""``, as
   ``provisioner fake-gateway --seed N`` does: ids from the seed alone).
 * ``POST /_fake/reset`` keeps the configuration and the parents given at start
-  (with their projects untouched); workspaces seeded with ``parent`` null are
-  dropped like any other.
+  (with their projects untouched, their deletes no longer refused); workspaces
+  seeded with ``parent`` null are dropped like any other.
+* A workspace whose deletes are refused answers every ``DELETE .../projects/{pid}``
+  with that status and ``{"error": M}`` (known project or not) and deletes nothing;
+  each counts in ``calls`` and in ``faults["delete_refused"]``. The state shows it
+  on the workspace as ``refuse_deletes`` (``{"status", "message"}`` or null).
 """
 
 from infrastructure.fake_gateway.config import (

@@ -37,6 +37,7 @@ ADMIN_CALLS: tuple[tuple[str, str, str], ...] = (
     ("POST", "/_fake/config", 'set knobs {"zombie_rate": 0.1, ...}; answers them all'),
     ("POST", "/_fake/workspaces", 'seed one {"title", "parent", "status", "projects": n}'),
     ("POST", "/_fake/workspaces/{id}/projects", 'add a project; answers {"id": P}'),
+    ("POST", "/_fake/workspaces/{id}/refuse-deletes", '{"status": 409}: deletes refused; 0 ends'),
     ("POST", "/_fake/scripts", '{"title": "fate"}: fix what creates of that title do'),
     ("POST", "/_fake/outage", '{"seconds": N, "mode": "503" | "refuse"}; 0 ends one'),
 )
@@ -60,6 +61,7 @@ class _Admin:
             ("POST", re.compile(r"/_fake/scripts"), self.script),
             ("POST", re.compile(r"/_fake/outage"), self.outage),
             ("POST", re.compile(rf"/_fake/workspaces/{_WS}/projects"), self.add_project),
+            ("POST", re.compile(rf"/_fake/workspaces/{_WS}/refuse-deletes"), self.refuse_deletes),
         )
 
     def get_state(self, _request: Request, _params: tuple[str, ...]) -> Reply:
@@ -98,6 +100,15 @@ class _Admin:
 
     def add_project(self, _request: Request, params: tuple[str, ...]) -> Reply:
         return Reply(200, {"id": self.state.add_project(params[0])})
+
+    def refuse_deletes(self, request: Request, params: tuple[str, ...]) -> Reply:
+        body = request.json()
+        if not isinstance(body, dict) or "status" not in body or set(body) - {"status", "message"}:
+            return error_reply(400, 'body must be {"status": 4xx | 0, "message": M}')
+        try:
+            return Reply(200, self.state.refuse_deletes(params[0], **body))
+        except ValueError as exc:
+            return error_reply(400, str(exc))
 
     def script(self, request: Request, _params: tuple[str, ...]) -> Reply:
         body = request.json()

@@ -312,6 +312,15 @@ class FakeGateway:
         except NotFoundError as exc:
             raise KeyError(str(exc)) from None
 
+    def refuse_deletes(self, workspace_id: str, status: int = 409, message: str = "") -> JsonObject:
+        """As ``POST /_fake/workspaces/{id}/refuse-deletes``: answer every project delete
+        in the workspace ``status`` with ``message`` (a default naming it) and delete
+        nothing; 0 deletes again. KeyError if unknown, ValueError on a bad status."""
+        try:
+            return self._state.refuse_deletes(workspace_id, status, message)
+        except NotFoundError as exc:
+            raise KeyError(str(exc)) from None
+
     def script(self, title: str, fate: str) -> dict[str, str]:
         """Fix the fate of creates titled ``title``: zombie, a terminal status
         (creation_failed, failed, error, invalid subscription),

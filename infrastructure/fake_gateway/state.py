@@ -60,6 +60,7 @@ class Workspace:
     not_ready_polls: int = 0
     settle_polls: int | None = None  # a scripted title's own settle time
     resources: JsonObject = field(default_factory=dict)
+    refuse_deletes: tuple[int, str] | None = None  # (status, message) of every project delete
 
 
 def _now_iso() -> str:
@@ -74,6 +75,8 @@ def _recase(status: str, mode: str) -> str:
     return status
 
 
+# What a workspace's project deletes may be answered instead (0: deleted again).
+_REFUSALS = frozenset({0, *range(400, 500)}) - {404, 429}
 _SCRIPT = re.compile(
     r"|zombie|creation_failed|failed|error|invalid subscription"
     r"|timeout_after_create|timeout_without_create|slow:\d{1,6}"
@@ -176,6 +179,7 @@ class FakeState(Metering):
             "projects": list(ws.projects),
             "created_at": ws.created_at,
             "resources": dict(ws.resources),
+            "refuse_deletes": _show_refusal(ws.refuse_deletes),
         }
 
     # ---- admin operations (take the lock)
@@ -183,6 +187,7 @@ class FakeState(Metering):
     def snapshot(self) -> JsonObject:
         with self.lock:
             return {
+                "id_prefix": self.id_prefix,
                 "workspaces": [self._show(ws) for ws in self.workspaces.values()],
                 "creates": dict(self.creates),
                 "creates_dropped": dict(self.dropped),
@@ -199,6 +204,8 @@ class FakeState(Metering):
             self.workspaces = {
                 wid: ws for wid, ws in self.workspaces.items() if wid in self.parent_ids
             }
+            for parent in self.workspaces.values():
+                parent.refuse_deletes = None
             self.creates.clear()
             self.dropped.clear()
             self.scripts.clear()
@@ -243,6 +250,17 @@ class FakeState(Metering):
             project = self._new_id("prj")
             ws.projects.append(project)
             return project
+
+    def refuse_deletes(self, workspace_id: str, status: object, message: object = "") -> JsonObject:
+        """Answer every project delete in the workspace `status` (a 4xx but 404 and 429,
+        which mean gone and try later) and delete nothing, until set to 0."""
+        if type(status) is not int or status not in _REFUSALS or not isinstance(message, str):
+            raise ValueError(f"status must be a 4xx but 404 and 429, or 0, got {status!r}")
+        with self.lock:
+            ws = self._get(workspace_id)
+            refusal = message or f"project deletes refused in workspace {ws.id}"
+            ws.refuse_deletes = (status, refusal) if status else None
+            return self._show(ws)
 
     # ---- gateway operations
 
@@ -349,10 +367,17 @@ class FakeState(Metering):
         workspace_id, project_id = params
         with self.lock:
             ws = self._get(workspace_id)
+            if ws.refuse_deletes is not None:  # before the project is looked for: nothing done
+                self._fault("delete_refused")
+                return error_reply(*ws.refuse_deletes)
             if project_id not in ws.projects:
                 raise NotFoundError(f"project {project_id} not found")
             ws.projects.remove(project_id)
             return Reply(204)
+
+
+def _show_refusal(refusal: tuple[int, str] | None) -> JsonObject | None:
+    return None if refusal is None else {"status": refusal[0], "message": refusal[1]}
 
 
 def _title_of(body: object) -> str:

@@ -524,3 +524,76 @@ def test_provisioner_fake_gateway_takes_every_knob_and_refuses_a_bad_one() -> No
     refused = runner.invoke(main, ["fake-gateway", "--port", "0", "--zombie-rate", "2"])
     assert refused.exit_code == 2
     assert "zombie_rate is a rate between 0 and 1" in refused.output
+
+
+def test_state_reports_the_id_prefix_its_ids_carry(fake: FakeGateway, client: httpx.Client) -> None:
+    made = create(client, "Brand A").json()["id"]
+    state = client.get("/_fake/state").json()
+
+    assert re.fullmatch(r"[0-9a-f]{8}", state["id_prefix"])
+    assert state["id_prefix"] == fake.id_prefix
+    assert made.startswith(f"ws-{state['id_prefix']}-")
+    with FakeGateway(id_prefix="") as plain, http_client(plain.url, timeout=2.0) as http:
+        assert http.get("/_fake/state").json()["id_prefix"] == ""
+    with FakeGateway() as other:
+        assert other.state()["id_prefix"] not in ("", state["id_prefix"])  # one per start
+
+
+def test_a_workspace_can_refuse_its_project_deletes_for_good(
+    fake: FakeGateway, client: httpx.Client
+) -> None:
+    workspace = fake.seed_workspace("Brand A", PARENT, projects=2)
+    wid, [first, second] = workspace["id"], workspace["projects"]
+    assert workspace["refuse_deletes"] is None
+    body = {"status": 409, "message": "project locked by a legal hold"}
+
+    answered = client.post(f"/_fake/workspaces/{wid}/refuse-deletes", json=body)
+    refused = [client.delete(f"/v1/workspaces/{wid}/projects/{p}") for p in (first, "prj-nope")]
+
+    assert answered.status_code == 200
+    assert answered.json()["refuse_deletes"] == body
+    assert [r.status_code for r in refused] == [409, 409]
+    assert refused[0].json() == {"error": "project locked by a legal hold"}
+    state = fake.state()
+    [shown] = [ws for ws in state["workspaces"] if ws["id"] == wid]
+    assert shown["projects"] == [first, second]  # nothing deleted
+    assert shown["refuse_deletes"] == body
+    assert state["calls"]["delete_project"] == 2
+    assert state["faults"] == {"delete_refused": 2}
+    # Another workspace deletes as before; 0 ends the refusal.
+    other = fake.seed_workspace("Brand B", PARENT, projects=1)
+    [kept] = other["projects"]
+    assert client.delete(f"/v1/workspaces/{other['id']}/projects/{kept}").status_code == 204
+    ended = client.post(f"/_fake/workspaces/{wid}/refuse-deletes", json={"status": 0})
+    assert ended.json()["refuse_deletes"] is None
+    assert client.delete(f"/v1/workspaces/{wid}/projects/{first}").status_code == 204
+
+
+def test_refused_deletes_take_a_4xx_but_gone_and_throttled_and_a_reset_ends_them(
+    fake: FakeGateway, client: httpx.Client
+) -> None:
+    wid = fake.seed_workspace("Brand A", PARENT, projects=1)["id"]
+    path = f"/_fake/workspaces/{wid}/refuse-deletes"
+    bad = [{"status": s} for s in (404, 429, 500, 204, 409.0, "409", True)]
+    bad += [{}, {"status": 409, "message": 7}, {"status": 409, "why": "x"}]
+
+    answers = [client.post(path, json=body).status_code for body in bad]
+    unknown = client.post("/_fake/workspaces/nope/refuse-deletes", json={"status": 409})
+    default = fake.refuse_deletes(PARENT, 422)  # in process; the parent too
+
+    assert answers == [400] * len(bad)
+    assert unknown.status_code == 404
+    assert default["refuse_deletes"] == {
+        "status": 422,
+        "message": f"project deletes refused in workspace {PARENT}",
+    }
+    project = default["projects"][0]
+    assert client.delete(f"/v1/workspaces/{PARENT}/projects/{project}").status_code == 422
+    with pytest.raises(KeyError):
+        fake.refuse_deletes("nope")
+    with pytest.raises(ValueError, match="4xx"):
+        fake.refuse_deletes(wid, 404)
+    fake.reset()
+    [parent] = fake.state()["workspaces"]
+    assert parent["refuse_deletes"] is None
+    assert client.delete(f"/v1/workspaces/{PARENT}/projects/{project}").status_code == 204
