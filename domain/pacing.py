@@ -44,6 +44,8 @@ class PaceRules:
     create_wait_s: float = 10.0
     open_after: int = 5
     probe_every_s: float = 10.0
+    # The longest one call may take: while a probe may still be in flight no other goes.
+    probe_lease_s: float = 0.0
     backoff_factor: float = 0.7
     # One cut per throttling episode: calls admitted before a cut (up to max_wait_s
     # ahead) still meet the limit after it, and cutting again for them would
@@ -125,7 +127,8 @@ def admit(
     if state.open_since is not None:
         if now < state.probe_at:
             return state, Hold(state.probe_at - now, f"circuit open: {state.last_error}")
-        return replace(state, probe_at=now + rules.probe_every_s), Go(0.0, probe=True)
+        lease = max(rules.probe_every_s, rules.probe_lease_s)
+        return replace(state, probe_at=now + lease), Go(0.0, probe=True)
     if state.paused_until - now > patience:
         return state, Hold(state.paused_until - now, "throttled: the gateway's Retry-After")
     start = max(now, state.paused_until)
@@ -157,8 +160,12 @@ def observe(
     *,
     retry_after_s: float = 0.0,
     error: str = "",
+    probe: bool = False,
 ) -> tuple[PaceState, Change | None]:
-    """What a call's answer changes; the same state back when nothing changed."""
+    """What a call's answer changes; the same state back when nothing changed. A
+    probe that got no answer starts the interval to the next one from now."""
+    if result is Result.UNREACHABLE and probe and state.open_since is not None:
+        return replace(state, probe_at=now + rules.probe_every_s, last_error=error), None
     if result is Result.UNREACHABLE:
         since = state.unreachable_since if state.unreachable_since is not None else now
         failing = replace(

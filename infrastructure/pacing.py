@@ -194,6 +194,7 @@ class Pace:
         def step(state: PaceState, now: float) -> tuple[PaceState, Go | Hold]:
             new, decision = admit(self.rules, state, now, create=create)
             self._admitted.clean = new.open_since is None and new.unreachable == 0
+            self._admitted.probe = isinstance(decision, Go) and decision.probe
             self._on_event("circuit", 0.0 if new.open_since is None else 1.0)
             return new, decision
 
@@ -217,9 +218,11 @@ class Pace:
         if result is Result.ANSWERED and getattr(self._admitted, "clean", False):
             return
 
+        probe = getattr(self._admitted, "probe", False)
+
         def step(state: PaceState, now: float) -> tuple[PaceState, Change | None]:
             return observe(self.rules, state, now, result, retry_after_s=retry_after_s,
-                           error=error)  # fmt: skip
+                           error=error, probe=probe)  # fmt: skip
 
         try:
             change = self.store.update(step)

@@ -394,6 +394,6 @@ class Settings:
 
     def pace(self) -> PaceRules:
         """The fleet's pace of gateway calls (domain/pacing.py)."""
-        return PaceRules(
-            rate=self.gateway_rate, burst=self.gateway_burst, probe_every_s=self.gateway_probe_s
-        )
+        return PaceRules(rate=self.gateway_rate, burst=self.gateway_burst,
+                         probe_every_s=self.gateway_probe_s,
+                         probe_lease_s=self.gateway_timeout_s + 4)  # + the connect timeout, 3 s

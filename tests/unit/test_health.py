@@ -249,13 +249,16 @@ def test_readiness_runs_its_checks_at_most_once_per_ttl() -> None:
     assert len(runs) == 3
 
 
-def test_a_degraded_check_is_ok_for_readiness() -> None:
+def test_a_degraded_check_is_ready_and_says_degraded() -> None:
     def gateway() -> str:
         raise Degraded("no answer from gw.example")
 
-    status, body = call(Probes(health=Health([("gateway", gateway)])), "/readyz")
+    checks = [("gateway_circuit", gateway), ("broker", lambda: "ok")]
+    status, body = call(Probes(health=Health(checks)), "/readyz")
     assert status.startswith("200")
-    assert json.loads(body) == {"status": "ok", "checks": {"gateway": "ok"}}
+    checks_seen = {"gateway_circuit": "degraded", "broker": "ok"}
+    assert json.loads(body) == {"status": "degraded", "checks": checks_seen}
+    assert b"gw.example" not in body  # the detail still needs the token
 
 
 def test_a_process_is_not_ready_until_its_parts_are_built() -> None:

@@ -293,10 +293,12 @@ table(
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 GRACE_START: list[Row] = [
     ("the gateway answered the create (a 5xx): at the create", lambda r, d, a: a, lambda r, *_: r),
-    ("no deferral after the create: at the create", lambda r, d, a: d is None or d <= r,
-     lambda r, *_: r),  # fmt: skip
-    ("unanswered, deferred since: when the last deferral ended", lambda *_: True,
-     lambda r, d, a: d),  # fmt: skip
+    (
+        "no deferral after the create: at the create",
+        lambda r, d, a: d is None or d <= r,
+        lambda r, *_: r,
+    ),
+    ("unanswered, deferred since: when the last deferral ended", lambda *_: True, lambda *a: a[1]),
 ]
 table(
     "grace_start",

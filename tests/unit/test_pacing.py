@@ -109,6 +109,29 @@ def test_repeated_failures_open_the_circuit_and_one_probe_goes_per_interval() ->
     assert isinstance(admit(rules, closed, 62.4)[1], Go)
 
 
+def test_no_second_probe_goes_while_one_may_still_be_in_flight() -> None:
+    """A probe that hangs for its whole timeout holds the next one back; its failure
+    starts the interval to the next probe from its end."""
+    rules = PaceRules(open_after=1, probe_every_s=10.0, probe_lease_s=14.0)
+    state, _ = observe(rules, PaceState(), 0.0, Result.UNREACHABLE, error="timed out")
+    state, probe = admit(rules, state, 10.0)
+    assert probe == Go(0.0, probe=True)
+    _, during = admit(rules, state, 23.9)  # past the interval, the probe still out
+    assert isinstance(during, Hold)
+    assert during.wait_s == pytest.approx(0.1)
+
+    state, change = observe(rules, state, 23.0, Result.UNREACHABLE, error="timed out",
+                            probe=True)  # fmt: skip
+    assert change is None  # still open: no second WARNING
+    assert state.probe_at == 33.0
+    assert isinstance(admit(rules, state, 32.9)[1], Hold)
+    assert admit(rules, state, 33.0)[1] == Go(0.0, probe=True)
+
+    # A call sent before the circuit opened failing late moves no probe.
+    late, _ = observe(rules, state, 24.0, Result.UNREACHABLE, error="timed out")
+    assert late.probe_at == state.probe_at
+
+
 def test_an_answer_between_failures_keeps_the_circuit_closed() -> None:
     rules = PaceRules(open_after=3)
     state = PaceState()
@@ -260,3 +283,19 @@ def test_a_create_waits_longer_for_its_turn_than_a_read() -> None:
 
     assert isinstance(read, Hold)
     assert create == Go(pytest.approx(3.0))
+
+
+def test_a_failed_probe_through_the_adapter_restarts_the_interval_from_its_answer() -> None:
+    upstream = Upstream(*[httpx.Response(503) for _ in range(6)])
+    clock = Clock()
+    rules = PaceRules(open_after=5, probe_every_s=10.0, probe_lease_s=14.0)
+    gateway, pace = adapter(upstream, rules, clock)
+    for _ in range(5):
+        with pytest.raises(TransientGatewayError):
+            gateway.status("ws-1")
+    clock.now += 10.0
+    with pytest.raises(TransientGatewayError, match="HTTP 503"):
+        gateway.status("ws-1")  # the probe, answered 503 at once
+    assert upstream.count == 6
+    state, now = pace.state()
+    assert state.probe_at == pytest.approx(now + 10.0)  # not the lease's 14 s
