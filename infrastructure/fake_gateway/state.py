@@ -194,6 +194,7 @@ class FakeState(Metering):
                 "calls": dict(self.calls),
                 "calls_total": sum(self.calls.values()),
                 "faults": dict(self.faults),
+                "rate_limit": {"rate": self.config.rate_limit, "burst": self.config.burst},
                 "throttled": self.throttled,
                 "outage": self._show_outage(),
                 "outage_calls": self.outage_calls,

@@ -76,6 +76,7 @@ def test_throttled_calls_are_counted_and_admin_calls_never_throttled(fake: FakeG
         assert {http.get("/_fake/state").status_code for _ in range(5)} == {200}
         state = http.get("/_fake/state").json()
     assert state["throttled"] == 4
+    assert state["rate_limit"] == {"rate": 1, "burst": 1}
     assert state["faults"] == {}  # the random throttle_rate is counted there, not this
     assert state["calls"]["status"] == 4
     assert state["calls"]["family"] == 1
