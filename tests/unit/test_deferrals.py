@@ -182,34 +182,6 @@ def test_the_audit_folds_deferrals_in_a_row_into_one_entry(
     assert (story["settle_hops"], story["max_hop"], story["deferrals"]) == (1, 3, 7)
 
 
-def test_an_unconfirmed_create_gets_its_grace_again_after_an_outage(
-    service: ProvisioningService, gateway: MemoryGateway, clock: ManualClock
-) -> None:
-    """The family could not be listed during the outage, so it could not show the
-    create: the grace restarts when the gateway answers, and no title is made twice."""
-    gateway.creates = ["late"]  # made, but the create timed out and it is not listed yet
-    attempt_id = service.request_provisioning("b1", TITLE, PARENT)
-    first = service.run_hop(attempt_id, 0)
-    assert first.detail == "create unconfirmed; not in the family yet"
-    down(gateway, "family", 12)  # the gateway is down for minutes: far past the grace
-    hop, outcome = 1, first
-    while True:
-        clock.advance(outcome.delay_s or 0)
-        outcome = service.run_hop(attempt_id, hop)
-        hop += 1
-        if outcome.outcome is not Outcome.DEFERRED:
-            break
-    assert service.attempt(attempt_id).deferrals == 12
-
-    # Back, and still not listed: within its new grace the create may yet appear.
-    assert outcome.outcome is Outcome.SCHEDULED
-    assert outcome.detail == "create unconfirmed; not in the family yet"
-    gateway.reveal()
-    clock.advance(outcome.delay_s or 0)
-    assert service.run_hop(attempt_id, hop).outcome is Outcome.PROMOTED
-    assert gateway.calls["create_child"] == 1
-
-
 def _deferred_through(service: ProvisioningService, clock: ManualClock, attempt_id: Any,
                       first: Any) -> tuple[int, Any]:  # fmt: skip
     """Run the hops after `first` while they are deferred; the next hop and the outcome
@@ -221,6 +193,28 @@ def _deferred_through(service: ProvisioningService, clock: ManualClock, attempt_
         hop += 1
         if outcome.outcome is not Outcome.DEFERRED:
             return hop, outcome
+
+
+def test_an_unconfirmed_create_gets_its_grace_again_after_an_outage(
+    service: ProvisioningService, gateway: MemoryGateway, clock: ManualClock
+) -> None:
+    """The family could not be listed during the outage, so it could not show the
+    create: the grace restarts when the gateway answers, and no title is made twice."""
+    gateway.creates = ["late"]  # made, but the create timed out and it is not listed yet
+    attempt_id = service.request_provisioning("b1", TITLE, PARENT)
+    first = service.run_hop(attempt_id, 0)
+    assert first.detail == "create unconfirmed; not in the family yet"
+    down(gateway, "family", 12)  # the gateway is down for minutes: far past the grace
+    hop, outcome = _deferred_through(service, clock, attempt_id, first)
+    assert service.attempt(attempt_id).deferrals == 12
+
+    # Back, and still not listed: within its new grace the create may yet appear.
+    assert outcome.outcome is Outcome.SCHEDULED
+    assert outcome.detail == "create unconfirmed; not in the family yet"
+    gateway.reveal()
+    clock.advance(outcome.delay_s or 0)
+    assert service.run_hop(attempt_id, hop).outcome is Outcome.PROMOTED
+    assert gateway.calls["create_child"] == 1
 
 
 @pytest.mark.parametrize(("outage", "waits"), [(12, False), (2, True)])
