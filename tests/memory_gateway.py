@@ -6,6 +6,8 @@ Faults it can play (the property tests drive them at random):
 - `creates` scripts the next create calls: "ok" (made and answered), "lost" (made,
   answer lost: AmbiguousCreate), "none" (not made, AmbiguousCreate), "late" (made,
   answer lost, and the workspace shows in the family only after `reveal()`),
+  "lost5xx" (made and listed at once, answered 500: an AmbiguousCreate it answered),
+  "none5xx" (not made, answered 503: the same),
   "parent" (answers the parent's id, a gateway bug), "noid" (answers an empty id),
   "echo" (answers the id of the newest child there is, made by nobody now),
   or a GatewayError to raise (429, 5xx, 401, 409 ...);
@@ -115,8 +117,10 @@ class MemoryGateway:
         if isinstance(what, GatewayError):
             self._hook("create_child")
             raise what
-        if what == "none":
+        if what in ("none", "none5xx"):
             self._hook("create_child")
+            if what == "none5xx":
+                raise AmbiguousCreate("outcome unknown (HTTP 503)", answered=True)
             raise AmbiguousCreate("timed out before creating")
         if what in ("parent", "noid"):
             self._hook("create_child")
@@ -136,6 +140,8 @@ class MemoryGateway:
         self._hook("create_child")
         if what in ("lost", "late"):
             raise AmbiguousCreate("timed out after creating")
+        if what == "lost5xx":
+            raise AmbiguousCreate("outcome unknown (HTTP 500)", answered=True)
         return ws.id
 
     def status(self, workspace_id: str) -> str:

@@ -262,7 +262,8 @@ ERRORS = {
     "404": lambda: WorkspaceGone("404"),
 }
 # What a create does, and how often: made, lost, late; bugs; refusals.
-CREATES = [*["ok", "lost"] * 3, "none", "late", "late", "parent", "noid", "echo", "429", "409"]
+CREATES = [*["ok", "lost"] * 3, "none", "late", "late", "lost5xx", "none5xx", "parent", "noid",
+           "echo", "429", "409"]  # fmt: skip
 
 
 def _world_on(gateway: MemoryGateway, service: ProvisioningService, world: World) -> set[str]:

@@ -92,7 +92,8 @@ ERRORS: dict[str, Callable[[], GatewayError]] = {
     "garbled": lambda: MalformedAnswer("not JSON"),
     "404": lambda: WorkspaceGone("404"),
 }
-CREATES = ("ok", "ok", "lost", "none", "late", "parent", "noid", "echo", "429", "503", "401", "409")
+CREATES = ("ok", "ok", "lost", "none", "late", "lost5xx", "none5xx", "parent", "noid", "echo",
+           "429", "503", "401", "409")  # fmt: skip
 METHODS = ("create_child", "status", "family", "list_projects", "delete_project")
 
 
