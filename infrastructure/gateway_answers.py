@@ -15,6 +15,8 @@ from __future__ import annotations
 import json as jsonlib
 import math
 from dataclasses import dataclass
+from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
 from typing import Any
 
 import httpx
@@ -38,6 +40,7 @@ class Answer:
     content: bytes
     retry_after: str = ""
     encoding: str = "utf-8"
+    date: str = ""  # the Date header: what an HTTP-date Retry-After is counted from
 
     def json(self) -> Any:
         """The body as JSON; ValueError for anything else (not UTF-8, nested too deeply)."""
@@ -154,15 +157,28 @@ def _text(value: object, op: str, field: str) -> str:
     raise MalformedAnswer(f"{op}: field {field!r} is not a string")
 
 
-def retry_after(response: Answer) -> float:
-    """A numeric Retry-After in seconds, capped; 0 when absent or a date."""
+def retry_after(response: Answer, now: datetime | None = None) -> float:
+    """Retry-After in seconds, capped; 0 when absent, unreadable or past. An HTTP date
+    counts from the answer's own Date (the gateway's clock), else from `now`."""
     try:
         seconds = float(response.retry_after)
     except ValueError:
-        return 0.0
+        at = _http_date(response.retry_after)
+        if at is None:
+            return 0.0
+        since = _http_date(response.date) or now or datetime.now(UTC)
+        seconds = (at - since).total_seconds()
     if not math.isfinite(seconds) or seconds <= 0:
         return 0.0
     return min(seconds, RETRY_AFTER_CAP_S)
+
+
+def _http_date(text: str) -> datetime | None:
+    try:
+        at = parsedate_to_datetime(text)
+    except (TypeError, ValueError, IndexError):
+        return None
+    return at if at.tzinfo is not None else at.replace(tzinfo=UTC)
 
 
 def read_capped(response: httpx.Response, limit: int) -> bytes:

@@ -52,7 +52,7 @@ def exchange(
             body = read_capped(got, limit)
         return Answer(
             got.status_code, body, got.headers.get("Retry-After", ""),
-            got.charset_encoding or "utf-8",
+            got.charset_encoding or "utf-8", got.headers.get("Date", ""),
         )  # fmt: skip
     except Unreadable as exc:
         return Failure("unreadable", str(exc))

@@ -12,6 +12,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
 
 import httpx
 import pytest
@@ -28,6 +29,7 @@ from domain.ports import (
     WorkspaceGone,
 )
 from infrastructure import gateway as gateway_module
+from infrastructure import gateway_answers
 from infrastructure.gateway import HttpGateway
 
 TOKEN = "tok-SECRET-5f3a9c"  # a fake token whose leaks we hunt for
@@ -588,6 +590,27 @@ def test_create_failure_mapping_and_never_retried(
     assert rec.count == 1
 
 
+@pytest.mark.parametrize(
+    ("answer", "answered"),
+    [
+        (_timeout, False),  # the gateway may still hold the request
+        (_drop, False),
+        (status_only(502), False),  # a proxy's: the gateway behind it may still hold it
+        (status_only(504), False),
+        (status_only(500), True),  # the gateway's own answer: it is done with it
+        (status_only(503), True),
+        (_bad_gzip, True),
+    ],
+)
+def test_an_ambiguous_create_says_whether_the_gateway_answered_it(
+    make: Make, answer: httpx.Response | Handler, answered: bool
+) -> None:
+    gateway, _ = make(answer, retries=0)
+    with pytest.raises(AmbiguousCreate) as raised:
+        gateway.create_child(PARENT, "T")
+    assert raised.value.answered is answered
+
+
 def test_rejection_carries_the_gateways_text_truncated(make: Make) -> None:
     gateway, _ = make(ok({"error": "insufficient available units"}, 422))
     with pytest.raises(RequestRejected, match="422: insufficient available units"):
@@ -657,6 +680,32 @@ def test_a_429_is_not_retried_and_carries_its_retry_after(make: Make, op: str) -
         READS[op](gateway)
     assert raised.value.retry_after_s == 30.0
     assert rec.count == 1
+
+
+@pytest.mark.parametrize(
+    ("headers", "seconds"),
+    [
+        ({"Retry-After": "Wed, 21 Oct 2015 07:28:00 GMT", "Date": "Wed, 21 Oct 2015 07:27:30 GMT"},
+         30.0),  # an HTTP date counts from the answer's own Date, not our clock
+        ({"Retry-After": "Wed, 21 Oct 2015 07:28:00 GMT", "Date": "Wed, 21 Oct 2015 07:29:00 GMT"},
+         0.0),  # already past
+        ({"Retry-After": "soon"}, 0.0),
+        ({"Retry-After": "7200"}, 3600.0),  # beyond an hour is not believed
+    ],
+)  # fmt: skip
+def test_a_429_carries_a_retry_after_given_as_an_http_date(
+    make: Make, headers: dict[str, str], seconds: float
+) -> None:
+    gateway, _ = make(httpx.Response(429, headers=headers), retries=0)
+    with pytest.raises(TransientGatewayError, match="throttled") as raised:
+        gateway.status("ws-1")
+    assert raised.value.retry_after_s == seconds
+
+
+def test_an_http_date_retry_after_without_a_date_counts_from_now() -> None:
+    answer = gateway_answers.Answer(429, b"", "Wed, 21 Oct 2015 07:28:00 GMT")
+    now = datetime(2015, 10, 21, 7, 27, 50, tzinfo=UTC)
+    assert gateway_answers.retry_after(answer, now=now) == 10.0
 
 
 def test_retries_zero_means_one_attempt(make: Make) -> None:
