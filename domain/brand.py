@@ -13,6 +13,9 @@ whatever order they run in, the brand ends as its producer's last command says.
 Retention: a deactivation records when the still-bound workspace is to be
 emptied (`purge_at`, the end of the retention window); the decommission waits
 until then (`decommission_due`), and a reactivation before then cancels it.
+A gateway that refuses for good to empty it (`DecommissionRefused`) stops the
+decommission until a newer deactivation (`--purge-now`, once fixed upstream), a
+reactivation or an unbind.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from eventsourcing.domain import Aggregate, event
 
 from domain.errors import BrandDeactivated, CommandRefused, RetryLater
 from domain.ids import brand_aggregate_id
+from domain.stored import safe_message
 
 ACTIVE = "active"
 DEACTIVATED = "deactivated"
@@ -72,6 +76,10 @@ class Brand(Aggregate):
     class DecommissionStarted(Aggregate.Event):
         workspace_id: str
 
+    class DecommissionRefused(Aggregate.Event):
+        workspace_id: str
+        message: str  # the gateway's words
+
     class WorkspaceUnbound(Aggregate.Event):
         workspace_id: str
         reason: str
@@ -106,6 +114,7 @@ class Brand(Aggregate):
         self.workspace_id: str | None = None
         self.decommissioning: str | None = None
         self.purge_at: datetime | None = None  # deactivated: when the workspace is emptied
+        self.emptying_refused: str | None = None  # the gateway refused it for good: its words
         self.last_command_at: datetime | None = None  # newest command time applied
         self.last_command_kind: str | None = None  # provision | deactivate, at that time
 
@@ -137,15 +146,17 @@ class Brand(Aggregate):
 
     @property
     def to_be_emptied_at(self) -> datetime | None:
-        """When the deactivated brand's still-bound workspace is emptied; else None."""
-        if self.is_active or self.workspace_id is None:
+        """When the deactivated brand's still-bound workspace is emptied; else None (also
+        while its emptying is refused: not until an operator deactivates it again)."""
+        if self.is_active or self.workspace_id is None or self.emptying_refused is not None:
             return None
         return self.purge_at
 
     def decommission_due(self, now: datetime) -> bool:
         """Deactivated, still bound, and its retention window over (or the emptying
-        already begun): the decommission may empty the workspace now."""
-        if self.is_active or self.workspace_id is None:
+        already begun): the decommission may empty the workspace now. Not while the
+        gateway's refusal to empty it is on record: nobody retries that for ever."""
+        if self.is_active or self.workspace_id is None or self.emptying_refused is not None:
             return False
         if self.decommissioning == self.workspace_id or self.purge_at is None:
             return True
@@ -218,6 +229,8 @@ class Brand(Aggregate):
         moving = parent_workspace_id not in (None, self.parent_workspace_id)
         if not self.is_active and self.workspace_id is not None and moving:
             when = f" at {self.purge_at.isoformat()}" if self.purge_at else ""
+            if self.emptying_refused is not None:
+                when = f" (its emptying was refused: {self.emptying_refused}; fix it upstream)"
             raise RetryLater(
                 f"brand {self.brand_id} is deactivated and still bound to {self.workspace_id} "
                 f"under parent {self.parent_workspace_id}; it moves to {parent_workspace_id} "
@@ -275,6 +288,15 @@ class Brand(Aggregate):
         if self.decommissioning != self.workspace_id:
             self._decommission_started(self.workspace_id)
 
+    def refuse_decommission(self, message: str) -> None:
+        """The gateway refused for good to empty the bound workspace (a 4xx on its
+        projects): on record, not retried, the workspace kept and still bound. A
+        newer deactivation (`--purge-now` once fixed upstream), a reactivation or an
+        unbind clears it."""
+        if self.workspace_id is None or self.decommissioning != self.workspace_id:
+            raise CommandRefused(f"brand {self.brand_id} has no decommission under way")
+        self._decommission_refused(self.workspace_id, safe_message(message))
+
     def deactivate(self, requested_at: datetime, purge_at: datetime | None = None) -> None:
         """Deactivate, or (already deactivated) record the newer deactivation's time.
 
@@ -313,16 +335,23 @@ class Brand(Aggregate):
     def _decommission_started(self, workspace_id: str) -> None:
         self.decommissioning = workspace_id
 
+    @event(DecommissionRefused)
+    def _decommission_refused(self, workspace_id: str, message: str) -> None:
+        self.emptying_refused = message
+        self.decommissioning = None  # nothing under way: a provision is not held back
+
     @event(WorkspaceUnbound)
     def _workspace_unbound(self, workspace_id: str, reason: str, projects_deleted: int) -> None:
         self.workspace_id = None
         self.decommissioning = None
         self.purge_at = None
+        self.emptying_refused = None
 
     @event(Deactivated)
     def _deactivated(self, requested_at: datetime, purge_at: datetime) -> None:
         self.lifecycle = DEACTIVATED
         self.purge_at = purge_at
+        self.emptying_refused = None  # an operator's retry, once fixed upstream
         self._applied(DEACTIVATE, requested_at)
 
     @event(ProvisionNoted)
@@ -344,3 +373,4 @@ class Brand(Aggregate):
     def _reactivated(self) -> None:
         self.lifecycle = ACTIVE
         self.purge_at = None  # the pending emptying is cancelled
+        self.emptying_refused = None

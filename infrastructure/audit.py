@@ -2,7 +2,9 @@
 and every event of each, oldest first. JSON shapes (other tools rely on them):
 
     status  -> {brand_id, title, lifecycle, status, workspace_id, attempt_id, attempt_state,
-                to_be_emptied_at (a deactivated brand's bound workspace: when; else null)}
+                to_be_emptied_at (a deactivated brand's bound workspace: when; else null),
+                emptying_refused (the gateway refused for good to empty it: its words,
+                until a newer deactivate, a reactivation or the unbind; else null)}
     pointer -> {brand_id, at, workspace_id, attempt_id (the one that bound it), lifecycle}
     attempt -> {attempt_id, brand_id, state, failure_reason, failure_message,
                 settle_hops, max_hop, deferrals,
@@ -58,6 +60,7 @@ def brand_status(service: ProvisioningService, brand_id: str) -> dict[str, Any]:
         "attempt_id": str(attempt.id) if attempt else None,
         "attempt_state": attempt.state.value if attempt else None,
         "to_be_emptied_at": _iso(brand.to_be_emptied_at),
+        "emptying_refused": brand.emptying_refused,
     }
 
 
@@ -154,6 +157,8 @@ def _brand_event(event: Any, bound: bool = False) -> dict[str, Any]:
         reason = f"to be emptied at {event.purge_at.isoformat(timespec='seconds')}"
     elif isinstance(event, Brand.Reactivated) and bound:
         reason = "the emptying is cancelled: the workspace is kept"
+    elif isinstance(event, Brand.DecommissionRefused):
+        reason = f"the gateway refused to empty it, kept: {event.message}"
     elif isinstance(event, Brand.CommandIgnored):
         reason = f"{event.command}: {event.reason}"
     elif isinstance(event, Brand.WorkspaceUnbound) and event.projects_deleted:

@@ -1,6 +1,7 @@
 """`brand_workspaces`: brand -> lifecycle, provisioning status, bound workspace,
 current attempt, its state and failure reason, when a deactivated brand's
-workspace is to be emptied, updated at. What the host platform reads to
+workspace is to be emptied (and the gateway's words if it refused that for
+good), updated at. What the host platform reads to
 answer "which workspace is brand B bound to?".
 
 `status` is decided by `brand_status` from the lifecycle, the bound workspace
@@ -27,6 +28,7 @@ _BRAND_EVENTS = (
     Brand.AttemptBegun,
     Brand.WorkspaceBound,
     Brand.DecommissionStarted,
+    Brand.DecommissionRefused,
     Brand.WorkspaceUnbound,
     Brand.Deactivated,
     Brand.Reactivated,
@@ -76,7 +78,8 @@ class BrandWorkspaces:
     # 2: `status` reads `deactivated` from `Deactivated`, `ready` while bound.
     # 3: `degraded` while bound after a re-confirm saw a terminal status; `failure_reason`.
     # 4: `purge_at`, the end of a deactivated brand's retention window.
-    version = 4
+    # 5: `emptying_refused`, the gateway's refusal to empty a deactivated brand's workspace.
+    version = 5
     key = "id"  # the Brand aggregate's id; `brand_id` is the host platform's id
     index = "attempt_id"
     columns: ClassVar[dict[str, str]] = {
@@ -90,6 +93,7 @@ class BrandWorkspaces:
         "attempt_state": TEXT,
         "failure_reason": TEXT,  # the current attempt's, once it failed
         "purge_at": TS,  # deactivated: when its bound workspace is emptied
+        "emptying_refused": TEXT,  # the gateway refused that for good: its words
         "updated_at": TS,
     }
     indexes: tuple[Index, ...] = (
@@ -117,6 +121,7 @@ class BrandWorkspaces:
                 "attempt_state": None,
                 "failure_reason": None,
                 "purge_at": None,
+                "emptying_refused": None,
             }
         elif type(event) in _ATTEMPT_STATE:
             row = rows.by_index(rows.key_of(event))
@@ -146,11 +151,14 @@ class BrandWorkspaces:
             row["title"] = event.title
         elif isinstance(event, Brand.WorkspaceBound):
             row["workspace_id"] = event.workspace_id
+        elif isinstance(event, Brand.DecommissionRefused):
+            row["emptying_refused"] = event.message
         elif isinstance(event, Brand.WorkspaceUnbound):
-            row["workspace_id"] = row["purge_at"] = None
+            row["workspace_id"] = row["purge_at"] = row["emptying_refused"] = None
         elif isinstance(event, Brand.Deactivated):
             row["lifecycle"] = DEACTIVATED
             row["purge_at"] = event.purge_at
+            row["emptying_refused"] = None
         elif isinstance(event, Brand.Reactivated):
             row["lifecycle"] = ACTIVE
-            row["purge_at"] = None
+            row["purge_at"] = row["emptying_refused"] = None

@@ -60,6 +60,7 @@ def expected_brand_row(app: ProvisionerApplication, brand_id: UUID) -> dict[str,
         "attempt_state": state,
         "failure_reason": reason,
         "purge_at": brand.purge_at,
+        "emptying_refused": brand.emptying_refused,
     }
 
 

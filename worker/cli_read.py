@@ -147,8 +147,13 @@ def _status_record(data: dict[str, Any]) -> None:
     from worker.attempt_progress import FIELDS
     from worker.attempt_tables import table_value
 
-    hidden = (*FIELDS, "to_be_emptied_at")  # shown only when it has a value
+    hidden = (*FIELDS, "to_be_emptied_at", "emptying_refused")  # shown only when it has a value
     shown = {k: v for k, v in data.items() if k not in hidden or v is not None}
+    if shown.get("emptying_refused") is not None:
+        shown["emptying_refused"] = (
+            f"{shown['emptying_refused']} (the workspace is kept, not retried: fix it upstream, "
+            f"then `provisioner deactivate {data['brand_id']} --purge-now`)"
+        )
     _record({k: table_value(v) if v is not None else None for k, v in shown.items()})
 
 

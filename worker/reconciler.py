@@ -12,6 +12,8 @@ Each sweep reads the projections and re-publishes what should have happened:
   `not ready`, are re-checked and emptied again if projects appeared);
 - a decommission for every deactivated brand still bound `grace_s` after its
   retention window ended (`purge_at`): after a restart or a lost message too;
+  not for one whose emptying the gateway refused for good (`emptying_refused`:
+  an operator's `deactivate --purge-now` sends it again);
 - and, given the service, it fails (`deadline`) every attempt still pending
   `deadline_s` after it started: one whose hops cannot run at all (its message
   dead-lettered every time) would otherwise stay pending forever.
@@ -183,13 +185,14 @@ class Reconciler:
         return report
 
     def _due(self, store: SqlViewStore, before: object) -> list[Row]:
-        """Deactivated brands still bound whose retention window ended before `before`.
-        A live copy built before `purge_at` (version 4) gets every deactivated bound
-        brand until its rebuild switches: the decommission re-checks the time."""
+        """Deactivated brands still bound whose retention window ended before `before`,
+        but not those whose emptying the gateway refused for good. A live copy built
+        before `purge_at` and `emptying_refused` (versions 4, 5) gets every deactivated
+        bound brand until its rebuild switches: the decommission re-checks both."""
         where = "lifecycle = 'deactivated' AND workspace_id IS NOT NULL AND updated_at < ?"
         params = [before]
         if not any(p.name == "brand_workspaces" for p in store.outdated()):
-            where += " AND (purge_at IS NULL OR purge_at < ?)"
+            where += " AND (purge_at IS NULL OR purge_at < ?) AND emptying_refused IS NULL"
             params.append(before)
         return store.rows(PROJECTIONS["brand_workspaces"], where, params, limit=self.limit)
 

@@ -49,7 +49,9 @@ def decommission(svc: ServiceReads, brand_id: str) -> int | None:
 
     Returns the number of projects deleted, or None when there was nothing
     to do now (brand active again, no workspace bound, or its retention window
-    not over: the reconciler sends it again once it is). Safe to repeat.
+    not over: the reconciler sends it again once it is) or the gateway refused
+    for good to empty it: that is recorded (`DecommissionRefused`), logged once,
+    and not retried until an operator deactivates the brand again. Safe to repeat.
     """
 
     def step() -> int | None:
@@ -70,7 +72,17 @@ def decommission(svc: ServiceReads, brand_id: str) -> int | None:
             log.error("decommission refused to empty brand=%s workspace=%s: %s",
                       brand_id, workspace_id, holder)  # fmt: skip
             return 0
-        deleted = empty_workspace(svc, workspace_id)
+        try:
+            deleted = empty_workspace(svc, workspace_id)
+        except RequestRejected as exc:
+            brand.refuse_decommission(str(exc))  # the claim stays: still bound, still ours
+            svc.app.save(brand)
+            log.error(  # noqa: TRY400 - a decision on record; a traceback adds nothing
+                "decommission refused for good brand=%s workspace=%s: %s; its projects are "
+                "kept and it is not retried: fix it upstream, then `provisioner deactivate "
+                "%s --purge-now`", brand_id, workspace_id, brand.emptying_refused, brand_id,
+            )  # fmt: skip
+            return None
         brand.unbind("decommissioned", deleted)
         claim.release("decommissioned")
         svc.app.save(brand, claim)
