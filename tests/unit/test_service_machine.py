@@ -118,6 +118,7 @@ class ServiceMachine(RuleBasedStateMachine):
         # runs for an hour): by the gateway's contract (no idempotency key) they look
         # exactly like it, and recovery or the orphan search may take them as ours.
         self.lookalikes: set[str] = set()
+        self.lookalike_titles: set[str] = set()  # ... even those that vanished since
         self.depth = 0
 
     # Commands.
@@ -229,6 +230,7 @@ class ServiceMachine(RuleBasedStateMachine):
         searching = (self.service.attempt(a) for a in self.attempts)
         if any(a.title == title and a.orphan_search for a in searching):
             self.lookalikes.add(workspace_id)
+            self.lookalike_titles.add(title)
 
     def _children(self) -> list[str]:
         return sorted(w for w in self.gateway.workspaces if w != PARENT)
@@ -349,9 +351,6 @@ class ServiceMachine(RuleBasedStateMachine):
                 bound[brand_id] = brand.workspace_id
         return bound
 
-    def lookalikes_upstream(self) -> set[str]:
-        return self.lookalikes & set(self.gateway.workspaces)
-
     def _unbound(self) -> set[str]:
         """Workspaces some brand's log records as unbound (decommissioned, or dropped)."""
         return {
@@ -423,7 +422,12 @@ class ServiceMachine(RuleBasedStateMachine):
             if brand is None:
                 continue
             if not brand.is_active:
-                assert brand.workspace_id is None, f"deactivated {brand_id} holds {bound}"
+                # Emptied and unbound, or its emptying refused for good, on record.
+                if brand.emptying_refused is None:
+                    assert brand.workspace_id is None, f"deactivated {brand_id} holds {bound}"
+                else:
+                    event("decommission refused for good")
+                    assert brand.workspace_id is not None
                 continue
             current = ended.get(brand.current_attempt_id) if brand.current_attempt_id else None
             if current is not None and current.state is AttemptState.PROMOTED:
@@ -445,9 +449,9 @@ class ServiceMachine(RuleBasedStateMachine):
         # (docs/architecture.md: it may be duplicated): bound, so not left behind.
         lost = upstream - set(on_record) - set(bound.values())
         # Beside a lookalike, what an unconfirmed create made cannot be told from it
-        # (the search finds two new workspaces: ambiguous, neither is recorded).
-        confusable = {self.gateway.workspaces[w].title for w in self.lookalikes_upstream()}
-        lost = {w for w in lost if self.gateway.workspaces[w].title not in confusable}
+        # (the search finds two new workspaces: ambiguous, neither is recorded; or the
+        # lookalike came first and was taken for it, even if it vanished since).
+        lost = {w for w in lost if self.gateway.workspaces[w].title not in self.lookalike_titles}
         assert lost == set(), f"made, neither on record nor bound: {lost}"
         # A create that answers an id that was there before (a gateway bug) is believed.
         believed = made | self.lookalikes | set(self.gateway.echoed)
