@@ -71,6 +71,7 @@ class Wait:
 class Defer:
     status: str
     retry_after_s: float = 0.0
+    paced: bool = False  # held for the fleet's own turn: due in `retry_after_s`
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,7 +216,7 @@ def acquire_faulted(fault: GatewayFault) -> Fail | Wait | Defer:
 
 def unavailable(fault: GatewayFault) -> Defer:
     """The gateway did not answer: defer, after its Retry-After if it gave one."""
-    return Defer(f"gateway unavailable: {fault.message}", fault.retry_after_s)
+    return Defer(f"gateway unavailable: {fault.message}", fault.retry_after_s, fault.paced)
 
 
 def adopt_or_create(eligible_ids: Sequence[str], title: str) -> Accept | Fail | Create:
@@ -321,7 +322,8 @@ def defer_or_expire(
             f"no answer from the gateway since {since.isoformat(timespec='seconds')}; "
             f"last: {step.status}",
         )
-    delay = deferral.delay(in_row, step.retry_after_s, jitter, (now - since).total_seconds())
+    silent_s = (now - since).total_seconds()
+    delay = deferral.delay(in_row, step.retry_after_s, jitter, silent_s, paced=step.paced)
     not_before = min(now + timedelta(seconds=delay), deadline_at)
     delay_s = (not_before - now).total_seconds()
     return Schedule(hop + 1, not_before, delay_s, step.status, deferred=True, spends=False)

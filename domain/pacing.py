@@ -96,6 +96,9 @@ class Go:
 class Hold:
     wait_s: float  # do not send; try again after this long
     why: str
+    # The fleet's own turn (its rate, a shared Retry-After): the call may go then, so
+    # the hop waits that long, not an outage's growing backoff.
+    paced: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,7 +133,8 @@ def admit(
         lease = max(rules.probe_every_s, rules.probe_lease_s)
         return replace(state, probe_at=now + lease), Go(0.0, probe=True)
     if state.paused_until - now > patience:
-        return state, Hold(state.paused_until - now, "throttled: the gateway's Retry-After")
+        wait = state.paused_until - now
+        return state, Hold(wait, "throttled: the gateway's Retry-After", paced=True)
     start = max(now, state.paused_until)
     state = _counted(state, now)
     rate = rate_now(rules, state, now)
@@ -140,7 +144,7 @@ def admit(
     due = max(state.tat, start)
     wait = max(start, due - (rules.burst - 1) * interval) - now
     if wait > patience:
-        return state, Hold(wait, f"paced at {rate:.3g} calls/s")
+        return state, Hold(wait, f"paced at {rate:.3g} calls/s", paced=True)
     return replace(state, tat=due + interval), Go(wait)
 
 

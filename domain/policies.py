@@ -99,10 +99,20 @@ class Deferral:
             raise ValueError("the attempt deadline must be > 0 seconds")
 
     def delay(
-        self, in_row: int, retry_after_s: float, jitter: float, silent_s: float = 0.0
+        self,
+        in_row: int,
+        retry_after_s: float,
+        jitter: float,
+        silent_s: float = 0.0,
+        *,
+        paced: bool = False,
     ) -> float:
         """`jitter` in [0, 1): where between half and all of the backoff this one waits;
-        `silent_s`: how long the gateway has not answered this attempt."""
+        `silent_s`: how long the gateway has not answered this attempt. A call held for
+        the fleet's own turn (`paced`) waits for that turn, up to a quarter more (the
+        held hops spread out), not the backoff: the gateway is answering."""
+        if paced:
+            return max(retry_after_s, 0.1) * (1.0 + 0.25 * jitter)
         hours = min(int(max(silent_s, 0.0) // 3600), 10)
         cap = max(self.max_s, min(self.LONGEST_S, self.max_s * 2.0**hours))
         backoff = min(cap, self.base_s * 2.0 ** min(in_row, 30))

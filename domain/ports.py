@@ -45,9 +45,12 @@ class TransientGatewayError(GatewayError):
     may succeed later. `retry_after_s`: when the gateway, or the fleet's shared
     pace, says to try again (0 when nothing says)."""
 
-    def __init__(self, message: str = "", *, retry_after_s: float = 0.0) -> None:
+    def __init__(
+        self, message: str = "", *, retry_after_s: float = 0.0, paced: bool = False
+    ) -> None:
         super().__init__(message)
         self.retry_after_s = retry_after_s
+        self.paced = paced  # held for the fleet's own turn: `retry_after_s` is when it comes
 
 
 class WorkspaceGone(GatewayError):
@@ -98,15 +101,16 @@ class GatewayFault:
     message: str
     retry_after_s: float = 0.0  # a transient failure: when the gateway or the pace allows
     answered: bool = False  # an ambiguous create the gateway answered (`AmbiguousCreate`)
+    paced: bool = False  # not sent: held for the fleet's own turn, due in `retry_after_s`
 
 
 def fault_of(exc: GatewayError) -> GatewayFault:
     """The port's exception as a value (an unknown subclass counts as transient)."""
     retry_after_s = getattr(exc, "retry_after_s", 0.0)
-    answered = getattr(exc, "answered", False)
+    answered, paced = getattr(exc, "answered", False), getattr(exc, "paced", False)
     for cls, kind in _KINDS:
         if isinstance(exc, cls):
-            return GatewayFault(kind, str(exc), retry_after_s, answered)
+            return GatewayFault(kind, str(exc), retry_after_s, answered, paced)
     return GatewayFault(FaultKind.TRANSIENT, str(exc), retry_after_s)
 
 

@@ -184,8 +184,9 @@ class HttpGateway:
         if isinstance(outcome, Failure):
             if outcome.kind in ("not_sent", "held"):
                 raise TransientGatewayError(
-                    f"{op}: not sent ({outcome.summary})", retry_after_s=outcome.retry_after_s
-                )
+                    f"{op}: not sent ({outcome.summary})",
+                    retry_after_s=outcome.retry_after_s, paced=outcome.paced,
+                )  # fmt: skip
             raise AmbiguousCreate(
                 f"{op}: outcome unknown ({outcome.summary})",
                 answered=outcome.kind == "unreadable",
@@ -264,8 +265,9 @@ class HttpGateway:
                     raise MalformedAnswer(f"{op}: {outcome.summary}")
                 if outcome.kind == "held":
                     raise TransientGatewayError(
-                        f"{op}: not sent ({outcome.summary})", retry_after_s=outcome.retry_after_s
-                    )
+                        f"{op}: not sent ({outcome.summary})",
+                        retry_after_s=outcome.retry_after_s, paced=outcome.paced,
+                    )  # fmt: skip
                 last = outcome.summary
             else:
                 code = outcome.status_code
@@ -312,7 +314,7 @@ class HttpGateway:
             headers = {"Content-Type": "application/json"}
         pace = self._pace
         if pace is not None and (held := pace.before(create=method == "POST")) is not None:
-            return Failure("held", held.why, held.wait_s)
+            return Failure("held", held.why, held.wait_s, held.paced)
         started = time.monotonic()
         outcome = exchange(
             self._client, method, path, params=params, content=content, headers=headers,

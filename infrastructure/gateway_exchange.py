@@ -33,6 +33,7 @@ class Failure:
     kind: Literal["not_sent", "transport", "unreadable", "held"]
     summary: str
     retry_after_s: float = 0.0  # "held": when the pace lets it go
+    paced: bool = False  # "held" for the fleet's turn (`domain.pacing.Hold.paced`)
 
 
 def exchange(

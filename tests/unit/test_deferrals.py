@@ -266,6 +266,39 @@ def test_a_create_left_unanswered_by_a_proxy_gets_its_grace_again_after_an_outag
     assert gateway.calls["create_child"] == 1
 
 
+def test_a_hop_held_for_the_fleets_turn_waits_that_long_not_a_growing_backoff(
+    service: ProvisioningService, gateway: MemoryGateway, clock: ManualClock
+) -> None:
+    """The pace held the call for its turn (the rate, a shared Retry-After): the
+    gateway is answering, so six holds in a row each wait about their turn (up to a
+    quarter more), where six outage deferrals climb to the 30 s cap."""
+    attempt_id = service.request_provisioning("b1", TITLE, PARENT)
+    gateway.fail["family"] = [
+        TransientGatewayError("family: not sent (paced at 20 calls/s)", retry_after_s=3.0,
+                              paced=True)
+        for _ in range(6)
+    ]  # fmt: skip
+    held = []
+    hop, outcome = 0, service.run_hop(attempt_id, 0)
+    while outcome.outcome is Outcome.DEFERRED:
+        held.append(outcome.delay_s)
+        clock.advance(outcome.delay_s or 0)
+        hop += 1
+        outcome = service.run_hop(attempt_id, hop)
+    assert held == [3.375] * 6  # 3 s, and the jitter at 0.5 of a quarter
+
+    outage = service.request_provisioning("b2", "Other", PARENT)
+    down(gateway, "family", 6)
+    delays = []
+    hop, outcome = 0, service.run_hop(outage, 0)
+    while outcome.outcome is Outcome.DEFERRED:
+        delays.append(outcome.delay_s)
+        clock.advance(outcome.delay_s or 0)
+        hop += 1
+        outcome = service.run_hop(outage, hop)
+    assert delays == [1.5, 3.0, 6.0, 12.0, 22.5, 22.5]  # 2 s doubling to 30, jitter 0.75
+
+
 def test_jittered_delays_share_a_bounded_set_of_wait_queues_and_never_run_early() -> None:
     delays = [n / 1000 for n in range(0, 3_600_000, 7)]  # every 7 ms up to an hour
     rungs = {wait_rung_ms(d) for d in delays}

@@ -55,6 +55,7 @@ TITLE = "Acme"
 FAILURES = [GatewayFault(kind, f"{kind.value} answer") for kind in FaultKind] + [
     GatewayFault(FaultKind.TRANSIENT, "throttled (HTTP 429)", retry_after_s=7.0),
     GatewayFault(FaultKind.AMBIGUOUS, "outcome unknown (HTTP 503)", answered=True),
+    GatewayFault(FaultKind.TRANSIENT, "not sent (paced at 20 calls/s)", 3.5, paced=True),
 ]
 CASES: list[tuple[str, Callable[..., object], tuple[Any, ...], list[Row]]] = []
 REACHED: set[str] = set()
@@ -149,7 +150,7 @@ ACQUIRE_FAILED: list[Row] = [
     (
         "no answer (timeout, 429, 5xx, refused, held by the pace): defer",
         lambda f: f.kind is FaultKind.TRANSIENT,
-        lambda f: Defer(f"gateway unavailable: {f.message}", f.retry_after_s),
+        lambda f: Defer(f"gateway unavailable: {f.message}", f.retry_after_s, f.paced),
     ),
     (
         "an answer we cannot use (malformed, a refused read): a settle wait",
@@ -376,7 +377,7 @@ CREATE: list[Row] = [
         "429 or never sent",
         lambda a, p: a.kind is FaultKind.TRANSIENT,
         lambda a, p: Refused(
-            a.message, Defer(f"gateway unavailable: {a.message}", a.retry_after_s)
+            a.message, Defer(f"gateway unavailable: {a.message}", a.retry_after_s, a.paced)
         ),
     ),
     (
@@ -437,7 +438,7 @@ STATUS: list[Row] = [
     (
         "no answer (timeout, 429, 5xx, refused, held by the pace): defer",
         lambda a, p, w: isinstance(a, GatewayFault) and a.kind is FaultKind.TRANSIENT,
-        lambda a, p, w: Defer(f"gateway unavailable: {a.message}", a.retry_after_s),
+        lambda a, p, w: Defer(f"gateway unavailable: {a.message}", a.retry_after_s, a.paced),
     ),
     (
         "malformed and the like: counted as still settling",
@@ -522,6 +523,7 @@ DEFERRALS = [Deferral(2.0, 30.0, 3600.0), Deferral(1.0, 1.0, 60.0)]
 NO_ANSWER = [
     Defer("gateway unavailable: HTTP 503"),
     Defer("gateway unavailable: throttled (HTTP 429)", retry_after_s=45.0),
+    Defer("gateway unavailable: not sent (paced at 20 calls/s)", retry_after_s=3.5, paced=True),
 ]
 
 
@@ -531,7 +533,8 @@ def _deferred_until(h: int, st: Defer, r: int, since: datetime | None, n: dateti
     hours = int((n - (since or n)).total_seconds() // 3600)
     cap = max(d.max_s, min(600.0, d.max_s * 2**hours))
     backoff = min(cap, d.base_s * 2**r) * (0.5 + 0.5 * j)
-    until = min(n + timedelta(seconds=max(st.retry_after_s, backoff)), dl)
+    wait = st.retry_after_s * (1 + 0.25 * j) if st.paced else max(st.retry_after_s, backoff)
+    until = min(n + timedelta(seconds=wait), dl)
     return Schedule(h + 1, until, (until - n).total_seconds(), st.status, deferred=True,
                     spends=False)  # fmt: skip
 
@@ -545,6 +548,11 @@ DEFER: list[Row] = [
             f"no answer from the gateway since {(since or n).isoformat(timespec='seconds')}; "
             f"last: {st.status}",
         ),
+    ),
+    (
+        "held for the fleet's own turn: the next hop then, up to a quarter later, by the deadline",
+        lambda h, st, *a: st.paced,
+        lambda h, st, r, since, dl, n, d, j: _deferred_until(h, st, r, since, n, dl, d, j),
     ),
     (
         "before it: the next hop after Retry-After and the jittered backoff, by the deadline",

@@ -299,3 +299,32 @@ def test_a_failed_probe_through_the_adapter_restarts_the_interval_from_its_answe
     assert upstream.count == 6
     state, now = pace.state()
     assert state.probe_at == pytest.approx(now + 10.0)  # not the lease's 14 s
+
+
+def test_holds_for_the_fleets_turn_are_paced_and_an_open_circuit_is_not() -> None:
+    rules = PaceRules(rate=1.0, burst=1, max_wait_s=2.0, open_after=1)
+    state = PaceState()
+    for now in (0.0, 0.0, 0.0):
+        state, decision = admit(rules, state, now)
+    assert isinstance(decision, Go)  # the third waits 2 s: within patience
+    _, held = admit(rules, state, 0.0)
+    assert isinstance(held, Hold)
+    assert held.paced  # its turn comes in 3 s
+    paused, _ = observe(rules, PaceState(), 0.0, Result.THROTTLED, retry_after_s=9.0)
+    _, held = admit(rules, paused, 0.0)
+    assert isinstance(held, Hold)
+    assert held.paced  # the shared Retry-After
+    opened, _ = observe(rules, PaceState(), 0.0, Result.UNREACHABLE, error="refused")
+    _, held = admit(rules, opened, 1.0)
+    assert isinstance(held, Hold)
+    assert not held.paced  # an outage: the deferral backoff grows
+
+
+def test_a_call_held_for_its_turn_raises_a_paced_transient_error() -> None:
+    clock = Clock()
+    gateway, _ = adapter(Upstream(), PaceRules(rate=1.0, burst=1, max_wait_s=0.5), clock)
+    assert gateway.status("ws-1") == "created"
+    with pytest.raises(TransientGatewayError, match="paced at 1 calls/s") as held:
+        gateway.status("ws-1")
+    assert held.value.paced
+    assert held.value.retry_after_s == pytest.approx(1.0)
