@@ -104,3 +104,13 @@ def rabbitmqctl(*args: str, timeout: float = 60.0) -> str:
     if done.returncode != 0:
         raise RuntimeError(f"rabbitmqctl {args[0]} failed: {done.stderr.strip()[-300:]}")
     return done.stdout
+
+
+class RecordingBroker:
+    """What a reconciler sweep would publish, kept instead of sent."""
+
+    def __init__(self) -> None:
+        self.sent: list[Any] = []
+
+    def publish(self, message: Any, delay_s: float = 0.0) -> None:
+        self.sent.append(message)

@@ -18,29 +18,19 @@ from click.testing import CliRunner
 
 from domain.brand import Brand
 from domain.ids import brand_aggregate_id
-from infrastructure import messages
 from infrastructure.fake_gateway import FakeGateway
 from infrastructure.settings import Settings
 from infrastructure.views import PROJECTIONS, LogSource, SqlViewStore
 from projections.core import catch_up
 from tests.conftest import PARENT
 from tests.integration.test_messaging import components, environment, wait_for
+from tests.support import RecordingBroker
 from worker.cli import main
 from worker.reconciler import Reconciler
 from worker.runtime import Runtime, build
 
 pytestmark = [pytest.mark.rabbitmq, pytest.mark.postgres]
 LOCKED = "project locked by a legal hold"
-
-
-class RecordingBroker:
-    """What a reconciler sweep would publish, kept instead of sent."""
-
-    def __init__(self) -> None:
-        self.sent: list[messages.Message] = []
-
-    def publish(self, message: messages.Message, delay_s: float = 0.0) -> None:
-        self.sent.append(message)
 
 
 def refusals(runtime: Runtime, brand_id: str) -> list[Brand.DecommissionRefused]:

@@ -22,16 +22,9 @@ from infrastructure.views import PROJECTIONS, VERSIONS, LogSource, SqlViewStore
 from projections.core import catch_up
 from tests.conftest import PARENT
 from tests.readmodels import FATES, seed_histories
+from tests.support import RecordingBroker
 from worker.reconciler import Reconciler
 from worker.runtime import build
-
-
-class RecordingBroker:
-    def __init__(self) -> None:
-        self.sent: list[Any] = []
-
-    def publish(self, message: Any, delay_s: float = 0.0) -> None:
-        self.sent.append(message)
 
 
 def caught_up(app: Any, store: SqlViewStore) -> SqlViewStore:

@@ -176,6 +176,16 @@ def provisioned(service: ProvisioningService, gateway: MemoryGateway, brand_id: 
     return bound
 
 
+def refused(service: ProvisioningService, gateway: MemoryGateway, brand_id: str) -> str:
+    """A provisioned brand deactivated to be emptied now, whose emptying the gateway
+    refused for good: its bound workspace."""
+    bound = provisioned(service, gateway, brand_id)
+    gateway.fail["delete_project"] = [RequestRejected(LOCKED)]
+    service.deactivate(brand_id, purge_now=True)
+    service.decommission(brand_id)
+    return bound
+
+
 @pytest.fixture
 def service(gateway: MemoryGateway) -> ProvisioningService:
     return make_service(gateway)
@@ -212,10 +222,7 @@ def test_a_decommission_refused_for_good_is_recorded_logged_once_and_not_raised(
 def test_a_refused_decommission_asks_the_gateway_nothing_more(
     service: ProvisioningService, gateway: MemoryGateway
 ) -> None:
-    provisioned(service, gateway, "b1")
-    gateway.fail["delete_project"] = [RequestRejected(LOCKED)]
-    service.deactivate("b1", purge_now=True)
-    service.decommission("b1")
+    refused(service, gateway, "b1")
     asked = dict(gateway.calls)
 
     assert service.decommission("b1") is None  # a redelivery, or a late reconciler's
@@ -254,10 +261,7 @@ def test_a_failure_for_now_still_propagates_and_records_no_refusal(
 def test_after_a_fix_upstream_deactivate_purge_now_empties_and_unbinds_it(
     service: ProvisioningService, gateway: MemoryGateway
 ) -> None:
-    bound = provisioned(service, gateway, "b1")
-    gateway.fail["delete_project"] = [RequestRejected(LOCKED)]
-    service.deactivate("b1", purge_now=True)
-    service.decommission("b1")
+    bound = refused(service, gateway, "b1")
 
     again = service.deactivate("b1", purge_now=True)  # the operator's retry
 
@@ -274,10 +278,7 @@ def test_after_a_fix_upstream_deactivate_purge_now_empties_and_unbinds_it(
 def test_a_provision_after_a_refusal_reactivates_the_brand_and_keeps_the_workspace(
     service: ProvisioningService, gateway: MemoryGateway
 ) -> None:
-    bound = provisioned(service, gateway, "b1")
-    gateway.fail["delete_project"] = [RequestRejected(LOCKED)]
-    service.deactivate("b1", purge_now=True)
-    service.decommission("b1")
+    bound = refused(service, gateway, "b1")
 
     attempt_id = service.request_provisioning("b1", "Title b1", PARENT)  # not RetryLater
     outcome = service.run_hop(attempt_id, 0)
@@ -292,10 +293,7 @@ def test_a_provision_after_a_refusal_reactivates_the_brand_and_keeps_the_workspa
 def test_what_an_operator_reads_of_the_refusal(
     service: ProvisioningService, gateway: MemoryGateway
 ) -> None:
-    bound = provisioned(service, gateway, "b1")
-    gateway.fail["delete_project"] = [RequestRejected(LOCKED)]
-    service.deactivate("b1", purge_now=True)
-    service.decommission("b1")
+    bound = refused(service, gateway, "b1")
 
     status = brand_status(service, "b1")
     [entry] = [e for e in brand_history(service, "b1") if e.get("type") == "DecommissionRefused"]
@@ -371,10 +369,7 @@ def test_a_copy_from_before_the_column_sends_it_and_the_decommission_does_nothin
 ) -> None:
     url = f"sqlite:///{tmp_path / 'events.sqlite'}"
     service = make_service(gateway, url)
-    provisioned(service, gateway, "b-refused")
-    gateway.fail["delete_project"] = [RequestRejected(LOCKED)]
-    service.deactivate("b-refused", purge_now=True)
-    service.decommission("b-refused")
+    refused(service, gateway, "b-refused")
     asked = dict(gateway.calls)
     try:
         with SqlViewStore(url) as store:
@@ -420,10 +415,7 @@ def test_the_brand_page_shows_the_refusal_and_what_to_do(
     url = f"sqlite:///{tmp_path / 'events.sqlite'}"
     service = make_service(gateway, url)
     try:
-        provisioned(service, gateway, "b-locked")
-        gateway.fail["delete_project"] = [RequestRejected(LOCKED)]
-        service.deactivate("b-locked", purge_now=True)
-        service.decommission("b-locked")
+        refused(service, gateway, "b-locked")
         with SqlViewStore(url) as store:
             store.setup()
             Projector(service.app, url, database_url=url).step(store)

@@ -278,25 +278,24 @@ def test_a_hop_held_for_the_fleets_turn_waits_that_long_not_a_growing_backoff(
                               paced=True)
         for _ in range(6)
     ]  # fmt: skip
-    held = []
-    hop, outcome = 0, service.run_hop(attempt_id, 0)
-    while outcome.outcome is Outcome.DEFERRED:
-        held.append(outcome.delay_s)
-        clock.advance(outcome.delay_s or 0)
-        hop += 1
-        outcome = service.run_hop(attempt_id, hop)
-    assert held == [3.375] * 6  # 3 s, and the jitter at 0.5 of a quarter
+    assert deferrals(service, clock, attempt_id) == [3.375] * 6  # 3 s, a quarter x 0.5
 
     outage = service.request_provisioning("b2", "Other", PARENT)
     down(gateway, "family", 6)
-    delays = []
-    hop, outcome = 0, service.run_hop(outage, 0)
+    doubling = [1.5, 3.0, 6.0, 12.0, 22.5, 22.5]  # 2 s doubling to 30, the jitter at 0.75
+    assert deferrals(service, clock, outage) == doubling
+
+
+def deferrals(service: ProvisioningService, clock: ManualClock, attempt_id: Any) -> list[float]:
+    """Run an attempt's hops from the first while they are deferred: their delays."""
+    delays: list[float] = []
+    hop, outcome = 0, service.run_hop(attempt_id, 0)
     while outcome.outcome is Outcome.DEFERRED:
-        delays.append(outcome.delay_s)
+        delays.append(outcome.delay_s or 0.0)
         clock.advance(outcome.delay_s or 0)
         hop += 1
-        outcome = service.run_hop(outage, hop)
-    assert delays == [1.5, 3.0, 6.0, 12.0, 22.5, 22.5]  # 2 s doubling to 30, jitter 0.75
+        outcome = service.run_hop(attempt_id, hop)
+    return delays
 
 
 def test_jittered_delays_share_a_bounded_set_of_wait_queues_and_never_run_early() -> None:
