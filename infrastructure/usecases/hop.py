@@ -85,9 +85,11 @@ class HopRun(HopBase):
         made = recovery.made_by_unresolved_create(self.svc, attempt, slot, self.unit.family)
         if isinstance(made, decide.Wait):
             return self._end(made)
-        at, answered = attempt.create_requested_at, attempt.create_answered
-        since = at and creates.grace_start(at, attempt.deferred_until, answered)
-        waited_s = 0.0 if since is None else (self.now - since).total_seconds()
+        at = attempt.create_requested_at  # None only in a log older than the field
+        waited_s = 0.0
+        if at is not None:
+            since = creates.grace_start(at, attempt.deferred_until, attempt.create_answered)
+            waited_s = (self.now - since).total_seconds()
         step = creates.recover(made, attempt.title, requested_hop=attempt.create_requested_hop,
                                hop=self.hop, waited_s=waited_s, grace_s=self.grace_s)  # fmt: skip
         if isinstance(step, decide.Accept):
