@@ -37,7 +37,8 @@ Admin calls (JSON in and out, no auth, no faults, no rate limit, not counted)::
                                           title do (zombie, creation_failed, failed,
                                           error, invalid subscription,
                                           timeout_after_create, timeout_without_create,
-                                          slow:N polls; "" clears); for demos and tests
+                                          unavailable_without_create (a 503), slow:N
+                                          polls; "" clears); for demos and tests
     POST /_fake/outage                    {"seconds": N, "mode": "503" | "refuse"}: an
                                           outage of N s (0 ends one now); answers it
 

@@ -43,7 +43,7 @@ ADMIN_CALLS: tuple[tuple[str, str, str], ...] = (
 )
 SCRIPT_FATES = (
     "zombie, creation_failed, failed, error, invalid subscription, timeout_after_create, "
-    'timeout_without_create, slow:N (polls); "" clears'
+    'timeout_without_create, unavailable_without_create (a 503), slow:N (polls); "" clears'
 )
 
 

@@ -79,7 +79,7 @@ def _recase(status: str, mode: str) -> str:
 _REFUSALS = frozenset({0, *range(400, 500)}) - {404, 429}
 _SCRIPT = re.compile(
     r"|zombie|creation_failed|failed|error|invalid subscription"
-    r"|timeout_after_create|timeout_without_create|slow:\d{1,6}"
+    r"|timeout_after_create|timeout_without_create|unavailable_without_create|slow:\d{1,6}"
 )
 
 
@@ -230,7 +230,7 @@ class FakeState(Metering):
         if not _SCRIPT.fullmatch(fate):
             raise ValueError(
                 f"fate must be one of zombie, {', '.join(TERMINAL_FATES)}, timeout_after_create, "
-                f"timeout_without_create, slow:N or '' (to clear), got {fate!r}"
+                f"timeout_without_create, unavailable_without_create, slow:N or '', got {fate!r}"
             )
         with self.lock:
             if fate:
@@ -291,6 +291,9 @@ class FakeState(Metering):
             self._seed_same_title_others(parent.id, title)
             cfg = self.config
             script = self.scripts.get(title, "")
+            if script == "unavailable_without_create":  # answered 503: nothing made
+                self.dropped[title] = self.dropped.get(title, 0) + 1
+                return Reply(503, {"error": "service unavailable"})
             if script:
                 after = script == "timeout_after_create"
                 without = script == "timeout_without_create"
