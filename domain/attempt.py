@@ -13,8 +13,9 @@ from uuid import UUID, uuid4
 
 from eventsourcing.domain import Aggregate, event
 
-from domain.creates import Creates
+from domain.creates import grace_start
 from domain.errors import CommandRefused
+from domain.ownership import Creates, is_parent
 from domain.policies import AttemptState, FailureReason, Provenance, owed_releases
 from domain.stored import deferred_false, safe_message, spent_unless_deferred
 
@@ -97,6 +98,13 @@ class ProvisioningAttempt(Aggregate):
         workspace_id: str
         message: str
 
+    class CreditedByInference(Aggregate.Event):
+        """A lost create of ours is credited with this workspace, not by proof: recorded
+        next (as the candidate, or a surplus owed a release that deletes nothing)."""
+
+        workspace_id: str
+        evidence: str
+
     def __init__(self, brand_id: str, title: str, parent_workspace_id: str,
                  existing_workspace_id: str | None, max_hop: int) -> None:  # fmt: skip
         self.brand_id = brand_id
@@ -124,6 +132,8 @@ class ProvisioningAttempt(Aggregate):
         # No longer owed: emptied, handed to a later attempt, or refused for good (below).
         self.released_ids: tuple[str, ...] = ()
         self.refused_ids: tuple[str, ...] = ()  # the gateway refused to empty: left as is
+        # Credited to a lost create by inference (`domain.ownership`), not by proof.
+        self.inferred_ids: tuple[str, ...] = ()
         self.settle_hops = 0  # hops the gateway answered "not yet" (the settle budget)
         self.deferrals = 0  # hops the gateway did not answer, in all
         self.deferred_in_row = 0  # ... since the last hop it answered
@@ -164,7 +174,10 @@ class ProvisioningAttempt(Aggregate):
         """Its creates, as the rule of what they made needs them (`domain.creates`)."""
         candidate = () if self.candidate_id is None else (self.candidate_id,)
         on_record = frozenset((*self.created_ids, *candidate))
-        return Creates(frozenset(self.create_known_ids), on_record, self.creates_lost)
+        at = self.create_requested_at
+        since = None if at is None else grace_start(at, self.deferred_until, self.create_answered)
+        return Creates(frozenset(self.create_known_ids), on_record, self.creates_lost, since,
+                       frozenset(self.inferred_ids))  # fmt: skip
 
     @property
     def orphan_search(self) -> bool:
@@ -224,7 +237,7 @@ class ProvisioningAttempt(Aggregate):
         self._require_pending("accept a candidate")
         if not workspace_id:
             raise CommandRefused("a candidate needs a workspace id")
-        if workspace_id == self.parent_workspace_id:
+        if is_parent(workspace_id, (self.parent_workspace_id,)):
             raise CommandRefused("the parent workspace is never a candidate")
         if self.candidate_id is not None:
             raise CommandRefused(f"attempt {self.id} already has candidate {self.candidate_id}")
@@ -233,7 +246,7 @@ class ProvisioningAttempt(Aggregate):
     def record_created(self, workspace_id: str, hop: int) -> None:
         """Record a workspace our create made, whatever happened concurrently: the
         candidate if the attempt can still take one, else a surplus owed a release."""
-        if not workspace_id or workspace_id == self.parent_workspace_id:
+        if not workspace_id or is_parent(workspace_id, (self.parent_workspace_id,)):
             raise CommandRefused("a created workspace needs its own id, never the parent's")
         if workspace_id in self.created_ids:
             return
@@ -241,6 +254,13 @@ class ProvisioningAttempt(Aggregate):
             self._candidate_accepted(workspace_id, Provenance.CREATED.value, hop)
         else:
             self._surplus_created(workspace_id, hop)
+
+    def note_inferred(self, workspace_id: str, evidence: str) -> None:
+        """Mark a workspace a lost create of ours is credited with by inference
+        (`domain.ownership.credit`), before it is accepted or recorded as created:
+        what is on record by inference is never emptied of projects."""
+        if workspace_id not in (*self.created_ids, *self.inferred_ids):
+            self._credited_by_inference(workspace_id, safe_message(evidence))
 
     def drop_candidate(self, status: str, hop: int) -> None:
         self._require_pending("drop its candidate")
@@ -384,6 +404,10 @@ class ProvisioningAttempt(Aggregate):
     @event(CandidateHandedOver)
     def _candidate_handed_over(self, workspace_id: str, to_attempt_id: UUID) -> None:
         self.released_ids = (*self.released_ids, workspace_id)
+
+    @event(CreditedByInference)
+    def _credited_by_inference(self, workspace_id: str, evidence: str) -> None:
+        self.inferred_ids = (*self.inferred_ids, workspace_id)
 
     @event(ReleaseRefused)
     def _release_refused(self, workspace_id: str, message: str) -> None:

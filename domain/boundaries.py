@@ -1,14 +1,13 @@
 """What the service refuses to act on, as pure rules of plain values: a parent it
-is not configured for, a command from beyond the producers' clock skew, and a
-configured parent listed in some family (never ours, whoever lists it)."""
+is not configured for, and a command from beyond the producers' clock skew. (A
+configured parent listed in some family is ownership's: `domain.ownership`.)"""
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable
+from collections.abc import Collection
 from datetime import datetime
 
 from domain.errors import ForeignParent, FutureCommand, InvalidRequest
-from domain.ports import FamilyMember
 
 
 def check_parent(parent_workspace_id: str, allowed: Collection[str] | None) -> None:
@@ -34,10 +33,3 @@ def check_command_time(requested_at: datetime | None, now: datetime, skew_s: flo
             f"than the {skew_s:g} s allowed (PROVISIONER_COMMAND_SKEW_S): refused, not stored; "
             "check the producer's clock"
         )
-
-
-def without_parents(
-    family: Iterable[FamilyMember], parents: Collection[str] | None
-) -> list[FamilyMember]:
-    """The family without any configured parent."""
-    return [m for m in family if m.id not in (parents or ())]

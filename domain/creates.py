@@ -1,27 +1,21 @@
-"""Our creates: what one answered, and what they made, as pure functions of plain values.
+"""Our creates: what one answered, and what the hop does about one whose answer
+was lost, as pure functions of plain values.
 
 A create whose answer was lost (a timeout, a killed worker) may still have made
-a workspace; so may a create given up unconfirmed, long after. What they made is
-looked for in the parent's family: same-title children that were not there
-before the first create still counted (its baseline), that are not on record
-already, and that nothing else has taken (another brand's claim, another
-attempt's create on record: read by the use case, passed in as `taken`).
+a workspace. Which children of the family it is credited with is ownership's
+rule (`domain.ownership.credit`: new beside it, within its window, nobody
+else's, empty); here:
 
-    made_by_our_creates(...)   which of those our creates are credited with
     recover(made, ...)         what the hop of an unconfirmed create does about it
     grace_start(...)           when the grace of an unconfirmed create began
 
 and, around a create call: whether another may be made (`may_create`), what its
 answer means (`create_answered`), and where what it made goes.
-
-The hop (`infrastructure.usecases.hop`) and the orphan search of an ended
-attempt (`infrastructure.usecases.releases`) both ask `made_by_our_creates`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable
-from dataclasses import dataclass
+from collections.abc import Collection
 from datetime import datetime
 
 from domain.hop import (
@@ -35,69 +29,9 @@ from domain.hop import (
     acquire_faulted,
     unavailable,
 )
-from domain.policies import AttemptState, FailureReason, Provenance, classify_status, same_title
-from domain.ports import FamilyMember, FaultKind, GatewayFault
-
-
-@dataclass(frozen=True, slots=True)
-class Creates:
-    """An attempt's creates, as the rule needs them (`ProvisioningAttempt.creates`)."""
-
-    baseline: frozenset[str]  # same-title children before the first create still counted
-    on_record: frozenset[str]  # what they made that is on record (and the candidate)
-    given_up: int = 0  # creates given up unconfirmed: what they made may appear any time
-
-
-@dataclass(frozen=True, slots=True)
-class Made:
-    """What the family shows our creates made."""
-
-    live: tuple[str, ...] = ()  # the live workspace credited (at most one): the candidate
-    shells: tuple[str, ...] = ()  # terminal ones credited: recorded, owed, never bound
-    unclear: int = 0  # new workspaces that cannot be told apart (ambiguous), else 0
-    # False when only shells are credited after a create was given up: the shells
-    # may be the given-up one's while the latest create's workspace is on its way.
-    settled: bool = True
-
-    @property
-    def ours(self) -> tuple[str, ...]:
-        """Every workspace credited: the live one first."""
-        return self.live + self.shells
-
-
-def unaccounted(
-    family: Iterable[FamilyMember], title: str, parent_id: str, creates: Creates
-) -> list[FamilyMember]:
-    """Same-title children new since the baseline and not on record: what our creates
-    may have made, unless taken elsewhere (whose claims the use case reads)."""
-    gone = creates.baseline | creates.on_record
-    return [m for m in same_title(family, title, parent_id) if m.id not in gone]
-
-
-def made_by_our_creates(
-    family: Iterable[FamilyMember],
-    title: str,
-    parent_id: str,
-    creates: Creates,
-    taken: Collection[str] = (),
-) -> Made:
-    """Which workspaces of the family our unresolved creates made, as far as it can tell.
-
-    One create makes at most one workspace. With none given up, that is the one
-    live workspace found, else the one shell, else nothing we can tell apart.
-    With a create given up, it is the one live workspace if there is exactly one,
-    and every shell besides (a shell is never usable: recording it costs nothing).
-    """
-    found = [m for m in unaccounted(family, title, parent_id, creates) if m.id not in taken]
-    live = tuple(m.id for m in found if not classify_status(m.status).is_terminal)
-    shells = tuple(m.id for m in found if classify_status(m.status).is_terminal)
-    if len(live) > 1:  # several live: none can be told apart
-        return Made(shells=shells if creates.given_up else (), unclear=len(live))
-    if creates.given_up:
-        return Made(live, shells, settled=bool(live))
-    if live or len(shells) == 1:
-        return Made(live, () if live else shells)
-    return Made(unclear=len(shells))  # several shells, which one create cannot all have made
+from domain.ownership import Made, is_parent
+from domain.policies import AttemptState, FailureReason, Provenance
+from domain.ports import FaultKind, GatewayFault
 
 
 def recover(
@@ -169,8 +103,8 @@ def create_answered(
     if isinstance(answer, str):
         if not answer:
             return Fail(FailureReason.GATEWAY_BUG, "create answered no id")
-        if answer == parent_id or answer in parents:
-            whose = "the parent's" if answer == parent_id else "another parent's"
+        if is_parent(answer, (parent_id, *parents)):
+            whose = "the parent's" if is_parent(answer, (parent_id,)) else "another parent's"
             return Fail(FailureReason.GATEWAY_BUG, f"create answered {whose} id")
         return Record(answer)
     kind, message = answer.kind, answer.message

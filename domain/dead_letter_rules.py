@@ -66,6 +66,7 @@ _LABELS = {
     "unexpected type on the hops queue": Reason.WRONG_QUEUE,
     "internal message on the commands queue": Reason.WRONG_QUEUE,
     "unexpected error": Reason.INTERNAL_ERROR,
+    "NotOurs": Reason.COMMAND_REFUSED,  # ownership refused an emptying
 }
 _VALUES = {reason.value: reason for reason in Reason}
 _CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")

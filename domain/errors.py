@@ -48,6 +48,11 @@ class CommandRefused(ProvisionerError):
     """A command that the aggregate's current state does not allow."""
 
 
+class NotOurs(CommandRefused):
+    """Ownership's verdict (`domain.ownership`) refuses to empty the workspace: a
+    parent, someone else's, or credited by inference and holding projects."""
+
+
 class RetryLater(ProvisionerError):
     """Refused only for now (the brand's workspace is being emptied): the same
     command succeeds once that is over, so a consumer retries it."""

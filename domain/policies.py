@@ -6,12 +6,10 @@ on what they decide.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum, StrEnum
 from typing import ClassVar
-
-from domain.ports import FamilyMember
 
 READY_STATUSES = frozenset({"created", "active", "ready"})
 # Terminal, and nothing usable was made: a new create is safe.
@@ -77,9 +75,10 @@ class Deferral:
     """How long a hop that got no answer waits before it runs again.
 
     The n-th deferral in a row waits `min(cap, base_s * 2**n)`, jittered down to
-    half of that at random, or until the gateway's shared `Retry-After`,
-    whichever is later. The cap is `max_s` in the first hour of silence and
-    doubles with each further hour, up to `LONGEST_S`: brands resume within
+    half of that at random, or until the gateway's shared `Retry-After` (at most
+    `retry_after_max_s`, as the fleet's pace holds it), whichever is later. The
+    cap is `max_s` in the first hour of silence and doubles with each further
+    hour, up to `LONGEST_S`: brands resume within
     `max_s` of a short outage, and a day-long one records a few hundred
     deferrals per attempt, not thousands. Deferred hops never use up the settle
     budget (`Backoff`); they go on until the attempt's deadline, `deadline_s`
@@ -91,6 +90,7 @@ class Deferral:
     base_s: float = 2.0
     max_s: float = 30.0
     deadline_s: float = 86_400.0
+    retry_after_max_s: float = 300.0
 
     def __post_init__(self) -> None:
         if not 0 < self.base_s <= self.max_s:
@@ -111,31 +111,13 @@ class Deferral:
         `silent_s`: how long the gateway has not answered this attempt. A call held for
         the fleet's own turn (`paced`) waits for that turn, up to a quarter more (the
         held hops spread out), not the backoff: the gateway is answering."""
+        retry_after_s = min(retry_after_s, self.retry_after_max_s)
         if paced:
             return max(retry_after_s, 0.1) * (1.0 + 0.25 * jitter)
         hours = min(int(max(silent_s, 0.0) // 3600), 10)
         cap = max(self.max_s, min(self.LONGEST_S, self.max_s * 2.0**hours))
         backoff = min(cap, self.base_s * 2.0 ** min(in_row, 30))
         return max(retry_after_s, backoff * (0.5 + 0.5 * jitter))
-
-
-def same_title(family: Iterable[FamilyMember], title: str, parent_id: str) -> list[FamilyMember]:
-    """Children of the parent carrying exactly this title; the parent itself never."""
-    return [m for m in family if m.title == title and m.id != parent_id and m.id]
-
-
-def adoption_shortlist(
-    family: Iterable[FamilyMember], title: str, parent_id: str
-) -> list[FamilyMember]:
-    """Same-title children whose status is ready: zombies and failures never qualify.
-
-    The service then drops those claimed by another brand or holding projects.
-    """
-    return [
-        m
-        for m in same_title(family, title, parent_id)
-        if classify_status(m.status) is StatusClass.READY
-    ]
 
 
 class Provenance(StrEnum):

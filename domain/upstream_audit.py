@@ -11,16 +11,21 @@ What it classifies, under one parent:
   (`released_not_empty`); made by our creates and owed a release by an ended
   attempt (`release_owed`);
 - every same-title child of a title we provisioned under the parent that nothing
-  on record explains: an orphan of ours (`orphan`) if exactly one ended
-  attempt's creates are credited with it by the rule the hop uses
-  (`domain.creates.made_by_our_creates`, called here); `unclear` if several
-  are, or the rule cannot tell it apart from another new one; `in_flight` while
-  a pending attempt's create of that title is unresolved (its hop decides);
-  otherwise someone else's (`foreign`);
+  on record explains, judged by ownership's one model (`domain.ownership`, the
+  rule the hop, the orphan search and the releases use): an orphan of ours
+  (`orphan`) if exactly one ended attempt's lost create is credited with it
+  (ours by inference: new, within that create's window, empty); `unclear` if
+  several are, if the rule cannot tell it apart from another new one, or if it
+  would be credited but holds projects (a person decides); `in_flight` while a
+  pending attempt's create of that title is unresolved (its hop decides);
+  `adoptable` when a hop would adopt it (ready, empty, unclaimed); otherwise
+  someone else's (`foreign`);
+- a workspace owed a release that is on record by inference and holds projects:
+  `unclear` (the release would refuse: never emptied on inference alone);
 - the parent (and every configured parent): never in a finding to act on; on
   record as bound, created or claimed it is `parent_on_record`.
 
-`foreign` and `in_flight` are information (`Finding.is_problem` is False); every
+`foreign`, `adoptable` and `in_flight` are information (`Finding.is_problem` is False); every
 other kind is a problem. Only `orphan` and `release_owed` (a release through the
 release use case) and `bound_missing` of an active brand (provision again) have
 an action: nothing else is ever touched.
@@ -30,10 +35,22 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field, replace
+from datetime import datetime
 from enum import StrEnum
 
-from domain.creates import Creates, Made, made_by_our_creates, unaccounted
-from domain.policies import StatusClass, classify_status, same_title
+from domain.ownership import (
+    Creates,
+    Facts,
+    Made,
+    Owner,
+    credit,
+    is_parent,
+    judge,
+    new_children,
+    same_title,
+    taken_because,
+)
+from domain.policies import StatusClass, classify_status
 from domain.ports import FamilyMember
 
 
@@ -47,10 +64,12 @@ class Kind(StrEnum):
     UNCLEAR = "unclear"
     PARENT_ON_RECORD = "parent_on_record"
     IN_FLIGHT = "in_flight"  # information: a pending attempt's create decides
+    ADOPTABLE = "adoptable"  # information: a hop of this title would adopt it
     FOREIGN = "foreign"  # information: someone else's, never touched
+    PARENT_NOT_ALLOWED = "parent_not_allowed"  # on record, not in PROVISIONER_PARENT_IDS
 
 
-INFORMATION = frozenset({Kind.IN_FLIGHT, Kind.FOREIGN})
+INFORMATION = frozenset({Kind.IN_FLIGHT, Kind.ADOPTABLE, Kind.FOREIGN})
 
 
 class Action(StrEnum):
@@ -75,6 +94,7 @@ class AttemptRecord:
     owed: tuple[str, ...] = ()  # owed a release (`ProvisioningAttempt.owed_releases`)
     candidate_id: str | None = None
     state: str = "pending"
+    inferred_ids: tuple[str, ...] = ()  # on record by inference (`ProvisioningAttempt`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,6 +137,9 @@ class Upstream:
     family: tuple[FamilyMember, ...]
     statuses: Mapping[str, str | None] = field(default_factory=dict)
     projects: Mapping[str, int] = field(default_factory=dict)
+    # When the family was read, and how long a lost create's window lasts (ownership).
+    read_at: datetime | None = None
+    window_s: float = 3600.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,19 +203,23 @@ def needs_projects(parent_id: str, family: Iterable[FamilyMember], record: Recor
     known = on_record(record)
     titles = {a.title for a in record.attempts}
     children = {m.id for t in titles for m in same_title(family, t, parent_id)}
-    return released | (children - known)
+    inferred = {ws for a in record.attempts for ws in a.owed if ws in a.inferred_ids}
+    return released | (children - known) | (inferred & listed)
 
 
-def taken_for(attempt: AttemptRecord, record: Record) -> set[str]:
-    """What cannot be this attempt's create's: held by another brand's claim (or
-    being emptied), or made by another attempt's create on record."""
-    taken = {
-        ws
-        for ws, claim in record.claims.items()
-        if claim.releasing or claim.brand_id not in (None, attempt.brand_id)
-    }
-    others = (a for a in record.attempts if a.attempt_id != attempt.attempt_id)
-    return taken | {ws for a in others for ws in a.created_ids}
+def taken_for(attempt: AttemptRecord, record: Record, ids: Iterable[str]) -> dict[str, str]:
+    """Why each of `ids` cannot be this attempt's create's (`ownership.taken_because`:
+    another brand's claim, an emptying, another attempt's create on record)."""
+    others = [a for a in record.attempts if a.attempt_id != attempt.attempt_id]
+    taken: dict[str, str] = {}
+    for ws in ids:
+        claim = record.claims.get(ws)
+        holder, releasing = (claim.brand_id, claim.releasing) if claim else (None, False)
+        made = any(ws in a.created_ids for a in others)
+        why = taken_because(attempt.brand_id, holder, releasing, made)
+        if why:
+            taken[ws] = why
+    return taken
 
 
 def classify(
@@ -200,7 +227,7 @@ def classify(
 ) -> Audit:
     """Every finding under `parent_id` (see the module's docstring); `parents`: every
     configured parent, never acted on whichever family lists it."""
-    family = tuple(m for m in upstream.family if m.id not in parents or m.id == parent_id)
+    family = tuple(m for m in upstream.family if m.id == parent_id or not is_parent(m.id, parents))
     scope = _Scope(parent_id, frozenset({parent_id, *parents}), family, upstream, record)
     findings = [*scope.parent_on_record(), *scope.bound(), *scope.released(), *scope.owed()]
     findings += scope.unexplained()
@@ -277,38 +304,52 @@ class _Scope:
         found: list[Finding] = []
         for a in self.record.attempts:
             for ws in () if a.pending else a.owed:
-                if ws not in self.never:
-                    why = f"attempt {a.state}; its release of {ws} is owed"
-                    found.append(Finding(Kind.RELEASE_OWED, self.parent_id, ws, why, a.title,
+                if ws in self.never:
+                    continue
+                projects = self.upstream.projects.get(ws)
+                facts = Facts(ws, self.never, credited=True, projects=projects)
+                if ws in a.inferred_ids and (verdict := judge(facts)).owner is Owner.UNCLEAR:
+                    why = f"owed by attempt {a.attempt_id}, on record by inference; {verdict.why}"
+                    found.append(Finding(Kind.UNCLEAR, self.parent_id, ws, why, a.title,
                                          (a.brand_id,), a.attempt_id,
-                                         action=Action.RELEASE))  # fmt: skip
+                                         projects=projects))  # fmt: skip
+                    continue
+                why = f"attempt {a.state}; its release of {ws} is owed"
+                found.append(Finding(Kind.RELEASE_OWED, self.parent_id, ws, why, a.title,
+                                     (a.brand_id,), a.attempt_id, projects=projects,
+                                     action=Action.RELEASE))  # fmt: skip
         return found
 
     def unexplained(self) -> list[Finding]:
         known = on_record(self.record)
         found: list[Finding] = []
         for title in sorted({a.title for a in self.record.attempts}):
-            children = [m for m in same_title(self.family, title, self.parent_id)
+            children = [m for m in same_title(self.family, title, self.parent_id, self.never)
                         if m.id not in known]  # fmt: skip
             if not children:
                 continue
             attempts = [a for a in self.record.attempts if a.title == title and a.orphan_search]
-            made = {
-                a.attempt_id: made_by_our_creates(
-                    self.family, title, self.parent_id, a.creates, taken_for(a, self.record)
-                )
-                for a in attempts
-                if not a.pending
-            }
+            made = {a.attempt_id: self.credit(a, title) for a in attempts if not a.pending}
             found += [self.child(member, title, attempts, made) for member in children]
         return found
+
+    def credit(self, a: AttemptRecord, title: str) -> Made:
+        """What ownership credits the ended attempt's lost creates with (`credit`)."""
+        at = self.upstream.read_at
+        window = at is not None and a.creates.window_open(at, self.upstream.window_s)
+        new = new_children(self.family, title, self.parent_id, a.creates, self.never)
+        taken = taken_for(a, self.record, (m.id for m in new))
+        return credit(self.family, title, self.parent_id, a.creates, taken=taken,
+                      projects=self.upstream.projects, window_open=window,
+                      parents=self.never)  # fmt: skip
 
     def child(
         self, member: FamilyMember, title: str, attempts: list[AttemptRecord], made: dict[str, Made]
     ) -> Finding:
+        projects = self.upstream.projects.get(member.id)
         foreign = Finding(Kind.FOREIGN, self.parent_id, member.id, "same title, nothing on "
                           "record: someone else's", title, status=member.status,
-                          projects=self.upstream.projects.get(member.id))  # fmt: skip
+                          projects=projects)  # fmt: skip
         busy = [a for a in attempts if a.pending]
         if busy:
             ids = ", ".join(a.attempt_id for a in busy)
@@ -319,18 +360,32 @@ class _Scope:
         credited = [a for a in attempts if member.id in made[a.attempt_id].ours]
         if len(credited) == 1:
             a = credited[0]
-            why = f"made by attempt {a.attempt_id}'s unresolved create, not on record"
+            why = (f"made by attempt {a.attempt_id}'s lost create (ours by inference: new "
+                   "beside it, within its window, empty), not on record")  # fmt: skip
             return replace(foreign, kind=Kind.ORPHAN, detail=why, brand_ids=(a.brand_id,),
                            attempt_id=a.attempt_id, action=Action.RELEASE)  # fmt: skip
         if credited:
             why = f"credited to several attempts: {', '.join(a.attempt_id for a in credited)}"
             brands = tuple(sorted({a.brand_id for a in credited}))
             return replace(foreign, kind=Kind.UNCLEAR, detail=why, brand_ids=brands)
+        for a in attempts:
+            held = dict(made[a.attempt_id].held)
+            if member.id in held:
+                why = f"attempt {a.attempt_id}'s lost create: {held[member.id]}"
+                return replace(foreign, kind=Kind.UNCLEAR, detail=why,
+                               brand_ids=(a.brand_id,), attempt_id=a.attempt_id)  # fmt: skip
         if not classify_status(member.status).is_terminal:
             for a in attempts:
-                new = {m.id for m in unaccounted((member,), title, self.parent_id, a.creates)}
+                new = {m.id for m in new_children((member,), title, self.parent_id, a.creates)}
                 if made[a.attempt_id].unclear and member.id in new:
                     why = f"one of several new workspaces after attempt {a.attempt_id}'s create"
                     return replace(foreign, kind=Kind.UNCLEAR, detail=why,
                                    brand_ids=(a.brand_id,), attempt_id=a.attempt_id)  # fmt: skip
+        claim = self.record.claims.get(member.id)
+        holder = claim.brand_id if claim else None
+        facts = Facts(member.id, self.never, taken=holder and f"claimed by brand {holder}",
+                      same_title=True, status=member.status, projects=projects)  # fmt: skip
+        verdict = judge(facts)
+        if verdict.owner is Owner.ADOPTABLE:
+            return replace(foreign, kind=Kind.ADOPTABLE, detail=verdict.why)
         return foreign

@@ -10,16 +10,17 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import replace
 from typing import TypeAlias
 
 from eventsourcing.persistence import IntegrityError
 
-from domain import creates
+from domain import creates, ownership
 from domain import hop as decide
 from domain.errors import AlreadyClaimed, BrandDeactivated, CommandRefused
 from domain.outcomes import HopOutcome, Outcome
-from domain.policies import Provenance, adoption_shortlist, same_title
-from domain.ports import GatewayError, GatewayFault, WorkspaceGone, fault_of
+from domain.policies import Provenance, StatusClass, classify_status
+from domain.ports import FamilyMember, GatewayError, GatewayFault, fault_of
 from infrastructure.usecases import recovery, releases
 from infrastructure.usecases.hop_base import HopBase
 from infrastructure.usecases.retry import retry_on_conflict
@@ -92,9 +93,14 @@ class HopRun(HopBase):
             waited_s = (self.now - since).total_seconds()
         step = creates.recover(made, attempt.title, requested_hop=attempt.create_requested_hop,
                                hop=self.hop, waited_s=waited_s, grace_s=self.grace_s)  # fmt: skip
+        for workspace_id, why in made.held:
+            log.warning("not credited to a lost create attempt=%s workspace=%s: %s",
+                        attempt.id, workspace_id, why)  # fmt: skip
         if isinstance(step, decide.Accept):
             if slot.holder != attempt.id:  # no Freed to save: bump it another way
                 slot.note_adoption(attempt.id, step.workspace_id)
+            for workspace_id in made.ours:  # on record as inferred: never emptied of projects
+                attempt.note_inferred(workspace_id, recovery.evidence(attempt, self.svc))
             self._accept(step.workspace_id, step.provenance)
             for shell in made.ours:
                 attempt.record_created(shell, self.hop)  # the rest: surplus, owed a release
@@ -111,12 +117,8 @@ class HopRun(HopBase):
         waiting = decide.slot_gate(recovery.slot_busy(self.svc, slot, attempt), attempt.title)
         if waiting:
             return self._end(waiting)
-        eligible = [
-            m.id
-            for m in adoption_shortlist(self.unit.family(), attempt.title, parent)
-            if not recovery.claimed_by_other(self.svc, m.id, attempt.brand_id)
-            and self._is_empty(m.id)
-        ]
+        titled = ownership.same_title(self.unit.family(), attempt.title, parent, self.svc.parents)
+        eligible = [m.id for m in titled if self._adoptable(m)]
         step = decide.adopt_or_create(eligible, attempt.title)
         if isinstance(step, decide.Accept):
             slot.note_adoption(attempt.id, step.workspace_id)
@@ -129,15 +131,24 @@ class HopRun(HopBase):
             return self._end(refused)
         return self._create
 
-    def _is_empty(self, workspace_id: str) -> bool:
-        try:
-            return not self.svc.gateway.list_projects(workspace_id)
-        except WorkspaceGone:
+    def _adoptable(self, member: FamilyMember) -> bool:
+        """Ownership's verdict (`domain.ownership.judge`); its projects are read only of
+        a ready workspace nobody else holds."""
+        attempt = self.attempt
+        facts = ownership.Facts(member.id, (attempt.parent_workspace_id, *self.svc.parents),
+                                same_title=True, status=member.status)  # fmt: skip
+        if classify_status(member.status) is not StatusClass.READY:
             return False
+        if recovery.claimed_by_other(self.svc, member.id, attempt.brand_id):
+            return False
+        projects = recovery.project_count(self.svc, member.id)
+        verdict = ownership.judge(replace(facts, projects=projects))
+        return verdict.owner is ownership.Owner.ADOPTABLE
 
     def _create(self) -> Next:
         attempt, slot, parent = self.attempt, self.unit.slot(), self.attempt.parent_workspace_id
-        known = [m.id for m in same_title(self.unit.family(), attempt.title, parent)]
+        titled = ownership.same_title(self.unit.family(), attempt.title, parent, self.svc.parents)
+        known = [m.id for m in titled]
         attempt.request_create(self.hop, known, self.now)
         slot.reserve(attempt.id, self.now, self.grace_s)
         self.unit.touch(slot)

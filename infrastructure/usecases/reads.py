@@ -14,11 +14,11 @@ from eventsourcing.domain import Aggregate
 from eventsourcing.persistence import StoredEvent
 
 from domain.attempt import ProvisioningAttempt
-from domain.boundaries import without_parents
 from domain.brand import Brand
 from domain.claim import WorkspaceClaim
 from domain.errors import UnknownAttempt, UnknownBrand
 from domain.ids import brand_aggregate_id, claim_aggregate_id, slot_aggregate_id
+from domain.ownership import is_parent, without_parents
 from domain.policies import Backoff, Deferral
 from domain.ports import Clock, FamilyMember, Gateway
 from domain.slot import TitleSlot
@@ -55,6 +55,9 @@ class EngineSettings:
     # The parents the service may act under (PROVISIONER_PARENT_IDS). None: any
     # (only for a service embedded in a test; the settings always give a set).
     parent_ids: frozenset[str] | None = None
+    # How long after a create's grace began a new child may be credited to it by
+    # inference (`domain.ownership`); after that, a new same-title child is not ours.
+    inference_window_s: float = 3600.0
     # How far in the future a command's `requested_at` may be (clock skew).
     command_skew_s: float = 300.0
     # The retention window: from a deactivation to emptying the bound workspace.
@@ -205,9 +208,21 @@ class ServiceReads:
         )
         return self.as_slot(slot, parent, title), self.as_brand(brand, attempt.brand_id)
 
+    @property
+    def parents(self) -> tuple[str, ...]:
+        """The parents the service acts under (none known: a service embedded in a test)."""
+        return tuple(sorted(self.settings.parent_ids or ()))
+
     def is_parent(self, workspace_id: str) -> bool:
-        """A configured parent: never a candidate, adopted, bound, claimed or emptied."""
-        return workspace_id in (self.settings.parent_ids or ())
+        """A configured parent, or an id a gateway may take for one (`domain.ownership`):
+        never a candidate, adopted, bound, claimed or emptied."""
+        return is_parent(workspace_id, self.parents)
+
+    def parent_allowed(self, parent_id: str) -> bool:
+        """Whether the service acts under this parent (PROVISIONER_PARENT_IDS; with none
+        known, any): an attempt or brand from before the allowlist may name another."""
+        allowed = self.settings.parent_ids
+        return allowed is None or parent_id in allowed
 
     def family(self, parent_id: str, title: str | None = None) -> list[FamilyMember]:
         """The parent's family as the gateway lists it, without any configured parent:

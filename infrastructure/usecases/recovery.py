@@ -1,18 +1,19 @@
-"""What our unresolved creates made, read for the rule of `domain.creates`.
+"""What our lost creates made, read for ownership's rule (`domain.ownership.credit`).
 
 The hop's recovery of an unconfirmed create and the orphan search of an ended
 attempt both call `made_by_unresolved_create`: it reads the title slot's gate,
-the family and what is taken elsewhere, and asks `creates.made_by_our_creates`.
+the family, why each new child is someone else's (claims, other attempts'
+creates) and the projects of the rest, and asks `ownership.credit`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from domain import creates
 from domain import hop as decide
+from domain import ownership
 from domain.attempt import ProvisioningAttempt
-from domain.ports import FamilyMember
+from domain.ports import FamilyMember, WorkspaceGone
 from domain.slot import TitleSlot
 from infrastructure.usecases.reads import ServiceReads
 
@@ -28,23 +29,34 @@ def slot_busy(svc: ServiceReads, slot: TitleSlot, attempt: ProvisioningAttempt) 
     return slot.busy_for(attempt.id, svc.clock.now(), svc.settings.create_grace_s)
 
 
-def taken_elsewhere(svc: ServiceReads, workspace_id: str, attempt: ProvisioningAttempt) -> bool:
-    """Cannot be what the attempt's unresolved create made: another brand holds it,
-    or another attempt the claim ever named has it on record as made by its create.
+def taken_elsewhere(
+    svc: ServiceReads, workspace_id: str, attempt: ProvisioningAttempt
+) -> str | None:
+    """Why the workspace cannot be what the attempt's lost create made
+    (`ownership.taken_because`), or None.
 
-    The second covers a shell that attempt created and released (unclaimed
-    now) and the workspace of the brand's own next attempt (claimed by the
-    same brand): both are new to an older create's baseline, and counted as
-    candidates they would make the search ambiguous for good, so the orphan
-    would never be recorded.
+    Another attempt the claim ever named with it on record as made by its create
+    covers a shell that attempt created and released (unclaimed now) and the
+    workspace of the brand's own next attempt (claimed by the same brand): both
+    are new to an older create's baseline, and counted as candidates they would
+    make the search ambiguous for good, so the orphan would never be recorded.
     """
     claim = svc.claim(workspace_id)
     if claim is None:
-        return False
-    if claim.held_by_other_than(attempt.brand_id):
-        return True
+        return None
     others = svc.load(*(claim.attempts_named - {attempt.id}))
-    return any(isinstance(o, ProvisioningAttempt) and workspace_id in o.created_ids for o in others)
+    made = any(isinstance(o, ProvisioningAttempt) and workspace_id in o.created_ids for o in others)
+    return ownership.taken_because(
+        attempt.brand_id, claim.brand_id, claim.releasing_by is not None, made
+    )
+
+
+def project_count(svc: ServiceReads, workspace_id: str) -> int | None:
+    """How many projects the workspace holds; None when it is gone (404)."""
+    try:
+        return len(svc.gateway.list_projects(workspace_id))
+    except WorkspaceGone:
+        return None
 
 
 def made_by_unresolved_create(
@@ -52,10 +64,11 @@ def made_by_unresolved_create(
     attempt: ProvisioningAttempt,
     slot: TitleSlot,
     family_of: Callable[[], list[FamilyMember]] | None = None,
-) -> decide.Wait | creates.Made:
-    """What the attempt's unconfirmed creates made, the family read after the title
-    slot (a wait while another attempt's create may be in flight); `family_of`: the
-    hop's, read once per round.
+) -> decide.Wait | ownership.Made:
+    """What the attempt's lost creates made, the family read after the title slot (a
+    wait while another attempt's create may be in flight); `family_of`: the hop's,
+    read once per round. Projects are read only of new children nobody else holds,
+    and only while the window is open (past it, nothing is credited).
 
     The caller saves what it records with the slot bumped, so a reservation
     taken after the slot's read makes that save conflict.
@@ -63,8 +76,25 @@ def made_by_unresolved_create(
     waiting = decide.slot_gate(slot_busy(svc, slot, attempt), attempt.title)
     if waiting is not None:
         return waiting
-    parent = attempt.parent_workspace_id
-    family = family_of() if family_of else svc.family(parent, attempt.title)
-    args = (family, attempt.title, parent, attempt.creates)
-    taken = {m.id for m in creates.unaccounted(*args) if taken_elsewhere(svc, m.id, attempt)}
-    return creates.made_by_our_creates(*args, taken)
+    parent, title, creates = attempt.parent_workspace_id, attempt.title, attempt.creates
+    family = family_of() if family_of else svc.family(parent, title)
+    window = creates.window_open(svc.clock.now(), svc.settings.inference_window_s)
+    new = ownership.new_children(family, title, parent, creates, svc.parents)
+    taken = {m.id: why for m in new if (why := taken_elsewhere(svc, m.id, attempt))}
+    counts = {m.id: project_count(svc, m.id) for m in new if window and m.id not in taken}
+    gone = {ws for ws, n in counts.items() if n is None}  # listed, then gone: not a child
+    return ownership.credit(
+        [m for m in family if m.id not in gone], title, parent, creates,
+        taken=taken, projects=counts, window_open=window, parents=svc.parents,
+    )  # fmt: skip
+
+
+def evidence(attempt: ProvisioningAttempt, svc: ServiceReads) -> str:
+    """Why a workspace is credited to the attempt's lost create, for its log."""
+    since = attempt.creates.window_from
+    began = since.isoformat(timespec="seconds") if since else "unknown"
+    return (
+        f"new beside a create titled {attempt.title!r} whose answer was lost (its grace "
+        f"began {began}), seen at {svc.clock.now().isoformat(timespec='seconds')}, empty, "
+        "held by nobody else"
+    )

@@ -13,14 +13,15 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import replace
 from uuid import UUID
 
 from eventsourcing.domain import Aggregate
 
-from domain import creates
+from domain import ownership
 from domain.attempt import ProvisioningAttempt
 from domain.claim import WorkspaceClaim
-from domain.errors import CommandRefused
+from domain.errors import CommandRefused, NotOurs
 from domain.policies import AttemptState, FailureReason, Provenance
 from domain.ports import GatewayError, RequestRejected, TransientGatewayError, WorkspaceGone
 from infrastructure.usecases import recovery
@@ -63,17 +64,29 @@ def decommission(svc: ServiceReads, brand_id: str) -> int | None:
             # On record before any delete: a reactivation now waits for us.
             brand.start_decommission()
             svc.app.save(brand)
+        if not svc.parent_allowed(brand.parent_workspace_id):
+            why = (f"parent {brand.parent_workspace_id} is not one the service acts under "
+                   "(PROVISIONER_PARENT_IDS)")  # fmt: skip
+            brand.refuse_decommission(f"not emptied: {why}")  # kept, bound; not retried
+            svc.app.save(brand)
+            log.error("decommission refused to empty brand=%s workspace=%s: %s",
+                      brand_id, workspace_id, why)  # fmt: skip
+            return None
         claim = svc.claim(workspace_id)
         if claim is None or claim.brand_id != brand_id or svc.is_parent(workspace_id):
             # Bound without this brand's claim on record: not provably ours to empty.
             holder = "no claim" if claim is None else f"claim held by {claim.brand_id}"
+            if svc.is_parent(workspace_id):
+                holder = "a parent the service acts under"
             brand.unbind(f"not emptied: {holder}")
             svc.app.save(brand)
             log.error("decommission refused to empty brand=%s workspace=%s: %s",
                       brand_id, workspace_id, holder)  # fmt: skip
             return 0
+        bound = ownership.Facts(workspace_id, (brand.parent_workspace_id, *svc.parents),
+                                proven=True)  # we bound it, with this brand's claim: ours by proof
         try:
-            deleted = empty_workspace(svc, workspace_id)
+            deleted = empty_workspace(svc, bound)
         except RequestRejected as exc:
             brand.refuse_decommission(str(exc))  # the claim stays: still bound, still ours
             svc.app.save(brand)
@@ -102,15 +115,22 @@ def decommission(svc: ServiceReads, brand_id: str) -> int | None:
 # Shared steps.
 
 
-def empty_workspace(svc: ServiceReads, workspace_id: str) -> int:
-    """Delete every project of the workspace (404 = already gone); never the workspace,
-    and never a configured parent's projects (refused: a bug if ever asked)."""
-    if svc.is_parent(workspace_id):
-        raise CommandRefused(f"{workspace_id} is a parent the service acts under: never emptied")
+def empty_workspace(svc: ServiceReads, facts: ownership.Facts) -> int:
+    """Delete every project of the workspace (404 = already gone); never the workspace.
+    Ownership judges it on the projects listed now (`ownership.judge`, `may_empty`):
+    a parent, someone else's, or one credited by inference that holds projects is
+    refused (NotOurs) before any delete."""
+    workspace_id = facts.workspace_id
+    facts = replace(facts, parents=(*facts.parents, *svc.parents))
+    if ownership.is_parent(workspace_id, facts.parents):
+        raise NotOurs(f"{workspace_id} is a parent the service acts under: never emptied")
     try:
         project_ids = svc.gateway.list_projects(workspace_id)
     except WorkspaceGone:
         return 0
+    verdict = ownership.judge(replace(facts, projects=len(project_ids)))
+    if not ownership.may_empty(verdict):
+        raise NotOurs(f"{workspace_id} is not emptied ({verdict.owner.value}): {verdict.why}")
     for project_id in project_ids:
         svc.gateway.delete_project(workspace_id, project_id)
     return len(project_ids)
@@ -141,6 +161,10 @@ def release_workspace(svc: ServiceReads, attempt: ProvisioningAttempt, workspace
     """
     if workspace_id not in attempt.owed_releases:  # only what our creates made, on record
         raise CommandRefused(f"attempt {attempt.id} owes no release of {workspace_id}")
+    if not svc.parent_allowed(attempt.parent_workspace_id):
+        why = (f"parent {attempt.parent_workspace_id} is not one the service acts under "
+               "(PROVISIONER_PARENT_IDS): not emptied")  # fmt: skip
+        return _left_for_a_person(svc, attempt, workspace_id, why, None)
     claim = svc.claim(workspace_id)
     if (
         claim is not None
@@ -155,8 +179,13 @@ def release_workspace(svc: ServiceReads, attempt: ProvisioningAttempt, workspace
     if claim.releasing_by != attempt.id:
         claim.begin_release(attempt.brand_id, attempt.id)
         svc.app.save(claim)
+    facts = ownership.Facts(workspace_id, (attempt.parent_workspace_id,), proven=True)
+    if workspace_id in attempt.inferred_ids:  # a lost create's, by inference: must be empty
+        facts = ownership.Facts(workspace_id, (attempt.parent_workspace_id,), credited=True)
     try:
-        deleted = empty_workspace(svc, workspace_id)
+        deleted = empty_workspace(svc, facts)
+    except NotOurs as exc:
+        return _left_for_a_person(svc, attempt, workspace_id, str(exc), claim)
     except RequestRejected as exc:
         attempt.record_release_refused(workspace_id, str(exc))
         claim.release("the gateway refused to empty it")
@@ -178,6 +207,22 @@ def release_workspace(svc: ServiceReads, attempt: ProvisioningAttempt, workspace
         deleted,
     )
     return True
+
+
+def _left_for_a_person(
+    svc: ServiceReads, attempt: ProvisioningAttempt, workspace_id: str, why: str,
+    claim: WorkspaceClaim | None,
+) -> bool:  # fmt: skip
+    """Ownership refused to empty what the attempt owes: on record (`ReleaseRefused`,
+    no longer owed: never asked again), nothing deleted, one ERROR line."""
+    attempt.record_release_refused(workspace_id, why)
+    if claim is not None:
+        claim.release("not emptied: ownership refused")
+    svc.app.save(attempt, *([claim] if claim is not None else []))
+    log.error("release not performed brand=%s attempt=%s workspace=%s: %s; its projects are "
+              "kept: a person decides (provisioner audit)",
+              attempt.brand_id, attempt.id, workspace_id, why)  # fmt: skip
+    return False
 
 
 def release_owed(svc: ServiceReads, attempt: ProvisioningAttempt, released: list[str]) -> None:
@@ -207,8 +252,13 @@ def discharge(svc: ServiceReads, attempt: ProvisioningAttempt) -> tuple[str, ...
     if attempt.orphan_search:
         slot = svc.slot(attempt.parent_workspace_id, attempt.title)
         made = recovery.made_by_unresolved_create(svc, attempt, slot)
-        if isinstance(made, creates.Made) and made.ours:
+        if isinstance(made, ownership.Made):
+            for workspace_id, why in made.held:
+                log.warning("not credited to a lost create brand=%s attempt=%s workspace=%s: "
+                            "%s", attempt.brand_id, attempt.id, workspace_id, why)  # fmt: skip
+        if isinstance(made, ownership.Made) and made.ours:
             for orphan in made.ours:
+                attempt.note_inferred(orphan, recovery.evidence(attempt, svc))
                 attempt.record_created(orphan, attempt.expected_hop)
                 slot.note_adoption(attempt.id, orphan)
             svc.app.save(attempt, slot)
@@ -234,6 +284,8 @@ def empty_shell_again(svc: ServiceReads, attempt: ProvisioningAttempt, workspace
     Recorded on its claim (`Releasing`, then `Released`), marked before any
     delete in a version-checked save, so an adoption that raced it conflicts.
     """
+    if workspace_id in attempt.inferred_ids:  # never emptied of projects on inference
+        return False
     claim = svc.claim(workspace_id)
     if claim is None or claim.brand_id is not None:  # held: adopted or claimed since
         return False
@@ -245,7 +297,8 @@ def empty_shell_again(svc: ServiceReads, attempt: ProvisioningAttempt, workspace
         return False
     claim.begin_release(attempt.brand_id, attempt.id)
     svc.app.save(claim)
-    deleted = empty_workspace(svc, workspace_id)
+    facts = ownership.Facts(workspace_id, (attempt.parent_workspace_id,), proven=True)
+    deleted = empty_workspace(svc, facts)
     claim.release("projects appeared after its release")
     svc.app.save(claim)
     log.warning(

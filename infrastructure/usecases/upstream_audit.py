@@ -27,7 +27,7 @@ from domain.brand import Brand
 from domain.claim import WorkspaceClaim
 from domain.errors import ProvisionerError
 from domain.ids import brand_aggregate_id, claim_aggregate_id
-from domain.policies import same_title
+from domain.ownership import same_title
 from domain.ports import FamilyMember, GatewayError, TransientGatewayError, WorkspaceGone
 from domain.upstream_audit import (
     Action,
@@ -36,6 +36,7 @@ from domain.upstream_audit import (
     BrandRecord,
     ClaimRecord,
     Finding,
+    Kind,
     Record,
     Upstream,
     classify,
@@ -106,7 +107,7 @@ def _attempt(a: ProvisioningAttempt) -> AttemptRecord:
         title=a.title, pending=not a.is_terminal, creates=a.creates,
         orphan_search=a.orphan_search, created_ids=tuple(a.created_ids),
         released_ids=tuple(a.released_ids), owed=a.owed_releases,
-        candidate_id=a.candidate_id, state=a.state.value,
+        candidate_id=a.candidate_id, state=a.state.value, inferred_ids=tuple(a.inferred_ids),
     )  # fmt: skip
 
 
@@ -144,9 +145,21 @@ def read_record(
     return Record(mine, brands, claims)
 
 
+def not_allowed(parent_id: str) -> Audit:
+    """A parent on record that the service does not act under: not read, not touched."""
+    why = ("attempts on record name this parent, which is not one the service acts under "
+           "(PROVISIONER_PARENT_IDS): not audited, nothing touched")  # fmt: skip
+    return Audit(parent_id, (Finding(Kind.PARENT_NOT_ALLOWED, parent_id, parent_id, why),),
+                 {"bound_ready": 0, "bound_settling": 0, "released_empty": 0})  # fmt: skip
+
+
 def audit_parent(svc: ServiceReads, parent_id: str) -> Audit:
-    """The audit of one parent: family first, then the log, then what it asks for."""
+    """The audit of one parent: family first, then the log, then what it asks for. A
+    parent the service does not act under is not read (`not_allowed`)."""
+    if not svc.parent_allowed(parent_id):
+        return not_allowed(parent_id)
     seen = list(_started(svc))
+    read_at = svc.clock.now()
     family = _asked(lambda: svc.family(parent_id))
     after = seen[-1][0] if seen else 0
     seen += _started(svc, after)  # attempts begun while the family was read
@@ -163,8 +176,9 @@ def audit_parent(svc: ServiceReads, parent_id: str) -> Audit:
         count = _projects(svc, ws)
         if count is not None:
             projects[ws] = count
-    upstream = Upstream(tuple(family), statuses, projects)
-    return classify(parent_id, upstream, record, svc.settings.parent_ids or ())
+    upstream = Upstream(tuple(family), statuses, projects, read_at,
+                        svc.settings.inference_window_s)  # fmt: skip
+    return classify(parent_id, upstream, record, svc.parents)
 
 
 def _status(svc: ServiceReads, workspace_id: str) -> str | None:

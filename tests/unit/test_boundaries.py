@@ -6,8 +6,9 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from domain.boundaries import check_command_time, check_parent, without_parents
+from domain.boundaries import check_command_time, check_parent
 from domain.errors import ForeignParent, FutureCommand, InvalidRequest
+from domain.ownership import without_parents
 from domain.ports import FamilyMember
 
 NOW = datetime(2026, 12, 1, tzinfo=UTC)
@@ -40,3 +41,10 @@ def test_configured_parents_are_taken_out_of_any_family() -> None:
               FamilyMember("org-b", "T", "ready")]  # fmt: skip
     assert [m.id for m in without_parents(family, {"org-a", "org-b"})] == ["ws-1"]
     assert without_parents(family, None) == family
+
+
+def test_a_family_member_a_lenient_gateway_takes_for_a_parent_is_taken_out() -> None:
+    wide = "\uff4f\uff52\uff47-a"  # "org-a" in full-width letters: NFKC makes it "org-a"
+    family = [FamilyMember("ORG-A", "T", "ready"), FamilyMember(" org-b\u200b", "T", "ready"),
+              FamilyMember(wide, "T", "ready"), FamilyMember("ws-1", "T", "ready")]  # fmt: skip
+    assert [m.id for m in without_parents(family, {"org-a", "org-b"})] == ["ws-1"]

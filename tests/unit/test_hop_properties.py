@@ -24,7 +24,8 @@ from hypothesis import strategies as st
 from domain import hop as decide
 from domain.attempt import ProvisioningAttempt
 from domain.claim import WorkspaceClaim
-from domain.creates import Made, create_answered, made_by_our_creates
+from domain.creates import create_answered
+from domain.ownership import Facts, Made, Owner, credit, judge, same_title
 from domain.policies import (
     AttemptState,
     Backoff,
@@ -32,10 +33,8 @@ from domain.policies import (
     FailureReason,
     Provenance,
     StatusClass,
-    adoption_shortlist,
     classify_status,
     owed_releases,
-    same_title,
 )
 from domain.ports import (
     FamilyMember,
@@ -75,12 +74,14 @@ def family(world: World) -> list[FamilyMember]:
 
 
 def eligible(world: World) -> list[str]:
-    """The adoption shortlist as the shell filters it: not another brand's, empty."""
+    """What ownership calls adoptable, as the shell asks it: not another brand's, empty."""
     return [
         m.id
-        for m in adoption_shortlist(family(world), TITLE, PARENT)
-        if not world.held_by_other(m.id) and _member(world, m.id).projects == 0
-    ]
+        for m in same_title(family(world), TITLE, PARENT)
+        if not world.held_by_other(m.id)
+        and judge(Facts(m.id, (PARENT,), same_title=True, status=m.status,
+                        projects=_member(world, m.id).projects)).owner is Owner.ADOPTABLE
+    ]  # fmt: skip
 
 
 def _member(world: World, workspace_id: str) -> Member:
@@ -146,7 +147,9 @@ class Upstream:
     def credit(self) -> Made:
         """The rule, as the use cases ask it; what it credits is then on record."""
         attempt = self.attempt
-        made = made_by_our_creates(self.family, TITLE, PARENT, attempt.creates, self.taken)
+        taken = dict.fromkeys(self.taken, "another's create")
+        projects: dict[str, int | None] = {m.id: 0 for m in self.family}  # as a create leaves it
+        made = credit(self.family, TITLE, PARENT, attempt.creates, taken=taken, projects=projects)
         if made.unclear == 0 or made.shells:  # what the hop and the orphan search record
             for workspace_id in made.ours:
                 attempt.record_created(workspace_id, self.hop)

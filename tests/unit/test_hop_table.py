@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from domain import creates
+from domain import creates, ownership
 from domain import hop as decide
 from domain.hop import (
     Accept,
@@ -166,7 +166,7 @@ table("acquire_faulted", ACQUIRE_FAILED, decide.acquire_faulted, [(f,) for f in 
 # with `others`, beside them what is never ours: what was there before the first
 # create (its baseline), what is on record already, what is taken elsewhere,
 # another title, and the parent.
-def made_in(live: int, shells: int, given_up: int, others: bool) -> creates.Made:
+def made_in(live: int, shells: int, given_up: int, others: bool) -> ownership.Made:
     family = [
         *(FamilyMember(f"new-{n}", TITLE, "not ready") for n in range(1, live + 1)),
         *(FamilyMember(f"shell-{n}", TITLE, "failed") for n in range(1, shells + 1)),
@@ -177,8 +177,10 @@ def made_in(live: int, shells: int, given_up: int, others: bool) -> creates.Made
             *(FamilyMember(ws, TITLE, status) for ws, status in OTHERS),
             FamilyMember("other-title", "Other", "not ready"),
         ]
-    ours = creates.Creates(frozenset({"known-1", "known-2"}), frozenset({"ours-1"}), given_up)
-    return creates.made_by_our_creates(family, TITLE, PARENT, ours, {"taken-1", "taken-2"})
+    ours = ownership.Creates(frozenset({"known-1", "known-2"}), frozenset({"ours-1"}), given_up)
+    taken = {"taken-1": "claimed by brand b2", "taken-2": "made by another attempt's create"}
+    empty: dict[str, int | None] = {m.id: 0 for m in family}  # as a create leaves it
+    return ownership.credit(family, TITLE, PARENT, ours, taken=taken, projects=empty)
 
 
 OTHERS = [("known-1", "not ready"), ("known-2", "failed"), ("ours-1", "created"),
@@ -193,32 +195,32 @@ MADE: list[Row] = [
     (
         "several live new workspaces: none credited; after a create given up, every shell",
         lambda n, s, g, o: n > 1,
-        lambda n, s, g, o: creates.Made(shells=_ids("shell", s) if g else (), unclear=n),
+        lambda n, s, g, o: ownership.Made(shells=_ids("shell", s) if g else (), unclear=n),
     ),
     (
         "an earlier create given up: the one live workspace if any, and every shell",
         lambda n, s, g, o: g > 0,
-        lambda n, s, g, o: creates.Made(_ids("new", n), _ids("shell", s), settled=n == 1),
+        lambda n, s, g, o: ownership.Made(_ids("new", n), _ids("shell", s), settled=n == 1),
     ),
     (
         "one create: the one live workspace",
         lambda n, s, g, o: n == 1,
-        lambda *a: creates.Made(("new-1",)),
+        lambda *a: ownership.Made(("new-1",)),
     ),
     (
         "one create, none live: the one shell",
         lambda n, s, g, o: s == 1,
-        lambda *a: creates.Made(shells=("shell-1",)),
+        lambda *a: ownership.Made(shells=("shell-1",)),
     ),
     (
         "one create, none live: several shells, which one create cannot all have made",
         lambda n, s, g, o: s > 1,
-        lambda n, s, g, o: creates.Made(unclear=s),
+        lambda n, s, g, o: ownership.Made(unclear=s),
     ),
-    ("nothing new: nothing credited", lambda *a: True, lambda *a: creates.Made()),
+    ("nothing new: nothing credited", lambda *a: True, lambda *a: ownership.Made()),
 ]
 table(
-    "made_by_our_creates",
+    "credit",
     MADE,
     made_in,
     itertools.product(range(4), range(3), range(3), [False, True]),
@@ -226,14 +228,14 @@ table(
 
 # Recovering an unconfirmed create: (made, title, requested_hop, hop, waited_s, grace_s).
 MADE_CASES = [
-    creates.Made(),
-    creates.Made(("ws-1",)),
-    creates.Made(("ws-1",), ("shell-1", "shell-2")),
-    creates.Made(shells=("shell-1",)),
-    creates.Made(shells=("shell-1",), settled=False),
-    creates.Made(shells=("shell-1", "shell-2"), settled=False),
-    creates.Made(unclear=2),
-    creates.Made(shells=("shell-1",), unclear=3),
+    ownership.Made(),
+    ownership.Made(("ws-1",)),
+    ownership.Made(("ws-1",), ("shell-1", "shell-2")),
+    ownership.Made(shells=("shell-1",)),
+    ownership.Made(shells=("shell-1",), settled=False),
+    ownership.Made(shells=("shell-1", "shell-2"), settled=False),
+    ownership.Made(unclear=2),
+    ownership.Made(shells=("shell-1",), unclear=3),
 ]
 RECOVER: list[Row] = [
     (

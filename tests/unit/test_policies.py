@@ -2,10 +2,10 @@ from __future__ import annotations
 
 import pytest
 
+from domain.ownership import Facts, Owner, judge, same_title
 from domain.policies import (
     Backoff,
     StatusClass,
-    adoption_shortlist,
     classify_status,
 )
 from domain.ports import FamilyMember
@@ -67,4 +67,11 @@ def test_adoption_shortlist_keeps_exact_title_ready_children_only() -> None:
         ("w4", "Acme", "creation_failed"),
         ("w5", "Acme ", "created"),
     )
-    assert [m.id for m in adoption_shortlist(members, "Acme", PARENT)] == ["w1"]
+    titled = same_title(members, "Acme", PARENT)
+    adoptable = [
+        m.id
+        for m in titled
+        if judge(Facts(m.id, (PARENT,), same_title=True, status=m.status, projects=0)).owner
+        is Owner.ADOPTABLE
+    ]
+    assert adoptable == ["w1"]

@@ -373,7 +373,7 @@ def test_a_lost_create_whose_workspace_appears_after_a_later_create_is_released(
     first = service.run_hop(attempt_id, 0)
     clock.advance(61)  # past the grace: the retry creates again
     second = service.run_hop(attempt_id, 1)
-    late = gateway.add(PARENT, TITLE, "created", projects=1)
+    late = gateway.add(PARENT, TITLE, "created")  # empty, as a create of ours leaves it
 
     released = service.release(attempt_id)  # what the reconciler sends during the hour
 
@@ -385,6 +385,7 @@ def test_a_lost_create_whose_workspace_appears_after_a_later_create_is_released(
     attempt = service.attempt(attempt_id)
     assert attempt.create_lost
     assert attempt.created_ids == (second.workspace_id, late)
+    assert attempt.inferred_ids == (late,)  # ours by inference, not by proof
     assert attempt.released_ids == (late,)
     assert service.brand("b1").workspace_id == second.workspace_id
     assert service.release(attempt_id) == ()  # safe to repeat
@@ -403,7 +404,7 @@ def test_a_lost_create_whose_shell_appears_late_in_a_terminal_status_goes_on_rec
     clock.advance(61)
     second = service.run_hop(attempt_id, 1)
     shell = gateway.add(PARENT, TITLE, status)
-    late = gateway.add(PARENT, TITLE, "created", projects=1)
+    late = gateway.add(PARENT, TITLE, "created")
 
     released = service.release(attempt_id)
 
@@ -431,7 +432,6 @@ def test_a_create_given_up_for_an_adoption_is_counted_and_its_workspace_released
 
     adopted = service.run_hop(attempt_id, 1)
     [late] = gateway.reveal()
-    gateway.workspaces[late].projects = ["p-late"]
     released = service.release(attempt_id)
 
     assert adopted.outcome is Outcome.PROMOTED

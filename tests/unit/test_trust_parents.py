@@ -7,6 +7,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from domain import ownership
 from domain.errors import CommandRefused, ForeignParent, FutureCommand, UnknownBrand
 from domain.outcomes import Outcome
 from domain.policies import Backoff, FailureReason
@@ -81,7 +82,7 @@ def test_a_parent_is_never_emptied_nor_a_workspace_not_owed(
 ) -> None:
     gateway.workspaces[OTHER_PARENT].projects = ["keep-me"]
     with pytest.raises(CommandRefused, match="never emptied"):
-        releases.empty_workspace(service, OTHER_PARENT)
+        releases.empty_workspace(service, ownership.Facts(OTHER_PARENT, proven=True))
     attempt_id = service.request_provisioning("b1", TITLE, PARENT)
     service.run_hop(attempt_id, 0)
     stranger = gateway.add(PARENT, "Stranger", "created", projects=2)

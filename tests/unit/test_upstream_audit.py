@@ -4,10 +4,11 @@ finding says and does."""
 from __future__ import annotations
 
 from dataclasses import replace
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from domain.creates import Creates
+from domain.ownership import Creates
 from domain.ports import FamilyMember
 from domain.upstream_audit import (
     Action,
@@ -23,6 +24,7 @@ from domain.upstream_audit import (
 )
 
 P, OTHER_PARENT, T = "org-p", "org-q", "Acme"
+CREATED_AT = datetime(2026, 12, 1, tzinfo=UTC)  # the lost create's; read 30 s after
 ROOT = FamilyMember(P, "Organisation", "active")
 
 
@@ -43,7 +45,7 @@ def lost(attempt_id: str = "a1", brand: str = "b1", baseline: frozenset[str] = f
          **kw: object) -> AttemptRecord:  # fmt: skip
     """An ended attempt whose create is unresolved: what it made may appear."""
     fields: dict[str, object] = {"state": "cancelled", **kw}
-    creates = Creates(baseline, frozenset())
+    creates = Creates(baseline, frozenset(), window_from=CREATED_AT)
     return attempt(attempt_id, brand, creates=creates, orphan_search=True, **fields)
 
 
@@ -56,6 +58,9 @@ def claim(ws: str, brand: str | None = "b1") -> dict[str, ClaimRecord]:
 
 
 def run(family: tuple[FamilyMember, ...], record: Record, **up: object) -> Audit:
+    """The audit 30 s after the lost create; a child's projects 0 unless given."""
+    up["projects"] = {**{m.id: 0 for m in family}, **up.get("projects", {})}  # type: ignore[dict-item]
+    up.setdefault("read_at", CREATED_AT + timedelta(seconds=30))
     return classify(P, Upstream((ROOT, *family), **up), record, (P, OTHER_PARENT))  # type: ignore[arg-type]
 
 
@@ -179,14 +184,21 @@ CASES = [
     pytest.param(
         (member("w9"),),
         Record((lost(baseline=frozenset({"w9"})),)),
-        {},
+        {"projects": {"w9": 3}},
         [("foreign", "w9", "none")],
         id="there-before-the-create",
     ),
     pytest.param(
         (member("w9"),),
-        Record((attempt(),)),
+        Record((lost(baseline=frozenset({"w9"})),)),
         {},
+        [("adoptable", "w9", "none")],
+        id="there-before-the-create-ready-and-empty-adoptable",
+    ),
+    pytest.param(
+        (member("w9"),),
+        Record((attempt(),)),
+        {"projects": {"w9": 2}},
         [("foreign", "w9", "none")],
         id="create-resolved-someone-elses",
     ),
@@ -255,11 +267,11 @@ def test_clean_counts_and_problems() -> None:
         (bound("w1"),), {**claim("w1"), **claim("w2", None)},
     )  # fmt: skip
     family = (member("w1"), member("w2"), member("w3"))
-    result = run(family, record, projects={"w2": 0})
+    result = run(family, record, projects={"w2": 0, "w3": 4})
     assert dict(result.clean) == {"bound_ready": 1, "bound_settling": 0, "released_empty": 1}
     assert kinds(result) == [("foreign", "w3", "none")]
     assert result.problems == ()  # someone else's: information only
-    orphan = run((*family, member("w4")), record, projects={"w2": 0})
+    orphan = run((*family, member("w4")), record, projects={"w2": 0, "w3": 4})
     assert [f.kind for f in orphan.problems] == [Kind.ORPHAN]
     assert orphan.problems[0].attempt_id == "a2"
 
