@@ -389,3 +389,49 @@ class _Scope:
         if verdict.owner is Owner.ADOPTABLE:
             return replace(foreign, kind=Kind.ADOPTABLE, detail=verdict.why)
         return foreign
+
+
+# `audit --fix` is a plan, then an apply: what a run would do, checked again before
+# it is done.
+
+
+@dataclass(frozen=True, slots=True)
+class PlanStep:
+    """One action a fix would take, with what made it right when it was planned."""
+
+    parent_id: str
+    workspace_id: str
+    kind: str
+    action: str
+    attempt_id: str | None
+    brand_ids: tuple[str, ...]
+    title: str | None
+    projects: int | None
+    why: str
+
+    @classmethod
+    def of(cls, finding: Finding) -> PlanStep:
+        return cls(finding.parent_id, finding.workspace_id, finding.kind.value,
+                   finding.action.value, finding.attempt_id, finding.brand_ids,
+                   finding.title, finding.projects, finding.detail)  # fmt: skip
+
+    @property
+    def key(self) -> tuple[object, ...]:
+        """What must be the same again for the step to be taken: not the prose."""
+        return (self.parent_id, self.workspace_id, self.kind, self.action, self.attempt_id,
+                self.brand_ids, self.projects)  # fmt: skip
+
+
+def plan(audits: Iterable[Audit]) -> list[PlanStep]:
+    """Every finding with an action, as a step."""
+    return [PlanStep.of(f) for a in audits for f in a.findings if f.action is not Action.NONE]
+
+
+def still_true(steps: Iterable[PlanStep], audits: Iterable[Audit]) -> tuple[Audit, ...]:
+    """The audits cut to the findings a plan named that hold as planned (same kind,
+    action, attempt, brands and project count): only those may be acted on."""
+    wanted = {step.key for step in steps}
+    return tuple(
+        replace(a, findings=tuple(f for f in a.findings if PlanStep.of(f).key in wanted))
+        for a in audits
+    )
