@@ -54,9 +54,10 @@ No message, repr or log line carries the token or request headers: the domain
 errors are raised outside the ``except`` blocks (no ``__cause__``/``__context__``
 pointing at an httpx exception, which holds the request), and what comes from
 the wire is read by infrastructure/gateway_answers.py: bounded (`_ANSWER_MAX`,
-1 MiB; a family listing `_FAMILY_ANSWER_MAX`, 4 MiB, of at most `_FAMILY_MAX`
-entries), never compressed (we ask for ``Accept-Encoding: identity``), ids
-checked against ``domain.ids.GATEWAY_ID`` and texts scrubbed of the token.
+1 MiB; a family listing, parsed as it arrives by infrastructure/gateway_family.py,
+`FAMILY_ANSWER_MAX`, 64 MiB, whatever its number of entries), never compressed
+(we ask for ``Accept-Encoding: identity``), ids checked against
+``domain.ids.GATEWAY_ID`` and texts scrubbed of the token.
 
 Path segments (ids) are percent-encoded; an id made only of dots is encoded
 too (``%2E``) so it cannot become a ``..`` segment, and an empty id is refused
@@ -87,9 +88,17 @@ from domain.ports import (
 from infrastructure.gateway_answers import (
     Answer,
     AnswerReader,
+    capped_chunks,
     retry_after,
 )
 from infrastructure.gateway_exchange import Failure, exchange, pace_result, seg
+from infrastructure.gateway_family import (
+    FAMILY_ANSWER_MAX,
+    OVER,
+    FamilyWatch,
+    Listing,
+    read_family,
+)
 
 if TYPE_CHECKING:
     from infrastructure.pacing import Pace
@@ -99,8 +108,7 @@ __all__ = ["HttpGateway"]
 log = logging.getLogger(__name__)
 
 _ANSWER_MAX = 1024 * 1024  # bytes; a status or a create answer is under 1 KiB
-_FAMILY_ANSWER_MAX = 4 * 1024 * 1024  # a family listing of up to _FAMILY_MAX entries
-_FAMILY_MAX = 10_000  # entries of one family listing (the parent and its children)
+
 
 class HttpGateway:
     """`domain.ports.Gateway` over HTTP. Thread-safe; close it (or use `with`)."""
@@ -119,6 +127,8 @@ class HttpGateway:
         observe: Callable[[str, int | None, float], None] | None = None,
         pace: Pace | None = None,
         ca_file: str | None = None,
+        family_max_bytes: int = FAMILY_ANSWER_MAX,
+        on_family_share: Callable[[float], None] | None = None,
     ) -> None:
         if not token:
             raise ValueError("the gateway token must not be empty")
@@ -134,6 +144,9 @@ class HttpGateway:
         # Told of every request: (operation, HTTP status or None without one, seconds).
         self._observe = observe
         self._pace = pace
+        self._family_max = family_max_bytes
+        # Told of the largest share of `family_max_bytes` among the parents' last listings.
+        self._family_watch = FamilyWatch(family_max_bytes, on_family_share)
         limits = httpx.Limits(
             max_connections=max_connections, max_keepalive_connections=max_connections
         )
@@ -223,8 +236,19 @@ class HttpGateway:
     def family(self, parent_id: str, title: str | None = None) -> list[FamilyMember]:
         op = "family"
         path = f"/v1/workspaces/{seg(parent_id)}/family"
-        body = self._read_json(op, path, limit=_FAMILY_ANSWER_MAX)
-        return self._answers.family(body, op, title, most=_FAMILY_MAX)
+        limit = self._family_max
+
+        def read(got: httpx.Response) -> Listing:
+            return read_family(capped_chunks(got, limit, OVER), title)
+
+        response = self._with_retries(op, "GET", path, limit=limit, read=read)
+        if response.status_code == 404:
+            raise WorkspaceGone(f"{op}: workspace not found (HTTP 404)")
+        listing = response.parsed
+        if not isinstance(listing, Listing):  # `read` made one of every 2xx answer
+            raise MalformedAnswer(f"{op}: expected a bare JSON array")
+        self._family_watch.seen(parent_id, listing)
+        return self._answers.family(listing.wanted, op)
 
     def list_projects(self, workspace_id: str) -> list[str]:
         op = "list_projects"
@@ -253,12 +277,14 @@ class HttpGateway:
         path: str,
         params: dict[str, str] | None = None,
         limit: int = 0,
+        *,
+        read: Callable[[httpx.Response], Any] | None = None,
     ) -> Answer:
         """Send a read or delete; return a 2xx or 404 response, or raise."""
         attempts = self._retries + 1
         last = ""
         for n in range(attempts):
-            outcome = self._attempt(op, method, path, params=params, limit=limit)
+            outcome = self._attempt(op, method, path, params=params, limit=limit, read=read)
             delay = self._backoff_s * 2**n
             if isinstance(outcome, Failure):
                 if outcome.kind == "unreadable":
@@ -300,6 +326,7 @@ class HttpGateway:
         params: dict[str, str] | None = None,
         json: dict[str, Any] | None = None,
         limit: int = 0,
+        read: Callable[[httpx.Response], Any] | None = None,
     ) -> Answer | Failure:
         """One request, its answer read up to `limit` bytes (0: `_ANSWER_MAX`). A
         failure comes back as a value so that the domain error is raised outside
@@ -318,7 +345,7 @@ class HttpGateway:
         started = time.monotonic()
         outcome = exchange(
             self._client, method, path, params=params, content=content, headers=headers,
-            limit=limit or _ANSWER_MAX, scrub=self._answers.scrub,
+            limit=limit or _ANSWER_MAX, scrub=self._answers.scrub, read=read,
         )  # fmt: skip
         code = outcome.status_code if isinstance(outcome, Answer) else None
         if self._observe is not None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json as jsonlib
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
@@ -41,6 +42,7 @@ class Answer:
     retry_after: str = ""
     encoding: str = "utf-8"
     date: str = ""  # the Date header: what an HTTP-date Retry-After is counted from
+    parsed: Any = None  # what a reader made of a 2xx body as it arrived (then `content` is b"")
 
     def json(self) -> Any:
         """The body as JSON; ValueError for anything else (not UTF-8, nested too deeply)."""
@@ -107,18 +109,11 @@ class AnswerReader:
             raise MalformedAnswer(f"{op}: an id carries our credentials; answer refused")
         return self.scrub(text)
 
-    def family(self, body: Any, op: str, title: str | None, most: int) -> list[FamilyMember]:
-        """The members of a family listing (of `title` only, when given)."""
-        if not isinstance(body, list):
-            raise MalformedAnswer(f"{op}: expected a bare JSON array")
-        if len(body) > most:
-            raise MalformedAnswer(f"{op}: {len(body)} entries, more than {most}")
+    def family(self, entries: list[dict[str, Any]], op: str) -> list[FamilyMember]:
+        """The members of a family listing's wanted entries (infrastructure/gateway_family.py
+        decoded them and left the others out); an entry without an id is skipped."""
         members: list[FamilyMember] = []
-        for entry in body:
-            if not isinstance(entry, dict):
-                raise MalformedAnswer(f"{op}: expected an array of objects")
-            if title is not None and entry.get("title") != title:
-                continue  # a listing of K children costs K comparisons, not K members
+        for entry in entries:
             member_id = self.field(entry.get("id"), op, "id")
             if not member_id:
                 continue
@@ -182,10 +177,17 @@ def _http_date(text: str) -> datetime | None:
 
 
 def read_capped(response: httpx.Response, limit: int) -> bytes:
-    """The body, read a network chunk (at most 64 KiB) at a time and refused once past
-    `limit` bytes. A compressed body is refused unread: we ask for identity, and
-    httpx inflates a chunk whole before any cap sees it (a gzip bomb). An answer
-    that can have no body (204, 304, `Content-Length: 0`) passes whatever its coding."""
+    """The body, whole, refused once past `limit` bytes (see `capped_chunks`)."""
+    return b"".join(capped_chunks(response, limit))
+
+
+def capped_chunks(
+    response: httpx.Response, limit: int, over: str = "an answer larger than {limit} bytes"
+) -> Iterator[bytes]:
+    """The body, a network chunk (at most 64 KiB) at a time, refused (`over`) once past
+    `limit` bytes. A compressed body is refused unread: we ask for identity, and httpx inflates
+    a chunk whole before any cap sees it (a gzip bomb). An answer that can have no body
+    (204, 304, `Content-Length: 0`) passes whatever its coding."""
     codings = [
         coding
         for coding in response.headers.get_list("Content-Encoding", split_commas=True)
@@ -194,11 +196,9 @@ def read_capped(response: httpx.Response, limit: int) -> bytes:
     empty = response.status_code in (204, 304) or response.headers.get("Content-Length") == "0"
     if codings and not empty:
         raise Unreadable("a compressed answer (Content-Encoding), though identity was asked")
-    chunks: list[bytes] = []
     size = 0
     for chunk in response.iter_bytes():
         size += len(chunk)
         if size > limit:
-            raise Unreadable(f"an answer larger than {limit} bytes")
-        chunks.append(chunk)
-    return b"".join(chunks)
+            raise Unreadable(over.format(limit=limit))
+        yield chunk

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 from urllib.parse import quote
 
 import httpx
@@ -46,14 +46,20 @@ def exchange(
     headers: dict[str, str] | None,
     limit: int,
     scrub: Callable[[str], str],
+    read: Callable[[httpx.Response], Any] | None = None,
 ) -> Answer | Failure:
-    """Send one request and read at most `limit` bytes of its answer."""
+    """Send one request and read at most `limit` bytes of its answer; a 2xx answer's
+    body is given to `read` instead, when given, as it arrives (its result: `parsed`)."""
+    parsed = None
     try:
         with client.stream(method, path, params=params, content=content, headers=headers) as got:
-            body = read_capped(got, limit)
+            if read is not None and 200 <= got.status_code < 300:
+                body, parsed = b"", read(got)
+            else:
+                body = read_capped(got, limit)
         return Answer(
             got.status_code, body, got.headers.get("Retry-After", ""),
-            got.charset_encoding or "utf-8", got.headers.get("Date", ""),
+            got.charset_encoding or "utf-8", got.headers.get("Date", ""), parsed,
         )  # fmt: skip
     except Unreadable as exc:
         return Failure("unreadable", str(exc))

@@ -76,6 +76,12 @@ GATEWAY_THROTTLE_WAIT = Counter(
     "Seconds calls waited for their turn at the fleet's rate before they were sent",
 )
 
+GATEWAY_FAMILY_SHARE = Gauge(
+    "provisioner_gateway_family_bound_share",
+    "The largest share of its byte bound among the last family listing of each parent "
+    "read by this process (decision 032); past 0.8 a warning is logged, past 1 it fails",
+)
+
 OPERATIONS = frozenset(
     {"create_child", "status", "family", "list_projects", "delete_project", "health"}
 )
@@ -102,6 +108,11 @@ def observe_gateway(operation: str, code: int | None, seconds: float) -> None:
     GATEWAY_SECONDS.labels(op).observe(seconds)
     if code in (401, 403):
         GATEWAY_AUTH_FAILURES.labels(op).inc()
+
+
+def observe_family_share(share: float) -> None:
+    """The largest family listing's share of its bound (`on_family_share` of `HttpGateway`)."""
+    GATEWAY_FAMILY_SHARE.set(share)
 
 
 def observe_pace(kind: str, value: float) -> None:

@@ -199,6 +199,7 @@ def build(
             HttpGateway(
                 url, token, read_timeout=settings.gateway_timeout_s,
                 observe=metrics.observe_gateway, pace=pace, ca_file=settings.gateway_ca_file,
+                on_family_share=metrics.observe_family_share,
             )
         )  # fmt: skip
         topology = Topology(queue_type=settings.queue_type)

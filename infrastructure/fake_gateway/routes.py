@@ -35,12 +35,13 @@ ADMIN_CALLS: tuple[tuple[str, str, str], ...] = (
     ("POST", "/_fake/reset", "forget all but the parents; keeps the config"),
     ("GET", "/_fake/config", "the knobs in force"),
     ("POST", "/_fake/config", 'set knobs {"zombie_rate": 0.1, ...}; answers them all'),
-    ("POST", "/_fake/workspaces", 'seed one {"title", "parent", "status", "projects": n}'),
+    ("POST", "/_fake/workspaces", 'seed {"title", "parent", "status", "projects": n, "count": N}'),
     ("POST", "/_fake/workspaces/{id}/projects", 'add a project; answers {"id": P}'),
     ("POST", "/_fake/workspaces/{id}/refuse-deletes", '{"status": 409}: deletes refused; 0 ends'),
     ("POST", "/_fake/scripts", '{"title": "fate"}: fix what creates of that title do'),
     ("POST", "/_fake/outage", '{"seconds": N, "mode": "503" | "refuse"}; 0 ends one'),
 )
+SEED_MAX = 200_000  # workspaces of one seeding call: `{"count": N}` answers first and last ids
 SCRIPT_FATES = (
     "zombie, creation_failed, failed, error, invalid subscription, timeout_after_create, "
     'timeout_without_create, unavailable_without_create (a 503), slow:N (polls); "" clears'
@@ -96,7 +97,12 @@ class _Admin:
             return error_reply(400, "parent must be a string or null")
         if isinstance(projects, bool) or not isinstance(projects, int) or projects < 0:
             return error_reply(400, "projects must be a non-negative integer")
-        return Reply(200, self.state.seed_workspace(title, parent, status, projects))
+        if "count" not in body:  # one: answered with the workspace
+            return Reply(200, self.state.seed_workspace(title, parent, status, projects))
+        count = body["count"]
+        if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= SEED_MAX:
+            return error_reply(400, f"count must be an integer from 1 to {SEED_MAX}")
+        return Reply(200, self.state.seed_workspaces(title, parent, status, projects, count))
 
     def add_project(self, _request: Request, params: tuple[str, ...]) -> Reply:
         return Reply(200, {"id": self.state.add_project(params[0])})

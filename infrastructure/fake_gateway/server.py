@@ -305,6 +305,15 @@ class FakeGateway:
         except NotFoundError as exc:
             raise KeyError(str(exc)) from None
 
+    def seed_workspaces(
+        self, title: str, parent: str, count: int, status: str = "created"
+    ) -> JsonObject:
+        """Add `count` alike children of `parent` at once: ``{"count", "first", "last"}``."""
+        try:
+            return self._state.seed_workspaces(title, parent, status, 0, count)
+        except NotFoundError as exc:
+            raise KeyError(str(exc)) from None
+
     def add_project(self, workspace_id: str) -> str:
         """Add a project to a workspace; return its id (KeyError if unknown)."""
         try:

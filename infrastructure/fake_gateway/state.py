@@ -245,6 +245,14 @@ class FakeState(Metering):
         with self.lock:
             return self._show(self._seed(title, parent, status, projects))
 
+    def seed_workspaces(
+        self, title: str, parent: str | None, status: str, projects: int, count: int
+    ) -> JsonObject:
+        """`count` alike workspaces at once (a large family for a benchmark or a test)."""
+        with self.lock:
+            made = [self._seed(title, parent, status, projects) for _ in range(count)]
+            return {"count": count, "first": made[0].id, "last": made[-1].id}
+
     def add_project(self, workspace_id: str) -> str:
         with self.lock:
             ws = self._get(workspace_id)

@@ -1,0 +1,224 @@
+"""A family listing read as it arrives (infrastructure/gateway_family.py, decision 032):
+through `HttpGateway` over httpx.MockTransport, and the parser alone."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from domain.ports import FamilyMember, MalformedAnswer
+from infrastructure.gateway import HttpGateway
+from infrastructure.gateway_answers import Unreadable
+from infrastructure.gateway_family import (
+    ENTRY_MAX,
+    FAMILY_ANSWER_MAX,
+    FamilyWatch,
+    Listing,
+    read_family,
+)
+
+TOKEN = "tok-SECRET-5f3a9c"
+PARENT = "parent-1"
+
+
+class Chunked(httpx.SyncByteStream):
+    """A body that arrives `size` bytes at a time, as from the network."""
+
+    def __init__(self, body: bytes, size: int) -> None:
+        self.body, self.size = body, size
+
+    def __iter__(self) -> Iterator[bytes]:
+        for at in range(0, len(self.body), self.size):
+            yield self.body[at : at + self.size]
+
+
+def listing(others: int, *wanted: str) -> list[dict[str, str]]:
+    """The parent, `others` children of other titles, then one child per wanted title."""
+    members = [{"id": PARENT, "title": "Organisation", "status": "active"}]
+    members += [
+        {"id": f"ws-{n:06d}", "title": f"Brand {n}", "status": "ready"} for n in range(others)
+    ]
+    members += [{"id": f"ws-w{n}", "title": t, "status": "not ready"} for n, t in enumerate(wanted)]
+    return members
+
+
+def gateway_for(*bodies: bytes, chunk: int = 65_536, **kwargs: object) -> HttpGateway:
+    answers = list(bodies)
+    calls: list[httpx.Request] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        calls.append(request)
+        body = answers.pop(0) if len(answers) > 1 else answers[0]
+        return httpx.Response(200, stream=Chunked(body, chunk))
+
+    gateway = HttpGateway(
+        "http://gateway.test", TOKEN, retries=2, retry_backoff_s=0,
+        transport=httpx.MockTransport(handler), **kwargs,  # type: ignore[arg-type]
+    )  # fmt: skip
+    gateway.calls = calls  # type: ignore[attr-defined]
+    return gateway
+
+
+def test_a_family_of_12000_members_reads_whole_and_keeps_only_the_wanted_title() -> None:
+    body = json.dumps(listing(12_000, "Brand A", "Brand A")).encode()
+    with gateway_for(body) as gateway:
+        assert gateway.family(PARENT, "Brand A") == [
+            FamilyMember("ws-w0", "Brand A", "not ready"),
+            FamilyMember("ws-w1", "Brand A", "not ready"),
+        ]
+        everyone = gateway.family(PARENT)  # the audit's read: every member
+    assert len(everyone) == 12_003
+    assert everyone[0] == FamilyMember(PARENT, "Organisation", "active")
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 64, 4096])
+def test_chunk_boundaries_anywhere_read_the_same(chunk: int) -> None:
+    members = listing(40, 'Brand é \u2603 \\" ]},{')  # multibyte, escapes, brackets in a title
+    body = json.dumps(members, indent=1).encode()  # with whitespace between every token
+    with gateway_for(body, chunk=chunk) as gateway:
+        (wanted,) = gateway.family(PARENT, members[-1]["title"])
+        assert len(gateway.family(PARENT)) == len(members)
+    assert wanted.id == "ws-w0"
+
+
+def test_a_listing_past_its_bound_is_refused_clearly_and_not_retried() -> None:
+    body = json.dumps(listing(1000)).encode()
+    with gateway_for(body, family_max_bytes=len(body) - 1) as gateway:
+        with pytest.raises(MalformedAnswer) as caught:
+            gateway.family(PARENT, "T")
+        assert len(gateway.calls) == 1  # type: ignore[attr-defined]
+    assert str(caught.value) == (
+        f"family: a family listing larger than {len(body) - 1} bytes, the bound of one "
+        "listing: this parent has too many children to be read (decision 032)"
+    )
+
+
+def test_the_default_bound_holds_100000_members_of_long_titles() -> None:
+    entry = {"id": "w" * 128, "title": "t" * 400, "status": "creation failed"}
+    assert 100_000 * (len(json.dumps(entry)) + 2) < FAMILY_ANSWER_MAX
+
+
+def test_ids_of_wanted_members_are_still_checked() -> None:
+    members = [*listing(10), {"id": "has space", "title": "Brand A", "status": "ready"}]
+    members.append({"id": f"ws-{TOKEN}", "title": "Brand B", "status": "ready"})
+    with gateway_for(json.dumps(members).encode()) as gateway:
+        with pytest.raises(MalformedAnswer, match="not matching"):
+            gateway.family(PARENT, "Brand A")
+        with pytest.raises(MalformedAnswer, match="credentials") as caught:
+            gateway.family(PARENT, "Brand B")
+        assert [m.id for m in gateway.family(PARENT, "Brand 3")] == ["ws-000003"]
+    assert TOKEN not in str(caught.value)
+
+
+def _read(body: bytes, title: str | None = "T", chunk: int = 3) -> Listing:
+    return read_family((body[at : at + chunk] for at in range(0, len(body), chunk)), title)
+
+
+@pytest.mark.parametrize(
+    ("body", "why"),
+    [
+        (b"", "bare JSON array"),
+        (b'{"id": "x"}', "bare JSON array"),
+        (b"[1, 2]", "array of objects"),
+        (b'[{"id": "x"},]', "array of objects"),
+        (b'[{"id": "x"} {"id": "y"}]', "between entries"),
+        (b'[{"id": "x"}] []', "after the JSON array"),
+        (b'[{"id": "x"}', "cut before its end"),
+        (b'[{"id": "x", "title": "T"', "cut before its end"),
+        (b'[{"id": x}]', "not JSON"),
+        (b'[{"title": "\xff"}]', "not UTF-8"),
+        (b'[{"n": ' + b"9" * 5000 + b"}]", "number too long"),
+        (b'[{"a": ' + b"[" * 5000 + b"]" * 5000 + b"}]", "too deep"),
+        (b'[{"title": "' + b"x" * (ENTRY_MAX + 10) + b"]", f"whole in {ENTRY_MAX}"),
+        (b'[{"t": "}"}, 3, {"t": "}"}]', "array of objects"),
+    ],
+    ids=lambda value: value[:30] if isinstance(value, bytes) else "",
+)
+def test_a_listing_outside_the_shape_is_unreadable(body: bytes, why: str) -> None:
+    with pytest.raises(Unreadable, match=why):
+        _read(body, chunk=4096)
+
+
+def test_the_parser_agrees_with_json_loads() -> None:
+    members = [*listing(30, "T", "T"), {"id": "ws-z", "title": "T", "extra": {"k": [1, {}]}}]
+    body = ("\ufeff" + json.dumps(members, ensure_ascii=False)).encode()
+    for chunk in (1, 2, 5, 11, 1000):
+        got = _read(body, chunk=chunk)
+        assert got.wanted == [m for m in members if m.get("title") == "T"]
+        assert (got.entries, got.size) == (len(members), len(body))
+    assert _read(b" [ ] ", None) == Listing([], 0, 5)
+
+
+def test_a_long_entry_is_tried_a_few_times_not_once_a_chunk(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from infrastructure import gateway_family
+
+    tries = 0
+    real = gateway_family._DECODER.raw_decode
+
+    class Counting:
+        def raw_decode(self, text: str, pos: int) -> tuple[object, int]:
+            nonlocal tries
+            tries += 1
+            return real(text, pos)
+
+    monkeypatch.setattr(gateway_family, "_DECODER", Counting())
+    body = b'[{"title": "' + b"x" * 60_000 + b'"}]'
+    assert _read(body, None, chunk=16).entries == 1
+    assert tries < 20  # 3,750 chunks
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_family_near_its_bound_is_warned_about_hourly_and_gauged(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    shares: list[float] = []
+    clock = Clock()
+    watch = FamilyWatch(1000, shares.append, clock)
+    with caplog.at_level(logging.WARNING, "infrastructure.gateway_family"):
+        watch.seen("p-small", Listing([], 10, 100))
+        watch.seen("p-big", Listing([], 90, 850))
+        watch.seen("p-big", Listing([], 91, 860))  # within the hour: not again
+        clock.now = 3600
+        watch.seen("p-big", Listing([], 92, 870))
+        watch.seen("p-small", Listing([], 11, 110))
+    assert shares == [0.1, 0.85, 0.86, 0.87, 0.87]  # the largest of each parent's last
+    warned = [r.getMessage() for r in caplog.records]
+    assert len(warned) == 2
+    assert warned[0] == (
+        "the family of parent p-big nears its listing's bound: 90 entries, 850 bytes, 85% "
+        "of 1000; past it every hop and audit of this parent fails (decision 032)"
+    )
+
+
+def test_the_gateway_reports_the_share_of_each_listing() -> None:
+    shares: list[float] = []
+    body = json.dumps(listing(100)).encode()
+    with gateway_for(body, family_max_bytes=2 * len(body), on_family_share=shares.append) as gw:
+        gw.family(PARENT, "T")
+    assert shares == [0.5]
+
+
+def test_the_share_is_a_gauge_in_metrics() -> None:
+    from prometheus_client import REGISTRY, generate_latest
+
+    from worker import metrics
+
+    body = json.dumps(listing(100)).encode()
+    with gateway_for(
+        body, family_max_bytes=4 * len(body), on_family_share=metrics.observe_family_share
+    ) as gateway:
+        gateway.family(PARENT, "T")
+    assert "provisioner_gateway_family_bound_share 0.25" in generate_latest(REGISTRY).decode()
