@@ -26,7 +26,7 @@ import click
 from worker.cli_publish import partial_sends, plural, provision, publisher, refuse_memory, rows_by
 from worker.cli_retry import choose, retry
 from worker.cli_support import echo, jsonable, load_settings
-from worker.rollout_input import Line, RolloutInput, parse_rollout
+from worker.rollout_input import ROLLOUT_MAX_BYTES, Line, RolloutInput, parse_rollout
 
 __all__ = ["Watched", "choose", "retry", "rollout", "wait_state"]
 
@@ -307,13 +307,15 @@ def rollout(file: BinaryIO, wait: bool, timeout: float, as_json: bool) -> None:
     Brands the `brand_workspaces` projection shows ready or pending are skipped, so
     running a file again starts nothing new; every other brand gets a `provision`
     message on the broker, for the workers. A bad line is reported with its number
-    and the others go on. Exit 0 when every line was sent or skipped, 1 when a line
-    was bad or (with --wait) a brand failed or was still pending.
+    and the others go on. A file is read up to 16 MiB: past it the rest is one bad
+    line, and the lines before go on. Exit 0 when every line was sent or skipped, 1
+    when a line was bad or (with --wait) a brand failed or was still pending.
     """
     url = refuse_memory("rollout")
     given = getattr(file, "name", "-")  # stdin (a pipe, or click's test runner's buffer)
     name = "stdin" if given in ("-", "<stdin>") or not isinstance(given, str) else given
-    parsed = parse_rollout(file.read(), load_settings().parent_ids)
+    data, unread_from = read_bounded(file)
+    parsed = parse_rollout(data, load_settings().parent_ids, unread_from=unread_from)
     if not as_json:
         for bad in parsed.bad:
             echo(f"line {bad.number}: {bad.error}", err=True)
@@ -337,6 +339,19 @@ def rollout(file: BinaryIO, wait: bool, timeout: float, as_json: bool) -> None:
         echo(rollout_summary(report))
     unfinished = waited is not None and any(s != "ready" for s in waited.states.values())
     sys.exit(1 if parsed.bad or unfinished else 0)
+
+
+def read_bounded(file: BinaryIO, limit: int = ROLLOUT_MAX_BYTES) -> tuple[bytes, int | None]:
+    """The file's whole lines within `limit` bytes, read a line at a time (never more
+    than the bound of one line), and the number of the first line left unread, if any."""
+    lines: list[bytes] = []
+    size = 0
+    while line := file.readline(limit - size + 1):
+        if size + len(line) > limit:
+            return b"".join(lines), len(lines) + 1
+        lines.append(line)
+        size += len(line)
+    return b"".join(lines), None
 
 
 def _attempt_of(row: dict[str, Any] | None) -> str | None:

@@ -15,6 +15,9 @@ from typing import Any
 from infrastructure.messages import InvalidMessage, encode
 
 COLUMNS = ("brand_id", "title", "parent")
+# The bytes of a rollout file read, a line at a time (docs/configuration.md): about
+# 150,000 brands of 110-byte lines. Past it the rest is not read; the lines before count.
+ROLLOUT_MAX_BYTES = 16 * 1024 * 1024
 # Any aware time serves to check a line against the message schema.
 _SOME_TIME = datetime(2030, 1, 1, tzinfo=UTC)
 
@@ -45,7 +48,13 @@ class RolloutInput:
     bad: list[BadLine] = field(default_factory=list)
 
 
-def parse_rollout(data: bytes | str, parents: Collection[str] | None = None) -> RolloutInput:
+def parse_rollout(
+    data: bytes | str,
+    parents: Collection[str] | None = None,
+    *,
+    unread_from: int | None = None,
+    limit: int = ROLLOUT_MAX_BYTES,
+) -> RolloutInput:
     """The brands of a rollout file (no I/O). The format is told by the first
     non-blank line: `{` starts JSON lines, anything else is a CSV header row.
 
@@ -57,8 +66,22 @@ def parse_rollout(data: bytes | str, parents: Collection[str] | None = None) -> 
     A CSV file whose header does not name exactly brand_id, title and parent has
     no good line (the header's line is the bad one). Given `parents` (the
     configured PROVISIONER_PARENT_IDS), a line under any other parent is bad too:
-    the workers would refuse it.
+    the workers would refuse it. Given `unread_from` (the first line past the
+    file's bound of `limit` bytes, left unread), that line is bad too.
     """
+    found = _parse(data, parents)
+    if unread_from is not None:
+        found.bad.append(
+            BadLine(
+                unread_from,
+                f"the file is larger than {limit} bytes (ROLLOUT_MAX_BYTES): this line and "
+                "those after it were not read; split the file",
+            )
+        )
+    return found
+
+
+def _parse(data: bytes | str, parents: Collection[str] | None) -> RolloutInput:
     text = _text(data)
     first = next(
         ((n, line.strip()) for n, line in enumerate(text.split("\n"), 1) if line.strip()), None

@@ -40,6 +40,7 @@ from tests.integration.test_messaging import (
     wait_for,
 )
 from worker.cli import main
+from worker.rollout_input import ROLLOUT_MAX_BYTES
 from worker.runtime import Runtime, build
 
 pytestmark = [pytest.mark.postgres, pytest.mark.rabbitmq]
@@ -245,3 +246,25 @@ def test_retry_failed_lists_then_re_requests_the_failed_brand_and_skips_the_read
     assert [a["state"] for a in latest] == ["promoted", "failed"]  # newest first
     assert again.exit_code == 0, again.output
     assert report(again)["counts"] == {"re_requested": 0, "refused": 0, "skipped": 2}
+
+
+def test_a_file_past_its_bound_sends_the_lines_before_and_reports_the_rest(
+    env: dict[str, str], rabbit_url: str
+) -> None:
+    first, second = brands(2)
+    lines = [
+        json.dumps({"brand_id": b, "title": title_of(b), "parent": PARENT}) for b in (first, second)
+    ]
+    endless = '{"brand_id": "' + "x" * ROLLOUT_MAX_BYTES  # one line that never ends
+    result = invoke(env, "rollout", "-", stdin="\n".join([*lines, endless]))
+    published = take(rabbit_url, COMMANDS_QUEUE, 2, timeout=2.0)
+
+    assert result.exit_code == 1, result.output
+    assert result.stderr.splitlines()[0] == (
+        f"line 3: the file is larger than {ROLLOUT_MAX_BYTES} bytes (ROLLOUT_MAX_BYTES): "
+        "this line and those after it were not read; split the file"
+    )
+    assert "1 bad line (line 3, not sent)" in result.stdout
+    sent = sorted(decode(raw(m.body), content_type=m.content_type).fields["brand_id"]
+                  for m in published)  # fmt: skip
+    assert sent == sorted([first, second])

@@ -4,14 +4,15 @@ its number while the others count; a brand_id on two lines refused on both."""
 
 from __future__ import annotations
 
+import io
 import json
 
 import pytest
 from click.testing import CliRunner
 
 from worker.cli import main
-from worker.cli_rollout import Watched, choose, wait_state
-from worker.rollout_input import BadLine, Line, parse_rollout
+from worker.cli_rollout import Watched, choose, read_bounded, wait_state
+from worker.rollout_input import ROLLOUT_MAX_BYTES, BadLine, Line, parse_rollout
 
 HEADER = "brand_id,title,parent\n"
 
@@ -262,3 +263,48 @@ def test_lines_under_a_parent_not_configured_are_bad_and_the_rest_count() -> Non
     assert [line.brand_id for line in found.lines] == ["b1", "b3"]
     assert found.bad == [BadLine(3, "parent 'elsewhere' is not one of PROVISIONER_PARENT_IDS")]
     assert [line.brand_id for line in parse_rollout(text).lines] == ["b1", "b2", "b3"]
+
+
+# -- the file's bound: read a line at a time, the lines before it count ---------------
+
+
+def test_a_file_within_its_bound_is_read_whole() -> None:
+    data = b"brand_id,title,parent\nb1,T1,p\nb2,T2,p"  # no newline at the end
+    assert read_bounded(io.BytesIO(data), limit=len(data)) == (data, None)
+
+
+def test_past_the_bound_the_rest_is_one_bad_line_and_the_lines_before_count() -> None:
+    head = b"brand_id,title,parent\nb1,T1,p\nb2,T2,p\n"
+    data = head + b"b3,T3,p\n" + b"b4,T4,p\n"
+    read, unread_from = read_bounded(io.BytesIO(data), limit=len(head) + 5)
+    assert (read, unread_from) == (head, 4)
+    parsed = parse_rollout(read, unread_from=unread_from, limit=len(head) + 5)
+    assert [line.brand_id for line in parsed.lines] == ["b1", "b2"]
+    assert parsed.bad == [
+        BadLine(
+            4,
+            f"the file is larger than {len(head) + 5} bytes (ROLLOUT_MAX_BYTES): this line "
+            "and those after it were not read; split the file",
+        )
+    ]
+
+
+class Counting(io.BytesIO):
+    """A stream that remembers the most it was asked for at once."""
+
+    most = 0
+
+    def readline(self, size: int | None = -1) -> bytes:
+        self.most = max(self.most, size if size is not None else -1)
+        return super().readline(size)
+
+
+def test_one_endless_line_is_never_read_past_the_bound() -> None:
+    stream = Counting(b'{"brand_id": "' + b"x" * 10_000_000)
+    assert read_bounded(stream, limit=1000) == (b"", 1)
+    assert 0 < stream.most <= 1001
+
+
+def test_the_default_bound_holds_a_large_rollout() -> None:
+    line = b"brand-0123456789abcdef,Brand 0123456789 with a longish name,org-parent-0001\n"
+    assert ROLLOUT_MAX_BYTES // len(line) > 150_000
