@@ -1,6 +1,7 @@
 """`provisioner config`: the settings in effect, each with where it came from
 (`default`, `environment`, or `flag` for the global `--i-know-this-is-a-test`),
-every secret redacted: the tokens shown as `***`, passwords in URLs too."""
+every secret redacted: the tokens shown as `***`, passwords in URLs too, and the
+value of every URL query key not known to be harmless (`HARMLESS_QUERY_KEYS`)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import json
 import os
 from collections.abc import Mapping
 from typing import Any
+from urllib.parse import unquote_plus
 
 import click
 
@@ -17,6 +19,29 @@ from infrastructure.settings_checks import PREFIX, check_environment
 from worker.cli_support import cell, compact_table, echo, load_settings
 
 SECRET_FIELDS = frozenset({"gateway_token", "web_token"})
+# Query keys of a URL that say how to connect, never who connects: their values are
+# shown. Any other key's value is hidden (`?api_key=`, `?token=`, a key we never heard of).
+HARMLESS_QUERY_KEYS = frozenset(
+    {"sslmode", "sslrootcert", "connect_timeout", "application_name", "target_session_attrs",
+     "heartbeat"}
+)  # fmt: skip
+
+
+def hide_query_values(text: str) -> str:
+    """A URL with the value of each query key not in `HARMLESS_QUERY_KEYS` shown as
+    `***`; the keys, and any text that is no URL with a query, as they are."""
+    scheme, _, rest = text.partition("://")
+    base, question, query = rest.partition("?")
+    if not scheme or not question:
+        return text
+    query, hash_mark, fragment = query.partition("#")
+    parts = []
+    for part in query.split("&"):
+        key, equals, _value = part.partition("=")
+        harmless = unquote_plus(key).strip().lower() in HARMLESS_QUERY_KEYS
+        parts.append(part if not equals or harmless else f"{key}={HIDDEN}")
+    hidden_fragment = HIDDEN if fragment else ""
+    return f"{scheme}://{base}?{'&'.join(parts)}{hash_mark}{hidden_fragment}"
 
 
 def _value(settings: Settings, name: str, env: Mapping[str, str]) -> Any:
@@ -46,7 +71,7 @@ def config_rows(
     for name in VARIABLES:
         value = _value(settings, name, env)
         if isinstance(value, str):
-            value = secrets.scrub(redact(value))
+            value = secrets.scrub(redact(hide_query_values(value)))
         source = "environment" if name in env else "default"
         if name == FAKE_SWITCH and fake_flag and value == "test" and env.get(name) != "test":
             source = "flag"  # PROVISIONER_FAKE_GATEWAY=1 and --i-know-this-is-a-test

@@ -12,6 +12,7 @@ from click.testing import CliRunner
 
 from infrastructure.failures import EXIT_CONFIGURATION
 from worker.cli import main
+from worker.cli_config import hide_query_values
 
 PROVISION = ["provision", "b1", "--title", "T", "--parent", "org-parent"]
 TOKEN = "tok-s3cret-9f2d41"
@@ -142,3 +143,40 @@ def test_config_says_the_fake_was_let_run_by_the_global_flag(here: Path) -> None
     assert fake(flagged)["source"] == "flag"
     assert fake(plain)["value"] == "1"
     assert fake(plain)["source"] == "environment"
+
+
+def test_config_hides_every_query_value_not_known_to_be_harmless(here: Path) -> None:
+    env = {
+        **config_env(),
+        "PROVISIONER_DATABASE_URL": "postgresql://svc@127.0.0.1:1/events"
+        "?sslmode=require&application_name=prov&options=-c%20secret%3Ds3cr3t-opt",
+        "PROVISIONER_BROKER_URL": "amqp://svc@127.0.0.1:1/vhost?heartbeat=30&auth=mq-k3y-0042",
+        "PROVISIONER_GATEWAY_URL": "https://gateway.example/api?api_key=gw-k3y-7781&Region=eu-w3st-9",
+    }
+    result = CliRunner().invoke(main, ["config", "--json"], env=env)
+
+    assert result.exit_code == 0, result.output
+    for secret in ("s3cr3t-opt", "mq-k3y-0042", "gw-k3y-7781", "eu-w3st-9"):
+        assert secret not in result.output
+    rows = {row["name"]: row["value"] for row in json.loads(result.output)["settings"]}
+    assert rows["PROVISIONER_DATABASE_URL"] == (
+        "postgresql://svc@127.0.0.1:1/events?sslmode=require&application_name=prov&options=***"
+    )
+    assert rows["PROVISIONER_BROKER_URL"] == "amqp://svc@127.0.0.1:1/vhost?heartbeat=30&auth=***"
+    assert rows["PROVISIONER_GATEWAY_URL"] == "https://gateway.example/api?api_key=***&Region=***"
+
+
+@pytest.mark.parametrize(
+    ("shown", "hidden"),
+    [
+        ("https://gw.example/v1", "https://gw.example/v1"),
+        ("https://gw.example/?flag&token=abc", "https://gw.example/?flag&token=***"),
+        ("https://gw.example/?SSLMODE=require&x=", "https://gw.example/?SSLMODE=require&x=***"),
+        ("https://gw.example/?a%5Fkey=1#frag-secret", "https://gw.example/?a%5Fkey=***#***"),
+        ("https://gw.example/?connect%5Ftimeout=5", "https://gw.example/?connect%5Ftimeout=5"),
+        ("not a url? key=value", "not a url? key=value"),
+        ("classic", "classic"),
+    ],
+)
+def test_which_query_values_are_hidden(shown: str, hidden: str) -> None:
+    assert hide_query_values(shown) == hidden
