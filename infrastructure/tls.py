@@ -47,13 +47,17 @@ def certificate_refusal(
 
 def unverified_database(url: str, env: Mapping[str, str]) -> str | None:
     """Why a PostgreSQL URL would reach a remote host without checking its certificate
-    and name (libpq's `sslmode`, else PGSSLMODE, else `prefer`); None when it would not."""
+    and name (libpq's `sslmode`, else PGSSLMODE, else `prefer`); None when it would not.
+    Where it connects is what libpq picks (`database_targets`)."""
     if not is_postgres(url):
         return None
     options = conninfo_to_dict(url)
     mode = str(options.get("sslmode") or env.get("PGSSLMODE") or "prefer")
-    hosts = str(options.get("host") or "127.0.0.1").split(",")
-    remote = [h for h in hosts if h and not h.startswith("/") and not is_loopback(h)]
+    remote = [
+        f"{target} ({source})" if source else target
+        for target, source in database_targets(options, env)
+        if not target.startswith(("/", "@")) and not is_loopback(target)
+    ]
     if mode == "verify-full" or not remote:
         return None
     return (
@@ -61,6 +65,37 @@ def unverified_database(url: str, env: Mapping[str, str]) -> str | None:
         "server's certificate and name are not checked; add "
         "?sslmode=verify-full&sslrootcert=<CA file> to the URL"
     )
+
+
+def database_targets(
+    options: Mapping[str, object], env: Mapping[str, str]
+) -> list[tuple[str, str]]:
+    """Where libpq connects, each with where it was said ("" for the URL's host): a
+    host's `hostaddr` when one is given (the URL's, else PGHOSTADDR) is dialled, and
+    its host name only checked against the certificate; else the host (the URL's,
+    else PGHOST). None of them: the local socket."""
+    hosts, host_from = _listed(options, env, "host", "PGHOST")
+    addrs, addr_from = _listed(options, env, "hostaddr", "PGHOSTADDR")
+    targets = []
+    for n in range(max(len(hosts), len(addrs))):
+        addr = addrs[n] if n < len(addrs) else ""
+        host = hosts[n] if n < len(hosts) else ""
+        if addr:
+            targets.append((addr, addr_from))
+        elif host:
+            targets.append((host, host_from))
+    return targets
+
+
+def _listed(
+    options: Mapping[str, object], env: Mapping[str, str], key: str, variable: str
+) -> tuple[list[str], str]:
+    """A comma-separated libpq option from the URL, else its environment variable."""
+    if options.get(key):
+        return [h.strip() for h in str(options[key]).split(",")], "" if key == "host" else key
+    if env.get(variable):
+        return [h.strip() for h in env[variable].split(",")], variable
+    return [], ""
 
 
 def warn_unverified_database(url: str) -> None:

@@ -148,6 +148,15 @@ def test_a_gateway_certificate_is_not_taken_for_the_brokers() -> None:
         ("postgresql://db.example/events?sslmode=verify-ca", {}, "sslmode=verify-ca"),
         ("postgresql://db.example/events", {"PGSSLMODE": "disable"}, "sslmode=disable"),
         ("postgresql://127.0.0.1,db.example/events", {}, "reaches db.example with"),
+        ("postgresql://127.0.0.1/events?hostaddr=10.0.0.5", {}, "reaches 10.0.0.5 (hostaddr)"),
+        ("postgresql:///events", {"PGHOST": "db.example"}, "reaches db.example (PGHOST)"),
+        ("postgresql:///events", {"PGHOSTADDR": "10.0.0.5"}, "10.0.0.5 (PGHOSTADDR) with"),
+        ("postgresql://localhost/events", {"PGHOSTADDR": "10.0.0.5"}, "(PGHOSTADDR)"),
+        ("postgresql://a,b/events?hostaddr=127.0.0.1,", {}, "reaches b with"),
+        ("postgresql://db.example/events?hostaddr=127.0.0.1", {}, None),  # a tunnel
+        ("postgresql:///events", {"PGHOST": "/var/run/postgresql"}, None),
+        ("postgresql:///events", {"PGHOST": "localhost", "PGHOSTADDR": "::1"}, None),
+        ("postgresql://127.0.0.1/events", {"PGHOST": "db.example"}, None),  # the URL's wins
         ("postgresql://db.example/events?sslmode=verify-full", {}, None),
         ("postgresql://db.example/events", {"PGSSLMODE": "verify-full"}, None),
         ("postgresql://root@127.0.0.1:5432/events", {}, None),
