@@ -21,6 +21,7 @@
 | PROVISIONER_MAX_REQUEUES         | 5                                |
 | PROVISIONER_STALE_AFTER_S        | 600                              |
 | PROVISIONER_CREATE_GRACE_S       | 60 (an unconfirmed create's wait)|
+| PROVISIONER_INFERENCE_WINDOW_S   | 3600 (a lost create's credit)    |
 | PROVISIONER_ATTEMPT_DEADLINE_S   | 86400 (a day: deferral's end)    |
 | PROVISIONER_DECOMMISSION_DELAY_S | 259200 (3 days before emptying)  |
 | PROVISIONER_DEFER_MAX_S          | 30 (cap of a deferred hop's wait)|
@@ -148,6 +149,7 @@ class Settings:
     max_requeues: int = 5
     stale_after_s: float = 600.0
     create_grace_s: float = 60.0
+    inference_window_s: float = 3600.0
     attempt_deadline_s: float = 86_400.0
     decommission_delay_s: float = 259_200.0  # 3 days: a mistake or a lapse is undone in time
     defer_max_s: float = 30.0
@@ -224,6 +226,9 @@ class Settings:
             create_grace_s=positive(
                 env, "PROVISIONER_CREATE_GRACE_S", default.create_grace_s, high=86400
             ),
+            inference_window_s=positive(
+                env, "PROVISIONER_INFERENCE_WINDOW_S", default.inference_window_s, high=86400
+            ),
             attempt_deadline_s=positive(
                 env, "PROVISIONER_ATTEMPT_DEADLINE_S", default.attempt_deadline_s, high=10**8
             ),
@@ -295,6 +300,12 @@ class Settings:
                     "would cross the network in clear; use https://, or set "
                     "PROVISIONER_GATEWAY_ALLOW_HTTP=1 if this network is trusted"
                 )
+        if settings.inference_window_s < settings.create_grace_s:
+            raise SettingsError(
+                f"PROVISIONER_INFERENCE_WINDOW_S ({settings.inference_window_s:g}) must be at "
+                f"least PROVISIONER_CREATE_GRACE_S ({settings.create_grace_s:g}): a lost "
+                "create's workspace may turn up until its grace ends"
+            )
         if settings.create_grace_s <= settings.gateway_timeout_s:
             raise SettingsError(
                 f"PROVISIONER_CREATE_GRACE_S ({settings.create_grace_s:g}) must be longer than "
@@ -387,6 +398,7 @@ class Settings:
             deferral=Deferral(max_s=self.defer_max_s, deadline_s=self.attempt_deadline_s),
             stale_after_s=self.stale_after_s,
             create_grace_s=self.create_grace_s,
+            inference_window_s=self.inference_window_s,
             parent_ids=frozenset(self.parents()) if acting else None,
             command_skew_s=self.command_skew_s,
             decommission_delay_s=self.decommission_delay_s,

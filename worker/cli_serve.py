@@ -230,6 +230,7 @@ def reconcile(
         settings.database_url, overdue_s=overdue, grace_s=grace,
         deadline_s=deadline or settings.attempt_deadline_s, service=service,
         stuck_after_s=settings.health_stuck_after_s,
+        orphan_window_s=settings.inference_window_s,
     )  # fmt: skip
     topology = Topology(queue_type=settings.queue_type)
     try:

@@ -23,6 +23,7 @@ from infrastructure.eventstore import (
 from infrastructure.failures import ConfigurationError
 from infrastructure.fake_gateway import FakeConfig, FakeGateway
 from infrastructure.gateway import HttpGateway
+from infrastructure.gateway_tls import refuse_unverified
 from infrastructure.heartbeats import Heartbeat
 from infrastructure.pacing import MemoryPaceStore, Pace, PaceStore, PgPaceStore
 from infrastructure.service import ProvisioningService
@@ -107,6 +108,7 @@ class Runtime(_Threads):
             scheduler=self.scheduler,
             database_url=self.settings.database_url,
             tls=self.settings.broker_tls(),
+            scopes=self.settings.scopes(),
         )
 
     def _broker(self) -> Broker:
@@ -139,6 +141,7 @@ class Runtime(_Threads):
             self.views_url, overdue_s=overdue_s, grace_s=grace_s, interval_s=interval_s,
             deadline_s=deadline_s or self.settings.attempt_deadline_s, service=self.service,
             stuck_after_s=self.settings.health_stuck_after_s,
+            orphan_window_s=self.settings.inference_window_s,
             heartbeat=heartbeat(self.settings, self.views_url, "reconciler"),
         )  # fmt: skip
         if self.audits:
@@ -179,6 +182,8 @@ def build(
     audits = audits and ("worker" in parts or settings.gateway_url is not None)
     calls = "worker" in parts or audits
     chosen = settings.gateway() if calls else ("http://127.0.0.1:9", "no-calls")
+    if chosen is not None:  # a certificate that does not verify: exit 4, nothing started
+        refuse_unverified(chosen[0], settings.gateway_ca_file)
     with ExitStack() as stack:
         size = pool_size(parts, concurrency or settings.concurrency)
         app = open_event_store(settings.database_url, pool_size=size, wait_s=None, stop=stop)

@@ -10,11 +10,8 @@ from __future__ import annotations
 
 import json
 import subprocess
-import threading
-import time
 import uuid
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -34,9 +31,9 @@ from infrastructure.settings import Settings
 from infrastructure.views import init_read_models
 from tests.audit_support import lose_a_create
 from tests.conftest import PG_ADMIN, TOKEN, unavailable
+from tests.integration.running import drained, running
 from tests.support import drive
 from worker.cli import main
-from worker.runtime import build
 
 pytestmark = [pytest.mark.postgres, pytest.mark.rabbitmq]
 
@@ -120,7 +117,9 @@ def test_a_restore_loses_no_workspace(
         runner = CliRunner(env=env)
         # 5. The audit (before the workers: nothing else acts meanwhile), then the
         #    service, and the producers' commands since the backup once more.
-        fixed = runner.invoke(main, ["audit", "--fix", "--json"])
+        plan_file = str(tmp_path / "restore-plan.json")
+        planned = runner.invoke(main, ["audit", "--fix", "--plan", plan_file])
+        fixed = runner.invoke(main, ["audit", "--apply", plan_file, "--json"])
         with running(Settings.from_env(env)) as service:
             for n in (5, 6):
                 service.request_provisioning(brand[n], title[n], parent)
@@ -129,6 +128,11 @@ def test_a_restore_loses_no_workspace(
         clean = runner.invoke(main, ["audit", "--json"])
         final = fake.state()
 
+    assert planned.exit_code == 1, planned.output
+    assert "plan: 1 steps (nothing done)" in planned.output
+    assert f"to do it: provisioner audit --apply {plan_file}" in planned.output
+    assert title[4] in planned.output  # each step names its title and brand
+    assert brand[4] in planned.output
     assert fixed.exit_code == 1, fixed.output
     problems = [f for f in json.loads(fixed.output) if f["problem"]]
     assert [(f["kind"], f["attempt_id"]) for f in problems] == [("orphan", str(lost))]
@@ -165,38 +169,3 @@ def app_attempt(stories: dict[int, Any], attempt_id: Any) -> Any:
             if isinstance(attempt, ProvisioningAttempt) and attempt.id == attempt_id:
                 return attempt
     raise AssertionError(f"attempt {attempt_id} is not on record")
-
-
-@contextmanager
-def running(settings: Settings) -> Iterator[ProvisioningService]:
-    """Every part of the service in this process (worker, relay, projections and a
-    reconciler that sweeps often), stopped on exit."""
-    stop = threading.Event()
-    with build(settings, concurrency=2, stop=stop) as runtime:
-        reconciler, publisher = runtime.reconciler(overdue_s=1.0, grace_s=0.0, interval_s=0.5)
-        runtime.start(runtime.worker(2).run, "worker", stop)
-        relay = runtime.relay()
-        runtime.start(relay.run, "relay", stop)
-        runtime.start(runtime.projector().run, "projections", stop)
-        runtime.start(lambda s: reconciler.run(s, publisher), "reconciler", stop)
-        try:
-            yield runtime.service
-        finally:
-            stop.set()
-            for thread in runtime.threads:
-                thread.join(30)
-            publisher.close()
-            relay.broker.close()
-        assert not runtime.failures, runtime.failures
-
-
-def drained(service: ProvisioningService, active: list[str], timeout_s: float = 20.0) -> None:
-    """Until every active brand is bound and its current attempt ended."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        brands = [service.brand(b) for b in active]
-        attempts = [service.attempt(b.current_attempt_id) for b in brands if b.current_attempt_id]
-        if all(b.workspace_id for b in brands) and all(a.is_terminal for a in attempts):
-            return
-        time.sleep(0.1)
-    raise AssertionError("the restored service did not drain in time")

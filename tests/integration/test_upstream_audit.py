@@ -66,7 +66,6 @@ def test_an_orphan_of_ours_is_found_recorded_and_released_once(
     others = fake.seed_workspace(title, parent, status="created", projects=1)["id"]
     lost = lose_a_create(service, f"{brand_id}-lost", title, parent)
     [orphan] = set(upstream(fake, title)) - {mine, others}
-    fake.add_project(orphan)  # someone started using it: it is emptied all the same
 
     found = audit_parent(service, parent)
     done = fix(service, found)
@@ -79,20 +78,41 @@ def test_an_orphan_of_ours_is_found_recorded_and_released_once(
     assert by_kind == {(Kind.ORPHAN, orphan), (Kind.FOREIGN, others)}
     assert [f.kind for f in found.problems] == [Kind.ORPHAN]
     assert found.problems[0].attempt_id == str(lost)
-    assert found.problems[0].projects == 1
+    assert found.problems[0].projects == 0
     assert [d.done for d in done] == [f"recorded and released by attempt {lost}"]
     attempt = service.attempt(lost)
     assert orphan in attempt.created_ids
+    assert orphan in attempt.inferred_ids  # ours by inference, not proof
     assert orphan in attempt.released_ids
     assert again.problems == ()
     assert [(f.kind, f.workspace_id) for f in again.findings] == [(Kind.FOREIGN, others)]
     assert dict(again.clean) == {"bound_ready": 1, "bound_settling": 0, "released_empty": 1}
     assert service.app.recorder.max_notification_id() == head  # nothing more recorded
     state = upstream(fake, title)
-    assert state[orphan]["projects"] == []
     assert len(state[others]["projects"]) == 1  # someone else's: never touched
     root = next(w for w in fake.state()["workspaces"] if w["id"] == parent)
     assert len(root["projects"]) == 1  # the parent: untouched
+
+
+def test_an_orphan_someone_started_using_is_unclear_and_never_emptied(
+    service: ProvisioningService, fake: FakeGateway, brand_id: str, title: str, parent: str
+) -> None:
+    lost = lose_a_create(service, brand_id, title, parent)
+    [orphan] = upstream(fake, title)
+    fake.add_project(orphan)  # credited by inference only if empty: a person decides
+
+    found = audit_parent(service, parent)
+    done = fix(service, found)
+    released = service.release(lost)  # the reconciler's orphan re-check
+
+    assert [(f.kind, f.workspace_id, f.action) for f in found.problems] == [
+        (Kind.UNCLEAR, orphan, Action.NONE)
+    ]
+    assert "holds 1 projects" in found.problems[0].detail
+    assert done == []
+    assert released == ()
+    assert len(upstream(fake, title)[orphan]["projects"]) == 1
+    assert orphan not in service.attempt(lost).created_ids
 
 
 def test_the_command_exits_1_on_findings_and_0_once_fixed(
@@ -111,8 +131,10 @@ def test_the_command_exits_1_on_findings_and_0_once_fixed(
     })  # fmt: skip
 
     listed = runner.invoke(main, ["audit", "--parent", parent, "--json"])
-    fixed = runner.invoke(main, ["audit", "--parent", parent, "--fix", "--json"])
+    planned = runner.invoke(main, ["audit", "--parent", parent, "--fix"])
+    fixed = runner.invoke(main, ["audit", "--parent", parent, "--fix", "--yes", "--json"])
     clean = runner.invoke(main, ["audit", "--parent", parent])
+    foreign = runner.invoke(main, ["audit", "--parent", "org-not-ours"])
 
     assert listed.exit_code == 1, listed.output
     [finding] = [f for f in json.loads(listed.output) if f["workspace_id"] == orphan]
@@ -120,12 +142,18 @@ def test_the_command_exits_1_on_findings_and_0_once_fixed(
     assert finding["action"] == "release"
     assert finding["problem"] is True
     assert finding["brand_ids"] == [brand_id]
+    assert finding["title"] == title
+    assert planned.exit_code == 1, planned.output
+    assert "plan: 1 steps (nothing done)" in planned.output
+    assert "to do it: provisioner audit --fix --yes" in planned.output
     assert fixed.exit_code == 1, fixed.output
     [done] = [f["done"] for f in json.loads(fixed.output) if f["workspace_id"] == orphan]
     assert done.startswith("recorded and released")
     assert clean.exit_code == 0, clean.output
     assert "0 findings" in clean.output
-    assert TOKEN not in listed.output + fixed.output + clean.output
+    assert foreign.exit_code == 3, foreign.output
+    assert "PROVISIONER_PARENT_IDS" in foreign.output
+    assert TOKEN not in listed.output + planned.output + fixed.output + clean.output
 
 
 def test_the_reconciler_audits_on_its_schedule_and_counts_the_findings(
