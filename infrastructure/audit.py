@@ -117,7 +117,8 @@ def attempt_story(service: ProvisioningService, attempt_id: UUID) -> dict[str, A
                 or fields.get("why")
                 or fields.get("last_status")
                 or _other_attempt(event),
-                "message": fields.get("message") or fields.get("status"),
+                "message": fields.get("message") or fields.get("status")
+                or fields.get("evidence"),
                 "deferred": 0,
             }
         )
@@ -158,7 +159,9 @@ def _brand_event(event: Any, bound: bool = False) -> dict[str, Any]:
     elif isinstance(event, Brand.Reactivated) and bound:
         reason = "the emptying is cancelled: the workspace is kept"
     elif isinstance(event, Brand.DecommissionRefused):
-        reason = f"the gateway refused to empty it, kept: {event.message}"
+        refused = event.message.startswith("not emptied:")  # ownership's, not the gateway's
+        reason = f"kept, {event.message}" if refused else (
+            f"the gateway refused to empty it, kept: {event.message}")  # fmt: skip
     elif isinstance(event, Brand.CommandIgnored):
         reason = f"{event.command}: {event.reason}"
     elif isinstance(event, Brand.WorkspaceUnbound) and event.projects_deleted:
