@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import httpx
 
+from domain.outcomes import Outcome
 from domain.ports import FamilyMember
 from infrastructure.fake_gateway import FakeGateway
 from infrastructure.gateway import HttpGateway
-from tests.conftest import PARENT, TOKEN
+from infrastructure.service import ProvisioningService
+from tests.conftest import PARENT, TOKEN, ManualClock
+from tests.support import drive
 
 
 def test_a_family_of_12000_children_reads_over_http(fake: FakeGateway) -> None:
@@ -36,3 +39,18 @@ def test_a_seeding_count_out_of_range_is_refused(fake: FakeGateway) -> None:
         assert answer.status_code == 400, count
         assert "count must be" in answer.json()["error"]
     assert len(fake.state()["workspaces"]) == 1  # the parent alone
+
+
+def test_a_brand_is_promoted_under_a_parent_of_12000_children(
+    service: ProvisioningService, fake: FakeGateway, clock: ManualClock, brand_id: str, title: str
+) -> None:
+    fake.seed_workspaces("Other brand", PARENT, 12_000)
+    fake.seed_workspace(title, PARENT, status="not ready")  # a same-title child not ours
+    fake.configure(settle_polls=1)
+    attempt_id = service.request_provisioning(brand_id, title, PARENT)
+
+    outcomes = drive(service, attempt_id, clock.advance)
+
+    assert outcomes[-1].outcome is Outcome.PROMOTED, outcomes
+    assert fake.state()["creates"] == {title: 1}
+    assert len(fake.state()["workspaces"]) == 12_003
