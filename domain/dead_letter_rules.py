@@ -41,6 +41,7 @@ class Reason(StrEnum):
     UNKNOWN_BRAND = "unknown_brand"
     INVALID_REQUEST = "invalid_request"
     FOREIGN_PARENT = "foreign_parent"
+    FOREIGN_PRODUCER = "foreign_producer"
     FUTURE_COMMAND = "future_command"
     BRAND_DEACTIVATED = "brand_deactivated"
     COMMAND_REFUSED = "command_refused"

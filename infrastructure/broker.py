@@ -11,6 +11,12 @@ awaits the broker's confirms once, instead of one round trip per message.
 
 Failures are told apart in `infrastructure/broker_failures.py`.
 
+Every message carries the service's RabbitMQ user as its `user_id`, which the
+broker checks against the connection's user: a worker tells the service's own
+messages (and the headers it vouches for) from a producer's by it, and a
+command names its producer in `x-producer`: the service, unless the caller
+names the producer whose command it sends on (infrastructure/origins.py).
+
 `memory://` (kombu's in-memory transport) has no TTL, dead-lettering or
 confirms: delays are kept by `DelayScheduler`, and dead letters are published
 directly.
@@ -50,6 +56,7 @@ from infrastructure.broker_topology import (
     wait_rung_ms,
 )
 from infrastructure.messages import COMMAND_TYPES, Message
+from infrastructure.origins import producer_header
 
 __all__ = [
     "COMMANDS_EXCHANGE",
@@ -119,6 +126,8 @@ class Broker:
         self.topology = topology or Topology()
         self.scheduler = scheduler
         self.connection = connect(url, tls)
+        # Who the broker knows us as (none on memory://, which checks no one).
+        self.user: str | None = None if is_memory(url) else self.connection.userid
         self._returned: list[Any] = []
         self._declared: set[str] = set()
         self._producer: Producer | None = None
@@ -181,6 +190,8 @@ class Broker:
         # Commands go the way producers send them; a delayed one comes back on work.
         command = message.type in COMMAND_TYPES
         exchange, key = (COMMANDS_EXCHANGE, COMMAND_KEY) if command else (EXCHANGE, WORK_KEY)
+        if command:
+            headers = {**producer_header(self.user), **(headers or {})}
         delay_ms = wait_rung_ms(delay_s)
         if delay_ms <= 0:
             return _Envelope(message.encode(), exchange, key, headers)
@@ -248,6 +259,7 @@ class Broker:
                     content_encoding="utf-8",
                     application_headers=envelope.headers or {},
                     delivery_mode=2,
+                    **self._vouched(),
                 )
                 self._sequence += 1
                 outstanding.add(self._sequence)
@@ -264,6 +276,10 @@ class Broker:
             channel.events["basic_nack"].discard(on_nack)
         if refused:
             raise NotConfirmed(f"the broker refused {len(refused)} message(s) of a batch")
+
+    def _vouched(self) -> dict[str, str]:
+        """The `user_id` property the broker checks: the service's own user."""
+        return {} if self.user is None else {"user_id": self.user}
 
     def _with_reconnect(self, send: Any) -> None:
         for attempt in (1, 2):
@@ -338,6 +354,7 @@ class Broker:
                 delivery_mode=2,
                 mandatory=mandatory and not is_memory(self.url),
                 retry=False,
+                **self._vouched(),
             )
 
         self._with_reconnect(send)

@@ -9,16 +9,29 @@ Two kinds of message land there:
   dead letter itself is labelled JSON), and only the first `DEAD_BODY_KEPT`
   (8 KiB) bytes of the body, with the whole body's length (`x-dead-body-bytes`)
   and sha256 (`x-dead-body-sha256`) and whether it was cut (`x-dead-truncated`);
-- those a queue dead-letters on its own (a rejected message, a quorum queue's
-  delivery limit), which carry RabbitMQ's `x-death` (and `x-first-death-*`),
-  their whole body and their own properties.
+- those a queue dead-letters on its own (a rejected or expired message, a quorum
+  queue's delivery limit), which carry RabbitMQ's `x-death`, their whole body and
+  their own properties and headers: whatever their publisher wrote.
+
+Only the service and the broker are believed
+(docs/decisions/030-broker-vouched-origins.md). A letter without `x-death` was
+published to `provisioning` by the service (no producer may publish there), so its
+`x-dead-*` headers are the worker's.
+A letter with `x-death` was dead-lettered by a queue: a producer may have written
+any `x-dead-*`, `x-death` or `x-first-death-*` header on it, so it is read from the
+newest `x-death` entry alone, whose queue and reason RabbitMQ sets, and it goes back
+to that queue's route (`ROUTE_OF_QUEUE`), never to the routing key an entry names.
+Its `x-dead-id` and `x-producer` count only when the service published it (a replay:
+infrastructure/origins.py).
 
 An id is given once: `x-dead-id`, set fresh when the worker first dead-letters a
 message, or a hash of the body and headers for one the queue dead-lettered. A
 replay sends the message back with its `x-dead-id` (`replay_headers`), and a
 message that is dead-lettered again keeps it (`kept_of`), so its id does not
-change. A reason as stored is read through `reason_of`: letters written with an
-older label ("schema errors", `UnknownAttempt`) read as today's reason.
+change. A replay also names the message's producer (`x-producer`, "" when
+unknown), so a producer's scope still applies to its command. A reason as stored is read through
+`reason_of`: letters written with an older label ("schema errors",
+`UnknownAttempt`) read as today's reason.
 """
 
 from __future__ import annotations
@@ -39,6 +52,7 @@ from infrastructure.broker import (
     HOPS_QUEUE,
     WORK_KEY,
 )
+from infrastructure.origins import PRODUCER_HEADER, producer_header, publisher_of
 from infrastructure.redaction import Secrets
 
 DEAD_HEADERS = ("x-death", "x-first-death-", "x-last-death-", "x-dead-")
@@ -49,6 +63,8 @@ CONTENT_ENCODING_HEADER = "x-dead-content-encoding"
 LEGACY_CONTENT = ("application/json", "utf-8")
 _ID = re.compile(r"[0-9A-Za-z]{1,64}")  # an id kept from a message: short and printable
 _QUEUE_OF_KEY = {WORK_KEY: HOPS_QUEUE, COMMAND_KEY: COMMANDS_QUEUE}
+# Where a message a queue dead-lettered goes back to: its queue's own route.
+ROUTE_OF_QUEUE = {HOPS_QUEUE: (EXCHANGE, WORK_KEY), COMMANDS_QUEUE: (EXCHANGE, COMMAND_KEY)}
 
 
 class NotReplayable(Exception):
@@ -79,16 +95,21 @@ class DeadLetter:
     content_type: str | None = None  # the message's own, to replay it with
     content_encoding: str | None = None
     stored_reason: str = ""  # the label as the letter holds it, when not `reason`
+    producer: str | None = None  # whose command it was, as the broker or the service says
 
     def age_s(self, now: float) -> float | None:
         return None if self.dead_at is None else max(0.0, now - self.dead_at)
 
     @property
     def replay_headers(self) -> dict[str, Any]:
-        """The message's own headers, without the dead-letter ones but its id: dead-lettered
-        again, it keeps the id."""
-        own = {k: v for k, v in self.headers.items() if not k.startswith(DEAD_HEADERS)}
-        return {**own, ID_HEADER: self.id}
+        """The message's own headers, without the dead-letter ones but its id (dead-lettered
+        again, it keeps the id), and naming its producer (never the one a header claimed)."""
+        own = {
+            k: v
+            for k, v in self.headers.items()
+            if not k.startswith(DEAD_HEADERS) and k != PRODUCER_HEADER
+        }
+        return {**own, ID_HEADER: self.id, **producer_header(self.producer)}
 
     def scrubbed(self, secrets: Secrets) -> DeadLetter:
         """This dead letter as shown to a person: its reason, errors (keys and
@@ -100,6 +121,7 @@ class DeadLetter:
             errors=secrets.scrub_value(self.errors),
             body=secrets.scrub_bytes(self.body),
             headers=secrets.scrub_value(self.headers),
+            producer=None if self.producer is None else secrets.scrub(self.producer),
         )
 
     def summary(self, now: float) -> dict[str, Any]:
@@ -120,6 +142,8 @@ class DeadLetter:
         }
         if self.stored_reason:
             shown["stored_reason"] = self.stored_reason
+        if self.producer:
+            shown["producer"] = self.producer
         return shown
 
 
@@ -234,11 +258,17 @@ def parse(
     *,
     content_type: str | None = None,
     content_encoding: str | None = None,
+    user_id: str | None = None,
+    service: str | None = None,
 ) -> DeadLetter:
     """A dead letter from a message of `provisioning.dead`, its body as the queue holds
-    it, with its own content type and encoding; the letter keeps the first
-    `DEAD_BODY_KEPT` bytes (pure: no broker)."""
+    it, with its own content type, encoding and `user_id` (`service`: the service's
+    user); the letter keeps the first `DEAD_BODY_KEPT` bytes (pure: no broker)."""
     headers = dict(headers or {})
+    if "x-death" in headers:
+        return _queues(body, headers, timestamp, content_type, content_encoding,
+                       vouched=service is not None and user_id == service,
+                       publisher=publisher_of({"user_id": user_id}))  # fmt: skip
     if "x-dead-reason" in headers:
         key = _text(headers.get("x-dead-source", "?"))
         return DeadLetter(
@@ -250,23 +280,46 @@ def parse(
             errors=_errors(headers.get("x-dead-errors")),
             dead_at=_epoch(headers.get("x-dead-at")) or _epoch(timestamp),
             headers=headers,
+            producer=_text(headers.get(PRODUCER_HEADER) or "") or None,
             **_content(headers),
             **_whole(body, headers),
         )
-    deaths = headers.get("x-death") or [{}]
-    first = deaths[-1] if isinstance(deaths, list) and deaths else {}
-    keys = first.get("routing-keys") or [headers.get("x-first-death-queue", "?")]
-    given = _text(headers.get(ID_HEADER) or "")  # a replay's, dead-lettered by the queue
+    return _queues(body, headers, timestamp, content_type, content_encoding,
+                   vouched=False, publisher=None)  # fmt: skip
+
+
+def _queues(
+    body: bytes,
+    headers: dict[str, Any],
+    timestamp: Any,
+    content_type: str | None,
+    content_encoding: str | None,
+    *,
+    vouched: bool,
+    publisher: str | None,
+) -> DeadLetter:
+    """A letter a queue dead-lettered, read from what RabbitMQ set: the newest `x-death`
+    entry's queue and reason (it updates an older entry of the same queue and reason,
+    keeping that entry's other fields, so those may be a producer's). Its own `x-dead-id`
+    and `x-producer` count when the service published it (`vouched`)."""
+    deaths = headers.get("x-death")
+    newest = deaths[0] if isinstance(deaths, list) and deaths else {}
+    newest = newest if isinstance(newest, dict) else {}
+    queue = _text(newest.get("queue") or "?")
+    exchange, key = ROUTE_OF_QUEUE.get(queue, ("", queue))
+    given = _text(headers.get(ID_HEADER) or "") if vouched else ""  # a replay's
+    named = vouched and PRODUCER_HEADER in headers
     return DeadLetter(
         id=given if _ID.fullmatch(given) else dead_letter_id(body, headers),
-        **_reason(first.get("reason") or headers.get("x-first-death-reason", "?")),
-        source_queue=_text(first.get("queue") or headers.get("x-first-death-queue", "?")),
-        exchange=_text(first.get("exchange") or headers.get("x-first-death-exchange", "")),
-        routing_key=_text(keys[0]),
-        errors={"count": first.get("count")} if first.get("count") else {},
-        dead_at=_epoch(first.get("time")) or _epoch(timestamp),
+        **_reason(newest.get("reason") or "?"),
+        source_queue=queue,
+        exchange=exchange,
+        routing_key=key,
+        errors={"count": newest.get("count")} if newest.get("count") else {},
+        dead_at=_epoch(newest.get("time")) or _epoch(timestamp),
         headers=headers,
         content_type=content_type,
         content_encoding=content_encoding,
+        producer=(_text(headers[PRODUCER_HEADER] or "") or None) if named else publisher,
         **_whole(body, headers),
     )

@@ -16,8 +16,12 @@ own; `AmbiguousId` names the matches).
 
 `replay` re-publishes the chosen messages, their bodies as the queue holds them,
 with their own content type and encoding, confirmed, to the exchange and
-routing key they came from, their headers stripped of the dead-letter ones but
-the id, and only then acks them in the dead queue. A truncated dead letter is
+routing key they came from (for a letter a queue dead-lettered: that queue's
+route, as RabbitMQ recorded it), their headers stripped of the dead-letter ones
+but the id and its producer, as the service's user (`user_id`: the broker
+vouches that the service sent it), and only then acks them in the dead queue.
+Nothing else of the message is sent again: no `expiration`, no `user_id` of
+its own. A truncated dead letter is
 never replayed (its body is not whole): `NotReplayable` for one asked by its
 id, kept and reported with every other. `purge` deletes the letters of given
 ids or reasons (acking them in the walk), `purge_all` the whole queue. The
@@ -92,6 +96,7 @@ class DeadLetters:
         if is_memory(url):
             raise EmbeddedBroker()
         self.connection: Any = connect(url, tls)
+        self.user: str = str(self.connection.userid)  # who replays: the service's user
         self.topology = topology or Topology()
         self.channel: Any = None
 
@@ -117,7 +122,7 @@ class DeadLetters:
         def taken() -> Iterator[_Taken]:
             _, count, _ = channel.queue_declare(DEAD_QUEUE, passive=True)
             for _ in range(count):  # not those that come in meanwhile: a replay's own
-                item = _take(channel, whole=whole)
+                item = _take(channel, whole=whole, service=self.user)
                 if item is None:
                     return
                 yield item
@@ -223,6 +228,7 @@ class DeadLetters:
                 body,
                 application_headers=letter.replay_headers,
                 delivery_mode=2,
+                user_id=self.user,
                 **{name: value for name, value in own.items() if value is not None},
             )
             channel.basic_publish(
@@ -264,7 +270,7 @@ class _Taken:
     body: bytes = b""
 
 
-def _take(channel: Any, *, whole: bool) -> _Taken | None:
+def _take(channel: Any, *, whole: bool, service: str) -> _Taken | None:
     """The next message of the dead queue, unacked; None when there is none."""
     raw = channel.basic_get(DEAD_QUEUE, no_ack=False)
     if raw is None:
@@ -276,6 +282,7 @@ def _take(channel: Any, *, whole: bool) -> _Taken | None:
         body, headers, properties.get("timestamp"),
         content_type=properties.get("content_type"),
         content_encoding=properties.get("content_encoding"),
+        user_id=properties.get("user_id"), service=service,
     )  # fmt: skip
     return _Taken(raw.delivery_tag, letter, body if whole else b"")
 

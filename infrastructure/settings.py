@@ -12,6 +12,7 @@
 | PROVISIONER_GATEWAY_ALLOW_HTTP   | 0 (1: plain http off loopback)   |
 | PROVISIONER_PARENT_IDS           | (required but for the fake)      |
 | PROVISIONER_COMMAND_SKEW_S       | 300 (requested_at in the future) |
+| PROVISIONER_PRODUCER_SCOPES      | (none: any producer, any brand)  |
 | PROVISIONER_BROKER_CA_FILE       | (none: the system's CAs)         |
 | PROVISIONER_BROKER_CERT_FILE     | (none: no client certificate)    |
 | PROVISIONER_BROKER_KEY_FILE      | (none)                           |
@@ -57,6 +58,7 @@ from urllib.parse import urlsplit
 
 from domain.pacing import PaceRules
 from domain.policies import Backoff, Deferral
+from domain.producer_scopes import Scope
 from infrastructure.broker import BrokerTls
 from infrastructure.eventstore import DATABASE_SCHEMES, check_database_url, is_postgres
 from infrastructure.failures import ConfigurationError
@@ -81,6 +83,7 @@ from infrastructure.settings_parsing import (
     number,
     parent_ids,
     positive,
+    producer_scopes,
     split_host,
     web_token,
 )
@@ -139,6 +142,7 @@ class Settings:
     gateway_allow_http: bool = False
     parent_ids: tuple[str, ...] | None = None
     command_skew_s: float = 300.0
+    producer_scopes: str | None = None  # checked; `scopes()` reads it
     broker_ca_file: str | None = None
     broker_cert_file: str | None = None
     broker_key_file: str | None = None
@@ -206,6 +210,7 @@ class Settings:
             command_skew_s=number(
                 env, "PROVISIONER_COMMAND_SKEW_S", default.command_skew_s, low=0, high=86400 * 7
             ),
+            producer_scopes=env_value(env, "PROVISIONER_PRODUCER_SCOPES"),
             broker_ca_file=file_path(env, "PROVISIONER_BROKER_CA_FILE"),
             broker_cert_file=file_path(env, "PROVISIONER_BROKER_CERT_FILE"),
             broker_key_file=file_path(env, "PROVISIONER_BROKER_KEY_FILE"),
@@ -287,6 +292,7 @@ class Settings:
             raise SettingsError(
                 f"{FAKE_SWITCH}=1 and PROVISIONER_GATEWAY_URL are both set: choose one"
             )
+        settings.scopes()  # checked now: a bad scope stops the process at start
         if (settings.broker_cert_file is None) != (settings.broker_key_file is None):
             raise SettingsError(
                 "PROVISIONER_BROKER_CERT_FILE and PROVISIONER_BROKER_KEY_FILE go together: "
@@ -367,6 +373,13 @@ class Settings:
     def broker_tls(self) -> BrokerTls:
         """What an amqps:// connection trusts (the CA file) and shows (a client certificate)."""
         return BrokerTls(self.broker_ca_file, self.broker_cert_file, self.broker_key_file)
+
+    def scopes(self) -> dict[str, Scope]:
+        """Each scoped producer's brands and parents (PROVISIONER_PRODUCER_SCOPES; none:
+        every producer may command every brand)."""
+        if self.producer_scopes is None:
+            return {}
+        return producer_scopes(self.producer_scopes, self.parent_ids)
 
     def parents(self) -> tuple[str, ...]:
         """The parents the service may act under: PROVISIONER_PARENT_IDS; unset, the

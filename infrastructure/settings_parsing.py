@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from urllib.parse import urlsplit
 
 from domain.ids import GATEWAY_ID
+from domain.producer_scopes import Scope
 from infrastructure.failures import ConfigurationError
 
 _LABEL = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
@@ -144,6 +145,44 @@ def parent_ids(env: Mapping[str, str]) -> tuple[str, ...] | None:
             f"([A-Za-z0-9._-], 1 to 128 characters), got {raw!r}"
         )
     return ids
+
+
+_PRODUCER = re.compile(r"[A-Za-z0-9._-]{1,64}")
+_BRAND_PATTERN = re.compile(r"[A-Za-z0-9._*?-]{1,200}")
+SCOPES_FORM = "USER=BRAND_PATTERN[,...][@PARENT[,...]], entries separated by ';'"
+
+
+def producer_scopes(raw: str, parents: tuple[str, ...] | None = None) -> dict[str, Scope]:
+    """PROVISIONER_PRODUCER_SCOPES read: each producer's brand patterns and parents
+    (`orders=ord-*,shop-*@org-parent;billing=bill-*`). A parent must be one of
+    `parents` (PROVISIONER_PARENT_IDS) when they are given."""
+    key = "PROVISIONER_PRODUCER_SCOPES"
+    scopes: dict[str, Scope] = {}
+    for entry in (part.strip() for part in raw.split(";")):
+        if not entry:
+            continue
+        user, _, rest = (x.strip() for x in entry.partition("="))
+        brands_text, _, parents_text = rest.partition("@")
+        brands = _items(brands_text)
+        scoped_parents = _items(parents_text)
+        bad = not _PRODUCER.fullmatch(user) or not brands or user in scopes
+        bad = bad or not all(_BRAND_PATTERN.fullmatch(b) for b in brands)
+        bad = bad or ("@" in rest and not scoped_parents)
+        if bad or not all(GATEWAY_ID.fullmatch(p) for p in scoped_parents):
+            raise SettingsError(f"{key}: {entry!r} is not {SCOPES_FORM} (each user once)")
+        foreign = [p for p in scoped_parents if parents is not None and p not in parents]
+        if foreign:
+            raise SettingsError(
+                f"{key}: {entry!r} names {foreign[0]!r}, not in PROVISIONER_PARENT_IDS"
+            )
+        scopes[user] = Scope(brands, scoped_parents)
+    if not scopes:
+        raise SettingsError(f"{key} names no producer: give {SCOPES_FORM}, or unset it")
+    return scopes
+
+
+def _items(text: str) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(item.strip() for item in text.split(",") if item.strip()))
 
 
 def is_loopback(host: str | None) -> bool:

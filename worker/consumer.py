@@ -42,6 +42,7 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -49,6 +50,7 @@ from typing import Any
 from kombu.entity import Queue
 from kombu.messaging import Consumer
 
+from domain.producer_scopes import Scope
 from infrastructure.broker import Broker, BrokerTls, DelayScheduler, Topology, connect
 from infrastructure.broker_failures import BROKER_ERRORS, broker_refusal
 from infrastructure.failures import Backoff
@@ -91,8 +93,10 @@ class HopWorker:
         prefetch_headroom: int | None = None,
         database_url: str | None = None,
         tls: BrokerTls | None = None,
+        scopes: Mapping[str, Scope] | None = None,
     ) -> None:
         self.service = service
+        self.scopes = scopes or {}  # each producer's brands (domain/producer_scopes.py)
         self.url = broker_url
         self.tls = tls
         self.topology = topology or Topology()
@@ -168,6 +172,7 @@ class HopWorker:
                 # service refuses in a producer's text.
                 secrets=(*self.service.secrets, *log_secrets()),
                 given_up=functools.partial(give_up, self.service),
+                scopes=self.scopes,
             )
             try:
                 # One limit for the channel (global), not one per consumer: with two

@@ -15,6 +15,11 @@ message ends its thread:
   the message's content type, encoding and dead-letter id are kept (a replay
   sends them back), and the body, the source and the errors lose every
   configured secret first.
+- What a message's headers say is believed only of a message the service
+  published (its `user_id`, infrastructure/origins.py): a producer's
+  `x-dead-id` is not kept. A command's producer, as the broker vouches for
+  it, goes with it through retries and into its dead letter (`x-producer`),
+  so its scope applies when it is replayed.
 - An unexpected exception while doing any of that is contained (`_contain`):
   the message is retried if it can be, else dead-lettered (`internal_error`),
   else rejected without requeue (the queue's own dead-lettering then
@@ -25,14 +30,16 @@ message ends its thread:
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from typing import Any
 
 from domain.dead_letter_rules import Reason, reason_of
+from domain.producer_scopes import ProducerScopes, Scope
 from infrastructure.broker import Broker
 from infrastructure.dead_letter_parsing import kept_id, kept_of
 from infrastructure.messages import InvalidMessage, Message
+from infrastructure.origins import producer_header, producer_of, vouched_headers
 from infrastructure.outages import Outage, is_database_error, one_line
 from infrastructure.redaction import Secrets
 from worker import metrics
@@ -51,8 +58,9 @@ from worker.retry_policy import (
 __all__ = ["WAIT_DELAYS_S", "Delivery", "Settler", "inspect"]
 
 log = logging.getLogger("provisioner.worker")
-# What a dead letter keeps of the delivery, to be replayed as it came.
-KEPT_PROPERTIES = ("headers", "content_type", "content_encoding")
+# What a dead letter keeps of the delivery, to be replayed as it came (and of its
+# headers, only those the service vouches for: `_vouched`).
+KEPT_PROPERTIES = ("content_type", "content_encoding")
 
 
 def subject(message: Message) -> str:
@@ -78,8 +86,14 @@ class Settler:
         dead_letter: type[BaseException] = DeadLetter,
         secrets: tuple[str, ...] = (),
         given_up: Callable[[Message, BaseException], None] | None = None,
+        scopes: Mapping[str, Scope] | None = None,
     ) -> None:
         self.publisher = publisher
+        # The service's own broker user is never scoped; memory:// (None) has no
+        # producers, and no user_id to tell one by.
+        self.service: str | None = getattr(publisher, "user", None)
+        scoped = scopes if self.service is not None else None
+        self.scopes = ProducerScopes(scoped or {}, service=self.service)
         self.stats = stats
         # What a handler's end becomes: `dead_letter`s are never retried.
         self.policy = RetryPolicy(retry_delays_s, wait_delays_s, never_retried=(dead_letter,))
@@ -94,7 +108,7 @@ class Settler:
         """The delivery (from `queue`) to hand to a handler, or None once it has been
         dead-lettered."""
         try:
-            return inspect(message, queue)
+            return inspect(message, queue, self.scopes)
         except self.connection_errors:
             raise
         except InvalidMessage as exc:
@@ -162,8 +176,9 @@ class Settler:
             log.warning("%s failed (%s); retry %d in %.0fs",
                         kind, one_line(exc), decision.headers["x-retries"], delay)  # fmt: skip
         # A replayed message keeps its dead letter's id through retries, so it is
-        # dead-lettered again under the same id.
-        headers = {**kept_id(getattr(message, "headers", None)), **decision.headers}
+        # dead-lettered again under the same id; a command keeps its producer.
+        headers = {**kept_id(self._vouched(message)), **self._producer(message),
+                   **decision.headers}  # fmt: skip
         self.publisher.publish(delivery.message, delay_s=delay, headers=headers)
         message.ack()
         metrics.RETRIED.inc()
@@ -180,13 +195,25 @@ class Settler:
         # A producer's body, a field name or type in its errors may hold the token.
         body, source = self.secrets.scrub_bytes(body), self.secrets.scrub(source)
         errors = self.secrets.scrub_value(errors)
-        kept = kept_of(*(getattr(message, name, None) for name in KEPT_PROPERTIES))
+        properties = (getattr(message, name, None) for name in KEPT_PROPERTIES)
+        kept = {**kept_of(self._vouched(message), *properties), **self._producer(message)}
         self.publisher.publish_dead(body, reason, errors, source, kept=kept)
         message.ack()
         metrics.DEAD_LETTERED.labels(reason).inc()
         self.stats.dead_lettered += 1
         log.error("dead-lettered a message from %s: %s %s", source, reason, str(errors)[:300],
                   extra={"reason": reason})  # fmt: skip
+
+    def _vouched(self, message: Any) -> dict[str, Any]:
+        """The message's headers if the service published it; else none."""
+        properties = getattr(message, "properties", None)
+        return vouched_headers(properties, getattr(message, "headers", None), self.service)
+
+    def _producer(self, message: Any) -> dict[str, str]:
+        """The header naming a command's producer, as the broker vouches for it."""
+        properties = getattr(message, "properties", None)
+        producer = producer_of(properties, getattr(message, "headers", None), self.service)
+        return producer_header(producer)
 
     def _guarded(self, message: Any, action: Callable[[], None], delivery: Delivery | None) -> None:
         try:

@@ -6,8 +6,11 @@ we do not speak, a bad `x-retries`, `x-waits` or `x-waited-ms` header, every `de
 (too large, too deeply nested, not UTF-8, invalid JSON, schema errors), and a
 type its queue does not accept (`messages.QUEUE_RULES`: a hop, release or
 decommission on the producers' commands queue is an `internal message on the
-commands queue`) — by raising `InvalidMessage` with the reason. It reads;
-what becomes of a refused delivery is the settler's (worker/delivery.py).
+commands queue`), and on that queue a command its producer may not send
+(`foreign_producer`: domain/producer_scopes.py; the producer is the one the
+broker vouches for, infrastructure/origins.py) — by raising `InvalidMessage`
+with the reason. It reads; what becomes of a refused delivery is the
+settler's (worker/delivery.py).
 """
 
 from __future__ import annotations
@@ -15,7 +18,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from domain.dead_letter_rules import Reason
+from domain.producer_scopes import ProducerScopes
 from infrastructure.messages import (
+    COMMANDS_QUEUE,
     InvalidMessage,
     Message,
     admit,
@@ -24,6 +30,7 @@ from infrastructure.messages import (
     waited_ms,
     waits,
 )
+from infrastructure.origins import producer_of
 from infrastructure.outages import one_line
 from worker.retry_policy import Facts
 
@@ -43,9 +50,9 @@ class Delivery:
         return Facts(self.message.type, self.tries, self.waits, self.waited_ms)
 
 
-def inspect(message: Any, queue: str) -> Delivery:
+def inspect(message: Any, queue: str, scopes: ProducerScopes | None = None) -> Delivery:
     """The message and retry counts of a delivery from `queue`; InvalidMessage when it
-    has none that queue accepts."""
+    has none that queue accepts, or (with `scopes`) its producer may not send it."""
     if message.errors:
         exc = message.errors[0][1] if isinstance(message.errors[0], tuple) else message.errors[0]
         raise InvalidMessage("undecodable", {"kombu": one_line(exc)})
@@ -57,4 +64,17 @@ def inspect(message: Any, queue: str) -> Delivery:
     decoded = decode(
         message.body, content_type=message.content_type, content_encoding=message.content_encoding
     )
-    return Delivery(admit(queue, decoded), tries, waited, waited_for)
+    admitted = admit(queue, decoded)
+    if queue == COMMANDS_QUEUE and scopes is not None:
+        _check_producer(message, admitted, scopes)
+    return Delivery(admitted, tries, waited, waited_for)
+
+
+def _check_producer(message: Any, command: Message, scopes: ProducerScopes) -> None:
+    """Refuse a command its producer's scope does not cover (`foreign_producer`)."""
+    producer = producer_of(getattr(message, "properties", None), message.headers, scopes.service)
+    brand_id = str(command.fields.get("brand_id", ""))
+    why = scopes.refusal(producer, brand_id, command.fields.get("parent_workspace_id"))
+    if why is not None:
+        errors = {"producer": producer, "brand_id": brand_id, "error": why}
+        raise InvalidMessage(Reason.FOREIGN_PRODUCER, errors)

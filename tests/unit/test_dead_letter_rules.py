@@ -161,9 +161,12 @@ def test_a_dead_letter_keeps_its_messages_content_type_encoding_and_id() -> None
     assert letter.replay_headers == {"x-dead-id": "abc123"}
     again = kept_of(letter.replay_headers, "text/plain", None)
     assert again["x-dead-id"] == "abc123"
-    # ... and so does one the queue dead-letters itself, which keeps every header.
-    queued = parse(b"hello", {**letter.replay_headers, "x-death": [{"reason": "rejected"}]})
+    # ... and so does one the queue dead-letters itself, which keeps every header,
+    # when the service published it (the replay): no one else's id is believed.
+    again_headers = {**letter.replay_headers, "x-death": [{"reason": "rejected"}]}
+    queued = parse(b"hello", again_headers, user_id="svc", service="svc")
     assert queued.id == "abc123"
+    assert parse(b"hello", again_headers, user_id="orders", service="svc").id.startswith("h")
 
 
 @pytest.mark.parametrize("given", ["", "a b", "x" * 65, "\x1b[31m", None])
