@@ -16,7 +16,9 @@ sent and reports what came of it to `observe`. Times are seconds on one clock
   5 % a second finds the limit again within seconds of a cut, where adding a
   fixed step would crawl for a gateway allowing hundreds of calls a second.)
 - **A shared Retry-After.** A 429's Retry-After pauses every call of the fleet
-  until then.
+  until then, for at most `retry_after_max_s`: one answer may not hold the whole
+  fleet for an hour. A longer hold already stored (a process with a longer cap)
+  is cut to that at the next call.
 - **A circuit.** `open_after` unreachable answers in a row (refused, timeout,
   dropped, 502, 503, 504) open it: calls are held without being sent, and one
   probe goes out every `probe_every_s`. Any answer closes it. "In a row" as
@@ -54,6 +56,7 @@ class PaceRules:
     growth_per_s: float = 0.05
     min_rate: float = 0.2
     unlimited_above: float = 10_000.0  # a learned rate grown past this is no limit
+    retry_after_max_s: float = 300.0  # the longest a 429's Retry-After holds the fleet
 
     def __post_init__(self) -> None:
         if self.rate is not None and self.rate <= 0:
@@ -62,6 +65,8 @@ class PaceRules:
             raise ValueError("the gateway burst must be at least 1")
         if self.open_after < 1 or self.probe_every_s <= 0 or self.max_wait_s < 0:
             raise ValueError("the circuit needs open_after >= 1 and a probe interval > 0")
+        if self.retry_after_max_s < 1:
+            raise ValueError("the longest Retry-After hold must be at least 1 s")
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +75,7 @@ class PaceState:
     learned: float | None = None  # the rate set at the last 429 (no rate configured)
     learned_at: float = 0.0
     paused_until: float = 0.0  # the shared Retry-After
+    asked_s: float = 0.0  # what the 429 that set it asked, when more than the cap
     unreachable: int = 0  # unreachable answers in a row
     unreachable_since: float | None = None
     open_since: float | None = None  # the circuit; None: closed
@@ -127,6 +133,8 @@ def admit(
 ) -> tuple[PaceState, Go | Hold]:
     """May a call go now, after a short wait, or must it be held back?"""
     patience = rules.create_wait_s if create else rules.max_wait_s
+    if state.paused_until - now > rules.retry_after_max_s:
+        state = replace(state, paused_until=now + rules.retry_after_max_s)
     if state.open_since is not None:
         if now < state.probe_at:
             return state, Hold(state.probe_at - now, f"circuit open: {state.last_error}")
@@ -187,8 +195,11 @@ def observe(
         answered = replace(state, unreachable=0, unreachable_since=None, open_since=None)
     if result is Result.ANSWERED:
         return answered, change
-    pause = max(retry_after_s, 1.0)  # a 429 without Retry-After still pauses a second
-    answered = replace(answered, paused_until=max(state.paused_until, now + pause))
+    pause = min(max(retry_after_s, 1.0), rules.retry_after_max_s)  # none: still a second
+    until = now + pause
+    if until > state.paused_until:
+        asked = retry_after_s if retry_after_s > rules.retry_after_max_s else 0.0
+        answered = replace(answered, paused_until=until, asked_s=asked)
     if rules.rate is None and now - state.learned_at >= rules.cut_every_s:
         sending = rate_now(rules, state, now) or _sent_rate(state, now)
         learned = max(rules.min_rate, sending * rules.backoff_factor)

@@ -10,6 +10,8 @@ Exception tree::
     ├── AmbiguousCreate          a create that may or may not have happened
     │                            (timeout, dropped connection, 5xx on the POST)
     ├── TransientGatewayError    no answer: timeout, 429, 5xx, refused, or held by the pace
+    │   └── CertificateRefused   the gateway's TLS certificate did not verify: a hop
+    │                            defers, but the deployment is broken (health refuses)
     ├── WorkspaceGone            404 for a workspace (list projects, status)
     ├── RequestRejected          409/422 (quota, conflict) or another 4xx: terminal
     ├── Unauthorized             401/403: credentials; terminal for the attempt, alert
@@ -51,6 +53,17 @@ class TransientGatewayError(GatewayError):
         super().__init__(message)
         self.retry_after_s = retry_after_s
         self.paced = paced  # held for the fleet's own turn: `retry_after_s` is when it comes
+
+
+class CertificateRefused(TransientGatewayError):
+    """The gateway's TLS certificate did not verify (nothing was sent). A hop defers as
+    for any call without an answer, but only a change of setting or certificate fixes
+    it: health and start-up read it as a refusal, not an outage. `reason`: one line
+    saying what did not verify and which setting to check."""
+
+    def __init__(self, message: str = "", *, reason: str = "") -> None:
+        super().__init__(message)
+        self.reason = reason or message
 
 
 class WorkspaceGone(GatewayError):

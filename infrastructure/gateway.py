@@ -21,6 +21,8 @@ never sent: ConnectError, ConnectTimeout,  TransientGatewayError   retried, then
 PoolTimeout, UnsupportedProtocol,                                  TransientGatewayError
 ProxyError, LocalProtocolError, or held
 back by the pace (not retried)
+never sent: the certificate did not        CertificateRefused      CertificateRefused
+verify (a TransientGatewayError)                                   (not retried)
 sent, then timeout / dropped connection /  AmbiguousCreate         retried, then
 RemoteProtocolError (any TransportError)                           TransientGatewayError
 answer unreadable (DecodingError, larger   AmbiguousCreate         MalformedAnswer
@@ -78,6 +80,7 @@ import httpx
 
 from domain.ports import (
     AmbiguousCreate,
+    CertificateRefused,
     FamilyMember,
     MalformedAnswer,
     RequestRejected,
@@ -195,6 +198,10 @@ class HttpGateway:
         path = f"/v2/workspaces/{seg(parent_id)}/child"
         outcome = self._attempt(op, "POST", path, json={"title": title, "resources": {}})
         if isinstance(outcome, Failure):
+            if outcome.certificate:
+                raise CertificateRefused(
+                    f"{op}: not sent ({outcome.summary})", reason=outcome.certificate
+                )
             if outcome.kind in ("not_sent", "held"):
                 raise TransientGatewayError(
                     f"{op}: not sent ({outcome.summary})",
@@ -287,6 +294,10 @@ class HttpGateway:
             outcome = self._attempt(op, method, path, params=params, limit=limit, read=read)
             delay = self._backoff_s * 2**n
             if isinstance(outcome, Failure):
+                if outcome.certificate:  # retrying cannot change a certificate
+                    raise CertificateRefused(
+                        f"{op}: not sent ({outcome.summary})", reason=outcome.certificate
+                    )
                 if outcome.kind == "unreadable":
                     raise MalformedAnswer(f"{op}: {outcome.summary}")
                 if outcome.kind == "held":

@@ -12,6 +12,7 @@ import httpx
 
 from domain.pacing import Result
 from domain.ports import RequestRejected
+from infrastructure.failures import ServiceRefused
 from infrastructure.gateway_answers import SUMMARY_MAX, Answer, Unreadable, read_capped
 from infrastructure.tls import certificate_refusal
 
@@ -34,6 +35,7 @@ class Failure:
     summary: str
     retry_after_s: float = 0.0  # "held": when the pace lets it go
     paced: bool = False  # "held" for the fleet's turn (`domain.pacing.Hold.paced`)
+    certificate: str = ""  # "not_sent": why the gateway's certificate did not verify
 
 
 def exchange(
@@ -64,7 +66,9 @@ def exchange(
     except Unreadable as exc:
         return Failure("unreadable", str(exc))
     except NOT_SENT as exc:
-        return Failure("not_sent", describe(exc, client.base_url.host, scrub))
+        refusal = _refusal(exc, client.base_url.host)
+        why = scrub(str(refusal)) if refusal is not None else ""
+        return Failure("not_sent", describe(exc, client.base_url.host, scrub), certificate=why)
     except httpx.TransportError as exc:  # includes every other timeout
         return Failure("transport", describe(exc, client.base_url.host, scrub))
     except httpx.HTTPError as exc:  # e.g. DecodingError: an answer we cannot read
@@ -73,13 +77,18 @@ def exchange(
 
 def describe(exc: httpx.HTTPError, host: str, scrub: Callable[[str], str]) -> str:
     """One line: a certificate that did not verify says what to check."""
-    refusal = certificate_refusal(
-        exc, peer="the gateway", host=host,
-        url_key="PROVISIONER_GATEWAY_URL", ca_key="PROVISIONER_GATEWAY_CA_FILE",
-    )  # fmt: skip
+    refusal = _refusal(exc, host)
     text = str(refusal) if refusal is not None else " ".join(str(exc).split())
     detail = scrub(text)[:SUMMARY_MAX]
     return f"{type(exc).__name__}: {detail}" if detail else type(exc).__name__
+
+
+def _refusal(exc: BaseException, host: str) -> ServiceRefused | None:
+    """One line when the gateway's certificate did not verify; None for any other failure."""
+    return certificate_refusal(
+        exc, peer="the gateway", host=host,
+        url_key="PROVISIONER_GATEWAY_URL", ca_key="PROVISIONER_GATEWAY_CA_FILE",
+    )  # fmt: skip
 
 
 def seg(value: str) -> str:

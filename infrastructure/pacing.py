@@ -81,19 +81,23 @@ _INSERT = (
 class PgPaceStore:
     """The pace of every process that shares this database, in one row per gateway."""
 
-    def __init__(self, url: str, key: str, *, max_size: int = 4) -> None:
+    def __init__(self, url: str, key: str, *, max_size: int = 4, timeout_s: float = 10.0) -> None:
         self.key = key
         self._pool: ConnectionPool[Any] = ConnectionPool(
             postgres_conninfo(url),
             min_size=1,
             max_size=max_size,
             kwargs={"autocommit": True},
-            timeout=10.0,
+            timeout=timeout_s,
             open=True,
         )
-        with self._pool.connection() as conn:
-            create_table(conn)
-            conn.execute(_INSERT, (key,))
+        try:
+            with self._pool.connection() as conn:
+                create_table(conn)
+                conn.execute(_INSERT, (key,))
+        except BaseException:
+            self._pool.close()  # its threads with it
+            raise
 
     def update(self, fn: Update[T]) -> T:
         with self._pool.connection() as conn, conn.transaction():

@@ -29,6 +29,7 @@
 | PROVISIONER_GATEWAY_RATE         | (none: learned from 429s)        |
 | PROVISIONER_GATEWAY_BURST        | 1                                |
 | PROVISIONER_GATEWAY_PROBE_S      | 10 (circuit open: probe interval)|
+| PROVISIONER_RETRY_AFTER_MAX_S    | 300 (longest Retry-After hold)   |
 | PROVISIONER_CONCURRENCY          | 8                                |
 | PROVISIONER_METRICS_PORT         | 0 (metrics and probes off)       |
 | PROVISIONER_METRICS_HOST         | 127.0.0.1                        |
@@ -160,6 +161,7 @@ class Settings:
     gateway_rate: float | None = None
     gateway_burst: int = 1
     gateway_probe_s: float = 10.0
+    retry_after_max_s: float = 300.0  # one 429 never holds the fleet for an hour
     concurrency: int = 8
     metrics_port: int = 0
     metrics_host: str = "127.0.0.1"
@@ -253,6 +255,9 @@ class Settings:
             ),
             gateway_probe_s=positive(
                 env, "PROVISIONER_GATEWAY_PROBE_S", default.gateway_probe_s, high=3600
+            ),
+            retry_after_max_s=number(
+                env, "PROVISIONER_RETRY_AFTER_MAX_S", default.retry_after_max_s, low=1, high=3600
             ),
             concurrency=integer(
                 env, "PROVISIONER_CONCURRENCY", default.concurrency, low=1, high=512
@@ -408,7 +413,11 @@ class Settings:
             ) from None
         return EngineSettings(
             backoff=backoff,
-            deferral=Deferral(max_s=self.defer_max_s, deadline_s=self.attempt_deadline_s),
+            deferral=Deferral(
+                max_s=self.defer_max_s,
+                deadline_s=self.attempt_deadline_s,
+                retry_after_max_s=self.retry_after_max_s,
+            ),
             stale_after_s=self.stale_after_s,
             create_grace_s=self.create_grace_s,
             inference_window_s=self.inference_window_s,
@@ -421,4 +430,5 @@ class Settings:
         """The fleet's pace of gateway calls (domain/pacing.py)."""
         return PaceRules(rate=self.gateway_rate, burst=self.gateway_burst,
                          probe_every_s=self.gateway_probe_s,
+                         retry_after_max_s=self.retry_after_max_s,
                          probe_lease_s=self.gateway_timeout_s + 4)  # + the connect timeout, 3 s

@@ -164,10 +164,13 @@ main.add_command(config)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def health(as_json: bool) -> None:
     """Check the database, the broker, the gateway and its token, the relay's and the
-    projections' lag and stuck attempts; exit 0 when every check passes, 1 if any fails."""
+    projections' lag and stuck attempts; exit 0 when every check passes, 1 if any fails,
+    4 if a peer refuses us for good (the gateway's certificate does not verify)."""
     import json
 
+    from infrastructure.failures import EXIT_REFUSED
     from worker.health import check_once, healthy, report
+    from worker.health_results import refusal
 
     settings = load_settings()
     results = check_once(settings)
@@ -175,6 +178,9 @@ def health(as_json: bool) -> None:
         echo(json.dumps(settings.secrets().scrub_value(report(results)), indent=2))
     else:
         echo(settings.secrets().scrub("\n".join(r.line() for r in results)))
+    refused = refusal(results)
+    if refused is not None:  # no outage to wait out: the deployment is broken
+        raise Failed(settings.secrets().scrub(refused.detail), EXIT_REFUSED)
     sys.exit(0 if healthy(results) else 1)
 
 

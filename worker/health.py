@@ -17,10 +17,11 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from domain.pacing import PaceState
-from domain.ports import Gateway
+from domain.ports import Gateway, TransientGatewayError
 from infrastructure.eventstore import is_postgres
 from infrastructure.gateway import HttpGateway
-from infrastructure.pacing import read_pace
+from infrastructure.gateway_tls import certificate_refused
+from infrastructure.pacing import MemoryPaceStore, Pace, PaceStore, PgPaceStore, read_pace
 from infrastructure.settings import Settings, SettingsError
 from worker.health_checks import (
     PROBE_WORKSPACE,
@@ -51,6 +52,7 @@ __all__ = [
     "checks_for",
     "circuit_check",
     "database_check",
+    "gateway_check",
     "healthy",
     "projection_lag_check",
     "relay_lag_check",
@@ -80,7 +82,7 @@ def checks_for(
     if parts != ("projections",) and urlsplit(settings.broker_url).scheme != "memory":
         checks.append(("broker", broker_check(settings.broker_url, settings.broker_tls())))
     if gateway is not None:
-        checks.append(("gateway", GatewayCheck(gateway)))
+        checks.append(("gateway", GatewayCheck(gateway, handshake=_handshake(settings))))
     if pace is not None:
         checks.append(("gateway_circuit", circuit_check(pace, settings.pace())))
     if "relay" in parts:
@@ -98,6 +100,55 @@ def checks_for(
     return checks, facts
 
 
+def _handshake(settings: Settings) -> Callable[[], Exception | None] | None:
+    """The TLS handshake with the configured gateway (none for the fake or plain http)."""
+    if settings.fake_gateway or settings.gateway_url is None:
+        return None
+    return functools.partial(certificate_refused, settings.gateway_url, settings.gateway_ca_file)
+
+
+class PacedProbe:
+    """The gateway check's one call for a command or a page, through the fleet's pace
+    (PostgreSQL's row, as the workers': a Retry-After or an open circuit holds it too):
+    a client and the pace opened for the call and closed after it, so nothing is held
+    between calls."""
+
+    def __init__(self, settings: Settings, url: str, token: str) -> None:
+        self.settings = settings
+        self.url = url
+        self.token = token
+
+    def _store(self) -> PaceStore:
+        if not is_postgres(self.settings.database_url):
+            return MemoryPaceStore()  # no fleet to share with: `run` alone calls it
+        try:
+            return PgPaceStore(self.settings.database_url, self.url, max_size=1, timeout_s=3.0)
+        except Exception as exc:  # noqa: BLE001 - never sent unpaced
+            raise TransientGatewayError(
+                f"status: not sent (the fleet's pace cannot be read: {type(exc).__name__})"
+            ) from None
+
+    def status(self, workspace_id: str) -> str:
+        s = self.settings
+        pace = Pace(self._store(), s.pace())
+        try:
+            with HttpGateway(self.url, self.token, read_timeout=s.gateway_timeout_s, retries=0,
+                             ca_file=s.gateway_ca_file, pace=pace) as gateway:  # fmt: skip
+                return gateway.status(workspace_id)
+        finally:
+            pace.close()
+
+
+def gateway_check(settings: Settings) -> Callable[[], str]:
+    """The gateway check of `health` and the web view's health page: the configured
+    gateway, paced with the fleet and its answer kept for a minute (keep the check to
+    reuse that), after a TLS handshake; the in-process fake is not checked."""
+    chosen = None if settings.fake_gateway or settings.gateway_url is None else settings.gateway()
+    if chosen is None:
+        return _unchecked_gateway(settings)
+    return GatewayCheck(PacedProbe(settings, *chosen), handshake=_handshake(settings))
+
+
 def _unchecked_gateway(settings: Settings) -> Callable[[], str]:
     """No gateway to call: the fake where `run` would refuse it fails the check."""
 
@@ -113,29 +164,16 @@ def _unchecked_gateway(settings: Settings) -> Callable[[], str]:
     return check
 
 
-def check_once(settings: Settings) -> list[CheckResult]:
-    """Every check, once, as `provisioner health` runs them: the configured gateway is
-    called with the configured token (the in-process fake, only inside `run`)."""
-    chosen = None if settings.fake_gateway or settings.gateway_url is None else settings.gateway()
-    gateway = None
-    if chosen is not None:
-        gateway = HttpGateway(
-            *chosen,
-            read_timeout=settings.gateway_timeout_s,
-            retries=0,
-            ca_file=settings.gateway_ca_file,
-        )
+def check_once(settings: Settings, gateway: Callable[[], str] | None = None) -> list[CheckResult]:
+    """Every check, once, as `provisioner health` runs them. `gateway`: the gateway's
+    check (default `gateway_check`: the configured gateway called with the configured
+    token, paced with the fleet; the in-process fake, only inside `run`)."""
+    gateway = gateway or gateway_check(settings)
     pace = None
-    if chosen is not None and is_postgres(settings.database_url):
-        pace = functools.partial(read_pace, settings.database_url, chosen[0])
-    try:
-        checks, _ = checks_for(
-            settings, ("worker", "relay", "projections", "reconciler"), gateway=gateway, pace=pace
-        )
-        if gateway is None:
-            checks.insert(2 if len(checks) > 1 and checks[1][0] == "broker" else 1,
-                          ("gateway", _unchecked_gateway(settings)))  # fmt: skip
-        return Health(checks).run()
-    finally:
-        if gateway is not None:
-            gateway.close()
+    if not settings.fake_gateway and settings.gateway_url and is_postgres(settings.database_url):
+        pace = functools.partial(read_pace, settings.database_url, settings.gateway_url)
+    checks, _ = checks_for(
+        settings, ("worker", "relay", "projections", "reconciler"), gateway=None, pace=pace
+    )
+    checks.insert(2 if len(checks) > 1 and checks[1][0] == "broker" else 1, ("gateway", gateway))
+    return Health(checks).run()

@@ -10,13 +10,18 @@ import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 import psycopg
 
 from domain.pacing import PaceRules, PaceState, rate_now
-from domain.ports import Gateway, TransientGatewayError, Unauthorized, WorkspaceGone
+from domain.ports import (
+    CertificateRefused,
+    TransientGatewayError,
+    Unauthorized,
+    WorkspaceGone,
+)
 from infrastructure.broker import BrokerTls, connection
 from infrastructure.eventstore import (
     is_postgres,
@@ -34,7 +39,7 @@ from infrastructure.view_queries import (
     relay_position,
 )
 from infrastructure.views import LogSource, SqlViewStore
-from worker.health_results import Clock, Degraded, Unhealthy, describe, utc_now
+from worker.health_results import Clock, Degraded, Refused, Unhealthy, describe, utc_now
 
 # The gateway check reads the status of a workspace that cannot exist: the cheapest
 # call of the contract (one GET, no listing, no workspace touched); the gateway
@@ -83,13 +88,28 @@ def broker_check(
     return check
 
 
+class StatusReader(Protocol):
+    """What the gateway check calls: the port's cheapest read."""
+
+    def status(self, workspace_id: str) -> str: ...
+
+
 class GatewayCheck:
     """Reach and token of the gateway, through the process's own client; the answer is
-    kept for `ttl_s` so that frequent probes cost the gateway one call a minute."""
+    kept for `ttl_s` so that frequent probes cost the gateway one call a minute.
+    `handshake` first: a certificate that does not verify is `Refused`, even while the
+    fleet's pace holds every call (the handshake sends no request)."""
 
-    def __init__(self, gateway: Gateway, *, ttl_s: float = 60.0) -> None:
+    def __init__(
+        self,
+        gateway: StatusReader,
+        *,
+        ttl_s: float = 60.0,
+        handshake: Callable[[], Exception | None] | None = None,
+    ) -> None:
         self.gateway = gateway
         self.ttl_s = ttl_s
+        self.handshake = handshake
         self._lock = threading.Lock()
         self._cached: tuple[float, str | Exception] | None = None
         self._since: datetime | None = None
@@ -104,6 +124,10 @@ class GatewayCheck:
         return answer
 
     def _probe(self) -> str | Exception:
+        refusal = self.handshake() if self.handshake is not None else None
+        if refusal is not None:
+            self._since = self._since or utc_now()
+            return Refused(str(refusal), self._since)
         try:
             self.gateway.status(PROBE_WORKSPACE)
         except WorkspaceGone:
@@ -112,6 +136,9 @@ class GatewayCheck:
         except Unauthorized as exc:
             self._since = self._since or utc_now()
             return Unhealthy(f"the token is refused ({exc}): rotate it", self._since)
+        except CertificateRefused as exc:  # no outage: only a setting or certificate fixes it
+            self._since = self._since or utc_now()
+            return Refused(exc.reason, self._since)
         except TransientGatewayError as exc:  # down or throttled: hops wait, commands go on
             self._since = self._since or utc_now()
             return Degraded(
@@ -142,16 +169,31 @@ def circuit_check(
                 datetime.fromtimestamp(state.open_since, UTC),
             )
         if state.paused_until > now:
-            raise Degraded(
-                f"throttled: the gateway's Retry-After holds every call for "
-                f"{state.paused_until - now:.0f} s more"
-            )
+            raise Degraded(_hold(state, now, rules.retry_after_max_s))
         rate = rate_now(rules, state, now)
         how = "configured" if rules.rate is not None else "learned from 429s"
         pace = "no limit" if rate is None else f"{rate:.3g} calls/s ({how})"
         return f"circuit closed; pace {pace}"
 
     return check
+
+
+def _hold(state: PaceState, now: float, cap_s: float) -> str:
+    """A Retry-After in force, and whether it is longer than PROVISIONER_RETRY_AFTER_MAX_S
+    (stored by a process with a longer cap) or the gateway asked for longer."""
+    left = state.paused_until - now
+    held = f"throttled: the gateway's Retry-After holds every call for {left:.0f} s more"
+    if left > cap_s:
+        return (
+            f"{held}, longer than PROVISIONER_RETRY_AFTER_MAX_S ({cap_s:g} s): a process with "
+            f"a longer cap stored it; the next call cuts it to {cap_s:g} s"
+        )
+    if state.asked_s > cap_s:
+        return (
+            f"{held} (the gateway asked for {state.asked_s:.0f} s; "
+            f"PROVISIONER_RETRY_AFTER_MAX_S caps it at {cap_s:g} s)"
+        )
+    return held
 
 
 def relay_lag_check(facts: Callable[[], dict[str, Any]], max_lag: int) -> Callable[[], str]:

@@ -27,6 +27,11 @@ class Unhealthy(Exception):
         self.since = since
 
 
+class Refused(Unhealthy):
+    """Failing, and no outage: a peer refused us for good (the gateway's certificate does
+    not verify). Only a change of setting or certificate fixes it; `health` exits 4."""
+
+
 class Degraded(Unhealthy):
     """Not failing, but not well: the process still does its work (say, the gateway is
     down, so hops are deferred while commands are still consumed). Readiness holds."""
@@ -39,6 +44,7 @@ class CheckResult:
     detail: str
     since: datetime | None = None  # when a failing (or degraded) check started so
     degraded: bool = False  # ok, but not well (`Degraded`)
+    refused: bool = False  # failing for good (`Refused`): health's exit code 4
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -47,6 +53,7 @@ class CheckResult:
             "degraded": self.degraded,
             "detail": self.detail,
             "since": self.since.isoformat() if self.since else None,
+            **({"refused": True} if self.refused else {}),
         }
 
     def line(self) -> str:
@@ -81,7 +88,8 @@ class Health:
             with self._lock:
                 first = self._since.setdefault(name, since or self._clock())
             degraded = isinstance(exc, Degraded)
-            return CheckResult(name, degraded, describe(exc), since or first, degraded)
+            refused = isinstance(exc, Refused)
+            return CheckResult(name, degraded, describe(exc), since or first, degraded, refused)
         with self._lock:
             self._since.pop(name, None)
         return CheckResult(name, True, detail)
@@ -89,6 +97,11 @@ class Health:
 
 def healthy(results: Sequence[CheckResult]) -> bool:
     return all(r.ok for r in results)
+
+
+def refusal(results: Sequence[CheckResult]) -> CheckResult | None:
+    """The first check refused for good (`Refused`), if any."""
+    return next((r for r in results if r.refused), None)
 
 
 def report(results: Sequence[CheckResult]) -> dict[str, Any]:

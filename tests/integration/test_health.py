@@ -188,11 +188,16 @@ def test_the_health_command_exits_0_when_healthy_and_1_naming_what_fails(
     assert checks["gateway"]["detail"] == "reachable, token accepted"
     assert not checks["gateway_circuit"]["degraded"]
 
-    # The fleet's circuit is open (as a worker left it in the shared row): degraded, exit 0.
+    # The fleet's circuit is open (as a worker left it in the shared row, its next probe
+    # not due yet): degraded, exit 0. Health's own call waits for the pace: held, not sent.
     store = PgPaceStore(pg_database, fake.url)
+    calls_before = fake.state()["calls_total"]
     try:
         store.update(
-            lambda state, now: (replace(state, open_since=now - 30, last_error="HTTP 503"), None)
+            lambda state, now: (
+                replace(state, open_since=now - 30, probe_at=now + 600, last_error="HTTP 503"),
+                None,
+            )
         )
         opened = subprocess.run(
             [PROVISIONER, "health", "--json"], env=env, capture_output=True, text=True,
@@ -208,6 +213,9 @@ def test_the_health_command_exits_0_when_healthy_and_1_naming_what_fails(
     assert circuit["degraded"]
     assert "circuit open" in circuit["detail"]
     assert "HTTP 503" in circuit["detail"]
+    gateway = next(c for c in report["checks"] if c["name"] == "gateway")
+    assert gateway["degraded"], gateway
+    assert fake.state()["calls_total"] == calls_before  # held by the fleet's pace
 
     down = dict(env, PROVISIONER_DATABASE_URL=pg_url("x", port=free_port()),
                 PROVISIONER_BROKER_URL=f"amqp://guest:guest@127.0.0.1:{free_port()}//")  # fmt: skip

@@ -248,3 +248,72 @@ def test_the_gateway_ca_setting_reaches_the_workers_client(
     with build(settings, parts=("worker",)) as runtime, pytest.raises(WorkspaceGone):
         runtime.gateway.status("ws-1")
     assert bytes(server.received).startswith(b"GET ")
+
+
+# -- a gateway whose certificate does not verify: a refusal, not an outage ---------------
+
+
+def _gateway_env(server: TlsPeer, folder: Path, **settings: str) -> dict[str, str]:
+    return clean_env(
+        PROVISIONER_DATABASE_URL=f"sqlite:///{folder / 'events.sqlite'}",
+        PROVISIONER_GATEWAY_URL=f"https://127.0.0.1:{server.port}",
+        PROVISIONER_GATEWAY_TOKEN=TOKEN, PROVISIONER_PARENT_IDS="org-parent", **settings,
+    )  # fmt: skip
+
+
+def _gateway_line(result: subprocess.CompletedProcess[str]) -> str:
+    return next(line for line in result.stdout.splitlines() if " gateway: " in line)
+
+
+def test_health_refuses_a_gateway_certificate_for_another_name(
+    pki: Pki, serve: Serve, tmp_path: Path
+) -> None:
+    """Before: DEGRADED and exit 0, as if the gateway were down for a while."""
+    server = serve(pki.evil, NOT_FOUND)
+    result = run_cli(_gateway_env(server, tmp_path, PROVISIONER_GATEWAY_CA_FILE=str(pki.ca)),
+                     "health")  # fmt: skip
+    assert result.returncode == EXIT_REFUSED, result.stdout + result.stderr
+    reason = (
+        "TLS: the gateway presented a certificate that is not valid for 127.0.0.1 (hostname "
+        "mismatch): check PROVISIONER_GATEWAY_URL's host, or PROVISIONER_GATEWAY_CA_FILE"
+    )
+    assert one_line(result) == f"Error: {reason}"
+    assert _gateway_line(result).startswith(f"FAILING  gateway: {reason}")
+    assert "DEGRADED gateway:" not in result.stdout
+    assert bytes(server.received) == b""  # the token never left
+
+
+def test_health_refuses_a_gateway_certificate_from_an_unknown_ca(
+    pki: Pki, serve: Serve, tmp_path: Path
+) -> None:
+    server = serve(pki.local, NOT_FOUND)
+    result = run_cli(_gateway_env(server, tmp_path), "health")
+    assert result.returncode == EXIT_REFUSED, result.stdout + result.stderr
+    line = one_line(result)
+    assert line.startswith("Error: TLS: the gateway presented a certificate that does not verify")
+    assert "set PROVISIONER_GATEWAY_CA_FILE to the CA that signed it" in line
+    assert bytes(server.received) == b""
+
+
+def test_a_process_that_calls_the_gateway_refuses_to_start_with_its_certificate(
+    pki: Pki, serve: Serve, tmp_path: Path
+) -> None:
+    """`run` (worker, relay, projections, reconciler) stops before it opens anything."""
+    server = serve(pki.evil, NOT_FOUND)
+    env = _gateway_env(server, tmp_path, PROVISIONER_GATEWAY_CA_FILE=str(pki.ca))
+    result = run_cli(env, "run")
+    assert result.returncode == EXIT_REFUSED, result.stdout + result.stderr
+    assert "not valid for 127.0.0.1 (hostname mismatch)" in one_line(result)
+    assert bytes(server.received) == b""
+    assert not (tmp_path / "events.sqlite").exists()  # nothing opened before the refusal
+
+
+def test_health_passes_a_gateway_certificate_that_verifies(
+    pki: Pki, serve: Serve, tmp_path: Path
+) -> None:
+    server = serve(pki.local, NOT_FOUND)
+    result = run_cli(_gateway_env(server, tmp_path, PROVISIONER_GATEWAY_CA_FILE=str(pki.ca)),
+                     "health")  # fmt: skip
+    assert result.returncode != EXIT_REFUSED, result.stdout + result.stderr
+    assert _gateway_line(result) == "ok       gateway: reachable, token accepted"
+    assert bytes(server.received).startswith(b"GET /v1/workspaces/provisioner-health-probe/")

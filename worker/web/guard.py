@@ -1,11 +1,18 @@
-"""What stands in front of every page of the web view: the Host check, the security
-headers, and the refusal to serve the pages open beyond loopback.
+"""What stands in front of every page of the web view: the Host check, the refusal of
+requests another site's page made, the security headers, and the refusal to serve the
+pages open beyond loopback.
 
 A page the browser fetched under a name that is not this server's (DNS rebinding:
 a hostile site whose name now points at 127.0.0.1) is refused before anything is
-read. Every answer, an error, a 400 or a 401 too, carries the headers below: no
-frame, no sniffing, no referrer, and a Content-Security-Policy that lets the pages
-load their own stylesheet and nothing else (they have no script).
+read. So is a request another site's page made (an `<img>` or a form pointing here):
+the browser says so in `Sec-Fetch-Site` (anything but `same-origin` and `none`, a
+typed address or a bookmark) or in an `Origin` that is not one of this server's own
+names. Without a token such a request would otherwise be served on loopback, and a
+page that opens connections (or calls the gateway) would run for it.
+
+Every answer, an error, a 400, 401 or 403 too, carries the headers below: no frame,
+no sniffing, no referrer, and a Content-Security-Policy that lets the pages load
+their own stylesheet and nothing else (they have no script).
 """
 
 from __future__ import annotations
@@ -68,6 +75,28 @@ class HostCheck:
         return any(name == n and p in (None, port) for n, p in self.allowed)
 
 
+def cross_site(headers: Headers, hosts: HostCheck) -> str | None:
+    """Why a request was made by another site's page (its one-line refusal), or None."""
+    fetched = headers.get("sec-fetch-site")
+    if fetched is not None and fetched.lower() not in ("same-origin", "none"):
+        shown = fetched[:40].encode("ascii", "replace").decode()
+        return (
+            f"403: refused a request from another site's page (Sec-Fetch-Site: {shown}): "
+            "open this page from its own address"
+        )
+    origin = headers.get("origin")
+    if origin is None:
+        return None
+    scheme, _, rest = origin.partition("://")
+    if scheme.lower() in ("http", "https") and rest and "/" not in rest and hosts(rest):
+        return None
+    shown = origin[:100].encode("ascii", "replace").decode()
+    return (
+        f"403: refused a request from another origin ({shown!r}): open this page "
+        "from its own address"
+    )
+
+
 class Guard:
     """ASGI middleware around the whole application (outside Starlette's error
     handler, so that a 500 or 503 page carries the headers as well)."""
@@ -97,5 +126,9 @@ class Guard:
                 status_code=400,
             )
             await refusal(scope, receive, guarded)
+            return
+        why = cross_site(Headers(scope=scope), self.hosts)
+        if why is not None:
+            await PlainTextResponse(why, status_code=403)(scope, receive, guarded)
             return
         await self.app(scope, receive, guarded)

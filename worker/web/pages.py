@@ -18,7 +18,7 @@ from infrastructure.dead_letters import PAGE
 from infrastructure.settings import Settings
 from worker.edges import describe
 from worker.health import healthy
-from worker.web.reads import BRANDS_SHOWN, STATUSES, Reads
+from worker.web.reads import BRANDS_SHOWN, STATUSES, GatewayProbe, Reads
 
 REFRESH_S = (5, 3600)  # the seconds `?refresh=` may ask between reloads
 
@@ -27,6 +27,7 @@ class Pages:
     def __init__(self, settings: Settings, templates: Jinja2Templates) -> None:
         self.settings = settings
         self.reads = Reads(settings)
+        self.gateway = GatewayProbe(settings)  # its answer kept across requests
         self.templates = templates
 
     def page(self, request: Request, name: str, status_code: int = 200, **context: Any) -> Response:
@@ -119,7 +120,7 @@ class Pages:
         return self.page(request, "audit.html", parents=parents)
 
     async def health(self, request: Request) -> Response:
-        results = await run_in_threadpool(self.reads.health)
+        results = await run_in_threadpool(self.reads.health, self.gateway)
         circuit = next((r for r in results if r.name == "gateway_circuit"), None)
         return self.page(request, "health.html", results=results, circuit=circuit,
                          healthy=healthy(results), at=datetime.now(UTC))  # fmt: skip

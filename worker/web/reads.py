@@ -4,7 +4,8 @@ consumed). Each page opens what it needs and closes it before it renders."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -28,12 +29,39 @@ from infrastructure.usecases.reads import is_unicode_text
 from infrastructure.view_queries import list_attempts, relay_position
 from infrastructure.views import PROJECTIONS, LogSource, SqlViewStore
 from worker.attempt_progress import progress_of
-from worker.health import CheckResult, check_once
+from worker.health import CheckResult, check_once, gateway_check
 from worker.web.timeline import hop_strip, with_durations
 
 STATUSES = ("ready", "degraded", "pending", "failed", "cancelled", "none", "deactivated")
 BRANDS_SHOWN = 100  # a page of the brand list (`?after=` the last one for the next)
 LINKED_SHOWN = 100  # attempts a workspace page lists
+
+
+GATEWAY_NOT_CALLED = (
+    "not checked: this page calls the gateway only when PROVISIONER_WEB_TOKEN is set "
+    "(then with Authorization: Bearer <token>); `provisioner health` checks it"
+)
+
+
+class GatewayProbe:
+    """The health page's gateway check, kept for the server's life: its answer serves
+    every request for a minute, and its call waits for the fleet's pace. Without a web
+    token no page calls the gateway: the check says how to allow it."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self._lock = threading.Lock()
+        self._check: Callable[[], str] | None = None
+
+    def __call__(self) -> str:
+        s = self.settings
+        if not s.web_token and s.gateway_url is not None and not s.fake_gateway:
+            return GATEWAY_NOT_CALLED
+        with self._lock:
+            if self._check is None:
+                self._check = gateway_check(s)
+            check = self._check
+        return check()
 
 
 def _like(text: str) -> str:
@@ -226,9 +254,10 @@ class Reads:
                  "at": _utc(recorded[p].audited_at) if p in recorded else None}
                 for p in parents]  # fmt: skip
 
-    def health(self) -> list[CheckResult]:
-        """Every check, once, as `provisioner health` runs them."""
-        return check_once(self.settings)
+    def health(self, gateway: Callable[[], str]) -> list[CheckResult]:
+        """Every check, once, as `provisioner health` runs them; the gateway's by
+        `gateway` (a `GatewayProbe`)."""
+        return check_once(self.settings, gateway)
 
     def lag(self) -> dict[str, Any]:
         s = self.settings
