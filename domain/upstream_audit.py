@@ -71,6 +71,25 @@ class Kind(StrEnum):
 
 INFORMATION = frozenset({Kind.IN_FLIGHT, Kind.ADOPTABLE, Kind.FOREIGN})
 
+# What a person should do about a finding `--fix` does not act on.
+ADVICE: dict[Kind, str] = {
+    Kind.BOUND_TERMINAL: "the gateway reports the bound workspace terminal: ask its support "
+    "to repair it, or `provisioner provision BRAND` to give the brand another",
+    Kind.BOUND_MISSING: "the brand is inactive or shares the workspace: nothing to provision; "
+    "check the brand with `provisioner status BRAND`",
+    Kind.CLAIMED_TWICE: "decide which brand keeps it; `provisioner provision` the other one",
+    Kind.RELEASED_NOT_EMPTY: "someone put projects in a workspace we emptied: it is theirs to "
+    "keep or to empty by hand; the service never empties it again",
+    Kind.UNCLEAR: "look at it in the gateway: if it is the brand's, it is safe to leave; if "
+    "it is someone else's, leave it; the service never empties it",
+    Kind.PARENT_ON_RECORD: "a gateway bug put a parent on record: nothing is ever done to it",
+    Kind.PARENT_NOT_ALLOWED: "add the parent to PROVISIONER_PARENT_IDS to audit it, or leave "
+    "it: nothing under it is touched",
+    Kind.IN_FLIGHT: "nothing: the pending attempt's hop decides",
+    Kind.ADOPTABLE: "nothing: a provision of this title may adopt it",
+    Kind.FOREIGN: "nothing: someone else's, never touched",
+}
+
 
 class Action(StrEnum):
     NONE = "none"
@@ -158,6 +177,11 @@ class Finding:
     @property
     def is_problem(self) -> bool:
         return self.kind not in INFORMATION
+
+    @property
+    def advice(self) -> str | None:
+        """What a person should do, when `--fix` has no action for it."""
+        return ADVICE.get(self.kind) if self.action is Action.NONE else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -293,8 +317,12 @@ class _Scope:
             projects = self.upstream.projects.get(ws)
             if projects:
                 member = listed[ws]
+                by = [a for a in self.record.attempts if ws in a.released_ids]
+                brands = {a.brand_id for a in by}
+                brands |= {b.brand_id for b in self.record.brands if ws in b.emptied_ids}
                 found.append(Finding(Kind.RELEASED_NOT_EMPTY, self.parent_id, ws,
                                      f"released, {projects} projects upstream", member.title,
+                                     tuple(sorted(brands)), by[-1].attempt_id if by else None,
                                      status=member.status, projects=projects))  # fmt: skip
             else:
                 self.clean["released_empty"] += 1

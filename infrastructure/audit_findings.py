@@ -61,7 +61,8 @@ class RecordedAudit:
 
 def _evidence(finding: Finding) -> str:
     shown = {"title": finding.title, "status": finding.status, "projects": finding.projects,
-             "action": None if finding.action is Action.NONE else finding.action.value}  # fmt: skip
+             "action": None if finding.action is Action.NONE else finding.action.value,
+             "to do": finding.advice if finding.is_problem else None}  # fmt: skip
     return json.dumps({k: v for k, v in shown.items() if v is not None})
 
 

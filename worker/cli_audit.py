@@ -54,6 +54,7 @@ def finding_json(finding: Any, done: str | None = None) -> dict[str, Any]:
     data = asdict(finding)
     data["problem"] = finding.is_problem
     data["brand_ids"] = list(finding.brand_ids)
+    data["advice"] = finding.advice
     if done is not None:
         data["done"] = done
     return data
@@ -122,6 +123,7 @@ def audit(
     why it is ours) and acts only with `--yes`, or later with `--apply FILE`."""
     from domain.ports import GatewayError, Unauthorized
     from domain.upstream_audit import plan, still_true
+    from infrastructure.audit_findings import FindingsWriter
     from infrastructure.failures import ConfigurationError, ServiceRefused, ServiceUnavailable
     from infrastructure.usecases.upstream_audit import audit_parent, fix, parents_on_record
 
@@ -147,6 +149,10 @@ def audit(
             act = still_true(planned, audits) if (yes or steps is not None) else ()
             for result in act:
                 done.update({id(f.finding): f.done for f in fix(svc, result)})
+            # Recorded like the reconciler's audit (the web view's /audit): as it stands
+            # after what was done.
+            after = [audit_parent(svc, a.parent_id) for a in audits] if done else audits
+            FindingsWriter(load_settings().database_url).write(after)
     except Unauthorized as exc:  # exit 4, not 1: 1 means findings
         raise ServiceRefused(f"the gateway refused the token: {exc}") from None
     except GatewayError as exc:  # exit 5: try again later
@@ -227,6 +233,8 @@ def _table(audits: list[Any], rows: list[tuple[Any, str | None]], fixed: bool) -
             parts.append(f"{finding.projects} projects")
         if done:
             parts.append(f"done: {done}")
+        if finding.advice and finding.is_problem:
+            parts.append(f"to do: {finding.advice}")
         title = cell(scrub(finding.title or ""))
         table.add_row(cell(kind), cell(scrub(finding.workspace_id)), title,
                       cell(scrub("; ".join(parts))))  # fmt: skip

@@ -18,12 +18,14 @@ from prometheus_client import REGISTRY
 
 from domain.ports import FamilyMember, WorkspaceGone
 from domain.upstream_audit import Action, Kind
+from infrastructure.audit_findings import read_audits
 from infrastructure.eventstore import ProvisionerApplication, init_database
 from infrastructure.fake_gateway import FakeConfig, FakeGateway
 from infrastructure.gateway import HttpGateway
 from infrastructure.service import EngineSettings, ProvisioningService
 from infrastructure.settings import Settings
 from infrastructure.usecases.upstream_audit import audit_parent, fix, parents_on_record
+from infrastructure.view_connection import ViewConnection
 from infrastructure.views import init_read_models
 from tests.audit_support import lose_a_create
 from tests.conftest import TOKEN
@@ -236,3 +238,44 @@ def test_a_brand_whose_workspace_vanished_is_unbound_and_provisioned_again(
     assert service.brand(brand_id).workspace_id not in (None, gone)
     assert again.problems == ()
     assert again.clean["bound_ready"] == 1
+
+
+def test_the_cli_audit_records_its_findings_and_says_what_a_person_should_do(
+    service: ProvisioningService,
+    fake: FakeGateway,
+    brand_id: str,
+    title: str,
+    parent: str,
+    database_url: str,
+) -> None:
+    """`audit` exits 1 with `released_not_empty`: the web view's record says the same,
+    and the finding names its brand, its title and what to do (`--fix` cannot act)."""
+    attempt_id = service.request_provisioning(brand_id, title, parent)
+    drive(service, attempt_id)
+    bound = service.brand(brand_id).workspace_id
+    assert bound is not None
+    fake.add_project(bound)
+    service.deactivate(brand_id)
+    service.decommission(brand_id)  # emptied, unbound
+    fake.add_project(bound)  # someone puts a project in it again
+    runner = CliRunner(env={
+        "PROVISIONER_DATABASE_URL": database_url, "PROVISIONER_GATEWAY_URL": fake.url,
+        "PROVISIONER_GATEWAY_TOKEN": TOKEN, "PROVISIONER_PARENT_IDS": parent,
+    })  # fmt: skip
+
+    listed = runner.invoke(main, ["audit", "--parent", parent, "--json"])
+    text = runner.invoke(main, ["audit", "--parent", parent], terminal_width=200)
+    with ViewConnection(database_url, wait_s=0) as conn:
+        [recorded] = [a for a in read_audits(conn) if a.parent_id == parent]
+
+    assert listed.exit_code == 1, listed.output
+    [finding] = json.loads(listed.output)
+    assert finding["kind"] == "released_not_empty"
+    assert (finding["brand_ids"], finding["title"]) == ([brand_id], title)
+    assert "never empties it again" in finding["advice"]
+    assert "to do:" in text.output
+    assert title in text.output
+    assert [(f.kind, f.workspace_id, f.brand_ids) for f in recorded.findings] == [
+        ("released_not_empty", bound, (brand_id,))
+    ]
+    assert "to do" in recorded.findings[0].evidence
