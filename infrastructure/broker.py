@@ -14,8 +14,9 @@ Failures are told apart in `infrastructure/broker_failures.py`.
 Every message carries the service's RabbitMQ user as its `user_id`, which the
 broker checks against the connection's user: a worker tells the service's own
 messages (and the headers it vouches for) from a producer's by it, and a
-command names its producer in `x-producer`: the service, unless the caller
-names the producer whose command it sends on (infrastructure/origins.py).
+command it publishes on its own account (`rollout`, `retry`) names the service
+in `x-producer`; one it sends on (a retry) carries the headers its caller
+gives, naming the producer or nobody (infrastructure/origins.py).
 
 `memory://` (kombu's in-memory transport) has no TTL, dead-lettering or
 confirms: delays are kept by `DelayScheduler`, and dead letters are published
@@ -190,8 +191,8 @@ class Broker:
         # Commands go the way producers send them; a delayed one comes back on work.
         command = message.type in COMMAND_TYPES
         exchange, key = (COMMANDS_EXCHANGE, COMMAND_KEY) if command else (EXCHANGE, WORK_KEY)
-        if command:
-            headers = {**producer_header(self.user), **(headers or {})}
+        if command and headers is None:  # on its own account; sent on, the caller names it
+            headers = producer_header(self.user)
         delay_ms = wait_rung_ms(delay_s)
         if delay_ms <= 0:
             return _Envelope(message.encode(), exchange, key, headers)

@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import logging
 from typing import Any
+from uuid import uuid4
 
 import pytest
 
 from domain.producer_scopes import ProducerScopes, Scope
 from infrastructure import messages
-from infrastructure.broker import COMMANDS_QUEUE, HOPS_QUEUE
+from infrastructure.broker import COMMANDS_QUEUE, HOPS_QUEUE, Broker
 from infrastructure.messages import InvalidMessage
 from infrastructure.origins import PRODUCER_HEADER, producer_of, vouched_headers
 from infrastructure.outages import Outage
@@ -197,3 +198,20 @@ def test_a_retried_command_keeps_its_producer() -> None:
     settle.apply(message, delivery, decision, RuntimeError("database down"))
     [(_, _, headers)] = publisher.published
     assert headers == {PRODUCER_HEADER: "orders", "x-retries": 1}
+
+
+def test_the_service_names_itself_on_its_own_commands_and_no_one_on_those_it_sends_on() -> None:
+    broker = Broker("amqp://provisioner:secret@127.0.0.1:1/vhost", scheduler=None)
+    try:
+        own = broker._work(messages.deactivate("b"), 0.0, None)
+        sent_on = broker._work(messages.deactivate("b"), 0.0, {"x-retries": 1})
+        hop = broker._work(messages.hop(uuid4(), 0), 0.0, None)
+    finally:
+        broker.close()
+    assert broker.user == SERVICE  # every publish carries it as user_id
+    assert own is not None
+    assert own.headers == {PRODUCER_HEADER: SERVICE}
+    assert sent_on is not None
+    assert sent_on.headers == {"x-retries": 1}  # its producer unknown: never the service
+    assert hop is not None
+    assert hop.headers is None
