@@ -31,6 +31,7 @@ log = logging.getLogger(__name__)
 
 FAMILY_ANSWER_MAX = 64 * 1024 * 1024  # bytes of one listing: 100,000 members of 670 bytes
 ENTRY_MAX = 64 * 1024  # characters an unfinished entry may hold (an id is at most 128)
+BATCH_TRIES = 3  # cuts tried for a chunk's entries in one call, from its last "}" back
 NEAR_SHARE = 0.8  # a listing past this share of its bound is warned about
 WARN_EVERY_S = 3600.0  # per parent, while it stays near
 
@@ -87,6 +88,7 @@ class _Parser:
         self._text += text
         pos = 0
         text = self._text
+        batches = True  # until one fails: then one entry at a time to the end of the text
         while True:
             pos = _SPACE.match(text, pos).end()  # type: ignore[union-attr]  # always matches
             if pos == len(text):
@@ -106,8 +108,9 @@ class _Parser:
             elif state == "first" and char == "]":
                 self._state, pos = "done", pos + 1
             else:
-                end = self._entries(text, pos)
+                end = self._entries(text, pos) if batches else -1
                 if end < 0:
+                    batches = False
                     end = self._entry(text, pos)
                 if end < 0:
                     break
@@ -115,20 +118,23 @@ class _Parser:
         self._text = text[pos:]
 
     def _entries(self, text: str, pos: int) -> int:
-        """Decode every whole entry from `pos` on in one call: where they end, or -1 when
-        they do not decode so (then one at a time). They run to the text's last "}":
-        cut inside a string or an entry, the text cannot decode, so a batch that does is
-        exactly the entries one at a time would have given."""
-        cut = text.rfind("}", pos) + 1
-        if cut <= pos:
-            return -1
-        try:
-            batch = json.loads(f"[{text[pos:cut]}]")
-        except (ValueError, RecursionError):
-            return -1
-        for entry in batch:
-            self._keep(entry)
-        return cut
+        """Decode the whole entries from `pos` on in one call: where they end, or -1 when
+        they do not decode so (then one at a time). They run to one of the text's last
+        few "}": cut inside a string or an entry (a title holding "}"), the text cannot
+        decode, so a batch that does is exactly what one at a time would have given."""
+        cut = len(text)
+        for _ in range(BATCH_TRIES):
+            cut = text.rfind("}", pos, cut)
+            if cut < 0:
+                return -1
+            try:
+                batch = json.loads(f"[{text[pos : cut + 1]}]")
+            except (ValueError, RecursionError):
+                continue
+            for entry in batch:
+                self._keep(entry)
+            return cut + 1
+        return -1
 
     def _keep(self, entry: object) -> None:
         if not isinstance(entry, dict):

@@ -173,6 +173,39 @@ def test_a_long_entry_is_tried_a_few_times_not_once_a_chunk(
     assert tries < 20  # 3,750 chunks
 
 
+@pytest.mark.parametrize("title", ["Brand {n}", "B}}}}n", "Brand {n}, {n}"])
+def test_titles_holding_braces_cost_a_few_decodings_a_chunk(
+    monkeypatch: pytest.MonkeyPatch, title: str
+) -> None:
+    from types import SimpleNamespace
+
+    from infrastructure import gateway_family
+
+    decoded = 0  # characters handed to the decoder, batches and single entries alike
+
+    def loads(text: str) -> object:
+        nonlocal decoded
+        decoded += len(text)
+        return json.loads(text)
+
+    class Counting:
+        def raw_decode(self, text: str, pos: int) -> tuple[object, int]:
+            nonlocal decoded
+            entry, end = json.JSONDecoder().raw_decode(text, pos)
+            decoded += end - pos
+            return entry, end
+
+    fake_json = SimpleNamespace(loads=loads, JSONDecodeError=json.JSONDecodeError)
+    monkeypatch.setattr(gateway_family, "json", fake_json)
+    monkeypatch.setattr(gateway_family, "_DECODER", Counting())
+    members = [{"id": f"ws-{n}", "title": title.replace("n", str(n))} for n in range(5000)]
+    body = json.dumps(members).encode()
+    assert _read(body, "Brand 7", chunk=16_384).entries == 5000
+    # A failed batch costs a chunk; a chunk tries at most a few, then goes one entry at
+    # a time: never a batch per entry (that was 5 to 40 times the body here).
+    assert decoded < 3 * len(body)
+
+
 class Clock:
     def __init__(self) -> None:
         self.now = 0.0
