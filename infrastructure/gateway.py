@@ -91,6 +91,7 @@ from domain.ports import (
 from infrastructure.gateway_answers import (
     Answer,
     AnswerReader,
+    TooLarge,
     capped_chunks,
     retry_after,
 )
@@ -246,7 +247,11 @@ class HttpGateway:
         limit = self._family_max
 
         def read(got: httpx.Response) -> Listing:
-            return read_family(capped_chunks(got, limit, OVER), title)
+            try:
+                return read_family(capped_chunks(got, limit, OVER), title)
+            except TooLarge:
+                self._family_watch.refused(parent_id)
+                raise
 
         response = self._with_retries(op, "GET", path, limit=limit, read=read)
         if response.status_code == 404:

@@ -33,6 +33,10 @@ class Unreadable(Exception):
     """An answer refused while it was read: over its cap, or compressed."""
 
 
+class TooLarge(Unreadable):
+    """An answer refused at the first byte past its cap."""
+
+
 @dataclass(frozen=True, slots=True)
 class Answer:
     """An HTTP answer, body read (never compressed: see `read_capped`)."""
@@ -200,5 +204,5 @@ def capped_chunks(
     for chunk in response.iter_bytes():
         size += len(chunk)
         if size > limit:
-            raise Unreadable(over.format(limit=limit))
+            raise TooLarge(over.format(limit=limit))
         yield chunk

@@ -180,7 +180,8 @@ class _Parser:
 class FamilyWatch:
     """Says when a parent's listing nears its bound: a warning line (at most once an
     hour per parent) and `on_share(share)`, the largest share of the bound among each
-    parent's last listing read by this process (a gauge in worker/metrics.py)."""
+    parent's last listing read by this process (1 for one refused past it; a gauge in
+    worker/metrics.py)."""
 
     def __init__(
         self,
@@ -194,6 +195,14 @@ class FamilyWatch:
         self._lock = threading.Lock()
         self._shares: dict[str, float] = {}
         self._warned: dict[str, float] = {}
+
+    def refused(self, parent_id: str) -> None:
+        """The parent's listing was refused past the bound: its share counts as 1."""
+        with self._lock:
+            self._shares[parent_id] = 1.0
+            largest = max(self._shares.values())
+        if self._on_share is not None:
+            self._on_share(largest)
 
     def seen(self, parent_id: str, listing: Listing) -> None:
         share = listing.size / self._limit

@@ -79,7 +79,7 @@ GATEWAY_THROTTLE_WAIT = Counter(
 GATEWAY_FAMILY_SHARE = Gauge(
     "provisioner_gateway_family_bound_share",
     "The largest share of its byte bound among the last family listing of each parent "
-    "read by this process (decision 032); past 0.8 a warning is logged, past 1 it fails",
+    "read by this process (decision 032); past 0.8 a warning is logged; 1: one was refused",
 )
 
 OPERATIONS = frozenset(

@@ -87,10 +87,14 @@ def test_chunk_boundaries_anywhere_read_the_same(chunk: int) -> None:
 
 def test_a_listing_past_its_bound_is_refused_clearly_and_not_retried() -> None:
     body = json.dumps(listing(1000)).encode()
-    with gateway_for(body, family_max_bytes=len(body) - 1) as gateway:
+    shares: list[float] = []
+    with gateway_for(
+        body, family_max_bytes=len(body) - 1, on_family_share=shares.append
+    ) as gateway:
         with pytest.raises(MalformedAnswer) as caught:
             gateway.family(PARENT, "T")
         assert len(gateway.calls) == 1  # type: ignore[attr-defined]
+    assert shares == [1.0]  # the gauge shows it refused
     assert str(caught.value) == (
         f"family: a family listing larger than {len(body) - 1} bytes, the bound of one "
         "listing: this parent has too many children to be read (decision 032)"
