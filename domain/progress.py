@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 
-from domain.policies import AttemptState, Backoff, FailureReason
+from domain.policies import AttemptState, Backoff, FailureReason, StatusClass, classify_status
 
 RETRY = "`provisioner retry --failed`"
 OVERDUE_S = 60.0  # a hop this late is overdue (as `provisioner attempts --stuck` counts)
@@ -23,8 +23,9 @@ ADVICE: dict[FailureReason, str] = {
         f"the gateway refused the token: rotate the token (PROVISIONER_GATEWAY_TOKEN), then {RETRY}"
     ),
     FailureReason.EXHAUSTED: (
-        "the workspace was not ready within the settle budget: check it on the gateway, "
-        f"then {RETRY} (PROVISIONER_MAX_REQUEUES gives more hops)"
+        "the workspace was not ready within the settle budget, or three creates went "
+        "unconfirmed: check its status on the gateway (a workspace stuck `not ready` is a "
+        f"zombie only its support can clear), then {RETRY} starts a fresh attempt"
     ),
     FailureReason.TERMINAL_STATUS: (
         "the gateway reported the workspace failed for good; a new create may meet the "
@@ -76,6 +77,25 @@ class AttemptFacts:
     deferred_in_row: int = 0
     unavailable_since: datetime | None = None
     parent_allowed: bool | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class BrandFacts:
+    """What the brand's stream says that changes the advice: whether it is active,
+    whether a workspace is bound, and a deactivated one's emptying."""
+
+    active: bool = True
+    bound: bool = False
+    to_be_emptied_at: datetime | None = None
+    emptying_refused: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Fleet:
+    """What the deployment's heartbeats say that changes the advice (None: not read):
+    since when the relay, which publishes every hop, has been silent."""
+
+    relay_silent_since: datetime | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,7 +172,9 @@ def _deferral(facts: AttemptFacts, now: datetime) -> str | None:
     return f"deferred ×{facts.deferred_in_row}: {status}{since}"
 
 
-def _pending(facts: AttemptFacts, now: datetime, backoff: Backoff) -> Progress:
+def _pending(
+    facts: AttemptFacts, now: datetime, backoff: Backoff, fleet: Fleet | None
+) -> Progress:
     left = max(facts.max_hop - facts.settle_hops, 0)
     parts = [f"hop {facts.settle_hops + 1} of {facts.max_hop + 1}"]
     if facts.hop != facts.settle_hops:
@@ -167,12 +189,20 @@ def _pending(facts: AttemptFacts, now: datetime, backoff: Backoff) -> Progress:
     if fails_after is not None:
         parts.append(f"fails after {clock(fails_after, now)} unless confirmed")
     deferral = _deferral(facts, now)
-    if deferral is not None:
+    relay = fleet.relay_silent_since if fleet is not None else None
+    if relay is not None:
+        advice = (
+            f"its hops are not published: the relay is silent since {clock(relay, now)}; "
+            "start `provisioner relay` (or `provisioner run`)"
+        )
+    elif deferral is not None:
         advice = "the gateway does not answer: its hops wait, the settle budget untouched"
     elif overdue:
         advice = (
             "its next hop is overdue: is a worker running? `provisioner reconcile` re-publishes it"
         )
+    elif classify_status(facts.last_status) is StatusClass.CREATION_FAILED:
+        advice = "the gateway reported the workspace's creation failed: a new one is created"
     else:
         advice = "waiting for the workspace to be ready"
     return Progress(
@@ -188,16 +218,47 @@ def _pending(facts: AttemptFacts, now: datetime, backoff: Backoff) -> Progress:
     )
 
 
-def progress(facts: AttemptFacts, now: datetime, backoff: Backoff | None = None) -> Progress:
+def _brand_advice(brand: BrandFacts, state: AttemptState, now: datetime) -> str | None:
+    """What the brand's own state says, where it overrides the attempt's advice."""
+    if not brand.active:
+        if brand.bound and brand.emptying_refused:
+            return (f"the brand is deactivated; the gateway refused to empty its workspace "
+                    f"({brand.emptying_refused}): it is kept, not retried: fix it upstream, "
+                    "then `provisioner deactivate BRAND --purge-now`")  # fmt: skip
+        if brand.bound and brand.to_be_emptied_at is not None and brand.to_be_emptied_at > now:
+            return (f"the brand is deactivated: its workspace is kept until "
+                    f"{clock(brand.to_be_emptied_at, now)}, then emptied; provision the brand "
+                    "again before then to keep it")  # fmt: skip
+        if brand.bound:
+            return "the brand is deactivated: its workspace is being emptied"
+        return ("the brand is deactivated and holds no workspace: nothing to do; provision "
+                "it again to give it one")  # fmt: skip
+    if state is AttemptState.PROMOTED and not brand.bound:
+        return ("the brand's workspace was unbound since its attempt (see `provisioner "
+                "history`): provision it again to give it another")  # fmt: skip
+    return None
+
+
+def progress(
+    facts: AttemptFacts,
+    now: datetime,
+    backoff: Backoff | None = None,
+    brand: BrandFacts | None = None,
+    fleet: Fleet | None = None,
+) -> Progress:
     """Why the attempt is where it is and what comes next (`backoff`: the settle
-    waits, to say when it fails unless confirmed)."""
+    waits, to say when it fails unless confirmed; `brand`, `fleet`: the brand's state
+    and the deployment's liveness, where known)."""
     if facts.state is AttemptState.PENDING:
-        found = _pending(facts, now, backoff or Backoff())
+        found = _pending(facts, now, backoff or Backoff(), fleet)
     elif facts.state is AttemptState.FAILED:
         reason, advice = _failure(facts, now)
         found = Progress(state=facts.state.value, reason=reason, advice=advice)
     else:
         found = Progress(state=facts.state.value, reason=None, advice=ENDED[facts.state])
+    said = _brand_advice(brand, facts.state, now) if brand is not None else None
+    if said is not None:
+        found = replace(found, advice=said)
     if facts.parent_allowed is False:
         foreign = (
             f"its parent {facts.parent_id} is not one of PROVISIONER_PARENT_IDS: "

@@ -8,8 +8,12 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from domain.attempt import ProvisioningAttempt
-from domain.progress import AttemptFacts, Progress, progress
+from domain.brand import Brand
+from domain.liveness import Liveness, liveness
+from domain.progress import AttemptFacts, BrandFacts, Fleet, Progress, progress
+from infrastructure.heartbeats import read_beats
 from infrastructure.service import EngineSettings
+from infrastructure.view_connection import ViewConnection
 
 # What `progress_fields` adds to a record, in the order shown.
 FIELDS = ("reason", "advice", "parent", "progress", "deferral", "hop", "settle_hops", "max_hop",
@@ -42,13 +46,36 @@ def facts(
     )
 
 
+def brand_facts(brand: Brand) -> BrandFacts:
+    return BrandFacts(brand.is_active, brand.workspace_id is not None, brand.to_be_emptied_at,
+                      brand.emptying_refused)  # fmt: skip
+
+
+def fleet(database_url: str, max_age_s: float, now: datetime) -> Fleet | None:
+    """The relay's liveness from its heartbeat (None when it cannot be read: an
+    in-process store, or the database does not answer; never seen: not judged)."""
+    if database_url.startswith("memory:"):
+        return None
+    try:
+        with ViewConnection(database_url, wait_s=0) as conn:
+            beat = read_beats(conn).get("relay")
+    except Exception:  # noqa: BLE001 - the advice goes on without it
+        return None
+    if beat is None or liveness(beat, now.timestamp(), max_age_s) is not Liveness.SILENT:
+        return Fleet()
+    return Fleet(relay_silent_since=datetime.fromtimestamp(beat.beat_at + max_age_s, now.tzinfo))
+
+
 def progress_of(
     attempt: ProvisioningAttempt,
     engine: EngineSettings,
     now: datetime,
     parents: Collection[str] | None = None,
+    *,
+    brand: BrandFacts | None = None,
+    deployment: Fleet | None = None,
 ) -> Progress:
-    return progress(facts(attempt, engine, parents), now, engine.backoff)
+    return progress(facts(attempt, engine, parents), now, engine.backoff, brand, deployment)
 
 
 def progress_fields(
@@ -56,11 +83,14 @@ def progress_fields(
     engine: EngineSettings,
     now: datetime,
     parents: Collection[str] | None = None,
+    *,
+    brand: BrandFacts | None = None,
+    deployment: Fleet | None = None,
 ) -> dict[str, Any]:
     """The FIELDS of an attempt (all None without one)."""
     if attempt is None:
         return dict.fromkeys(FIELDS)
-    said = progress_of(attempt, engine, now, parents)
+    said = progress_of(attempt, engine, now, parents, brand=brand, deployment=deployment)
     pending = not attempt.is_terminal
     return {
         "reason": said.reason,

@@ -127,12 +127,15 @@ def _status(service: Any, brand_id: str) -> dict[str, Any]:
     from uuid import UUID
 
     from infrastructure.audit import brand_status
-    from worker.attempt_progress import progress_fields
+    from worker.attempt_progress import brand_facts, fleet, progress_fields
 
     data = brand_status(service, brand_id)
     attempt = service.attempt(UUID(data["attempt_id"])) if data.get("attempt_id") else None
-    parents = load_settings().parent_ids
-    said = progress_fields(attempt, service.settings, datetime.now(UTC), parents)
+    settings, now = load_settings(), datetime.now(UTC)
+    deployment = fleet(settings.database_url, settings.heartbeat_max_age_s, now)
+    said = progress_fields(attempt, service.settings, now, settings.parent_ids,
+                           brand=brand_facts(service.brand(brand_id)),
+                           deployment=deployment)  # fmt: skip
     # The reason and its advice right under the status; the attempt's figures after it.
     ordered: dict[str, Any] = {}
     for key, value in data.items():

@@ -183,3 +183,39 @@ def test_a_deactivated_brand_shows_when_its_workspace_is_to_be_emptied(
     assert status["to_be_emptied_at"] == due.isoformat()
     assert deactivated["reason"] == f"to be emptied at {due.isoformat(timespec='seconds')}"
     assert service.decommission(brand_id) is None  # not yet
+
+
+def test_status_says_the_relay_is_silent_and_a_deactivated_brand_is_not_bound(
+    tmp_path: Path, http_gateway: HttpGateway
+) -> None:
+    """A dead relay is named in a pending brand's advice; a deactivated brand whose
+    workspace is kept for its retention window is told so, not "nothing to do"."""
+    import json
+    import time
+
+    from click.testing import CliRunner
+
+    from domain.liveness import Beat
+    from infrastructure.heartbeats import _create, record
+    from infrastructure.view_connection import ViewConnection
+    from worker.cli import main
+
+    url = f"sqlite:///{tmp_path / 'events.sqlite'}"
+    settings = EngineSettings(decommission_delay_s=86_400.0)
+    service = ProvisioningService(open_event_store(url), http_gateway, settings=settings)
+    service.request_provisioning("b-waiting", "Waiting Co", PARENT)  # its hop never runs
+    bound(service, "b-kept", "Kept Co")
+    service.deactivate("b-kept")
+    long_ago = time.time() - 600
+    with ViewConnection(url, wait_s=0) as conn:
+        _create(conn)
+        record(conn, Beat("relay", "host:1", long_ago, long_ago))
+    runner = CliRunner(env={"PROVISIONER_DATABASE_URL": url})
+
+    waiting = json.loads(runner.invoke(main, ["status", "b-waiting", "--json"]).output)
+    kept = json.loads(runner.invoke(main, ["status", "b-kept", "--json"]).output)
+
+    assert "the relay is silent since" in waiting["advice"]
+    assert "`provisioner relay`" in waiting["advice"]
+    assert "is kept until" in kept["advice"]
+    assert "nothing to do" not in kept["advice"]

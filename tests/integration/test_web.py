@@ -181,7 +181,7 @@ def test_the_current_attempt_comes_first_with_why_and_what_next(web: TestClient)
     assert '<dd id="why-budget">5 settle hop(s)</dd>' in text
     assert 'id="why-deferral" class="owed">deferred ×2: gateway unavailable' in text
     assert '<dd id="why-reason">exhausted</dd>' in failed
-    assert "check it on the gateway, then `provisioner retry --failed`" in failed
+    assert "then `provisioner retry --failed` starts a fresh attempt" in failed
     assert re.search(r'<td class="after">\+[0-9.]+ (ms|s)</td>', failed)  # time since the last
     assert failed.count('<figure class="strip">') == 1  # each attempt's hops, drawn
     assert '<circle class="mark mark-next"' in text  # the pending one's next hop

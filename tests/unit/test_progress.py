@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from domain.policies import AttemptState, Backoff, FailureReason
-from domain.progress import AttemptFacts, clock, exhausted_at, progress
+from domain.progress import AttemptFacts, BrandFacts, Fleet, clock, exhausted_at, progress
 
 NOW = datetime(2026, 12, 1, 10, 2, 0, tzinfo=UTC)
 BACKOFF = Backoff(base_s=5.0, max_requeues=5)  # waits 5, 10, 20, 40, 80 s
@@ -40,7 +40,7 @@ def failed(reason: FailureReason | None, **more: object) -> AttemptFacts:
         (failed(FailureReason.DEADLINE), "deadline", "`provisioner dead-letters list`"),
         (failed(FailureReason.DEADLINE, unavailable_since=NOW - timedelta(hours=11, minutes=2)),
          "deadline", "down since 2026-11-30 23:00:00"),
-        (failed(FailureReason.EXHAUSTED), "exhausted", "PROVISIONER_MAX_REQUEUES"),
+        (failed(FailureReason.EXHAUSTED), "exhausted", "starts a fresh attempt"),
         (failed(FailureReason.TERMINAL_STATUS), "terminal_status", "failed for good"),
         (failed(FailureReason.AMBIGUOUS), "ambiguous", "keep the right one"),
         (failed(FailureReason.REJECTED), "rejected", "check the brand's title and parent"),
@@ -147,3 +147,63 @@ def test_times_carry_their_date_only_on_another_day() -> None:
     assert clock(NOW, NOW) == "10:02:00"
     assert clock(NOW - timedelta(hours=11), NOW) == "2026-11-30 23:02:00"
     assert progress(PENDING, NOW, BACKOFF).as_dict()["budget_left"] == 2
+
+
+# Every state a brand and its current attempt can be in together, and what a person
+# is told: the brand's own state first, then the deployment's, then the attempt's.
+ACTIVE_BOUND = BrandFacts(active=True, bound=True)
+ACTIVE_UNBOUND = BrandFacts(active=True, bound=False)
+KEPT = BrandFacts(active=False, bound=True, to_be_emptied_at=NOW + timedelta(days=2))
+EMPTYING = BrandFacts(active=False, bound=True, to_be_emptied_at=NOW - timedelta(minutes=1))
+REFUSED = BrandFacts(active=False, bound=True, emptying_refused="HTTP 423 locked")
+GONE = BrandFacts(active=False, bound=False)
+RELAY_DEAD = Fleet(relay_silent_since=NOW - timedelta(minutes=3))
+PROMOTED = replace(PENDING, state=AttemptState.PROMOTED, next_hop_at=None)
+CANCELLED = replace(PENDING, state=AttemptState.CANCELLED, next_hop_at=None)
+SUPERSEDED = replace(PENDING, state=AttemptState.SUPERSEDED, next_hop_at=None)
+OVERDUE = replace(PENDING, next_hop_at=NOW - timedelta(minutes=5))
+DEFERRED = replace(PENDING, deferred_in_row=3, last_status="HTTP 503")
+RECREATING = replace(PENDING, last_status="creation_failed")
+
+ADVICE_TABLE = [
+    ("active, unbound, pending", ACTIVE_UNBOUND, PENDING, None, "waiting for the workspace"),
+    ("active, unbound, overdue", ACTIVE_UNBOUND, OVERDUE, None, "is a worker running?"),
+    ("active, unbound, deferred", ACTIVE_UNBOUND, DEFERRED, None, "does not answer"),
+    ("active, unbound, creation failed", ACTIVE_UNBOUND, RECREATING, None,
+     "creation failed: a new one is created"),
+    ("active, unbound, relay dead", ACTIVE_UNBOUND, PENDING, RELAY_DEAD,
+     "the relay is silent since 09:59:00"),
+    ("active, bound, re-confirming", ACTIVE_BOUND, PENDING, None, "waiting for the workspace"),
+    ("active, bound, promoted", ACTIVE_BOUND, PROMOTED, None, "bound; nothing to do"),
+    ("active, unbound since, promoted", ACTIVE_UNBOUND, PROMOTED, None, "was unbound since"),
+    ("active, unbound, failed", ACTIVE_UNBOUND, failed(FailureReason.EXHAUSTED), None,
+     "provisioner retry --failed"),
+    ("active, bound, failed", ACTIVE_BOUND, failed(FailureReason.TERMINAL_STATUS), None,
+     "failed for good"),
+    ("active, unbound, superseded", ACTIVE_UNBOUND, SUPERSEDED, None, "newer attempt"),
+    ("deactivated, kept, promoted", KEPT, PROMOTED, None,
+     "kept until 2026-12-03 10:02:00, then emptied"),
+    ("deactivated, emptying, promoted", EMPTYING, PROMOTED, None, "is being emptied"),
+    ("deactivated, refused, promoted", REFUSED, PROMOTED, None, "--purge-now"),
+    ("deactivated, emptied, promoted", GONE, PROMOTED, None, "holds no workspace"),
+    ("deactivated, never bound, cancelled", GONE, CANCELLED, None, "holds no workspace"),
+    ("deactivated, kept, cancelled", KEPT, CANCELLED, None, "kept until"),
+    ("deactivated, failed", GONE, failed(FailureReason.EXHAUSTED), None, "holds no workspace"),
+    ("deactivated, relay dead", GONE, CANCELLED, RELAY_DEAD, "holds no workspace"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("brand", "facts", "deployment", "advice"),
+    [pytest.param(*row[1:], id=row[0]) for row in ADVICE_TABLE],
+)
+def test_the_advice_in_every_state_of_brand_and_attempt(
+    brand: BrandFacts, facts: AttemptFacts, deployment: Fleet | None, advice: str
+) -> None:
+    said = progress(facts, NOW, BACKOFF, brand, deployment)
+
+    assert said.advice is not None
+    assert advice in said.advice, said.advice
+    if not brand.active or facts.state is not AttemptState.PROMOTED or not brand.bound:
+        assert "nothing to do" not in said.advice or "holds no workspace" in said.advice
+    assert "PROVISIONER_MAX_REQUEUES" not in said.advice

@@ -14,7 +14,7 @@ from urllib.parse import urlsplit
 from uuid import UUID
 
 from domain.errors import UnknownAttempt
-from domain.progress import Progress
+from domain.progress import BrandFacts, Progress
 from infrastructure.audit import attempt_story, brand_history, brand_status
 from infrastructure.audit_findings import read_audits
 from infrastructure.broker import Topology
@@ -28,7 +28,7 @@ from infrastructure.settings import Settings
 from infrastructure.usecases.reads import is_unicode_text
 from infrastructure.view_queries import list_attempts, relay_position
 from infrastructure.views import PROJECTIONS, LogSource, SqlViewStore
-from worker.attempt_progress import progress_of
+from worker.attempt_progress import brand_facts, fleet, progress_of
 from worker.health import CheckResult, check_once, gateway_check
 from worker.web.timeline import hop_strip, with_durations
 
@@ -144,7 +144,8 @@ class Reads:
             status = brand_status(service, brand_id)
             history = brand_history(service, brand_id)
             current = status["attempt_id"]
-            said = self._progress(service, current) if current else None
+            brand = brand_facts(service.brand(brand_id))
+            said = self._progress(service, current, brand) if current else None
         with self.store() as store:
             rows = {r["attempt_id"]: r for r in list_attempts(store, brand_id=brand_id, limit=1000)}
         for item in history:
@@ -189,13 +190,17 @@ class Reads:
                        "releasing": claim.releasing_by is not None}  # fmt: skip
         return {"bound": bound, "attempts": attempts, "claim": claimed}
 
-    def _progress(self, service: ProvisioningService, attempt_id: str) -> Progress | None:
+    def _progress(
+        self, service: ProvisioningService, attempt_id: str, brand: BrandFacts | None = None
+    ) -> Progress | None:
         try:
             attempt = service.attempt(UUID(attempt_id))
         except (ValueError, UnknownAttempt):
             return None
         now = datetime.now(UTC)
-        return progress_of(attempt, service.settings, now, self.settings.parent_ids)
+        deployment = fleet(self.settings.database_url, self.settings.heartbeat_max_age_s, now)
+        return progress_of(attempt, service.settings, now, self.settings.parent_ids,
+                           brand=brand, deployment=deployment)  # fmt: skip
 
     def stuck(self, overdue_s: float) -> list[dict[str, Any]]:
         with self.store() as store:
