@@ -43,6 +43,9 @@ class _Main(click.Group):
             raise
         except (click.exceptions.Exit, click.Abort):
             raise
+        except BrokenPipeError:  # `provisioner ... | head`: the reader has all it wants
+            _quiet_stdout()
+            raise click.exceptions.Exit(0) from None
         except Exception as exc:  # noqa: BLE001 - every failure ends as one line and a code
             if ctx.params.get("debug"):
                 import traceback
@@ -52,6 +55,16 @@ class _Main(click.Group):
 
             failure = describe(exc)
             raise Failed(shown(str(failure)), failure.exit_code) from None
+
+
+def _quiet_stdout() -> None:
+    """Point stdout at /dev/null, so that the flush at exit raises no second error."""
+    import contextlib
+    import os
+    import sys
+
+    with contextlib.suppress(OSError, ValueError):  # not a real file (a test's capture)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 @click.group(cls=_Main, context_settings={"help_option_names": ["-h", "--help"]})

@@ -66,3 +66,25 @@ def test_connect_wait_zero_fails_a_one_shot_command_after_one_try(
     with pytest.raises(ServiceUnavailable):
         eventstore.open_event_store("postgresql://u@127.0.0.1:1/db", one_shot=True, wait_s=0)
     assert tries == ["connect"]
+
+
+def test_a_closed_pipe_ends_a_command_quietly() -> None:
+    """`provisioner dead-letters list | head -1`: no "Broken pipe" error, exit 0."""
+    import click
+    from click.testing import CliRunner
+
+    from worker.cli import _Main
+
+    @click.group(cls=_Main)
+    def group() -> None:
+        pass
+
+    @group.command()
+    def listing() -> None:
+        click.echo("first line")
+        raise BrokenPipeError(32, "Broken pipe")
+
+    result = CliRunner().invoke(group, ["listing"])
+
+    assert result.exit_code == 0, result.output
+    assert "Broken pipe" not in result.output
