@@ -219,7 +219,7 @@ def attempt(attempt_id: str, as_json: bool) -> None:
     try:
         parsed = UUID(attempt_id)
     except ValueError:
-        raise click.ClickException(f"{attempt_id!r} is not an attempt id (a UUID)") from None
+        parsed = _by_prefix(attempt_id)
     data = _audit(lambda service: attempt_story(service, parsed))
 
     def render(story: dict[str, Any]) -> None:
@@ -230,6 +230,31 @@ def attempt(attempt_id: str, as_json: bool) -> None:
             console.print(cell(failure))
 
     _print(data, as_json, render)
+
+
+def _by_prefix(prefix: str) -> Any:
+    """The one attempt whose id starts with `prefix` (at least 4 hex digits), as
+    `dead-letters` takes a letter's: from the `attempts` read model."""
+    import re
+    from uuid import UUID
+
+    from infrastructure.views import PROJECTIONS
+    from worker.cli_support import views
+
+    text = prefix.strip().lower()
+    if not re.fullmatch(r"[0-9a-f]{4}[0-9a-f-]{0,31}", text):
+        raise click.ClickException(
+            f"{prefix!r} is not an attempt id (a UUID, or its first 4 or more hex digits)"
+        )
+    store = views()
+    try:
+        rows = store.rows(PROJECTIONS["attempts"], "attempt_id LIKE ?", [f"{text}%"], limit=2)
+    finally:
+        store.close()
+    if len(rows) != 1:
+        what = "no attempt" if not rows else "more than one attempt"
+        raise click.ClickException(f"{what} has an id starting with {text!r}")
+    return UUID(rows[0]["attempt_id"])
 
 
 class _Time(click.ParamType[Any]):

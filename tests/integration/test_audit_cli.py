@@ -11,6 +11,8 @@ from infrastructure.eventstore import open_event_store
 from infrastructure.fake_gateway import FakeGateway
 from infrastructure.gateway import HttpGateway
 from infrastructure.service import ProvisioningService
+from infrastructure.views import PROJECTIONS, LogSource, SqlViewStore
+from projections.core import catch_up
 from tests.conftest import PARENT, ManualClock
 from worker.cli import main
 
@@ -38,6 +40,11 @@ def test_status_history_and_attempt_tell_a_brands_story(
     one = json.loads(runner.invoke(main, ["attempt", str(first), "--json"]).output)
     unknown = runner.invoke(main, ["status", "nobody"])
     bad_id = runner.invoke(main, ["attempt", "not-a-uuid"])
+    with SqlViewStore(url) as store:  # the attempts read model, for an id's prefix
+        store.setup()
+        catch_up(PROJECTIONS["attempts"], LogSource(service.app), store)
+    by_prefix = json.loads(runner.invoke(main, ["attempt", str(first)[:8], "--json"]).output)
+    no_such = runner.invoke(main, ["attempt", "0000"])
 
     assert status["lifecycle"] == "active"
     assert status["status"] == "ready"
@@ -60,6 +67,9 @@ def test_status_history_and_attempt_tell_a_brands_story(
     assert "no brand 'nobody'" in unknown.output
     assert bad_id.exit_code == 1
     assert "not an attempt id" in bad_id.output
+    assert by_prefix["attempt_id"] == str(first)
+    assert no_such.exit_code == 1
+    assert "no attempt has an id starting with '0000'" in no_such.output
     text = runner.invoke(main, ["history", "b-audit"])
     assert text.exit_code == 0
     assert "Superseded" in text.output
