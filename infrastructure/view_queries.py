@@ -58,6 +58,29 @@ def list_attempts(
     )
 
 
+def list_brands(
+    store: SqlViewStore,
+    *,
+    status: str | None = None,
+    reason: str | None = None,
+    after: str | None = None,
+    limit: int = 100,
+) -> list[Row]:
+    """Rows of `brand_workspaces` by brand id (after the id `after`): those with this
+    status, and those whose current attempt failed for this reason."""
+    where: list[str] = []
+    params: list[Any] = []
+    for column, value in (("status", status), ("failure_reason", reason)):
+        if value is not None:
+            where.append(f"{column} = ?")
+            params.append(value)
+    if after is not None:
+        where.append("brand_id > ?")
+        params.append(after)
+    table = PROJECTIONS["brand_workspaces"]
+    return store.rows(table, " AND ".join(where), params, order="brand_id", limit=limit)
+
+
 def count_attempts(
     store: SqlViewStore, *, stuck_overdue_s: float, now: datetime | None = None
 ) -> dict[str, int]:

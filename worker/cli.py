@@ -166,8 +166,8 @@ def deactivate(brand_id: str, purge_now: bool) -> None:
 
 
 for command in (cli_read.status, cli_read.history, cli_read.attempt, cli_read.pointer,
-                cli_read.attempts, db, broker, projections, worker, relay, run, reconcile,
-                rollout, retry, dead_letters, audit):  # fmt: skip
+                cli_read.attempts, cli_read.brands, db, broker, projections, worker, relay,
+                run, reconcile, rollout, retry, dead_letters, audit):  # fmt: skip
     main.add_command(command)
 main.add_command(serve_fake_gateway, "fake-gateway")
 main.add_command(config)

@@ -7,6 +7,7 @@ from typing import Any, ClassVar
 
 import click
 
+from domain.policies import FailureReason
 from worker.cli_support import (
     cell,
     compact_table,
@@ -342,6 +343,44 @@ def attempts(
         Console().print(attempt_blocks(found) if wide else attempts_table(found))
 
     _print(rows, as_json, render)
+
+
+BRAND_STATUSES = ("ready", "degraded", "pending", "failed", "cancelled", "none", "deactivated")
+
+
+@click.command()
+@click.option("--status", type=click.Choice(BRAND_STATUSES), help="Only brands in this status.")
+@click.option(
+    "--reason", type=click.Choice([r.value for r in FailureReason]),
+    help="Only brands whose current attempt failed for this reason.",
+)  # fmt: skip
+@click.option("--after", metavar="BRAND", help="Start after this brand id (the next page).")
+@click.option("--limit", default=100, show_default=True, type=click.IntRange(1, 100_000))
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def brands(
+    *, status: str | None, reason: str | None, after: str | None, limit: int, as_json: bool
+) -> None:
+    """Brands from the `brand_workspaces` read model, by id: each one's status, its
+    workspace, and its current attempt's state and failure reason."""
+    from infrastructure.view_queries import list_brands
+
+    with views() as store:
+        rows = list_brands(store, status=status, reason=reason, after=after, limit=limit)
+    shown = ("brand_id", "title", "status", "workspace_id", "attempt_state", "failure_reason")
+
+    def render(found: list[dict[str, Any]]) -> None:
+        from rich.console import Console
+
+        more = f"; next page: --after {found[-1]['brand_id']}" if len(found) == limit else ""
+        table = compact_table(None, f"{len(found)} brands{more}")
+        for column in shown:
+            table.add_column(column.replace("_", " "), overflow="fold")
+        for row in found:
+            table.add_row(*(cell(row.get(column)) for column in shown))
+        Console().print(table)
+
+    _print([{k: r.get(k) for k in (*shown, "lifecycle", "attempt_id")} for r in rows],
+           as_json, render)  # fmt: skip
 
 
 NUMBERS = ("position", "behind", "rows")

@@ -42,9 +42,13 @@ def test_status_history_and_attempt_tell_a_brands_story(
     bad_id = runner.invoke(main, ["attempt", "not-a-uuid"])
     with SqlViewStore(url) as store:  # the attempts read model, for an id's prefix
         store.setup()
-        catch_up(PROJECTIONS["attempts"], LogSource(service.app), store)
+        for name in ("attempts", "brand_workspaces"):
+            catch_up(PROJECTIONS[name], LogSource(service.app), store)
     by_prefix = json.loads(runner.invoke(main, ["attempt", str(first)[:8], "--json"]).output)
     no_such = runner.invoke(main, ["attempt", "0000"])
+    listed = json.loads(runner.invoke(main, ["brands", "--status", "ready", "--json"]).output)
+    failed = json.loads(runner.invoke(main, ["brands", "--reason", "exhausted", "--json"]).output)
+    table = runner.invoke(main, ["brands"], terminal_width=120)
 
     assert status["lifecycle"] == "active"
     assert status["status"] == "ready"
@@ -68,6 +72,12 @@ def test_status_history_and_attempt_tell_a_brands_story(
     assert bad_id.exit_code == 1
     assert "not an attempt id" in bad_id.output
     assert by_prefix["attempt_id"] == str(first)
+    assert [(b["brand_id"], b["status"]) for b in listed] == [("b-audit", "ready")]
+    assert listed[0]["workspace_id"] == promoted.workspace_id
+    assert failed == []
+    assert table.exit_code == 0, table.output
+    assert "b-audit" in table.output
+    assert "1 brands" in table.output
     assert no_such.exit_code == 1
     assert "no attempt has an id starting with '0000'" in no_such.output
     text = runner.invoke(main, ["history", "b-audit"])
