@@ -36,7 +36,14 @@ class HopRun(HopBase):
 
     def run(self) -> HopOutcome:
         contended = f"attempt {self.attempt_id} is contended; retry the hop later"
-        return retry_on_conflict(self.svc.settings.max_rounds, self._round, contended, self._raced)
+        outcome = retry_on_conflict(
+            self.svc.settings.max_rounds, self._round, contended, self._raced
+        )
+        if outcome.stand_down is not None and self.observed is not None:
+            why = outcome.stand_down.value
+            log.info("hop stood down after a race attempt=%s hop=%d: %s; it had observed: %s",
+                     self.attempt_id, self.hop, why, self.observed)  # fmt: skip
+        return outcome
 
     def _round(self) -> HopOutcome:
         """A fresh unit of work, then each step in turn until one is the outcome. A gateway
@@ -51,9 +58,9 @@ class HopRun(HopBase):
         return step
 
     def _raced(self) -> None:
-        log.info(
-            "hop raced another writer; deciding again attempt=%s hop=%d", self.attempt_id, self.hop
-        )
+        seen = f" (it had observed: {self.observed})" if self.observed else ""
+        log.info("hop raced another writer; deciding again attempt=%s hop=%d%s",
+                 self.attempt_id, self.hop, seen)  # fmt: skip
 
     def _begin(self) -> Next:
         """Put a late create on record, perform owed releases, then pass the gate."""

@@ -32,6 +32,8 @@ class HopBase:
         self.created: str | None = None
         self.released: list[str] = []  # emptied by this run, whichever round
         self._claim_read_needed = False
+        # What the latest round saw and was saving: said if that save lost a race.
+        self.observed: str | None = None
 
     @property
     def attempt(self) -> ProvisioningAttempt:
@@ -77,6 +79,7 @@ class HopBase:
             ending = step
         if isinstance(ending, decide.Fail):
             return self._fail(ending)
+        self.observed = f"{'deferred' if ending.deferred else 'waiting'}: {ending.status}"
         attempt.schedule_hop(ending.hop, ending.not_before, ending.status,
                              deferred=ending.deferred, spends=ending.spends)  # fmt: skip
         self._save()
@@ -91,6 +94,7 @@ class HopBase:
         this save conflict, so a promoted workspace is never emptied.
         """
         unit, attempt = self.unit, self.attempt
+        self.observed = f"failing {fail.reason.value}: {fail.message}"
         attempt.fail(fail.reason, fail.message, self.hop)
         for workspace_id in attempt.owed_releases:
             claim = unit.claim(workspace_id)

@@ -4,6 +4,7 @@ with `domain.hop` and saves; `retry_on_conflict` retries a lost race."""
 
 from __future__ import annotations
 
+import logging
 from uuid import UUID, uuid4
 
 import pytest
@@ -638,3 +639,23 @@ def test_an_earlier_creates_shell_does_not_end_the_wait_for_the_create_in_flight
     assert set(attempt.created_ids) == {live, shell}
     assert attempt.owed_releases == (shell,)
     assert gateway.calls["create_child"] == 2
+
+
+def test_a_failure_that_loses_its_save_to_a_cancel_says_what_it_observed(
+    service: ProvisioningService, gateway: MemoryGateway, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The gateway reports the workspace failed; the brand is deactivated before the
+    failure is saved: the hop stands down, and its line names the status it saw."""
+    gateway.new_statuses = ["failed"]
+    attempt_id = service.request_provisioning("b1", TITLE, PARENT)
+    gateway.hooks["status"] = [lambda: service.deactivate("b1")]
+
+    with caplog.at_level(logging.INFO, logger="provisioner.engine"):
+        outcome = service.run_hop(attempt_id, 0)
+
+    assert outcome.outcome is Outcome.STOOD_DOWN
+    lines = [r.getMessage() for r in caplog.records if "stood down after a race" in r.getMessage()]
+    assert len(lines) == 1
+    assert "cancelled" in lines[0]
+    assert "failing terminal_status" in lines[0]
+    assert "'failed'" in lines[0]
