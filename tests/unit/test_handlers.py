@@ -145,3 +145,34 @@ def test_giving_up_fails_a_hops_attempt_internal_error_and_nothing_else() -> Non
     give_up(service, messages.release(ATTEMPT), KeyError("x"))  # type: ignore[arg-type]
 
     assert service.calls == [("fail_internal", (ATTEMPT, 2, "KeyError"))]
+
+
+@pytest.mark.parametrize("what", ["brand", "claim", "slot"])
+def test_a_hop_naming_a_record_that_is_not_an_attempt_is_dead_lettered_unchanged(
+    what: str,
+) -> None:
+    """A hop message whose id is a brand's, a claim's or a title slot's: refused as
+    `UnknownAttempt`, and that record is left as it was."""
+    from domain.ids import brand_aggregate_id
+    from infrastructure.eventstore import open_event_store
+    from infrastructure.service import ProvisioningService
+    from tests.memory_gateway import MemoryGateway
+
+    gateway = MemoryGateway("org-p")
+    service = ProvisioningService(open_event_store("memory://"), gateway)
+    attempt_id = service.request_provisioning("b1", "Acme", "org-p")
+    workspace = service.run_hop(attempt_id, 0).workspace_id
+    assert workspace is not None
+    claim = service.claim(workspace)
+    assert claim is not None
+    ids = {"brand": brand_aggregate_id("b1"), "claim": claim.id,
+           "slot": service.slot("org-p", "Acme").id}  # fmt: skip
+    before = service.app.recorder.max_notification_id()
+
+    with pytest.raises(DeadLetter) as caught:
+        handle(service, messages.hop(ids[what], 0))
+
+    assert caught.value.reason == "UnknownAttempt"
+    assert "is not a provisioning attempt" in caught.value.errors["error"]
+    assert service.app.recorder.max_notification_id() == before
+    assert gateway.calls["status"] == 1  # only the first hop's poll
