@@ -75,7 +75,7 @@ class PaceState:
     learned: float | None = None  # the rate set at the last 429 (no rate configured)
     learned_at: float = 0.0
     paused_until: float = 0.0  # the shared Retry-After
-    asked_s: float = 0.0  # what the 429 that set it asked, when more than the cap
+    asked_s: float = 0.0  # what the 429 that set it asked (or a hold cut), if over the cap
     unreachable: int = 0  # unreachable answers in a row
     unreachable_since: float | None = None
     open_since: float | None = None  # the circuit; None: closed
@@ -133,8 +133,10 @@ def admit(
 ) -> tuple[PaceState, Go | Hold]:
     """May a call go now, after a short wait, or must it be held back?"""
     patience = rules.create_wait_s if create else rules.max_wait_s
-    if state.paused_until - now > rules.retry_after_max_s:
-        state = replace(state, paused_until=now + rules.retry_after_max_s)
+    longer = state.paused_until - now
+    if longer > rules.retry_after_max_s:  # stored by a process with a longer cap: cut it
+        cut = now + rules.retry_after_max_s
+        state = replace(state, paused_until=cut, asked_s=max(state.asked_s, longer))
     if state.open_since is not None:
         if now < state.probe_at:
             return state, Hold(state.probe_at - now, f"circuit open: {state.last_error}")

@@ -48,6 +48,7 @@ def test_a_longer_hold_on_record_is_cut_to_the_cap_at_the_next_call() -> None:
     stored = PaceState(paused_until=100.0 + HOUR)
     state, decision = admit(rules, stored, 100.0)
     assert state.paused_until == 400.0  # what the store keeps from now on
+    assert state.asked_s == HOUR  # so that health still says a longer hold was cut
     assert isinstance(decision, Hold)
     assert decision.wait_s == pytest.approx(300.0)
 
