@@ -184,6 +184,7 @@ def test_the_current_attempt_comes_first_with_why_and_what_next(web: TestClient)
     assert "then `provisioner retry --failed` starts a fresh attempt" in failed
     assert re.search(r'<td class="after">\+[0-9.]+ (ms|s)</td>', failed)  # time since the last
     assert failed.count('<figure class="strip">') == 1  # each attempt's hops, drawn
+    assert failed.index("<td>Failed</td>") < failed.index("<td>Started</td>")  # newest first
     assert '<circle class="mark mark-next"' in text  # the pending one's next hop
 
 

@@ -153,7 +153,7 @@ class Reads:
                 item["row"] = rows.get(item["attempt_id"])
                 due = said.next_hop_at if said and item["attempt_id"] == current else None
                 item["strip"] = hop_strip(item["events"], due)
-                item["events"] = with_durations(item["events"])
+                item["events"] = with_durations(item["events"])[::-1]  # newest first, too
         return {"status": status, "history": history[::-1], "progress": said}
 
     def attempt(self, attempt_id: UUID) -> dict[str, Any]:
