@@ -133,6 +133,7 @@ class HttpGateway:
         ca_file: str | None = None,
         family_max_bytes: int = FAMILY_ANSWER_MAX,
         on_family_share: Callable[[float], None] | None = None,
+        on_bytes: Callable[[str, int], None] | None = None,
     ) -> None:
         if not token:
             raise ValueError("the gateway token must not be empty")
@@ -147,6 +148,8 @@ class HttpGateway:
         self._sleep: Callable[[float], None] = time.sleep  # swapped in tests
         # Told of every request: (operation, HTTP status or None without one, seconds).
         self._observe = observe
+        # Told of the bytes of every answer's body read: (operation, bytes).
+        self._on_bytes = on_bytes
         self._pace = pace
         self._family_max = family_max_bytes
         # Told of the largest share of `family_max_bytes` among the parents' last listings.
@@ -242,15 +245,23 @@ class HttpGateway:
         return self._answers.field(body.get("status"), op, "status")
 
     def family(self, parent_id: str, title: str | None = None) -> list[FamilyMember]:
+        return self.family_titled(parent_id, None if title is None else frozenset((title,)))
+
+    def family_titled(self, parent_id: str, titles: frozenset[str] | None) -> list[FamilyMember]:
+        """The family's members titled as one of `titles` (every member when None), from
+        one read of the whole listing: what a shared read (infrastructure/family_reads.py)
+        asks for its callers' titles."""
         op = "family"
         path = f"/v1/workspaces/{seg(parent_id)}/family"
         limit = self._family_max
 
         def read(got: httpx.Response) -> Listing:
             try:
-                return read_family(capped_chunks(got, limit, OVER), title)
+                return read_family(capped_chunks(got, limit, OVER), titles)
             except TooLarge:
                 self._family_watch.refused(parent_id)
+                if self._on_bytes is not None:  # read up to the bound, then refused
+                    self._on_bytes(op, limit)
                 raise
 
         response = self._with_retries(op, "GET", path, limit=limit, read=read)
@@ -366,6 +377,10 @@ class HttpGateway:
         code = outcome.status_code if isinstance(outcome, Answer) else None
         if self._observe is not None:
             self._observe(op, code, time.monotonic() - started)
+        if self._on_bytes is not None and isinstance(outcome, Answer):
+            listing = outcome.parsed  # a family listing is parsed as it arrives, not kept
+            size = listing.size if isinstance(listing, Listing) else 0
+            self._on_bytes(op, len(outcome.content) + size)
         if self._pace is not None:
             self._pace.after(
                 pace_result(outcome),

@@ -21,7 +21,7 @@ import logging
 import re
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,12 +55,13 @@ OVER = (
 )
 
 
-def read_family(chunks: Iterable[bytes], title: str | None) -> Listing:
+def read_family(chunks: Iterable[bytes], title: str | Collection[str] | None) -> Listing:
     """Parse a listing from its body's chunks (already bounded: `capped_chunks` with
-    `OVER`), keeping the entries of `title` (all of them when None). Refused
-    (`Unreadable`) outside the shape."""
+    `OVER`), keeping the entries of `title`, or of any of several titles (all of them
+    when None). Refused (`Unreadable`) outside the shape."""
     decode = codecs.getincrementaldecoder("utf-8-sig")("strict").decode
-    parser = _Parser(title)
+    titles = None if title is None else frozenset((title,) if isinstance(title, str) else title)
+    parser = _Parser(titles)
     size = 0
     try:
         for chunk in chunks:
@@ -76,8 +77,8 @@ def read_family(chunks: Iterable[bytes], title: str | None) -> Listing:
 class _Parser:
     """An incremental parser of one JSON array of objects."""
 
-    def __init__(self, title: str | None) -> None:
-        self.title = title
+    def __init__(self, titles: frozenset[str] | None) -> None:
+        self.titles = titles
         self.wanted: list[dict[str, Any]] = []
         self.entries = 0
         self._text = ""
@@ -140,7 +141,8 @@ class _Parser:
         if not isinstance(entry, dict):
             raise Unreadable("expected an array of objects")
         self.entries += 1
-        if self.title is None or entry.get("title") == self.title:
+        title = entry.get("title")
+        if self.titles is None or (isinstance(title, str) and title in self.titles):
             self.wanted.append(entry)  # a listing of K entries keeps only the wanted ones
 
     def _entry(self, text: str, pos: int) -> int:

@@ -82,6 +82,18 @@ GATEWAY_FAMILY_SHARE = Gauge(
     "read by this process (decision 032); past 0.8 a warning is logged; 1: one was refused",
 )
 
+GATEWAY_BYTES = Counter(
+    "provisioner_gateway_bytes",
+    "Bytes of gateway answers' bodies read (each retry counts apart), by operation",
+    ["operation"],
+)
+FAMILY_ASKS = Counter(
+    "provisioner_gateway_family_asks",
+    "Family listings asked for by this process's hops and audits, by how they were served: "
+    "'read' made a read, 'joined' was served by a read another caller made after it asked",
+    ["served"],
+)
+
 OPERATIONS = frozenset(
     {"create_child", "status", "family", "list_projects", "delete_project", "health"}
 )
@@ -108,6 +120,16 @@ def observe_gateway(operation: str, code: int | None, seconds: float) -> None:
     GATEWAY_SECONDS.labels(op).observe(seconds)
     if code in (401, 403):
         GATEWAY_AUTH_FAILURES.labels(op).inc()
+
+
+def observe_bytes(operation: str, size: int) -> None:
+    """The bytes of one gateway answer's body (the `on_bytes` hook of `HttpGateway`)."""
+    GATEWAY_BYTES.labels(operation if operation in OPERATIONS else "other").inc(size)
+
+
+def observe_family_ask(served: str) -> None:
+    """One family call (the `on_ask` hook of `SharedFamilyReads`): 'read' or 'joined'."""
+    FAMILY_ASKS.labels(served if served in ("read", "joined") else "other").inc()
 
 
 def observe_family_share(share: float) -> None:

@@ -22,6 +22,7 @@ from infrastructure.eventstore import (
 )
 from infrastructure.failures import ConfigurationError
 from infrastructure.fake_gateway import FakeConfig, FakeGateway
+from infrastructure.family_reads import SharedFamilyReads
 from infrastructure.gateway import HttpGateway
 from infrastructure.gateway_tls import refuse_unverified
 from infrastructure.heartbeats import Heartbeat
@@ -150,6 +151,13 @@ class Runtime(_Threads):
         return reconciler, broker
 
 
+def family_wait_s(timeout_s: float, retries: int = 2) -> float:
+    """How long a hop waits for a shared family read it joined: the read in flight and
+    its own, each with every retry at the gateway's timeout, and a margin for the
+    pace's turn and the listing's transfer."""
+    return 2 * (retries + 1) * timeout_s + 30.0
+
+
 def pace_store(settings: Settings, gateway_url: str, *, calls: bool) -> PaceStore:
     """The fleet's shared pace in PostgreSQL (one row per gateway) for a process that
     calls the gateway; in the process's memory otherwise (SQLite and memory://,
@@ -204,8 +212,14 @@ def build(
             HttpGateway(
                 url, token, read_timeout=settings.gateway_timeout_s,
                 observe=metrics.observe_gateway, pace=pace, ca_file=settings.gateway_ca_file,
-                on_family_share=metrics.observe_family_share,
+                on_family_share=metrics.observe_family_share, on_bytes=metrics.observe_bytes,
             )
+        )  # fmt: skip
+        # The hop threads share their family reads, per parent, each never staler than
+        # its own; a caller waits at most for the read in flight and the next one.
+        shared = SharedFamilyReads(
+            gateway, wait_s=family_wait_s(settings.gateway_timeout_s),
+            on_ask=metrics.observe_family_ask,
         )  # fmt: skip
         topology = Topology(queue_type=settings.queue_type)
         scheduler = None
@@ -215,7 +229,7 @@ def build(
         # The configured token never reaches an event or a log through a producer's text.
         secrets = (settings.gateway_token,) if settings.gateway_token else ()
         engine = settings.engine(acting=calls)
-        service = ProvisioningService(app, gateway, settings=engine, secrets=secrets)
+        service = ProvisioningService(app, shared, settings=engine, secrets=secrets)
         views_url = settings.database_url
         if urlsplit(views_url).scheme == "memory":
             views_url = memory_views_url()

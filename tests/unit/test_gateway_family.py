@@ -259,3 +259,33 @@ def test_the_share_is_a_gauge_in_metrics() -> None:
     ) as gateway:
         gateway.family(PARENT, "T")
     assert "provisioner_gateway_family_bound_share 0.25" in generate_latest(REGISTRY).decode()
+
+
+def test_one_read_keeps_the_entries_of_several_titles() -> None:
+    body = json.dumps(listing(500, "Brand A", "Brand B", "Brand C")).encode()
+    with gateway_for(body) as gateway:
+        kept = gateway.family_titled(PARENT, frozenset({"Brand A", "Brand C"}))
+    assert [m.title for m in kept] == ["Brand A", "Brand C"]
+    assert len(gateway.calls) == 1  # type: ignore[attr-defined]
+
+
+def test_the_bytes_of_every_answer_are_counted_by_operation() -> None:
+    body = json.dumps(listing(300, "Brand A")).encode()
+    counted: list[tuple[str, int]] = []
+    with gateway_for(body, chunk=1000, on_bytes=lambda op, n: counted.append((op, n))) as gw:
+        gw.family(PARENT, "Brand A")
+        gw.family(PARENT)
+    assert counted == [("family", len(body)), ("family", len(body))]
+
+
+def test_a_listing_refused_past_its_bound_counts_the_bytes_read() -> None:
+    body = json.dumps(listing(300)).encode()
+    counted: list[tuple[str, int]] = []
+    with (
+        gateway_for(
+            body, family_max_bytes=4096, on_bytes=lambda op, n: counted.append((op, n))
+        ) as gw,
+        pytest.raises(MalformedAnswer),
+    ):
+        gw.family(PARENT, "Brand A")
+    assert counted == [("family", 4096)]
