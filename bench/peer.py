@@ -166,7 +166,7 @@ def peer_measure(
         fake.terminate()
         fake.wait(5)
     elapsed = (last or time.time()) - started
-    used = {k: after[k] - before.get(k, 0.0) for k in after}
+    used = cpu_used(before, after)
     machine = used.pop("machine")
     cores = os.cpu_count() or 1
     return {
@@ -194,13 +194,29 @@ def wait_workers(celery: Celery, count: int, timeout_s: float = 60.0) -> None:
     raise SystemExit(f"the peer's {count} Celery workers did not all answer in {timeout_s:g} s")
 
 
-def cpu_sample(parts: dict[str, int], database: str) -> dict[str, float]:
-    sample = {name: proc_cpu_s(pid) for name, pid in parts.items()}
+def cpu_sample(parts: dict[str, int], database: str) -> dict[str, Any]:
+    """CPU seconds so far of each part, of this process, of PostgreSQL (the server and this
+    database's backends) and of RabbitMQ by pid, and the machine's busy seconds."""
+    sample: dict[str, Any] = {name: proc_cpu_s(pid) for name, pid in parts.items()}
     sample["bench"] = proc_cpu_s(os.getpid())
-    sample["postgres"] = sum(postgres_cpu(database).values())
-    sample["rabbitmq"] = sum(cpu_by_name("beam.smp").values())
+    sample["postgres"] = postgres_cpu(database)
+    sample["rabbitmq"] = cpu_by_name("beam.smp")
     sample["machine"] = machine_busy_s()
     return sample
+
+
+def cpu_used(before: dict[str, Any], after: dict[str, Any]) -> dict[str, float]:
+    """CPU seconds between two samples; a server's processes counted only when alive in
+    both (another user's broker or backend that came or went meanwhile is not ours)."""
+    used: dict[str, float] = {}
+    for key, now in after.items():
+        if isinstance(now, dict):
+            used[key] = sum(
+                cpu - before[key][pid] for pid, cpu in now.items() if pid in before[key]
+            )
+        else:
+            used[key] = now - before.get(key, 0.0)
+    return used
 
 
 # --------------------------------------------------------------------------- ours
