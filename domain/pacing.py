@@ -15,10 +15,23 @@ sent and reports what came of it to `observe`. Times are seconds on one clock
   cuts it again. Grown past `unlimited_above`, it is no limit again. (A steady
   5 % a second finds the limit again within seconds of a cut, where adding a
   fixed step would crawl for a gateway allowing hundreds of calls a second.)
-- **A shared Retry-After.** A 429's Retry-After pauses every call of the fleet
-  until then, for at most `retry_after_max_s`: one answer may not hold the whole
-  fleet for an hour. A longer hold already stored (a process with a longer cap)
-  is cut to that at the next call.
+- **Evidence, not one data point.** A 429's Retry-After always holds the call
+  that got it (its hop is deferred until then: domain/hop.py). The fleet-wide
+  hold and a learned rate's cut follow only from 429s dense enough to be a rate
+  signal (`throttled`): at least `evidence_min` of them, and at least
+  `evidence_share` of the calls, both counted with an exponential decay of
+  `evidence_tau_s` (about the last few seconds). A shared tenant's stray 429s
+  (a few per cent of calls, at random) stay below it and cost their own retry.
+- **A shared Retry-After.** Once 429s are a rate signal, the latest one's
+  Retry-After pauses every call of the fleet until then, for at most
+  `retry_after_max_s`: one answer may not hold the whole fleet for an hour. A
+  longer hold already stored (a process with a longer cap) is cut to that at
+  the next call.
+- **Free when no limit is in force.** With no rate configured or learned, the
+  circuit closed, nothing failing and no hold current (`free`), a call needs
+  nothing from the shared state: a process admits it from its own copy of the
+  state, refreshed every ~100 ms, and publishes how many it sent with the next
+  refresh (infrastructure/pacing.py).
 - **A circuit.** `open_after` unreachable answers in a row (refused, timeout,
   dropped, 502, 503, 504) open it: calls are held without being sent, and one
   probe goes out every `probe_every_s`. Any answer closes it. "In a row" as
@@ -57,6 +70,11 @@ class PaceRules:
     min_rate: float = 0.2
     unlimited_above: float = 10_000.0  # a learned rate grown past this is no limit
     retry_after_max_s: float = 300.0  # the longest a 429's Retry-After holds the fleet
+    # 429s are a rate signal once, decayed over evidence_tau_s, there are at least
+    # evidence_min of them and they are at least evidence_share of the calls.
+    evidence_min: float = 5.0
+    evidence_share: float = 0.15
+    evidence_tau_s: float = 5.0
 
     def __post_init__(self) -> None:
         if self.rate is not None and self.rate <= 0:
@@ -84,6 +102,10 @@ class PaceState:
     window_at: float = 0.0  # calls counted since then (what a first 429 learns from)
     window_calls: int = 0
     window_rate: float = 0.0  # calls/s in the last whole window
+    # Calls and 429s, decayed over `evidence_tau_s` since `scored_at`: the evidence.
+    calls_score: float = 0.0
+    throttled_score: float = 0.0
+    scored_at: float = 0.0
 
 
 class Result(StrEnum):
@@ -128,6 +150,46 @@ def rate_now(rules: PaceRules, state: PaceState, now: float) -> float | None:
     return state.learned * math.exp(exponent)
 
 
+def free(rules: PaceRules, state: PaceState, now: float) -> bool:
+    """No limit in force: no rate configured or learned, the circuit closed, nothing
+    failing, no hold current. A call then needs nothing from the shared state."""
+    return (
+        rules.rate is None
+        and state.open_since is None
+        and state.unreachable == 0
+        and state.paused_until <= now
+        and rate_now(rules, state, now) is None
+    )
+
+
+def count_calls(rules: PaceRules, state: PaceState, now: float, calls: int) -> PaceState:
+    """`calls` more calls sent (admitted here, or published by a process that
+    admitted them on its own copy of a free state)."""
+    if calls <= 0:
+        return state
+    elapsed = now - state.window_at
+    if elapsed >= 1.0:
+        rate = state.window_calls / elapsed if elapsed < 10.0 else 0.0
+        state = replace(state, window_at=now, window_calls=calls, window_rate=rate)
+    else:
+        state = replace(state, window_calls=state.window_calls + calls)
+    return _scored(rules, state, now, calls=calls)
+
+
+def _scored(
+    rules: PaceRules, state: PaceState, now: float, *, calls: int = 0, throttled: int = 0
+) -> PaceState:
+    decay = math.exp(-max(0.0, now - state.scored_at) / rules.evidence_tau_s)
+    return replace(state, scored_at=now, calls_score=state.calls_score * decay + calls,
+                   throttled_score=state.throttled_score * decay + throttled)  # fmt: skip
+
+
+def rate_signal(rules: PaceRules, state: PaceState) -> bool:
+    """Whether the 429s counted are dense enough to be the gateway's rate limit."""
+    dense = state.throttled_score >= rules.evidence_min
+    return dense and state.throttled_score >= rules.evidence_share * state.calls_score
+
+
 def admit(
     rules: PaceRules, state: PaceState, now: float, *, create: bool = False
 ) -> tuple[PaceState, Go | Hold]:
@@ -146,7 +208,7 @@ def admit(
         wait = state.paused_until - now
         return state, Hold(wait, "throttled: the gateway's Retry-After", paced=True)
     start = max(now, state.paused_until)
-    state = _counted(state, now)
+    state = count_calls(rules, state, now, 1)
     rate = rate_now(rules, state, now)
     if rate is None:
         return state, Go(start - now)
@@ -156,14 +218,6 @@ def admit(
     if wait > patience:
         return state, Hold(wait, f"paced at {rate:.3g} calls/s", paced=True)
     return replace(state, tat=due + interval), Go(wait)
-
-
-def _counted(state: PaceState, now: float) -> PaceState:
-    elapsed = now - state.window_at
-    if elapsed >= 1.0:
-        rate = state.window_calls / elapsed if elapsed < 10.0 else 0.0
-        return replace(state, window_at=now, window_calls=1, window_rate=rate)
-    return replace(state, window_calls=state.window_calls + 1)
 
 
 def observe(
@@ -196,6 +250,9 @@ def observe(
     if state.unreachable or state.open_since is not None:
         answered = replace(state, unreachable=0, unreachable_since=None, open_since=None)
     if result is Result.ANSWERED:
+        return answered, change
+    answered = _scored(rules, answered, now, throttled=1)
+    if not rate_signal(rules, answered):  # a stray 429: its own call waits, not the fleet
         return answered, change
     pause = min(max(retry_after_s, 1.0), rules.retry_after_max_s)  # none: still a second
     until = now + pause

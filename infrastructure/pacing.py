@@ -6,13 +6,22 @@ sent; the hop is deferred). `Pace.after()` reports what came back. The rules
 are `domain.pacing`'s; the state is shared through a store:
 
 - `PgPaceStore`: one row of `provisioner_gateway_pace` per gateway, read and
-  written under `SELECT ... FOR UPDATE` in one short transaction per call, on
-  the database's clock. Every worker process of a deployment shares it.
+  written under `SELECT ... FOR UPDATE` in one short transaction, on the
+  database's clock. Every worker process of a deployment shares it.
 - `MemoryPaceStore`: the same in one process (SQLite and memory:// deployments,
   where `provisioner run` is the only process that calls the gateway).
 
-An answered call changes nothing while the circuit is closed and nothing
-failed, so it writes nothing: a call costs one transaction (its admission).
+While no limit is in force (`domain.pacing.free`: no rate configured or learned,
+the circuit closed, nothing failing, no hold), a call costs no database round
+trip: the process admits it from its own copy of the shared state, which a
+background thread reads again every `refresh_s` (100 ms), publishing in the
+same short transaction how many calls the process sent since (for the learned
+rate and the 429 evidence). A 429 or an unreachable answer is written at once
+by the process that got it, so a hold, a cut or an opened circuit reaches every
+process within `refresh_s` plus one read (about 200 ms); a copy older than
+`stale_s` is not trusted. With a limit in force, each call is admitted in one
+transaction, as the rate requires. An answered call changes nothing while the
+circuit is closed and nothing failed, so it writes nothing.
 The pace never stops a call for its own sake: a store that cannot be read
 (the database down) holds the call back unsent, and a report it cannot take
 is dropped (both logged once an outage).
@@ -32,7 +41,18 @@ from typing import Any, TypeVar
 import psycopg
 from psycopg_pool import ConnectionPool
 
-from domain.pacing import Change, Go, Hold, PaceRules, PaceState, Result, admit, observe
+from domain.pacing import (
+    Change,
+    Go,
+    Hold,
+    PaceRules,
+    PaceState,
+    Result,
+    admit,
+    count_calls,
+    free,
+    observe,
+)
 from infrastructure.eventstore import postgres_conninfo
 
 log = logging.getLogger("provisioner.gateway")
@@ -49,6 +69,8 @@ def _state(raw: Any) -> PaceState:
 
 class MemoryPaceStore:
     """The pace of one process."""
+
+    shared = False  # an update is a lock, not a round trip: no local copy needed
 
     def __init__(self, clock: Callable[[], float] = time.time) -> None:
         self._clock = clock
@@ -80,6 +102,8 @@ _INSERT = (
 
 class PgPaceStore:
     """The pace of every process that shares this database, in one row per gateway."""
+
+    shared = True
 
     def __init__(self, url: str, key: str, *, max_size: int = 4, timeout_s: float = 10.0) -> None:
         self.key = key
@@ -180,6 +204,9 @@ class Pace:
         *,
         sleep: Callable[[float], None] = time.sleep,
         on_event: Callable[[str, float], None] | None = None,
+        refresh_s: float = 0.1,
+        stale_s: float = 0.5,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self.store = store
         self.rules = rules or PaceRules()
@@ -189,17 +216,31 @@ class Pace:
         # failing; then an answer to it changes nothing and is not written.
         self._admitted = threading.local()
         self._store_down = False
+        # The local copy of a shared state: (state, the store's time, monotonic then).
+        self.refresh_s, self.stale_s, self._monotonic = refresh_s, stale_s, monotonic
+        self._copy: tuple[PaceState, float, float] | None = None
+        self._sent = 0  # calls admitted on the copy, not yet published
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._refresher: threading.Thread | None = None
 
     def before(self, *, create: bool = False) -> Hold | None:
         """Wait for this call's turn (a short wait, slept here; a create waits longer);
         a Hold when it must not be sent now (the store unreadable too: a call is never
         sent unpaced)."""
 
+        if self._free_here():
+            with self._lock:
+                self._sent += 1
+            self._admitted.clean, self._admitted.probe = True, False
+            return None
+
         def step(state: PaceState, now: float) -> tuple[PaceState, Go | Hold]:
             new, decision = admit(self.rules, state, now, create=create)
             self._admitted.clean = new.open_since is None and new.unreachable == 0
             self._admitted.probe = isinstance(decision, Go) and decision.probe
             self._on_event("circuit", 0.0 if new.open_since is None else 1.0)
+            self._keep(new, now)
             return new, decision
 
         try:
@@ -225,8 +266,10 @@ class Pace:
         probe = getattr(self._admitted, "probe", False)
 
         def step(state: PaceState, now: float) -> tuple[PaceState, Change | None]:
-            return observe(self.rules, state, now, result, retry_after_s=retry_after_s,
-                           error=error, probe=probe)  # fmt: skip
+            new, change = observe(self.rules, state, now, result, retry_after_s=retry_after_s,
+                                  error=error, probe=probe)  # fmt: skip
+            self._keep(new, now)
+            return new, change
 
         try:
             change = self.store.update(step)
@@ -236,6 +279,58 @@ class Pace:
         self._up()
         if change is not None:
             self._announce(change)
+
+    # The local copy of a shared state (the module's docstring).
+
+    def _free_here(self) -> bool:
+        """Whether this call may go on the local copy: a shared store, a copy fresh
+        enough, and no limit in force in it."""
+        if not getattr(self.store, "shared", False):
+            return False
+        self._start_refresher()
+        copy = self._copy
+        if copy is None:
+            return False
+        state, at, read = copy
+        age = self._monotonic() - read
+        return age <= self.stale_s and free(self.rules, state, at + age)
+
+    def _keep(self, state: PaceState, now: float) -> None:
+        if getattr(self.store, "shared", False):
+            self._copy = (state, now, self._monotonic())
+
+    def _start_refresher(self) -> None:
+        if self._refresher is None:
+            with self._lock:
+                if self._refresher is None and not self._stop.is_set():
+                    self._refresher = threading.Thread(
+                        target=self._refresh_every, name="gateway-pace", daemon=True
+                    )
+                    self._refresher.start()
+
+    def _refresh_every(self) -> None:
+        while not self._stop.wait(self.refresh_s):
+            self.refresh()
+
+    def refresh(self) -> None:
+        """Read the shared state again, publishing the calls sent on the copy since."""
+        with self._lock:
+            sent, self._sent = self._sent, 0
+
+        def publish(state: PaceState, now: float) -> tuple[PaceState, tuple[PaceState, float]]:
+            new = count_calls(self.rules, state, now, sent)
+            return new, (new, now)
+
+        try:
+            state, now = self.store.update(publish) if sent else self.store.read()
+        except Exception as exc:  # noqa: BLE001 - no copy: calls take the slow path, held
+            with self._lock:
+                self._sent += sent
+            self._copy = None
+            self._down(exc)
+            return
+        self._up()
+        self._copy = (state, now, self._monotonic())
 
     def _down(self, exc: Exception) -> None:
         if not self._store_down:
@@ -265,4 +360,9 @@ class Pace:
         return self.store.read()
 
     def close(self) -> None:
+        self._stop.set()
+        if self._refresher is not None:
+            self._refresher.join(5)
+            if self._sent:
+                self.refresh()  # what was sent on the copy, published
         self.store.close()

@@ -16,6 +16,7 @@ from infrastructure.fake_gateway import FakeGateway
 from infrastructure.gateway import HttpGateway
 from infrastructure.pacing import Pace, PgPaceStore, read_pace
 from tests.conftest import TOKEN
+from tests.unit.test_pacing import EVERY_429
 
 pytestmark = pytest.mark.postgres
 
@@ -99,13 +100,16 @@ def test_a_configured_rate_holds_across_processes_and_the_gateway_throttles_noth
 def test_a_429_pauses_every_process_until_its_retry_after(
     fake: FakeGateway, stores: list[PgPaceStore], pg_database: str, key: str
 ) -> None:
+    """429s a rate signal (here every one is): the hold reaches a process that was
+    admitting its calls on its own copy of the state within its refresh (~200 ms)."""
     fake.configure(rate_limit=0.2, burst=1)  # a token every 5 s: Retry-After 5
-    first, second = clients(fake, stores, PaceRules(max_wait_s=2.0))
+    first, second = clients(fake, stores, PaceRules(max_wait_s=2.0, **EVERY_429))
     with pytest.raises(WorkspaceGone):
-        first.status("ws-none")  # the one token
+        second.status("ws-none")  # the one token; it goes on on its copy: no limit yet
     with pytest.raises(TransientGatewayError, match="429") as throttled:
         first.status("ws-none")
     calls = fake.state()["calls_total"]
+    time.sleep(0.3)  # the copy's refresh, every 100 ms, and its read
 
     with pytest.raises(TransientGatewayError, match="Retry-After") as held:
         second.status("ws-none")  # the other process: held, never sent
@@ -117,6 +121,30 @@ def test_a_429_pauses_every_process_until_its_retry_after(
     assert found is not None
     assert found[0].paused_until > found[1]
     assert found[0].learned is not None  # no rate configured: one is learned
+    first.close()
+    second.close()
+
+
+def test_a_stray_429_holds_its_own_call_not_the_other_process(
+    fake: FakeGateway, stores: list[PgPaceStore], pg_database: str, key: str
+) -> None:
+    fake.configure(rate_limit=0.2, burst=1)
+    first, second = clients(fake, stores, PaceRules(max_wait_s=2.0))
+    with pytest.raises(WorkspaceGone):
+        first.status("ws-none")  # the one token
+    with pytest.raises(TransientGatewayError, match="429") as throttled:
+        first.status("ws-none")  # one 429: no evidence of a rate limit
+    calls = fake.state()["calls_total"]
+
+    with pytest.raises(TransientGatewayError, match="429"):
+        second.status("ws-none")  # sent: the fleet is not held for one 429
+
+    assert throttled.value.retry_after_s == 5.0  # its own hop waits that long
+    assert fake.state()["calls_total"] == calls + 1
+    found = read_pace(pg_database, key)
+    assert found is not None
+    assert found[0].paused_until == 0.0
+    assert found[0].learned is None
     first.close()
     second.close()
 

@@ -22,6 +22,10 @@ from domain.ports import TransientGatewayError
 from infrastructure.gateway import HttpGateway
 from infrastructure.pacing import MemoryPaceStore, Pace
 
+# Every 429 a rate signal: for the tests of what a fleet-wide hold does (the evidence
+# rule itself: tests/unit/test_pace_evidence.py).
+EVERY_429: dict[str, float] = {"evidence_min": 1.0, "evidence_share": 0.0}
+
 
 def calls(rules: PaceRules, state: PaceState, times: list[float]) -> list[Go | Hold]:
     out = []
@@ -51,7 +55,7 @@ def test_idle_time_refills_the_burst_but_never_banks_more() -> None:
 
 
 def test_a_retry_after_pauses_every_call_of_the_fleet() -> None:
-    rules = PaceRules(rate=None, max_wait_s=2.0)
+    rules = PaceRules(rate=None, max_wait_s=2.0, **EVERY_429)
     state, change = observe(rules, PaceState(), 10.0, Result.THROTTLED, retry_after_s=30.0)
     assert change is None
     _, held = admit(rules, state, 11.0)
@@ -65,7 +69,7 @@ def test_a_retry_after_pauses_every_call_of_the_fleet() -> None:
 
 
 def test_without_a_rate_the_first_429_learns_one_and_success_grows_it() -> None:
-    rules = PaceRules(rate=None, growth_per_s=0.05, backoff_factor=0.7)
+    rules = PaceRules(rate=None, growth_per_s=0.05, backoff_factor=0.7, **EVERY_429)
     state = PaceState()
     for n in range(60):  # 60 calls in 2 s: 30 calls/s, unlimited
         state, decision = admit(rules, state, 100.0 + n / 30)
@@ -208,7 +212,7 @@ def test_an_outage_opens_the_circuit_once_and_calls_stop_reaching_the_gateway(
 def test_a_429_pauses_the_next_calls_without_sending_them() -> None:
     upstream = Upstream(httpx.Response(429, headers={"Retry-After": "20"}))
     clock = Clock()
-    gateway, _ = adapter(upstream, PaceRules(), clock)
+    gateway, _ = adapter(upstream, PaceRules(**EVERY_429), clock)
 
     with pytest.raises(TransientGatewayError, match="429") as first:
         gateway.family("parent")
@@ -302,7 +306,7 @@ def test_a_failed_probe_through_the_adapter_restarts_the_interval_from_its_answe
 
 
 def test_holds_for_the_fleets_turn_are_paced_and_an_open_circuit_is_not() -> None:
-    rules = PaceRules(rate=1.0, burst=1, max_wait_s=2.0, open_after=1)
+    rules = PaceRules(rate=1.0, burst=1, max_wait_s=2.0, open_after=1, **EVERY_429)
     state = PaceState()
     for now in (0.0, 0.0, 0.0):
         state, decision = admit(rules, state, now)

@@ -1,0 +1,179 @@
+"""The fleet's pace takes evidence, not one data point: a stray 429 costs its own
+call's retry, 429s dense enough to be a rate limit hold and cut the fleet; and a
+call costs nothing of the shared state while no limit is in force."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+from domain.pacing import (
+    Go,
+    PaceRules,
+    PaceState,
+    Result,
+    admit,
+    count_calls,
+    free,
+    observe,
+    rate_signal,
+)
+from infrastructure.pacing import Pace
+
+RULES = PaceRules()  # no rate configured: learned
+
+
+def run(calls_per_s: float, share_429: float, seconds: float, seed: int = 7) -> PaceState:
+    """`calls_per_s` calls a second, each answered 429 with probability `share_429`."""
+    draw = random.Random(seed)
+    state, now, step = PaceState(), 1000.0, 1.0 / calls_per_s
+    end = now + seconds
+    while now < end:
+        state, decision = admit(RULES, state, now)
+        assert isinstance(decision, Go) or state.paused_until > now or state.learned
+        result = Result.THROTTLED if draw.random() < share_429 else Result.ANSWERED
+        state, _ = observe(RULES, state, now, result, retry_after_s=5.0)
+        now += step
+    return state
+
+
+def test_stray_429s_at_3_percent_never_hold_nor_cut_the_fleet() -> None:
+    for rate in (5.0, 20.0, 100.0):
+        for seed in range(10):
+            state = run(rate, 0.03, 60.0, seed)
+            assert state.paused_until == 0.0, (rate, seed)
+            assert state.learned is None, (rate, seed)
+
+
+def test_429s_dense_as_a_rate_limit_hold_and_cut_the_fleet() -> None:
+    state = run(20.0, 0.5, 2.0)
+    assert state.paused_until > 1000.0
+    assert state.learned is not None
+
+
+def test_one_429_alone_is_no_signal_however_few_the_calls() -> None:
+    state, _ = observe(RULES, PaceState(), 10.0, Result.THROTTLED, retry_after_s=60.0)
+    assert not rate_signal(RULES, state)
+    assert state.paused_until == 0.0
+    assert state.throttled_score == 1.0
+
+
+def test_the_evidence_fades_after_a_few_seconds() -> None:
+    state = PaceState()
+    for n in range(5):  # five 429s in a row: at the minimum once one more comes
+        state, _ = observe(RULES, state, 10.0 + n * 0.01, Result.THROTTLED, retry_after_s=1.0)
+    assert not rate_signal(RULES, state)  # decayed a little: just under five
+    later, _ = observe(RULES, state, 40.0, Result.THROTTLED, retry_after_s=1.0)
+    assert not rate_signal(RULES, later)  # the first five have faded
+    soon, _ = observe(RULES, state, 10.06, Result.THROTTLED, retry_after_s=1.0)
+    assert rate_signal(RULES, soon)  # six within the moment, and all of the calls
+
+
+def test_free_only_while_no_limit_is_in_force() -> None:
+    assert free(RULES, PaceState(), 0.0)
+    assert not free(PaceRules(rate=10.0), PaceState(), 0.0)
+    assert not free(RULES, PaceState(learned=5.0, learned_at=0.0), 1.0)
+    assert not free(RULES, PaceState(paused_until=5.0), 1.0)
+    assert free(RULES, PaceState(paused_until=5.0), 6.0)
+    assert not free(RULES, PaceState(unreachable=1), 0.0)
+    assert not free(RULES, PaceState(open_since=0.0), 1.0)
+
+
+def test_calls_published_later_count_as_the_calls_admitted_one_by_one() -> None:
+    one_by_one = PaceState()
+    for _ in range(30):
+        one_by_one = count_calls(RULES, one_by_one, 5.0, 1)
+    at_once = count_calls(RULES, PaceState(), 5.0, 30)
+    assert at_once.window_calls == one_by_one.window_calls == 30
+    assert at_once.calls_score == one_by_one.calls_score
+
+
+# The local copy (infrastructure/pacing.py): what a call costs of the shared store.
+
+
+class SharedStore:
+    """A store shared by processes, counting its round trips."""
+
+    shared = True
+
+    def __init__(self) -> None:
+        self.state, self.now = PaceState(), 1000.0
+        self.updates = self.reads = 0
+
+    def update(self, fn: Any) -> Any:
+        self.updates += 1
+        self.state, out = fn(self.state, self.now)
+        return out
+
+    def read(self) -> tuple[PaceState, float]:
+        self.reads += 1
+        return self.state, self.now
+
+    def close(self) -> None:
+        pass
+
+
+class Monotonic:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def local_pace(store: SharedStore, rules: PaceRules = RULES) -> tuple[Pace, Monotonic]:
+    clock = Monotonic()
+    pace = Pace(store, rules, sleep=lambda s: None, refresh_s=3600.0, monotonic=clock)
+    return pace, clock
+
+
+def test_no_limit_in_force_a_call_costs_no_round_trip() -> None:
+    store = SharedStore()
+    pace, _ = local_pace(store)
+    assert pace.before() is None  # the first: no copy yet, admitted by the store
+    first = store.updates
+
+    for _ in range(100):
+        assert pace.before() is None
+        pace.after(Result.ANSWERED)
+    pace.refresh()  # the background read, publishing what was sent
+    pace.close()
+
+    assert store.updates == first + 1  # the one publication, not one per call
+    assert store.state.window_calls == 101
+
+
+def test_a_configured_rate_admits_each_call_in_the_store() -> None:
+    store = SharedStore()
+    pace, _ = local_pace(store, PaceRules(rate=1000.0, burst=1000))
+    for _ in range(10):
+        pace.before()
+    pace.close()
+    assert store.updates == 10
+
+
+def test_a_hold_another_process_wrote_reaches_this_one_at_the_next_refresh() -> None:
+    store = SharedStore()
+    pace, clock = local_pace(store)
+    pace.before()
+    for n in range(6):  # another process's 429s, dense: a rate signal
+        store.state, _ = observe(RULES, store.state, 1000.0 + n * 0.01, Result.THROTTLED,
+                                 retry_after_s=30.0)  # fmt: skip
+    assert pace.before() is None  # its copy is older than the hold: still free here
+    pace.refresh()
+    clock.t += 0.05
+    held = pace.before()
+    pace.close()
+    assert held is not None
+    assert held.paced
+
+
+def test_a_copy_older_than_stale_s_is_not_trusted() -> None:
+    store = SharedStore()
+    pace, clock = local_pace(store)
+    pace.before()
+    clock.t += 0.6  # no refresh for longer than stale_s
+    before = store.updates
+    pace.before()
+    pace.close()
+    assert store.updates == before + 1
