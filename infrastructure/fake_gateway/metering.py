@@ -150,8 +150,10 @@ class Metering:
             self._fault("unauthorized")
             return error_reply(401, "invalid credentials")
         if request.method == "GET" and self._chance(cfg.throttle_rate):
-            self._fault("throttled")
-            return error_reply(429, "too many requests")
+            self._fault("throttled")  # a shared tenant's throttling: whatever our rate
+            reply = error_reply(429, "too many requests")
+            reply.headers["Retry-After"] = "1"
+            return reply
         if request.method == "GET" and self._chance(cfg.server_error_rate):
             self._fault("server_error")
             return error_reply(503, "service unavailable")
