@@ -5,6 +5,7 @@ outage longer than the settle budget, on the service's own processes.
                                               [--json]
     .venv/bin/python bench/rollout.py outage [--brands 200] [--outage-s 600]
                                              [--mode 503|refuse] [--settle-polls 2] [--json]
+    .venv/bin/python bench/rollout.py crowded [--brands 300] [--others 50000] [--json]
 
 Both run the fake gateway (`provisioner fake-gateway`), two `provisioner worker
 --concurrency 16`, `provisioner relay`, `provisioner projections run` and
@@ -36,6 +37,14 @@ Measured: calls that reached the gateway during the outage (503: the fake's
 moment the circuit opened, against one call per probe interval
 (PROVISIONER_GATEWAY_PROBE_S, 10 s) after it; the seconds from the gateway's
 return to every brand ready; brands failed.
+
+`crowded`: no rate limit, a workspace ready at its second poll, every brand under
+one parent; the rollout into that parent empty, then (the fake reset, a fresh
+database) holding `--others` children of another title. For each: seconds to the
+last brand ready; family reads and calls per brand (the fake's count); bytes of
+gateway answers per brand (`provisioner_gateway_bytes_total`, all operations and
+the family alone); family asks made into a read or served by one shared. Then
+crowded seconds / empty seconds against its target.
 
 Each run prints its figures and pass/fail against the targets (docs/benchmarks.md,
 "Rollouts"); `--json` prints one object. Exit 0 when the run was measured,
@@ -74,6 +83,7 @@ from common import (
     fresh_database,
     fresh_vhost,
     metric,
+    proc_cpu_s,
     provisioner,
     scrape,
     service_env,
@@ -595,12 +605,108 @@ def _since(stamp: float | None, start: float) -> float | None:
     return None if stamp is None else round(stamp - start, 2)
 
 
+# --------------------------------------------------------------------------- crowded
+
+
+CROWDED_TARGET = 1.5  # seconds into the crowded parent / seconds into the empty one, at most
+
+
+def crowded(args: argparse.Namespace) -> dict[str, Any]:
+    """The same rollout into one empty parent, then into one holding `--others` children
+    of another title (seeded in one call), each on its own database, the fake reset
+    in between."""
+    rows, parents = make_brands(args.brands, args.brands)  # every brand in one parent
+    fake, gateway_url = start_fake(parents, knobs={"settle_polls": 1})
+    runs: dict[str, dict[str, Any]] = {}
+    try:
+        with logs_dir(args.logs) as (logs, keep):
+            for name, others in (("empty", 0), ("crowded", args.others)):
+                fake_call(gateway_url, "/_fake/reset", {})
+                if others:
+                    seed = {"title": "Another brand", "parent": parents[0], "count": others}
+                    fake_call(gateway_url, "/_fake/workspaces", seed)
+                deployment = Deployment(gateway_url, logs / name, args.workers, args.concurrency)
+                with deployment.running(PROVISIONER_PARENT_IDS=",".join(parents)):
+                    runs[name] = crowded_run(deployment, rows, args, name, logs, fake.pid)
+            ratio = runs["crowded"]["seconds"] / max(runs["empty"]["seconds"], 1e-9)
+            passed = ratio <= CROWDED_TARGET and all(
+                r["ready"] == args.brands for r in runs.values()
+            )
+            keep(not passed)
+    finally:
+        fake.terminate()
+        fake.wait(5)
+    say(f"crowded / empty: {ratio:.2f} (at most {CROWDED_TARGET}): {'pass' if passed else 'FAIL'}")
+    return {
+        "brands": args.brands,
+        "others": args.others,
+        "workers": args.workers,
+        "concurrency": args.concurrency,
+        **runs,
+        "seconds_ratio": round(ratio, 3),
+        "target_ratio": CROWDED_TARGET,
+        "passed": passed,
+    }
+
+
+def crowded_run(
+    deployment: Deployment,
+    rows: list[tuple[str, str, str]],
+    args: argparse.Namespace,
+    name: str,
+    logs: Path,
+    fake_pid: int,
+) -> dict[str, Any]:
+    brands = [brand for brand, _, _ in rows]
+    others = args.others if name == "crowded" else 0
+    workers = [str(proc.pid) for proc in deployment.procs[-args.workers :]]
+    fake_cpu, workers_cpu = proc_cpu_s(fake_pid), sum(proc_cpu_s(pid) for pid in workers)
+    started = time.time()
+    publish_s = publish(deployment, rows, logs / f"{name}.csv")
+    progress = follow(deployment, brands, args.timeout, name)
+    seconds = (progress.last_ready() or time.time()) - started
+    fake_cpu = proc_cpu_s(fake_pid) - fake_cpu
+    workers_cpu = sum(proc_cpu_s(pid) for pid in workers) - workers_cpu
+    calls = fake_call(deployment.gateway_url, "/_fake/state")["calls"]
+    samples = deployment.metrics()
+    family_bytes = metric(samples, "provisioner_gateway_bytes_total", operation="family")
+    all_bytes = metric(samples, "provisioner_gateway_bytes_total")
+    asks = {
+        served: metric(samples, "provisioner_gateway_family_asks_total", served=served)
+        for served in ("read", "joined")
+    }
+    ready = max(progress.ready, 1)
+    result = {
+        "others": others,
+        "seconds": round(seconds, 2),
+        "publish_s": round(publish_s, 2),
+        "ready": progress.ready,
+        "failed": len(progress.failed),
+        "failed_reasons": progress.reasons(),
+        "family_calls_per_brand": round(calls.get("family", 0) / ready, 2),
+        "calls_per_brand": round(sum(calls.values()) / ready, 2),
+        "family_asks": asks,
+        "fake_cpu_s": round(fake_cpu, 2),
+        "workers_cpu_s": round(workers_cpu, 2),
+        "gateway_bytes_per_brand": round(all_bytes / ready),
+        "family_bytes_per_brand": round(family_bytes / ready),
+        "hops": {
+            outcome: metric(samples, "provisioner_hops_total", outcome=outcome)
+            for outcome in ("promoted", "scheduled", "deferred", "failed")
+        },
+    }
+    say(f"{name} ({others:,} other children): {seconds:.1f} s, {progress.ready} ready, "
+        f"{len(progress.failed)} failed, {result['family_calls_per_brand']} family reads and "
+        f"{result['gateway_bytes_per_brand']:,} gateway bytes per brand")  # fmt: skip
+    return result
+
+
 # --------------------------------------------------------------------------- main
 
 
 def show(result: dict[str, Any], indent: str = "") -> None:
     for key, value in result.items():
-        if isinstance(value, dict) and key in ("configured", "learned"):
+        if isinstance(value, dict) and key in ("configured", "learned", "empty", "crowded"):
             print(f"{indent}{key}:")
             show(value, indent + "  ")
         else:
@@ -610,7 +716,7 @@ def show(result: dict[str, Any], indent: str = "") -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="bench", required=True)
-    for name, brands in (("metered", 300), ("outage", 200)):
+    for name, brands in (("metered", 300), ("outage", 200), ("crowded", 300)):
         one = sub.add_parser(name)
         one.add_argument("--brands", type=int, default=brands)
         one.add_argument("--workers", type=int, default=2)
@@ -619,7 +725,11 @@ def main() -> int:
         one.add_argument("--timeout", type=float, default=900.0, help="seconds to wait for brands")
         one.add_argument("--logs", metavar="DIR", help="keep the processes' logs here")
         one.add_argument("--json", action="store_true")
-        if name == "metered":
+        if name == "crowded":
+            one.add_argument(
+                "--others", type=int, default=50_000, help="the parent's other children"
+            )
+        elif name == "metered":
             one.add_argument("--rate-limit", type=float, default=20.0, help="the fake's calls/s")
             one.add_argument("--burst", type=int, default=5, help="the fake's bucket")
         else:
@@ -629,7 +739,8 @@ def main() -> int:
                 "--settle-polls", type=int, default=2, help="not-ready polls before ready"
             )
     args = parser.parse_args()
-    result = metered(args) if args.bench == "metered" else outage(args)
+    run = {"metered": metered, "outage": outage, "crowded": crowded}[args.bench]
+    result = run(args)
     if args.json:
         print(json.dumps(result))
     else:
