@@ -31,6 +31,7 @@ our seconds / the peer's (target <= 1.0).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
@@ -226,10 +227,21 @@ def ours_run(args: argparse.Namespace, latency_ms: float) -> dict[str, Any]:
     """bench/pipeline.py's run, its fake started with the peer's knobs."""
     import pipeline  # noqa: PLC0415 - imports the service, which the peer's side never needs
 
+    calls: list[int] = []
+
     def start_fake_alike(parents: Any, *, latency_ms: float = 0.0, **_: Any) -> Any:
-        return common.start_fake(
+        fake, url = common.start_fake(
             parents, latency_ms=latency_ms, knobs={"settle_polls": args.settle_polls}
         )
+        stop = fake.terminate
+
+        def count_then_stop() -> None:  # the run stops its fake: read its calls first
+            with contextlib.suppress(OSError):
+                calls.append(int(fake_call(url, "/_fake/state").get("calls_total", 0)))
+            stop()
+
+        fake.terminate = count_then_stop
+        return fake, url
 
     pipeline.start_fake = start_fake_alike
     given = argparse.Namespace(
@@ -242,6 +254,8 @@ def ours_run(args: argparse.Namespace, latency_ms: float) -> dict[str, Any]:
         profile=None,
     )
     result: dict[str, Any] = pipeline.run(given)
+    if calls:
+        result["gateway_calls_per_brand"] = round(calls[0] / max(args.brands, 1), 2)
     return {"side": "ours", "settle_polls": args.settle_polls, **result}
 
 
@@ -273,7 +287,8 @@ def line(r: dict[str, Any]) -> str:
     workers = sum(v for k, v in cpu.items() if k.startswith("worker"))
     return (
         f"{r['side']:>4} {r['latency_ms']:>5g} ms: {r['ready']}/{r['brands']} ready in "
-        f"{r['seconds']:.2f} s = {r['provisions_per_s']:.1f} provisions/s; workers' CPU "
+        f"{r['seconds']:.2f} s = {r['provisions_per_s']:.1f} provisions/s, "
+        f"{r.get('gateway_calls_per_brand', '?')} gateway calls a brand; workers' CPU "
         f"{workers:.2f} ms, PostgreSQL {cpu.get('postgres', 0):.2f} ms, RabbitMQ "
         f"{cpu.get('rabbitmq', 0):.2f} ms per provision; other {r.get('other_share', 0):.2f}, "
         f"load {r.get('load_average')}"
