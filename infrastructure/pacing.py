@@ -56,6 +56,7 @@ from domain.pacing import (
 from infrastructure.eventstore import postgres_conninfo
 
 log = logging.getLogger("provisioner.gateway")
+lifecycle = logging.getLogger("provisioner.gateway.lifecycle")  # shown without -v
 
 T = TypeVar("T")
 Update = Callable[[PaceState, float], tuple[PaceState, T]]
@@ -269,6 +270,12 @@ class Pace:
             new, change = observe(self.rules, state, now, result, retry_after_s=retry_after_s,
                                   error=error, probe=probe)  # fmt: skip
             self._keep(new, now)
+            if new.learned_at != state.learned_at and new.learned is not None:
+                held = max(0.0, new.paused_until - now)
+                lifecycle.info("gateway pace %s: %.3g calls/s, after 429s dense enough to be "
+                               "its rate limit; the fleet holds %.0f s (Retry-After)",
+                               "learned" if state.learned is None else "cut", new.learned,
+                               held)  # fmt: skip
             return new, change
 
         try:
@@ -353,7 +360,8 @@ class Pace:
                 self.rules.open_after, since, change.error, self.rules.probe_every_s,
             )  # fmt: skip
         else:
-            log.info("gateway circuit closed: the gateway answers again (down since %s)", since)
+            lifecycle.info("gateway circuit closed: the gateway answers again (down since %s)",
+                           since)  # fmt: skip
 
     def state(self) -> tuple[PaceState, float]:
         """The shared state and the store's time now (for health and metrics)."""

@@ -20,6 +20,21 @@ from worker.cli_support import (
     views,
 )
 
+# Loggers whose INFO lines show without -v: start-up and outage lines ("connected to
+# ...", a recovery), and each lifecycle edge once (a brand promoted, the gateway's
+# circuit closed, its pace learned or cut; failures and an opened circuit are WARNING
+# or ERROR anyway). They say nothing else at INFO (hops log on provisioner.engine).
+SHOWN_AT_INFO = ("connect", "worker", "relay", "projections", "reconciler",
+                 "engine.lifecycle", "gateway.lifecycle")  # fmt: skip
+
+
+def show_lifecycle() -> None:
+    """Raise SHOWN_AT_INFO to INFO, unless -v shows every line already."""
+    if not logging.getLogger("provisioner").isEnabledFor(logging.INFO):
+        for name in SHOWN_AT_INFO:
+            logging.getLogger(f"provisioner.{name}").setLevel(logging.INFO)
+
+
 concurrency_option = click.option(
     "--concurrency",
     # As PROVISIONER_CONCURRENCY (infrastructure/settings.py): 0 or less would run nothing.
@@ -117,11 +132,7 @@ def serve(
 
     probes = Probes()
     serve(settings.metrics_host, settings.metrics_port, probes)
-    # Start-up and outage lines ("connected to ...", a recovery) show without -v;
-    # these loggers say nothing else at INFO (hops log on provisioner.engine).
-    if not logging.getLogger("provisioner").isEnabledFor(logging.INFO):
-        for name in ("connect", "worker", "relay", "projections", "reconciler"):
-            logging.getLogger(f"provisioner.{name}").setLevel(logging.INFO)
+    show_lifecycle()
     stop = threading.Event()
     # The projections alone need neither the gateway nor the broker.
     context: Any = (

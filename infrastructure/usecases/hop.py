@@ -27,6 +27,7 @@ from infrastructure.usecases.retry import retry_on_conflict
 from infrastructure.usecases.unit import HopUnit
 
 log = logging.getLogger("provisioner.engine")
+lifecycle = logging.getLogger("provisioner.engine.lifecycle")  # shown without -v
 
 Next: TypeAlias = "HopOutcome | Callable[[], Next]"  # the next step, or how the hop ended
 
@@ -276,6 +277,9 @@ class HopRun(HopBase):
         attempt.promote(self.hop)
         self.unit.touch(brand)
         self._save()
+        lifecycle.info("brand promoted brand=%s attempt=%s workspace=%s hop=%d (%s)",
+                       attempt.brand_id, attempt.id, workspace_id, self.hop,
+                       attempt.provenance.value if attempt.provenance else "bound")  # fmt: skip
         return self._outcome(Outcome.PROMOTED, "ready")
 
     def _drop_existing(self, step: decide.DropExisting) -> HopOutcome:

@@ -210,3 +210,47 @@ def test_a_text_line_writes_control_characters_out(monkeypatch: pytest.MonkeyPat
         assert "\x1b" not in out
         assert "\x07" not in out
         assert ("ws-\\x1b[31mred\\x07" if fmt == "text" else "ws-\\u001b[31mred\\u0007") in out
+
+
+def test_each_lifecycle_edge_shows_once_at_the_default_level(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Without -v (root at WARNING): a promotion, and the gateway's circuit closing
+    after an outage, each show one line; a hop's routine lines do not."""
+    from domain.pacing import PaceRules, Result
+    from infrastructure.pacing import MemoryPaceStore, Pace
+    from worker.cli_serve import SHOWN_AT_INFO, show_lifecycle
+
+    root = logging.getLogger()
+    monkeypatch.setattr(root, "handlers", [])
+    monkeypatch.setattr(root, "level", root.level)
+    for name in ("provisioner", *(f"provisioner.{n}" for n in SHOWN_AT_INFO)):
+        logger = logging.getLogger(name)
+        monkeypatch.setattr(logger, "level", logging.NOTSET)
+    stream = io.StringIO()
+    handler = logs.setup(logging.WARNING, "json", [], stream=stream)
+    assert handler is not None
+    show_lifecycle()
+    try:
+        gateway = MemoryGateway("org-p")
+        service = ProvisioningService(open_event_store("memory://"), gateway)
+        service.run_hop(service.request_provisioning("b1", "Acme", "org-p"), 0)
+        pace = Pace(MemoryPaceStore(), PaceRules(open_after=1, probe_every_s=0.001),
+                    sleep=lambda s: None)  # fmt: skip
+        pace.before()
+        pace.after(Result.UNREACHABLE, error="503")  # opens the circuit: a WARNING
+        pace.before()  # the probe
+        pace.after(Result.ANSWERED)  # closes it
+        for _ in range(8):  # 429s dense enough to be a rate limit: a rate is learned
+            pace.before()
+            pace.after(Result.THROTTLED, retry_after_s=0.001)
+    finally:
+        root.removeHandler(handler)
+
+    shown = [(line["level"], line["message"]) for line in lines(stream)]
+    messages = [message for _, message in shown]
+    assert sum("brand promoted brand=b1" in m for m in messages) == 1, shown
+    assert sum("gateway circuit open" in m for m in messages) == 1, shown
+    assert sum("gateway circuit closed" in m for m in messages) == 1, shown
+    assert sum("gateway pace learned" in m for m in messages) == 1, shown
+    assert len(shown) == 4, shown  # nothing else: a hop's routine lines stay at DEBUG
