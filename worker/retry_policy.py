@@ -142,8 +142,10 @@ class RetryPolicy:
             return Dead(Reason.RETRIES_EXHAUSTED, errors)
         delay = schedule[min(facts.waits, len(schedule) - 1)]
         hint = float(getattr(exc, "retry_after_s", 0.0) or 0.0)
-        if hint > 0:  # told when: that, within the schedule's first and longest steps
-            delay = min(max(schedule[0], hint), max(schedule))
+        if hint > 0 and getattr(exc, "paced", False):  # the fleet's own turn: then, as hops
+            delay = min(hint, max(schedule))
+        elif hint > 0:  # told when (Retry-After): not sooner, the schedule growing still
+            delay = min(max(delay, hint), max(schedule))
         counts = {"x-waits": facts.waits + 1, "x-waited-ms": round((waited_s + delay) * 1000)}
         return Republish(delay, _counts(facts, **counts), waiting=True)
 

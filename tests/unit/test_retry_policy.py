@@ -29,7 +29,8 @@ BUG = KeyError("x")
 BUSY = ContentionError("busy")
 LATER = RetryLater("decommission in progress")
 UNANSWERED = TransientGatewayError("503")
-HELD = TransientGatewayError("held by the pace", retry_after_s=2.0)
+HELD = TransientGatewayError("held: circuit open", retry_after_s=2.0)
+PACED = TransientGatewayError("paced at 2 calls/s", retry_after_s=2.0, paced=True)
 TOLD_15 = TransientGatewayError("throttled (HTTP 429)", retry_after_s=15.0)
 TOLD_AN_HOUR = TransientGatewayError("throttled (HTTP 429)", retry_after_s=3600.0)
 
@@ -81,16 +82,19 @@ def waited(exc: BaseException) -> Dead:
          Republish(10.0, {"x-retries": 2, "x-waits": 1, "x-waited-ms": 10_000}, waiting=True)),
         (Facts("decommission", 0, 1), UNANSWERED,
          Republish(20.0, {"x-retries": 0, "x-waits": 2, "x-waited-ms": 30_000}, waiting=True)),
-        # Told when (Retry-After, the pace): that long, within the first and longest steps ...
+        # Told when (Retry-After): not sooner, the schedule still growing, at most its
+        # longest step; the fleet's own turn (paced): that long, as a hop waits ...
         (Facts("release", 0, 1, 10_000), HELD,
-         Republish(10.0, {"x-retries": 0, "x-waits": 2, "x-waited-ms": 20_000}, waiting=True)),
+         Republish(20.0, {"x-retries": 0, "x-waits": 2, "x-waited-ms": 30_000}, waiting=True)),
+        (Facts("release", 0, 1, 10_000), PACED,
+         Republish(2.0, {"x-retries": 0, "x-waits": 2, "x-waited-ms": 12_000}, waiting=True)),
         (Facts("release", 0, 0), TOLD_15,
          Republish(15.0, {"x-retries": 0, "x-waits": 1, "x-waited-ms": 15_000}, waiting=True)),
         (Facts("release", 0, 0), TOLD_AN_HOUR,
          Republish(20.0, {"x-retries": 0, "x-waits": 1, "x-waited-ms": 20_000}, waiting=True)),
         # ... and dead once the waits add up to the schedule, however many they were.
         (Facts("release", 0, 5, 29_000), HELD,
-         Republish(10.0, {"x-retries": 0, "x-waits": 6, "x-waited-ms": 39_000}, waiting=True)),
+         Republish(20.0, {"x-retries": 0, "x-waits": 6, "x-waited-ms": 49_000}, waiting=True)),
         (Facts("release", 0, 6, 39_000), HELD,
          Dead(Reason.RETRIES_EXHAUSTED, {"error": repr(HELD), "waited_s": 39.0})),
         # ... then dead once spent, saying how long it waited.
