@@ -172,6 +172,12 @@ def _deferral(facts: AttemptFacts, now: datetime) -> str | None:
     return f"deferred ×{facts.deferred_in_row}: {status}{since}"
 
 
+def _throttled(status: str) -> bool:
+    """A deferral's status that says the gateway throttled, or the pace held, the call."""
+    said = status.lower()
+    return any(word in said for word in ("429", "throttled", "paced at", "retry-after"))
+
+
 def _pending(
     facts: AttemptFacts, now: datetime, backoff: Backoff, fleet: Fleet | None
 ) -> Progress:
@@ -194,6 +200,11 @@ def _pending(
         advice = (
             f"its hops are not published: the relay is silent since {clock(relay, now)}; "
             "start `provisioner relay` (or `provisioner run`)"
+        )
+    elif deferral is not None and _throttled(facts.last_status):
+        advice = (
+            "throttled by the gateway (429) or held for the fleet's turn: its hops wait "
+            "their turn, the settle budget untouched"
         )
     elif deferral is not None:
         advice = "the gateway does not answer: its hops wait, the settle budget untouched"

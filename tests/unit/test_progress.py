@@ -164,11 +164,14 @@ SUPERSEDED = replace(PENDING, state=AttemptState.SUPERSEDED, next_hop_at=None)
 OVERDUE = replace(PENDING, next_hop_at=NOW - timedelta(minutes=5))
 DEFERRED = replace(PENDING, deferred_in_row=3, last_status="HTTP 503")
 RECREATING = replace(PENDING, last_status="creation_failed")
+THROTTLED = replace(PENDING, deferred_in_row=2, last_status="status: throttled (HTTP 429)")
 
 ADVICE_TABLE = [
     ("active, unbound, pending", ACTIVE_UNBOUND, PENDING, None, "waiting for the workspace"),
     ("active, unbound, overdue", ACTIVE_UNBOUND, OVERDUE, None, "is a worker running?"),
     ("active, unbound, deferred", ACTIVE_UNBOUND, DEFERRED, None, "does not answer"),
+    ("active, unbound, throttled", ACTIVE_UNBOUND, THROTTLED, None,
+     "throttled by the gateway (429)"),
     ("active, unbound, creation failed", ACTIVE_UNBOUND, RECREATING, None,
      "creation failed: a new one is created"),
     ("active, unbound, relay dead", ACTIVE_UNBOUND, PENDING, RELAY_DEAD,
