@@ -150,6 +150,13 @@ def rate_now(rules: PaceRules, state: PaceState, now: float) -> float | None:
     return state.learned * math.exp(exponent)
 
 
+def shown(rate: float) -> str:
+    """A rate for a person: 0.25, 7.5, 19, 6,580 calls/s (never 6.58e+03)."""
+    if rate >= 100:
+        return f"{rate:,.0f}"
+    return f"{rate:.2g}" if rate < 1 else f"{rate:.3g}"
+
+
 def free(rules: PaceRules, state: PaceState, now: float) -> bool:
     """No limit in force: no rate configured or learned, the circuit closed, nothing
     failing, no hold current. A call then needs nothing from the shared state."""
@@ -216,7 +223,7 @@ def admit(
     due = max(state.tat, start)
     wait = max(start, due - (rules.burst - 1) * interval) - now
     if wait > patience:
-        return state, Hold(wait, f"paced at {rate:.3g} calls/s", paced=True)
+        return state, Hold(wait, f"paced at {shown(rate)} calls/s", paced=True)
     return replace(state, tat=due + interval), Go(wait)
 
 

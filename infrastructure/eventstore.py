@@ -21,6 +21,7 @@ events.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sqlite3
 import stat
@@ -300,7 +301,9 @@ def open_event_store(
         raise DatabaseNotInitialised(
             f"the event tables are missing in {redact_url(url)}: run `provisioner db init` first"
         )
-    log.info("connected to %s", redact_url(url))
+    # A long-running process says it once at start; a one-shot use (a probe, a CLI
+    # read, every /readyz) says nothing at INFO.
+    log.log(logging.DEBUG if one_shot else logging.INFO, "connected to %s", redact_url(url))
     env = persistence_env(
         url,
         pool_size=pool_size,

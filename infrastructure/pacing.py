@@ -52,6 +52,7 @@ from domain.pacing import (
     count_calls,
     free,
     observe,
+    shown,
 )
 from infrastructure.eventstore import postgres_conninfo
 
@@ -272,10 +273,10 @@ class Pace:
             self._keep(new, now)
             if new.learned_at != state.learned_at and new.learned is not None:
                 held = max(0.0, new.paused_until - now)
-                lifecycle.info("gateway pace %s: %.3g calls/s, after 429s dense enough to be "
+                lifecycle.info("gateway pace %s: %s calls/s, after 429s dense enough to be "
                                "its rate limit; the fleet holds %.0f s (Retry-After)",
-                               "learned" if state.learned is None else "cut", new.learned,
-                               held)  # fmt: skip
+                               "learned" if state.learned is None else "cut",
+                               shown(new.learned), held)  # fmt: skip
             return new, change
 
         try:

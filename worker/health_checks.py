@@ -15,7 +15,7 @@ from urllib.parse import urlsplit
 
 import psycopg
 
-from domain.pacing import PaceRules, PaceState, rate_now
+from domain.pacing import PaceRules, PaceState, rate_now, shown
 from domain.ports import (
     CertificateRefused,
     TransientGatewayError,
@@ -172,7 +172,7 @@ def circuit_check(
             raise Degraded(_hold(state, now, rules.retry_after_max_s))
         rate = rate_now(rules, state, now)
         how = "configured" if rules.rate is not None else "learned from 429s"
-        pace = "no limit" if rate is None else f"{rate:.3g} calls/s ({how})"
+        pace = "no limit" if rate is None else f"{shown(rate)} calls/s ({how})"
         return f"circuit closed; pace {pace}"
 
     return check

@@ -28,6 +28,7 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from infrastructure.failures import ConfigurationError
 from infrastructure.redaction import NO_SECRETS, Secrets
 from worker.health import CheckResult, Health, Unhealthy, checks_for, healthy, report
 from worker.metrics import StateCollector
@@ -163,6 +164,12 @@ def serve(host: str, port: int, probes: Probes) -> WSGIServer | None:
     if not port:
         return None
     server_class = _V6Server if ":" in host else _Server
-    server = make_server(host, port, probes, server_class, handler_class=_Quiet)
+    try:
+        server = make_server(host, port, probes, server_class, handler_class=_Quiet)
+    except OSError as exc:  # in use (another process of this host), or not ours to bind
+        raise ConfigurationError(
+            f"PROVISIONER_METRICS_PORT={port} on {host}: cannot listen ({exc.strerror or exc}); "
+            "give each process on this host its own port, or 0 for none"
+        ) from None
     threading.Thread(target=server.serve_forever, name="probes", daemon=True).start()
     return server

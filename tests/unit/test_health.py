@@ -432,3 +432,22 @@ def test_an_open_circuit_or_a_retry_after_is_degraded_and_a_closed_one_ok() -> N
     assert results[0].line().startswith("DEGRADED open: circuit open")
     assert healthy(results)
     assert report(results)["status"] == "degraded"
+
+
+def test_a_metrics_port_another_process_holds_names_the_port_and_the_variable() -> None:
+    import socket
+
+    from infrastructure.failures import EXIT_CONFIGURATION, ConfigurationError
+    from worker.probes import serve
+
+    held = socket.socket()
+    held.bind(("127.0.0.1", 0))
+    held.listen()
+    port = held.getsockname()[1]
+    try:
+        with pytest.raises(ConfigurationError) as refused:
+            serve("127.0.0.1", port, Probes())
+    finally:
+        held.close()
+    assert f"PROVISIONER_METRICS_PORT={port}" in str(refused.value)
+    assert refused.value.exit_code == EXIT_CONFIGURATION

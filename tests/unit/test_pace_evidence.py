@@ -177,3 +177,9 @@ def test_a_copy_older_than_stale_s_is_not_trusted() -> None:
     pace.before()
     pace.close()
     assert store.updates == before + 1
+
+
+def test_a_rate_reads_as_a_person_writes_it() -> None:
+    from domain.pacing import shown
+
+    assert [shown(r) for r in (0.25, 7.5, 19.0, 6580.4)] == ["0.25", "7.5", "19", "6,580"]
