@@ -18,8 +18,9 @@ sent and reports what came of it to `observe`. Times are seconds on one clock
 - **Evidence, not one data point.** A 429's Retry-After always holds the call
   that got it (its hop is deferred until then: domain/hop.py). The fleet-wide
   hold and a learned rate's cut follow only from 429s dense enough to be a rate
-  signal (`throttled`): at least `evidence_min` of them, and at least
-  `evidence_share` of the calls, both counted with an exponential decay of
+  signal (`rate_signal`): at least `evidence_min` of them, and at least
+  `evidence_share` of the calls (of `evidence_calls_min` at the least: a share of
+  a few calls is noise), both counted with an exponential decay of
   `evidence_tau_s` (about the last few seconds). A shared tenant's stray 429s
   (a few per cent of calls, at random) stay below it and cost their own retry.
 - **A shared Retry-After.** Once 429s are a rate signal, the latest one's
@@ -73,8 +74,9 @@ class PaceRules:
     # 429s are a rate signal once, decayed over evidence_tau_s, there are at least
     # evidence_min of them and they are at least evidence_share of the calls.
     evidence_min: float = 5.0
-    evidence_share: float = 0.15
+    evidence_share: float = 0.10
     evidence_tau_s: float = 5.0
+    evidence_calls_min: float = 100.0  # the share is of at least this many calls
 
     def __post_init__(self) -> None:
         if self.rate is not None and self.rate <= 0:
@@ -194,7 +196,8 @@ def _scored(
 def rate_signal(rules: PaceRules, state: PaceState) -> bool:
     """Whether the 429s counted are dense enough to be the gateway's rate limit."""
     dense = state.throttled_score >= rules.evidence_min
-    return dense and state.throttled_score >= rules.evidence_share * state.calls_score
+    calls = max(state.calls_score, rules.evidence_calls_min)  # a share of a few calls is noise
+    return dense and state.throttled_score >= rules.evidence_share * calls
 
 
 def admit(

@@ -241,7 +241,7 @@ def test_each_lifecycle_edge_shows_once_at_the_default_level(
         pace.after(Result.UNREACHABLE, error="503")  # opens the circuit: a WARNING
         pace.before()  # the probe
         pace.after(Result.ANSWERED)  # closes it
-        for _ in range(8):  # 429s dense enough to be a rate limit: a rate is learned
+        for _ in range(12):  # 429s dense enough to be a rate limit: a rate is learned
             pace.before()
             pace.after(Result.THROTTLED, retry_after_s=0.001)
     finally:

@@ -60,13 +60,14 @@ def test_one_429_alone_is_no_signal_however_few_the_calls() -> None:
 
 def test_the_evidence_fades_after_a_few_seconds() -> None:
     state = PaceState()
-    for n in range(5):  # five 429s in a row: at the minimum once one more comes
+    for n in range(9):  # nine 429s in a row: not yet a tenth of 100 calls
         state, _ = observe(RULES, state, 10.0 + n * 0.01, Result.THROTTLED, retry_after_s=1.0)
-    assert not rate_signal(RULES, state)  # decayed a little: just under five
+    assert not rate_signal(RULES, state)  # decayed a little: just under the share
     later, _ = observe(RULES, state, 40.0, Result.THROTTLED, retry_after_s=1.0)
-    assert not rate_signal(RULES, later)  # the first five have faded
-    soon, _ = observe(RULES, state, 10.06, Result.THROTTLED, retry_after_s=1.0)
-    assert rate_signal(RULES, soon)  # six within the moment, and all of the calls
+    assert not rate_signal(RULES, later)  # the first nine have faded
+    for n in range(2):
+        state, _ = observe(RULES, state, 10.1 + n * 0.01, Result.THROTTLED, retry_after_s=1.0)
+    assert rate_signal(RULES, state)  # eleven within the moment, and all of the calls
 
 
 def test_free_only_while_no_limit_is_in_force() -> None:
@@ -156,7 +157,7 @@ def test_a_hold_another_process_wrote_reaches_this_one_at_the_next_refresh() -> 
     store = SharedStore()
     pace, clock = local_pace(store)
     pace.before()
-    for n in range(6):  # another process's 429s, dense: a rate signal
+    for n in range(12):  # another process's 429s, dense: a rate signal
         store.state, _ = observe(RULES, store.state, 1000.0 + n * 0.01, Result.THROTTLED,
                                  retry_after_s=30.0)  # fmt: skip
     assert pace.before() is None  # its copy is older than the hold: still free here

@@ -82,10 +82,10 @@ def waited(exc: BaseException) -> Dead:
          Republish(10.0, {"x-retries": 2, "x-waits": 1, "x-waited-ms": 10_000}, waiting=True)),
         (Facts("decommission", 0, 1), UNANSWERED,
          Republish(20.0, {"x-retries": 0, "x-waits": 2, "x-waited-ms": 30_000}, waiting=True)),
-        # Told when (Retry-After): not sooner, the schedule still growing, at most its
-        # longest step; the fleet's own turn (paced): that long, as a hop waits ...
+        # Told when (Retry-After): not sooner, a short step still growing, at most the
+        # schedule's longest; the fleet's own turn (paced): that long, as a hop waits ...
         (Facts("release", 0, 1, 10_000), HELD,
-         Republish(20.0, {"x-retries": 0, "x-waits": 2, "x-waited-ms": 30_000}, waiting=True)),
+         Republish(10.0, {"x-retries": 0, "x-waits": 2, "x-waited-ms": 20_000}, waiting=True)),
         (Facts("release", 0, 1, 10_000), PACED,
          Republish(2.0, {"x-retries": 0, "x-waits": 2, "x-waited-ms": 12_000}, waiting=True)),
         (Facts("release", 0, 0), TOLD_15,
