@@ -41,8 +41,9 @@ RETRY_DELAYS_S = (1.0, 5.0, 15.0, 60.0, 120.0)
 # hour) in all. Delays the infrastructure schedule uses too: no new wait queues.
 WAIT_DELAYS_S = (5.0, 15.0, 60.0) + (120.0,) * 29
 # A gateway refusal that says when (Retry-After, an open circuit's next probe): that
-# long, or this step, whichever is longer: growing a little, as a hop's deferral does.
-TOLD_DELAYS_S = (5.0, 10.0, 15.0, 30.0)
+# long, at least this (a growing schedule here held the reliability run's drain for
+# minutes: the gateway's own Retry-After already says how long to wait).
+TOLD_DELAYS_S = (5.0,)
 # What a handler raises for a refusal for now: waits on WAIT_DELAYS_S.
 REFUSED_FOR_NOW: tuple[type[BaseException], ...] = (RetryLater, TransientGatewayError)
 
@@ -148,7 +149,7 @@ class RetryPolicy:
         hint = float(getattr(exc, "retry_after_s", 0.0) or 0.0)
         if hint > 0 and getattr(exc, "paced", False):  # the fleet's own turn: then, as hops
             delay = min(hint, max(schedule))
-        elif hint > 0:  # told when (Retry-After): not sooner, a short step growing still
+        elif hint > 0:  # told when (Retry-After): not sooner, and at least a short step
             step = self.told_delays_s[min(facts.waits, len(self.told_delays_s) - 1)]
             delay = min(max(step, hint), max(schedule))
         counts = {"x-waits": facts.waits + 1, "x-waited-ms": round((waited_s + delay) * 1000)}

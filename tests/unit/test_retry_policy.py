@@ -82,10 +82,10 @@ def waited(exc: BaseException) -> Dead:
          Republish(10.0, {"x-retries": 2, "x-waits": 1, "x-waited-ms": 10_000}, waiting=True)),
         (Facts("decommission", 0, 1), UNANSWERED,
          Republish(20.0, {"x-retries": 0, "x-waits": 2, "x-waited-ms": 30_000}, waiting=True)),
-        # Told when (Retry-After): not sooner, a short step still growing, at most the
+        # Told when (Retry-After): not sooner, at least a short step, at most the
         # schedule's longest; the fleet's own turn (paced): that long, as a hop waits ...
         (Facts("release", 0, 1, 10_000), HELD,
-         Republish(10.0, {"x-retries": 0, "x-waits": 2, "x-waited-ms": 20_000}, waiting=True)),
+         Republish(5.0, {"x-retries": 0, "x-waits": 2, "x-waited-ms": 15_000}, waiting=True)),
         (Facts("release", 0, 1, 10_000), PACED,
          Republish(2.0, {"x-retries": 0, "x-waits": 2, "x-waited-ms": 12_000}, waiting=True)),
         (Facts("release", 0, 0), TOLD_15,
@@ -94,9 +94,9 @@ def waited(exc: BaseException) -> Dead:
          Republish(20.0, {"x-retries": 0, "x-waits": 1, "x-waited-ms": 20_000}, waiting=True)),
         # ... and dead once the waits add up to the schedule, however many they were.
         (Facts("release", 0, 5, 29_000), HELD,
-         Republish(20.0, {"x-retries": 0, "x-waits": 6, "x-waited-ms": 49_000}, waiting=True)),
-        (Facts("release", 0, 6, 39_000), HELD,
-         Dead(Reason.RETRIES_EXHAUSTED, {"error": repr(HELD), "waited_s": 39.0})),
+         Republish(5.0, {"x-retries": 0, "x-waits": 6, "x-waited-ms": 34_000}, waiting=True)),
+        (Facts("release", 0, 6, 34_000), HELD,
+         Dead(Reason.RETRIES_EXHAUSTED, {"error": repr(HELD), "waited_s": 34.0})),
         # ... then dead once spent, saying how long it waited.
         (Facts("provision", 0, 2), LATER, waited(LATER)),
         (Facts("hop", 0, 2), UNANSWERED, waited(UNANSWERED)),
