@@ -7,10 +7,6 @@ from __future__ import annotations
 import os
 import shutil
 import socket
-import subprocess
-import sys
-import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -27,7 +23,7 @@ from selenium.webdriver.support.ui import Select, WebDriverWait
 from domain.upstream_audit import Action, Audit, Finding, Kind
 from infrastructure.audit_findings import FindingsWriter
 from tests.conftest import unavailable
-from tests.integration.web_fixture import HOSTILE_ID, filled_store
+from tests.integration.web_fixture import HOSTILE_ID, filled_store, web_server
 
 ROOT = Path(__file__).resolve().parents[2]
 # docs/web-brand.png is refreshed by hand: PROVISIONER_SCREENSHOT=docs/web-brand.png make test
@@ -50,24 +46,8 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     port = _free_port()
     env = {**os.environ, "PROVISIONER_DATABASE_URL": url, "PROVISIONER_BROKER_URL": "memory://"}
     env.pop("PROVISIONER_WEB_TOKEN", None)
-    server = subprocess.Popen(
-        [sys.executable, "-m", "worker.cli", "web", "--port", str(port)], env=env, cwd=ROOT
-    )
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 30
-        while True:  # wait for the server to answer (not a timing assertion)
-            try:
-                with urllib.request.urlopen(base + "/lag", timeout=2):
-                    break
-            except OSError:
-                if server.poll() is not None or time.monotonic() > deadline:
-                    pytest.fail(f"`provisioner web` did not start (exit {server.poll()})")
-                time.sleep(0.1)
+    with web_server(env, port, ROOT) as base:
         yield base
-    finally:
-        server.terminate()
-        server.wait(10)
 
 
 @pytest.fixture(scope="module")

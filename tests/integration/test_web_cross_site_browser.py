@@ -9,8 +9,6 @@ import json
 import os
 import shutil
 import socket
-import subprocess
-import sys
 import threading
 import time
 import urllib.request
@@ -28,7 +26,7 @@ from selenium.webdriver.common.by import By
 
 from infrastructure.fake_gateway import FakeGateway
 from tests.conftest import unavailable
-from tests.integration.web_fixture import filled_store
+from tests.integration.web_fixture import filled_store, web_server
 
 ROOT = Path(__file__).resolve().parents[2]
 IMAGES = 20
@@ -62,24 +60,8 @@ def view(tmp_path_factory: pytest.TempPathFactory, gateway: FakeGateway) -> Iter
         "PROVISIONER_GATEWAY_URL": gateway.url, "PROVISIONER_GATEWAY_TOKEN": "org-token",
         "PROVISIONER_PARENT_IDS": "org-parent", "PROVISIONER_ALLOW_MIXED_EMBEDDED": "1",
     })  # fmt: skip
-    server = subprocess.Popen(
-        [sys.executable, "-m", "worker.cli", "web", "--port", str(port)], env=env, cwd=ROOT
-    )
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 30
-        while True:  # wait for the server to answer (not a timing assertion)
-            try:
-                with urllib.request.urlopen(base + "/lag", timeout=2):
-                    break
-            except OSError:
-                if server.poll() is not None or time.monotonic() > deadline:
-                    pytest.fail(f"`provisioner web` did not start (exit {server.poll()})")
-                time.sleep(0.1)
+    with web_server(env, port, ROOT) as base:
         yield base
-    finally:
-        server.terminate()
-        server.wait(10)
 
 
 @pytest.fixture(scope="module")

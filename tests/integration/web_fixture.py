@@ -4,7 +4,15 @@ never answers (two hops deferred), with its read models caught up."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+
+import pytest
 
 from domain.policies import Deferral
 from infrastructure.eventstore import open_event_store
@@ -39,3 +47,27 @@ def filled_store(directory: Path) -> str:
     finally:
         app.close()
     return url
+
+
+@contextmanager
+def web_server(env: dict[str, str], port: int, cwd: Path) -> Iterator[str]:
+    """`provisioner web` on `port` in a subprocess with `env`, once it answers: its
+    base URL; stopped on exit."""
+    server = subprocess.Popen(
+        [sys.executable, "-m", "worker.cli", "web", "--port", str(port)], env=env, cwd=cwd
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while True:  # wait for the server to answer (not a timing assertion)
+            try:
+                with urllib.request.urlopen(base + "/lag", timeout=2):
+                    break
+            except OSError:
+                if server.poll() is not None or time.monotonic() > deadline:
+                    pytest.fail(f"`provisioner web` did not start (exit {server.poll()})")
+                time.sleep(0.1)
+        yield base
+    finally:
+        server.terminate()
+        server.wait(10)
