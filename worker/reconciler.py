@@ -34,7 +34,7 @@ import logging
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from uuid import UUID
 
@@ -68,6 +68,7 @@ class SweepReport:
     decommissions: int = 0
     expired: int = 0
     stuck: int = 0  # owed releases still owed `stuck_after_s` after the attempt ended
+    hop_brands: list[str] = field(default_factory=list)  # whose overdue hops were sent
 
     @property
     def total(self) -> int:
@@ -144,6 +145,7 @@ class Reconciler:
                 message = messages.hop(UUID(row["attempt_id"]), row["next_hop"])
                 self._send(broker, message, ("hop", row["attempt_id"], row["next_hop"]))
                 report.hops += 1
+                report.hop_brands.append(str(row["brand_id"]))
         stuck_before = now - timedelta(seconds=self.stuck_after_s)
         for row in self._owing(store, now):
             if self._fresh("release", row["attempt_id"]):
@@ -178,11 +180,23 @@ class Reconciler:
         if report.total:
             log.warning(
                 "re-published %d hops, %d owed releases (%d stuck), %d orphan re-checks, "
-                "%d decommissions; %d attempts expired",
+                "%d decommissions; %d attempts expired%s",
                 report.hops, report.releases, report.stuck, report.rechecks,
-                report.decommissions, report.expired,
+                report.decommissions, report.expired, self._why(report),
+                extra={"brand": report.hop_brands[0]} if len(report.hop_brands) == 1 else {},
             )  # fmt: skip
         return report
+
+    def _why(self, report: SweepReport) -> str:
+        """Why hops were sent again, and whose: they were overdue, so the relay or every
+        worker may be down (`provisioner health` says which)."""
+        if not report.hop_brands:
+            return ""
+        shown = ", ".join(report.hop_brands[:5])
+        more = f" (+{len(report.hop_brands) - 5} more)" if len(report.hop_brands) > 5 else ""
+        return (f"; the hops were overdue by more than {self.overdue_s:g} s (brands {shown}"
+                f"{more}): is the relay running, and a worker? `provisioner health` "
+                "says")  # fmt: skip
 
     def _due(self, store: SqlViewStore, before: object) -> list[Row]:
         """Deactivated brands still bound whose retention window ended before `before`,

@@ -34,7 +34,9 @@ def caught_up(app: Any, store: SqlViewStore) -> SqlViewStore:
     return store
 
 
-def test_a_sweep_republishes_overdue_hops_and_owed_releases_only(tmp_path: Path) -> None:
+def test_a_sweep_republishes_overdue_hops_and_owed_releases_only(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     url = f"sqlite:///{tmp_path / 'events.sqlite'}"
     app = open_event_store(url)
     seed_histories(app, 4 * len(FATES))  # four brands of each fate
@@ -44,7 +46,8 @@ def test_a_sweep_republishes_overdue_hops_and_owed_releases_only(tmp_path: Path)
         now_report = Reconciler(url).sweep(store, broker)  # type: ignore[arg-type]
         later = datetime.now(UTC) + timedelta(hours=1)
         reconciler = Reconciler(url)
-        later_report = reconciler.sweep(store, broker, now=later)  # type: ignore[arg-type]
+        with caplog.at_level(logging.WARNING, "provisioner.reconciler"):
+            later_report = reconciler.sweep(store, broker, now=later)  # type: ignore[arg-type]
         again = reconciler.sweep(store, broker, now=later)  # type: ignore[arg-type]
 
     # Now: pending hops are due in 5 s and cancelled candidates became owed just now.
@@ -55,6 +58,12 @@ def test_a_sweep_republishes_overdue_hops_and_owed_releases_only(tmp_path: Path)
     assert {m.fields["hop"] for m in hops} == {1}
     assert all(m.type in ("hop", "release") for m in broker.sent)
     assert again.total == 0  # sent a moment ago: not again before resend_s
+    # The line says why the hops went again, and whose they are.
+    [line] = [r.getMessage() for r in caplog.records if "re-published 4 hops" in r.getMessage()]
+    assert "overdue by more than" in line
+    assert "is the relay running, and a worker?" in line
+    assert all(brand in line for brand in later_report.hop_brands)
+    assert len(later_report.hop_brands) == 4
     app.close()
 
 
