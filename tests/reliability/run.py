@@ -19,7 +19,7 @@ from domain.policies import Backoff
 from infrastructure import messages
 from infrastructure.broker import COMMAND_KEY
 from infrastructure.eventstore import open_event_store
-from infrastructure.failures import ServiceUnavailable
+from infrastructure.failures import EXIT_UNAVAILABLE, ServiceUnavailable
 from infrastructure.views import SqlViewStore
 from tests.reliability import chaos, checks, facts
 from tests.reliability.plan import Plan, draw, draw_metering, draw_outages
@@ -243,9 +243,16 @@ class Run:
         return drivers
 
     def _provision_by_cli(self) -> None:
+        """Each CLI brand, as an operator would: exit 5 ("a service did not answer", the
+        chaos terminating the command's connection) is tried again, as it says."""
         for brand in self.plan.by_cli:
             title, parent = self.plan.brands[brand]
-            done = self.fleet.one_shot("provision", brand, "--title", title, "--parent", parent)
+            for attempt in range(5):
+                done = self.fleet.one_shot("provision", brand, "--title", title, "--parent", parent)
+                if done.returncode != EXIT_UNAVAILABLE:
+                    break
+                self.notes.append(f"provisioner provision {brand} exited 5; tried again")
+                time.sleep(0.5 * 2**attempt)
             if done.returncode != 0:
                 self.notes.append(f"provisioner provision {brand} exited {done.returncode}")
 
