@@ -62,11 +62,3 @@ def heartbeat_check(
         return f"beat {age:.0f} s ago in {beat.process}"
 
     return check
-
-
-def heartbeat_ages(facts: dict[str, Any], now: float) -> dict[str, float]:
-    """Seconds since each component's last beat (for the gauge); none if unread."""
-    beats = facts.get("heartbeats")
-    if not isinstance(beats, dict):
-        return {}
-    return {name: age_s(beat, now) for name, beat in sorted(beats.items())}
