@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Iterator
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +22,7 @@ from infrastructure.fake_gateway import FakeConfig, FakeGateway
 from infrastructure.gateway import HttpGateway
 from infrastructure.service import EngineSettings, ProvisioningService
 from infrastructure.views import init_read_models
+from tests.support import ManualClock
 
 # Hypothesis: `default` (what `make test` runs) is deterministic, with no example
 # database and no deadline; `deep` (HYPOTHESIS_PROFILE=deep) searches far wider,
@@ -56,19 +56,6 @@ def unavailable(what: str, exc: BaseException) -> None:
     if services_required():
         pytest.fail(message, pytrace=False)
     pytest.skip(message)
-
-
-class ManualClock:
-    """Real time plus an offset the test moves forward."""
-
-    def __init__(self) -> None:
-        self.offset = timedelta()
-
-    def now(self) -> datetime:
-        return datetime.now(UTC) + self.offset
-
-    def advance(self, seconds: float) -> None:
-        self.offset += timedelta(seconds=seconds)
 
 
 @pytest.fixture(scope="session")

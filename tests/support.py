@@ -6,6 +6,7 @@ import json
 import shutil
 import subprocess
 from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 from typing import Any
 from uuid import UUID
 
@@ -14,6 +15,31 @@ from eventsourcing.persistence import StoredEvent
 from domain.outcomes import HopOutcome, Outcome
 from domain.ports import FamilyMember, Gateway, TransientGatewayError
 from infrastructure.service import ProvisioningService
+
+
+class ManualClock:
+    """The tests' one clock: it moves when the test says `advance`.
+
+    - `now()` is a datetime, what the service and the health checks read: the real
+      time plus what was advanced, or `start` plus it (time standing still) when given;
+    - calling it gives seconds on a monotonic scale that starts at `seconds`, what a
+      pace, a token bucket or a family watch reads.
+    """
+
+    def __init__(self, start: datetime | None = None, *, seconds: float = 0.0) -> None:
+        self.start = start
+        self.offset = timedelta()
+        self.seconds = seconds
+
+    def now(self) -> datetime:
+        return (self.start or datetime.now(UTC)) + self.offset
+
+    def __call__(self) -> float:
+        return self.seconds
+
+    def advance(self, seconds: float) -> None:
+        self.offset += timedelta(seconds=seconds)
+        self.seconds += seconds
 
 
 def as_stored_before(stored: StoredEvent, *new_fields: str) -> StoredEvent:

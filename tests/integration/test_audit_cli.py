@@ -13,7 +13,8 @@ from infrastructure.gateway import HttpGateway
 from infrastructure.service import ProvisioningService
 from infrastructure.views import PROJECTIONS, LogSource, SqlViewStore
 from projections.core import catch_up
-from tests.conftest import PARENT, ManualClock
+from tests.conftest import PARENT
+from tests.support import ManualClock
 from worker.cli import main
 
 

@@ -25,7 +25,8 @@ from infrastructure.views import (
     SqlViewStore,
 )
 from projections.core import catch_up, rebuild
-from tests.conftest import PARENT, ManualClock
+from tests.conftest import PARENT
+from tests.support import ManualClock
 from worker.projector import Projector
 
 BW = PROJECTIONS["brand_workspaces"]

@@ -18,8 +18,9 @@ from infrastructure.fake_gateway import FakeGateway
 from infrastructure.gateway import HttpGateway
 from infrastructure.service import ProvisioningService
 from infrastructure.views import SqlViewStore
-from tests.conftest import PARENT, ManualClock
+from tests.conftest import PARENT
 from tests.integration.test_read_models import catch_up_all
+from tests.support import ManualClock
 from worker.attempt_progress import FIELDS
 from worker.cli import _wait_for, main
 

@@ -17,8 +17,8 @@ from domain.ports import RequestRejected, TransientGatewayError, Unauthorized
 from infrastructure.eventstore import ProvisionerApplication
 from infrastructure.fake_gateway import FakeGateway
 from infrastructure.service import ProvisioningService
-from tests.conftest import PARENT, TOKEN, ManualClock
-from tests.support import Intercepting, drive
+from tests.conftest import PARENT, TOKEN
+from tests.support import Intercepting, ManualClock, drive
 
 
 def event_names(app: ProvisionerApplication, aggregate_id: UUID) -> list[str]:

@@ -16,7 +16,8 @@ from domain.attempt import ProvisioningAttempt
 from domain.outcomes import HopOutcome, Outcome
 from infrastructure.fake_gateway import FakeGateway
 from infrastructure.service import ProvisioningService
-from tests.conftest import PARENT, ManualClock
+from tests.conftest import PARENT
+from tests.support import ManualClock
 
 pytestmark = pytest.mark.postgres
 GRACE_S = 60.0  # the settings fixture's create grace

@@ -11,8 +11,8 @@ from domain.ports import FamilyMember
 from infrastructure.fake_gateway import FakeGateway
 from infrastructure.gateway import HttpGateway
 from infrastructure.service import ProvisioningService
-from tests.conftest import PARENT, TOKEN, ManualClock
-from tests.support import drive
+from tests.conftest import PARENT, TOKEN
+from tests.support import ManualClock, drive
 
 
 def test_a_family_of_12000_children_reads_over_http(fake: FakeGateway) -> None:

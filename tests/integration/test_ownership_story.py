@@ -24,8 +24,9 @@ from infrastructure.service import EngineSettings, ProvisioningService
 from infrastructure.settings import Settings
 from infrastructure.usecases.upstream_audit import audit_parent, fix
 from infrastructure.views import init_read_models
-from tests.conftest import TOKEN, ManualClock
+from tests.conftest import TOKEN
 from tests.integration.running import drained, running
+from tests.support import ManualClock
 from worker.cli import main
 
 pytestmark = [pytest.mark.postgres, pytest.mark.rabbitmq]

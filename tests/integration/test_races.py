@@ -14,8 +14,8 @@ from domain.policies import AttemptState, Provenance
 from domain.ports import AmbiguousCreate, TransientGatewayError
 from infrastructure.fake_gateway import FakeGateway
 from infrastructure.service import ProvisioningService
-from tests.conftest import PARENT, ManualClock
-from tests.support import Intercepting
+from tests.conftest import PARENT
+from tests.support import Intercepting, ManualClock
 
 
 def intercept(service: ProvisioningService) -> Intercepting:

@@ -40,8 +40,9 @@ from infrastructure.views import (
     SqlViewStore,
 )
 from projections.core import PositionConflict, catch_up, rebuild
-from tests.conftest import PARENT, ManualClock
+from tests.conftest import PARENT
 from tests.readmodels import assert_projections_match, live_rows, seed_histories
+from tests.support import ManualClock
 from worker.cli import main
 from worker.projector import Projector
 

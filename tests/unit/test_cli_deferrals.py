@@ -16,8 +16,8 @@ from domain.policies import Backoff, Deferral
 from domain.ports import TransientGatewayError
 from infrastructure.eventstore import init_database, open_event_store
 from infrastructure.service import EngineSettings, ProvisioningService
-from tests.conftest import ManualClock
 from tests.memory_gateway import MemoryGateway
+from tests.support import ManualClock
 from worker.cli import main
 
 PARENT = "parent-1"

@@ -21,9 +21,8 @@ from infrastructure import messages
 from infrastructure.eventstore import open_event_store
 from infrastructure.outbox import OutboxMapper
 from infrastructure.service import EngineSettings, ProvisioningService
-from tests.conftest import ManualClock
 from tests.memory_gateway import MemoryGateway
-from tests.support import as_stored_before, drive
+from tests.support import ManualClock, as_stored_before, drive
 from tests.unit.test_delivery import FakeMessage, FakePublisher, finished, settler
 from worker.delivery import WAIT_DELAYS_S, Delivery
 

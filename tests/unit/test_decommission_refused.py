@@ -25,8 +25,8 @@ from infrastructure.service import EngineSettings, ProvisioningService
 from infrastructure.views import PROJECTIONS, VERSIONS, LogSource, SqlViewStore
 from projections.brand_workspaces import BrandWorkspaces
 from projections.core import RowCache, catch_up
-from tests.conftest import ManualClock
 from tests.memory_gateway import MemoryGateway
+from tests.support import ManualClock
 from worker.reconciler import Reconciler
 
 PARENT = "parent-1"

@@ -19,9 +19,8 @@ from infrastructure.audit import attempt_story
 from infrastructure.broker import wait_rung_ms
 from infrastructure.eventstore import open_event_store
 from infrastructure.service import EngineSettings, ProvisioningService
-from tests.conftest import ManualClock
 from tests.memory_gateway import MemoryGateway
-from tests.support import as_stored_before
+from tests.support import ManualClock, as_stored_before
 
 PARENT = "parent-1"
 TITLE = "Acme"

@@ -13,14 +13,7 @@ from infrastructure.fake_gateway.state import (
     TokenBucket,
     retry_after,
 )
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.t = 100.0
-
-    def __call__(self) -> float:
-        return self.t
+from tests.support import ManualClock
 
 
 def takes(bucket: TokenBucket, calls: int) -> list[float]:
@@ -28,29 +21,29 @@ def takes(bucket: TokenBucket, calls: int) -> list[float]:
 
 
 def test_a_rate_of_zero_admits_everything() -> None:
-    assert takes(TokenBucket(0.0, 1, Clock()), 1000) == [0.0] * 1000
+    assert takes(TokenBucket(0.0, 1, ManualClock(seconds=100.0)), 1000) == [0.0] * 1000
 
 
 def test_burst_at_once_then_the_wait_for_the_next_token() -> None:
-    clock = Clock()
+    clock = ManualClock(seconds=100.0)
     bucket = TokenBucket(4.0, 3, clock)
     assert takes(bucket, 5) == [0.0, 0.0, 0.0, 0.25, 0.25]  # refused calls take nothing
-    clock.t += 0.1
+    clock.advance(0.1)
     assert takes(bucket, 1) == [0.15]
 
 
 def test_tokens_come_at_the_rate_and_never_beyond_burst() -> None:
-    clock = Clock()
+    clock = ManualClock(seconds=100.0)
     bucket = TokenBucket(2.0, 2, clock)
     takes(bucket, 2)
-    clock.t += 0.75  # 1.5 tokens
+    clock.advance(0.75)  # 1.5 tokens
     assert takes(bucket, 2) == [0.0, 0.25]
-    clock.t += 60.0  # would be 120.5 tokens: the bucket holds 2
+    clock.advance(60.0)  # would be 120.5 tokens: the bucket holds 2
     assert takes(bucket, 3) == [0.0, 0.0, 0.5]
 
 
 def test_refill_makes_the_bucket_full_with_the_new_rate_and_burst() -> None:
-    clock = Clock()
+    clock = ManualClock(seconds=100.0)
     bucket = TokenBucket(1.0, 1, clock)
     takes(bucket, 1)
     bucket.refill(10.0, 2)
@@ -87,7 +80,7 @@ def call(state: FakeState, authorization: str = "Bearer t") -> int:
 
 
 def test_a_503_outage_answers_first_then_the_bucket_then_the_faults() -> None:
-    clock = Clock()
+    clock = ManualClock(seconds=100.0)
     state = FakeState(FakeConfig(rate_limit=1.0, burst=1, unauthorized_rate=1.0), ["p"])
     state.bucket = TokenBucket(1.0, 1, clock)
     state.start_outage(30)
@@ -95,7 +88,7 @@ def test_a_503_outage_answers_first_then_the_bucket_then_the_faults() -> None:
     state.start_outage(0)
     # The outage took no token; once it is spent, 429 comes before the token check.
     assert [call(state, ""), call(state), call(state)] == [401, 429, 429]
-    clock.t += 1.0
+    clock.advance(1.0)
     assert call(state) == 401
     shown = state.snapshot()
     assert shown["outage"] == {"mode": "503", "ends_in_s": 0.0, "calls": 2}

@@ -35,9 +35,9 @@ from infrastructure import messages
 from infrastructure.eventstore import open_event_store
 from infrastructure.messages import COMMANDS_QUEUE, HOPS_QUEUE
 from infrastructure.service import EngineSettings, ProvisioningService
-from tests.conftest import ManualClock
 from tests.memory_gateway import MemoryGateway
 from tests.strategies import scaled
+from tests.support import ManualClock
 from tests.unit.test_delivery import FakeMessage, FakePublisher, settler
 from worker.consumer import DeadLetter, handle
 from worker.delivery import Delivery, Settler

@@ -405,7 +405,7 @@ def test_a_create_answer_keeps_its_id_whatever_else_it_holds(make: Make) -> None
 def test_a_created_id_is_on_record_though_the_rest_of_the_answers_is_malformed() -> None:
     from infrastructure.eventstore import open_event_store
     from infrastructure.service import ProvisioningService
-    from tests.conftest import ManualClock
+    from tests.support import ManualClock
 
     def answer(request: httpx.Request) -> httpx.Response:
         path = request.url.path

@@ -20,6 +20,7 @@ from infrastructure.gateway_family import (
     Listing,
     read_family,
 )
+from tests.support import ManualClock
 
 TOKEN = "tok-SECRET-5f3a9c"
 PARENT = "parent-1"
@@ -210,25 +211,17 @@ def test_titles_holding_braces_cost_a_few_decodings_a_chunk(
     assert decoded < 3 * len(body)
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def test_a_family_near_its_bound_is_warned_about_hourly_and_gauged(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     shares: list[float] = []
-    clock = Clock()
+    clock = ManualClock()
     watch = FamilyWatch(1000, shares.append, clock)
     with caplog.at_level(logging.WARNING, "infrastructure.gateway_family"):
         watch.seen("p-small", Listing([], 10, 100))
         watch.seen("p-big", Listing([], 90, 850))
         watch.seen("p-big", Listing([], 91, 860))  # within the hour: not again
-        clock.now = 3600
+        clock.advance(3600)
         watch.seen("p-big", Listing([], 92, 870))
         watch.seen("p-small", Listing([], 11, 110))
     assert shares == [0.1, 0.85, 0.86, 0.87, 0.87]  # the largest of each parent's last

@@ -21,6 +21,7 @@ from infrastructure.messages import Hop
 from infrastructure.pacing import MemoryPaceStore, Pace
 from infrastructure.service import EngineSettings, ProvisioningService
 from tests.memory_gateway import MemoryGateway
+from tests.support import ManualClock
 from worker import handlers, metrics
 
 
@@ -34,15 +35,7 @@ def scraped(name: str, **labels: str) -> float:
     return 0.0
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def paced(rules: PaceRules, *answers: int) -> tuple[HttpGateway, Clock, list[float]]:
+def paced(rules: PaceRules, *answers: int) -> tuple[HttpGateway, ManualClock, list[float]]:
     """A gateway whose pace reports to the metrics; the upstream answers `answers`,
     then 200. The sleeps are recorded, not slept."""
     script = list(answers)
@@ -50,7 +43,7 @@ def paced(rules: PaceRules, *answers: int) -> tuple[HttpGateway, Clock, list[flo
     def upstream(request: httpx.Request) -> httpx.Response:
         return httpx.Response(script.pop(0) if script else 200, json={"status": "created"})
 
-    clock, slept = Clock(), list[float]()
+    clock, slept = ManualClock(seconds=1000.0), list[float]()
     pace = Pace(MemoryPaceStore(clock), rules, sleep=slept.append,
                 on_event=metrics.observe_pace)  # fmt: skip
     gateway = HttpGateway("https://gw.test", "token-123456", retries=0,
@@ -72,7 +65,7 @@ def test_an_open_circuit_shows_as_1_and_a_held_call_is_counted() -> None:
             gateway.status("ws-1")  # held: not sent
         assert scraped("provisioner_gateway_held_total") == held + 1
 
-        clock.now += 10.0
+        clock.advance(10.0)
         assert gateway.status("ws-1") == "created"  # the probe: the gateway is back
     assert scraped("provisioner_gateway_circuit_open") == 0.0
 

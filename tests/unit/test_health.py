@@ -16,6 +16,7 @@ from domain.attempt import ProvisioningAttempt
 from domain.pacing import PaceRules, PaceState
 from domain.ports import TransientGatewayError, Unauthorized, WorkspaceGone
 from infrastructure.gateway import HttpGateway
+from tests.support import ManualClock
 from worker import metrics
 from worker.health import (
     PROBE_WORKSPACE,
@@ -36,20 +37,12 @@ from worker.probes import Probes
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.at = T0
-
-    def __call__(self) -> datetime:
-        return self.at
-
-
 def failing(detail: str = "down") -> str:
     raise ConnectionRefusedError(detail)
 
 
 def test_a_failing_check_says_what_and_since_when_it_first_failed() -> None:
-    clock = Clock()
+    clock = ManualClock(T0)
     state = {"up": False}
 
     def database() -> str:
@@ -57,9 +50,9 @@ def test_a_failing_check_says_what_and_since_when_it_first_failed() -> None:
             raise ConnectionRefusedError("connection refused")
         return "reachable"
 
-    health = Health([("database", database), ("broker", lambda: "reachable")], clock=clock)
+    health = Health([("database", database), ("broker", lambda: "reachable")], clock=clock.now)
     first = health.run()
-    clock.at = T0 + timedelta(minutes=5)
+    clock.advance(5 * 60)  # T0 + 5 minutes
     second = health.run()
     assert not healthy(second)
     assert second[0].since == T0  # since it first failed, not since this run
@@ -69,7 +62,7 @@ def test_a_failing_check_says_what_and_since_when_it_first_failed() -> None:
     state["up"] = True
     assert healthy(health.run())
     state["up"] = False
-    clock.at = T0 + timedelta(minutes=9)
+    clock.advance(4 * 60)  # T0 + 9 minutes
     assert health.run()[0].since == T0 + timedelta(minutes=9)  # a new failure, a new since
 
 
@@ -79,7 +72,7 @@ def test_a_check_that_knows_since_when_says_so() -> None:
     def stuck() -> str:
         raise Unhealthy("3 attempts stuck", known)
 
-    (result,) = Health([("stuck_attempts", stuck)], clock=Clock()).run()
+    (result,) = Health([("stuck_attempts", stuck)], clock=ManualClock(T0).now).run()
     assert (result.ok, result.detail, result.since) == (False, "3 attempts stuck", known)
     body = report([result])
     assert body["status"] == "failing"

@@ -47,7 +47,6 @@ from domain.ports import (
 )
 from infrastructure.eventstore import open_event_store
 from infrastructure.service import EngineSettings, ProvisioningService
-from tests.conftest import ManualClock
 from tests.memory_gateway import MemoryGateway
 from tests.strategies import (
     BRAND,
@@ -61,6 +60,7 @@ from tests.strategies import (
     statuses,
     worlds,
 )
+from tests.support import ManualClock
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 GRACE_S = 60.0

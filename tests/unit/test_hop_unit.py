@@ -12,8 +12,8 @@ from domain.claim import WorkspaceClaim
 from infrastructure.eventstore import open_event_store
 from infrastructure.service import ProvisioningService
 from infrastructure.usecases.unit import HopUnit
-from tests.conftest import ManualClock
 from tests.memory_gateway import MemoryGateway
+from tests.support import ManualClock
 
 PARENT = "parent-1"
 TITLE = "Acme"

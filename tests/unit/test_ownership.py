@@ -20,8 +20,8 @@ from infrastructure.eventstore import open_event_store
 from infrastructure.service import EngineSettings, ProvisioningService
 from infrastructure.usecases import releases
 from infrastructure.usecases.upstream_audit import audit_parent, fix
-from tests.conftest import ManualClock
 from tests.memory_gateway import MemoryGateway
+from tests.support import ManualClock
 
 PARENT, OTHER_PARENT, TITLE = "org-parent", "org-other", "Acme"
 PARENTS = (PARENT, OTHER_PARENT)

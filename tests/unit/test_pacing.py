@@ -21,6 +21,7 @@ from domain.pacing import (
 from domain.ports import TransientGatewayError
 from infrastructure.gateway import HttpGateway
 from infrastructure.pacing import MemoryPaceStore, Pace
+from tests.support import ManualClock
 
 # Every 429 a rate signal: for the tests of what a fleet-wide hold does (the evidence
 # rule itself: tests/unit/test_pace_evidence.py).
@@ -165,15 +166,7 @@ class Upstream:
         return httpx.Response(200, json={"status": "created"})
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def adapter(upstream: Upstream, rules: PaceRules, clock: Clock) -> tuple[HttpGateway, Pace]:
+def adapter(upstream: Upstream, rules: PaceRules, clock: ManualClock) -> tuple[HttpGateway, Pace]:
     events: list[tuple[str, float]] = []
     pace = Pace(MemoryPaceStore(clock), rules, sleep=lambda s: None,
                 on_event=lambda k, v: events.append((k, v)))  # fmt: skip
@@ -186,7 +179,7 @@ def test_an_outage_opens_the_circuit_once_and_calls_stop_reaching_the_gateway(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     upstream = Upstream(*[httpx.Response(503) for _ in range(5)])
-    clock = Clock()
+    clock = ManualClock(seconds=1000.0)
     gateway, _pace = adapter(upstream, PaceRules(open_after=5, probe_every_s=10.0), clock)
     caplog.set_level(logging.INFO, "provisioner.gateway")
 
@@ -198,7 +191,7 @@ def test_an_outage_opens_the_circuit_once_and_calls_stop_reaching_the_gateway(
         gateway.status("ws-1")
     assert held.value.retry_after_s == pytest.approx(10.0)
 
-    clock.now += 10.0
+    clock.advance(10.0)
     assert gateway.status("ws-1") == "created"  # the probe: the gateway is back
     assert gateway.status("ws-1") == "created"
     assert upstream.count == 7
@@ -211,7 +204,7 @@ def test_an_outage_opens_the_circuit_once_and_calls_stop_reaching_the_gateway(
 
 def test_a_429_pauses_the_next_calls_without_sending_them() -> None:
     upstream = Upstream(httpx.Response(429, headers={"Retry-After": "20"}))
-    clock = Clock()
+    clock = ManualClock(seconds=1000.0)
     gateway, _ = adapter(upstream, PaceRules(**EVERY_429), clock)
 
     with pytest.raises(TransientGatewayError, match="429") as first:
@@ -221,7 +214,7 @@ def test_a_429_pauses_the_next_calls_without_sending_them() -> None:
     assert first.value.retry_after_s == 20.0
     assert second.value.retry_after_s == pytest.approx(20.0)
     assert upstream.count == 1
-    clock.now += 20.0
+    clock.advance(20.0)
     assert gateway.status("ws-1") == "created"
     gateway.close()
 
@@ -237,7 +230,7 @@ def test_a_learned_rate_grows_into_no_limit_and_never_overflows() -> None:
 
 def test_a_500_is_one_request_broken_and_a_502_503_504_the_gateway_down() -> None:
     upstream = Upstream(*[httpx.Response(500) for _ in range(10)])
-    gateway, pace = adapter(upstream, PaceRules(open_after=2), Clock())
+    gateway, pace = adapter(upstream, PaceRules(open_after=2), ManualClock(seconds=1000.0))
     for _ in range(10):
         with pytest.raises(TransientGatewayError):
             gateway.status("ws-1")
@@ -291,13 +284,13 @@ def test_a_create_waits_longer_for_its_turn_than_a_read() -> None:
 
 def test_a_failed_probe_through_the_adapter_restarts_the_interval_from_its_answer() -> None:
     upstream = Upstream(*[httpx.Response(503) for _ in range(6)])
-    clock = Clock()
+    clock = ManualClock(seconds=1000.0)
     rules = PaceRules(open_after=5, probe_every_s=10.0, probe_lease_s=14.0)
     gateway, pace = adapter(upstream, rules, clock)
     for _ in range(5):
         with pytest.raises(TransientGatewayError):
             gateway.status("ws-1")
-    clock.now += 10.0
+    clock.advance(10.0)
     with pytest.raises(TransientGatewayError, match="HTTP 503"):
         gateway.status("ws-1")  # the probe, answered 503 at once
     assert upstream.count == 6
@@ -325,7 +318,7 @@ def test_holds_for_the_fleets_turn_are_paced_and_an_open_circuit_is_not() -> Non
 
 
 def test_a_call_held_for_its_turn_raises_a_paced_transient_error() -> None:
-    clock = Clock()
+    clock = ManualClock(seconds=1000.0)
     gateway, _ = adapter(Upstream(), PaceRules(rate=1.0, burst=1, max_wait_s=0.5), clock)
     assert gateway.status("ws-1") == "created"
     with pytest.raises(TransientGatewayError, match="paced at 1 calls/s") as held:

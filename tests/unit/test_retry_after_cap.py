@@ -11,7 +11,8 @@ from domain.pacing import Go, Hold, PaceRules, PaceState, Result, admit, observe
 from domain.policies import Deferral
 from domain.ports import TransientGatewayError
 from infrastructure.settings import Settings, SettingsError
-from tests.unit.test_pacing import EVERY_429, Clock, Upstream, adapter
+from tests.support import ManualClock
+from tests.unit.test_pacing import EVERY_429, Upstream, adapter
 from worker.health import Degraded, circuit_check
 
 HOUR = 3600.0
@@ -79,7 +80,7 @@ def test_through_the_adapter_a_huge_retry_after_holds_the_fleet_for_the_cap(
     retry_after: str,
 ) -> None:
     upstream = Upstream(httpx.Response(429, headers={"Retry-After": retry_after}))
-    clock = Clock()
+    clock = ManualClock(seconds=1000.0)
     gateway, pace = adapter(upstream, PaceRules(retry_after_max_s=300.0, **EVERY_429), clock)
 
     with pytest.raises(TransientGatewayError, match="429"):
@@ -87,7 +88,7 @@ def test_through_the_adapter_a_huge_retry_after_holds_the_fleet_for_the_cap(
     with pytest.raises(TransientGatewayError, match="Retry-After") as held:
         gateway.status("ws-1")
     assert held.value.retry_after_s == pytest.approx(300.0)
-    clock.now += 300.0
+    clock.advance(300.0)
     assert gateway.status("ws-1") == "created"
     assert upstream.count == 2
     state, _ = pace.state()

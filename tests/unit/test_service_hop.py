@@ -16,8 +16,8 @@ from domain.ports import RequestRejected, TransientGatewayError, Unauthorized
 from infrastructure.eventstore import open_event_store
 from infrastructure.service import ContentionError, EngineSettings, ProvisioningService
 from infrastructure.usecases.retry import retry_on_conflict
-from tests.conftest import ManualClock
 from tests.memory_gateway import MemoryGateway
+from tests.support import ManualClock
 
 PARENT = "parent-1"
 TITLE = "Acme"

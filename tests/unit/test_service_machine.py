@@ -69,10 +69,10 @@ from infrastructure.eventstore import open_event_store
 from infrastructure.service import EngineSettings, ProvisioningService
 from infrastructure.views import PROJECTIONS, LogSource, SqlViewStore, memory_views_url
 from projections.core import catch_up
-from tests.conftest import ManualClock
 from tests.memory_gateway import MemoryGateway
 from tests.readmodels import mismatches
 from tests.strategies import scaled
+from tests.support import ManualClock
 
 PARENT = "parent-1"
 BRANDS = ("b1", "b2", "b3")

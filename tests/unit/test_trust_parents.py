@@ -14,8 +14,8 @@ from domain.policies import Backoff, FailureReason
 from infrastructure.eventstore import open_event_store
 from infrastructure.service import EngineSettings, ProvisioningService
 from infrastructure.usecases import releases
-from tests.conftest import ManualClock
 from tests.memory_gateway import MemoryGateway, Workspace
+from tests.support import ManualClock
 
 PARENT = "parent-1"
 OTHER_PARENT = "parent-2"  # also ours to act under, never a child to take
