@@ -154,15 +154,13 @@ def deactivate(brand_id: str, purge_now: bool) -> None:
     retention window (PROVISIONER_DECOMMISSION_DELAY_S) ends, unless it is provisioned
     again before then."""
     from domain.errors import ProvisionerError
+    from worker.actions import deactivate as deactivated
 
-    service = service_only()
     try:
-        result = service.deactivate(brand_id, purge_now=purge_now)
+        done = deactivated(load_settings(), brand_id, purge_now=purge_now)
     except ProvisionerError as exc:
         raise click.ClickException(str(exc)) from None
-    from worker.cli_support import deactivation_sentence
-
-    echo(deactivation_sentence(result))
+    echo(done)
 
 
 for command in (cli_read.status, cli_read.history, cli_read.attempt, cli_read.pointer,

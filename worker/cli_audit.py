@@ -5,8 +5,6 @@ upstream audit, `infrastructure.usecases.upstream_audit`; not the audit trail of
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import asdict
 from typing import Any
 
@@ -15,39 +13,12 @@ import click
 from worker.cli_support import cell, compact_table, echo, jsonable, load_settings, secrets
 
 
-@contextmanager
-def audit_service() -> Iterator[Any]:
+def audit_service() -> Any:
     """A service on the real gateway, paced by the fleet's limiter, and one database
-    connection at a time."""
-    from infrastructure.eventstore import open_event_store
-    from infrastructure.failures import ConfigurationError
-    from infrastructure.gateway import HttpGateway
-    from infrastructure.pacing import Pace
-    from infrastructure.service import ProvisioningService
-    from worker import metrics
-    from worker.runtime import pace_store
+    connection at a time (worker/actions.py, shared with the web view)."""
+    from worker.actions import audit_service as on_settings
 
-    settings = load_settings()
-    chosen = settings.gateway()
-    if chosen is None:
-        raise ConfigurationError(
-            "the audit reads the real gateway: set PROVISIONER_GATEWAY_URL and its token "
-            "(an in-process fake has nothing to compare)"
-        )
-    url, token = chosen
-    app = open_event_store(settings.database_url, one_shot=True, wait_s=settings.connect_wait_s)
-    pace = Pace(
-        pace_store(settings, url, calls=True), settings.pace(), on_event=metrics.observe_pace
-    )
-    try:
-        with HttpGateway(url, token, read_timeout=settings.gateway_timeout_s, pace=pace,
-                         ca_file=settings.gateway_ca_file) as gateway:  # fmt: skip
-            yield ProvisioningService(
-                app, gateway, settings=settings.engine(acting=True), secrets=(token,)
-            )
-    finally:
-        pace.close()
-        app.close()
+    return on_settings(load_settings())
 
 
 def finding_json(finding: Any, done: str | None = None) -> dict[str, Any]:
@@ -121,11 +92,10 @@ def audit(
     a parent the service does not act under, 4 or 5 when the gateway refused or did
     not answer. `--fix` prints a plan (each workspace, its title, brand, projects and
     why it is ours) and acts only with `--yes`, or later with `--apply FILE`."""
-    from domain.ports import GatewayError, Unauthorized
     from domain.upstream_audit import plan, still_true
-    from infrastructure.audit_findings import FindingsWriter
-    from infrastructure.failures import ConfigurationError, ServiceRefused, ServiceUnavailable
-    from infrastructure.usecases.upstream_audit import audit_parent, fix, parents_on_record
+    from infrastructure.failures import ConfigurationError
+    from infrastructure.usecases.upstream_audit import audit_parent, fix
+    from worker.actions import audit_parents, gateway_answers, record_audits
 
     if (yes or plan_file) and not do_fix:
         raise ConfigurationError("--yes and --plan go with --fix")
@@ -133,30 +103,21 @@ def audit(
         raise ConfigurationError("--apply FILE acts on that plan: give it without --fix/--yes")
     steps = _read_plan(apply_file) if apply_file else None
     done: dict[int, str] = {}
-    try:
-        with audit_service() as svc:
-            if parent and not svc.parent_allowed(parent):
-                raise ConfigurationError(
-                    f"--parent {parent!r} is not one of the parents this service acts under "
-                    "(PROVISIONER_PARENT_IDS): not audited"
-                )
-            if steps is not None:
-                parents = sorted({step.parent_id for step in steps})
-            else:
-                parents = [parent] if parent else parents_on_record(svc)
-            audits = [audit_parent(svc, p) for p in parents]
-            planned = plan(audits) if steps is None else steps
-            act = still_true(planned, audits) if (yes or steps is not None) else ()
-            for result in act:
-                done.update({id(f.finding): f.done for f in fix(svc, result)})
-            # Recorded like the reconciler's audit (the web view's /audit): as it stands
-            # after what was done.
-            after = [audit_parent(svc, a.parent_id) for a in audits] if done else audits
-            FindingsWriter(load_settings().database_url).write(after)
-    except Unauthorized as exc:  # exit 4, not 1: 1 means findings
-        raise ServiceRefused(f"the gateway refused the token: {exc}") from None
-    except GatewayError as exc:  # exit 5: try again later
-        raise ServiceUnavailable(f"the gateway did not answer the audit: {exc}") from None
+    settings = load_settings()
+    with gateway_answers(), audit_service() as svc:
+        if steps is not None:
+            parents = sorted({step.parent_id for step in steps})
+        else:
+            parents = audit_parents(svc, parent)
+        audits = [audit_parent(svc, p) for p in parents]
+        planned = plan(audits) if steps is None else steps
+        act = still_true(planned, audits) if (yes or steps is not None) else ()
+        for result in act:
+            done.update({id(f.finding): f.done for f in fix(svc, result)})
+        # Recorded like the reconciler's audit (the web view's /audit): as it stands
+        # after what was done.
+        after = [audit_parent(svc, a.parent_id) for a in audits] if done else audits
+        record_audits(settings, after)
     if plan_file:
         _write_plan(plan_file, planned)
     rows = [(f, done.get(id(f))) for result in audits for f in result.findings]
@@ -205,16 +166,12 @@ def _plan_text(steps: list[Any], stale: list[Any], *, acted: bool, plan_file: st
 def _table(audits: list[Any], rows: list[tuple[Any, str | None]], fixed: bool) -> None:
     from rich.console import Console
 
+    from worker.actions import audit_line
+
     scrub = secrets().scrub
     console = Console()
     for result in audits:
-        clean = result.clean
-        console.print(cell(scrub(
-            f"parent {result.parent_id}: {clean['bound_ready']} bound and ready, "
-            f"{clean['bound_settling']} bound and settling, {clean['released_empty']} released "
-            f"and empty; {len(result.problems)} findings, "
-            f"{len(result.findings) - len(result.problems)} for information"
-        )))  # fmt: skip
+        console.print(cell(scrub(audit_line(result))))
     if not rows:
         return
     table = compact_table("findings")

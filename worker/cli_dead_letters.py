@@ -18,7 +18,6 @@ from typing import Any
 import click
 
 from domain.dead_letter_rules import Reason
-from infrastructure.broker_failures import broker_failure
 from infrastructure.dead_letters import (
     PAGE,
     PAGE_MAX,
@@ -30,6 +29,7 @@ from infrastructure.dead_letters import (
     now,
 )
 from infrastructure.settings import BROKER_SCHEMES, check_url
+from worker.actions import cut, purge_lines, replay_lines
 from worker.cli_support import echo, load_settings, secrets
 
 BROKER_URL = click.option(
@@ -39,21 +39,15 @@ BROKER_URL = click.option(
 
 @contextmanager
 def _dead_letters(broker_url: str | None) -> Iterator[DeadLetters]:
+    from worker.actions import dead_letters
+
     settings = load_settings()
     url = check_url("--broker-url", broker_url or settings.broker_url, BROKER_SCHEMES)
-    from infrastructure.broker import Topology
-
     try:
-        tls = settings.broker_tls()
-        with DeadLetters(url, Topology(queue_type=settings.queue_type), tls=tls) as letters:
+        with dead_letters(settings, url) as letters:
             yield letters
     except (NotFound, AmbiguousId, NotReplayable) as exc:
         raise click.ClickException(str(exc)) from None
-    except Exception as exc:
-        failure = broker_failure(exc, url)
-        if failure is None:
-            raise
-        raise failure from exc
 
 
 def _age(seconds: float | None) -> str:
@@ -67,10 +61,6 @@ def _age(seconds: float | None) -> str:
 
 def _errors(letter: DeadLetter) -> str:
     return "; ".join(f"{k}: {v}" for k, v in letter.errors.items())
-
-
-def _cut(letter: DeadLetter) -> str:
-    return f" (cut to {len(letter.body)} of {letter.body_bytes} bytes)" if letter.truncated else ""
 
 
 def _counts(counts: list[tuple[str, int]]) -> str:
@@ -120,7 +110,7 @@ def list_(as_json: bool, limit: int, after: str | None, broker_url: str | None) 
     for letter in found:
         echo(
             f"{letter.id}  {_age(letter.age_s(at)):>4} ago  from {letter.source_queue}  "
-            f"{_reason(letter)}{_cut(letter)}"
+            f"{_reason(letter)}{cut(letter)}"
         )
         if letter.errors:
             echo(f"    {_errors(letter)}")
@@ -154,12 +144,8 @@ def replay(letter_id: str | None, every: bool, broker_url: str | None) -> None:
         raise click.UsageError("give one dead letter's id, or --all")
     with _dead_letters(broker_url) as letters:
         done = letters.replay(letter_id)
-    for letter in done.replayed:
-        echo(f"replayed {letter.id} to {letter.exchange}/{letter.routing_key}")
-    for letter in done.kept:
-        echo(f"kept {letter.id}: its body is not whole{_cut(letter)}, it cannot be replayed")
-    kept = f"; {len(done.kept)} kept, truncated" if done.kept else ""
-    echo(f"{len(done.replayed)} dead letter(s) replayed{kept}")
+    for line in replay_lines(done):
+        echo(line)
 
 
 PURGE_FORMS = (
@@ -196,6 +182,5 @@ def purge(
             echo(f"{letters.purge_all()} dead letter(s) purged")
             return
         purged = letters.purge(letter_ids, reasons)
-    for letter in purged:
-        echo(f"purged {letter.id} ({letter.reason}, from {letter.source_queue})")
-    echo(f"{len(purged)} dead letter(s) purged")
+    for line in purge_lines(purged):
+        echo(line)

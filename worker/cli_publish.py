@@ -10,6 +10,7 @@ from typing import Any
 
 import click
 
+from infrastructure.settings import Settings
 from worker.cli_support import Failed, load_settings
 
 IN_CHUNK = 500  # ids per `IN (...)` query (well under SQLite's limit on parameters)
@@ -31,12 +32,12 @@ def rows_by(store: Any, name: str, column: str, values: Sequence[str]) -> list[d
     return found
 
 
-def refuse_memory(command: str) -> str:
+def refuse_memory(command: str, settings: Settings | None = None) -> str:
     """The broker URL to publish on; memory:// would reach no worker (exit 3)."""
     from infrastructure.broker import is_memory
     from infrastructure.failures import ConfigurationError
 
-    url = load_settings().broker_url
+    url = (settings or load_settings()).broker_url
     if is_memory(url):
         raise ConfigurationError(
             f"`{command}` publishes to the workers' broker, and memory:// is in-process "
@@ -46,11 +47,12 @@ def refuse_memory(command: str) -> str:
     return url
 
 
-def publisher(url: str) -> Any:
+def publisher(url: str, settings: Settings | None = None) -> Any:
     from infrastructure.broker import Topology
     from worker.cli_support import declared_broker
 
-    return declared_broker(url, Topology(queue_type=load_settings().queue_type))
+    settings = settings or load_settings()
+    return declared_broker(url, Topology(queue_type=settings.queue_type), settings)
 
 
 def provision(brand_id: str, title: str, parent: str) -> Any:

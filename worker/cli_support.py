@@ -67,21 +67,9 @@ def jsonable(value: Any) -> Any:
 def service_only(*, read_only: bool = False) -> Any:
     """A service for the request path (no gateway call is made there) on one
     database connection at a time, opened per use. `read_only`: creates nothing."""
-    from infrastructure.eventstore import open_event_store
-    from infrastructure.gateway import HttpGateway
-    from infrastructure.service import ProvisioningService
+    from worker.actions import request_service
 
-    settings = load_settings()
-    app = open_event_store(
-        settings.database_url, one_shot=True, read_only=read_only,
-        wait_s=settings.connect_wait_s,
-    )  # fmt: skip
-    gateway = HttpGateway("http://127.0.0.1:9", "request-path")
-    # As on the message path (worker/runtime.py): a text holding the token is refused.
-    token = (settings.gateway_token,) if settings.gateway_token else ()
-    return ProvisioningService(
-        app, gateway, settings=settings.engine(acting=not read_only), secrets=token
-    )
+    return request_service(load_settings(), read_only=read_only)
 
 
 def views(*, read_only: bool = True) -> Any:
@@ -100,11 +88,14 @@ def views(*, read_only: bool = True) -> Any:
 
 
 @contextmanager
-def declared_broker(url: str, topology: Topology) -> Iterator[Broker]:
+def declared_broker(
+    url: str, topology: Topology, settings: Settings | None = None
+) -> Iterator[Broker]:
     """A publisher on the broker (TLS as the settings say), connected and the topology
     declared first, so a one-shot command says at once, in one line, which broker
     failed and why."""
-    publisher = Broker(url, topology, scheduler=None, tls=load_settings().broker_tls())
+    tls = (settings or load_settings()).broker_tls()
+    publisher = Broker(url, topology, scheduler=None, tls=tls)
     try:
         try:
             publisher.declare()
