@@ -1,10 +1,13 @@
-"""Heartbeats of the background components, in the database beside their positions.
+"""Heartbeats of each process's components, in the database beside their positions.
 
-One row per component in `provisioner_heartbeats` (component, process as
-host:pid, started_at, beat_at; epoch seconds of the writer's clock), written
-with one upsert at most every `every_s` while the component's loop turns. The
-table is created on the first beat (under the schema lock on PostgreSQL), so a
-database set up before heartbeats existed needs nothing done.
+One row per process and component in `provisioner_processes` (component, process
+as host:pid, host, pid, version, concurrency, in_flight, handled, started_at,
+beat_at, gateway_answered_at; times in epoch seconds of the writer's clock),
+written with one upsert at most every `every_s` while the component's loop turns.
+A component's liveness is its newest beat among the processes (`read_beats`). The
+table is created on a process's first beat (under the schema lock on PostgreSQL),
+so a database set up before it existed needs nothing done; rows not beaten for a
+day are deleted then (`PRUNE_AFTER_S`).
 
 A beat that cannot be written is logged (once, until one succeeds again) and
 never stops the component: the beat goes stale and the health checks say so.
@@ -18,73 +21,112 @@ import socket
 import threading
 import time
 from collections.abc import Callable
+from importlib.metadata import PackageNotFoundError, version
 
-from domain.liveness import Beat
+from domain.liveness import Beat, newest
 from infrastructure.eventstore import SCHEMA_LOCK_KEY
 from infrastructure.view_connection import ViewConnection
 
 log = logging.getLogger("provisioner.heartbeat")
-TABLE = "provisioner_heartbeats"
+TABLE = "provisioner_processes"
+PRUNE_AFTER_S = 86_400.0  # a row not beaten for this long goes at a process's start
+COLUMNS = ("component", "process", "host", "pid", "version", "concurrency", "in_flight",
+           "handled", "started_at", "beat_at", "gateway_answered_at")  # fmt: skip
+# What a component says of its work at each beat: (concurrency, in flight, handled).
+Gauges = Callable[[], tuple[int | None, int | None, int | None]]
 
 
 def process_identity() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-def _create(conn: ViewConnection) -> None:
+def package_version() -> str:
+    try:
+        return version("workspace-provisioner")
+    except PackageNotFoundError:  # run from a tree that was not installed
+        return "unknown"
+
+
+def _create(conn: ViewConnection, now: float) -> None:
     number = "double precision" if conn.dialect.postgres else "real"
     with conn._tx() as cur:  # a table of its own, on the read models' connection
         if conn.dialect.postgres:
             cur.execute("SELECT pg_advisory_xact_lock(%s)", (SCHEMA_LOCK_KEY,))
         cur.execute(
-            f"CREATE TABLE IF NOT EXISTS {TABLE} (component text PRIMARY KEY, "
-            f"process text NOT NULL, started_at {number} NOT NULL, beat_at {number} NOT NULL)"
+            f"CREATE TABLE IF NOT EXISTS {TABLE} (component text NOT NULL, "
+            "process text NOT NULL, host text NOT NULL, pid integer NOT NULL, "
+            "version text NOT NULL, concurrency integer, in_flight integer, handled bigint, "
+            f"started_at {number} NOT NULL, beat_at {number} NOT NULL, "
+            f"gateway_answered_at {number}, PRIMARY KEY (component, process))"
         )
+        p = conn.dialect.p
+        cur.execute(f"DELETE FROM {TABLE} WHERE beat_at < {p}", (now - PRUNE_AFTER_S,))  # noqa: S608
 
 
 def record(conn: ViewConnection, beat: Beat) -> None:
-    """Upsert the component's row."""
+    """Upsert the row of the beat's process and component."""
     p = conn.dialect.p
+    updated = ", ".join(f"{c} = excluded.{c}" for c in COLUMNS[2:])
     with conn._tx() as cur:
         cur.execute(
-            f"INSERT INTO {TABLE} (component, process, started_at, beat_at) "  # noqa: S608
-            f"VALUES ({p}, {p}, {p}, {p}) ON CONFLICT (component) DO UPDATE SET "
-            "process = excluded.process, started_at = excluded.started_at, "
-            "beat_at = excluded.beat_at",
-            (beat.component, beat.process, beat.started_at, beat.beat_at),
+            f"INSERT INTO {TABLE} ({', '.join(COLUMNS)}) "  # noqa: S608
+            f"VALUES ({', '.join([p] * len(COLUMNS))}) "
+            f"ON CONFLICT (component, process) DO UPDATE SET {updated}",
+            tuple(getattr(beat, c) for c in COLUMNS),
         )
+
+
+def _exists(conn: ViewConnection, cur: object) -> bool:
+    if conn.dialect.postgres:
+        exists = cur.execute("SELECT to_regclass(%s) AS n", (TABLE,)).fetchone()  # type: ignore[attr-defined]
+        return exists is not None and dict(exists)["n"] is not None
+    return (
+        cur.execute(  # type: ignore[attr-defined]
+            "SELECT name FROM sqlite_master WHERE type = 'table' AND name = ?", (TABLE,)
+        ).fetchone()
+        is not None
+    )
+
+
+def read_processes(conn: ViewConnection) -> list[Beat]:
+    """Every process's last beat of each component, newest first; none before the
+    first beat made the table."""
+    with conn._tx(immediate=False) as cur:
+        if not _exists(conn, cur):
+            return []
+        rows = cur.execute(
+            f"SELECT {', '.join(COLUMNS)} FROM {TABLE} ORDER BY beat_at DESC"  # noqa: S608
+        ).fetchall()
+    return [_beat(dict(row)) for row in rows]
+
+
+def _beat(row: dict[str, object]) -> Beat:
+    def number(key: str) -> float | None:
+        value = row[key]
+        return None if value is None else float(value)  # type: ignore[arg-type]
+
+    def count(key: str) -> int | None:
+        value = row[key]
+        return None if value is None else int(value)  # type: ignore[call-overload]
+
+    return Beat(
+        str(row["component"]), str(row["process"]), float(row["started_at"]),  # type: ignore[arg-type]
+        float(row["beat_at"]), str(row["host"]), int(row["pid"]),  # type: ignore[arg-type, call-overload]
+        str(row["version"]), count("concurrency"), count("in_flight"), count("handled"),
+        number("gateway_answered_at"),
+    )  # fmt: skip
 
 
 def read_beats(conn: ViewConnection) -> dict[str, Beat]:
-    """Every component's last beat; none before the first beat made the table."""
-    with conn._tx(immediate=False) as cur:
-        if conn.dialect.postgres:
-            exists = cur.execute("SELECT to_regclass(%s) AS n", (TABLE,)).fetchone()
-            found = exists is not None and dict(exists)["n"] is not None
-        else:
-            found = (
-                cur.execute(
-                    "SELECT name FROM sqlite_master WHERE type = 'table' AND name = ?", (TABLE,)
-                ).fetchone()
-                is not None
-            )
-        if not found:
-            return {}
-        rows = cur.execute(
-            f"SELECT component, process, started_at, beat_at FROM {TABLE} ORDER BY component"  # noqa: S608
-        ).fetchall()
-    beats = [dict(row) for row in rows]
-    return {
-        b["component"]: Beat(
-            b["component"], b["process"], float(b["started_at"]), float(b["beat_at"])
-        )
-        for b in beats
-    }
+    """Each component's newest beat among every process's (its liveness)."""
+    return newest(read_processes(conn))
 
 
 class Heartbeat:
     """Beats for one component of this process. `url` None: beats nothing (a
-    component built outside a runtime, as in tests)."""
+    component built outside a runtime, as in tests). `gauges`: what the component
+    says of its work at each beat (a worker: threads, in flight, handled);
+    `answered_at`: when this process last had an HTTP answer from the gateway."""
 
     def __init__(
         self,
@@ -93,12 +135,19 @@ class Heartbeat:
         *,
         every_s: float = 5.0,
         clock: Callable[[], float] = time.time,
+        gauges: Gauges | None = None,
+        answered_at: Callable[[], float | None] | None = None,
     ) -> None:
         self.url = url
         self.component = component
         self.every_s = every_s
         self.clock = clock
-        self.process = process_identity()
+        self.gauges = gauges
+        self.answered_at = answered_at
+        self.host = socket.gethostname()
+        self.pid = os.getpid()
+        self.process = f"{self.host}:{self.pid}"
+        self.version = package_version()
         self.started_at = clock()
         self._conn: ViewConnection | None = None
         self._created = False
@@ -147,14 +196,22 @@ class Heartbeat:
             self._conn = ViewConnection(self.url, wait_s=0)
         conn = via or self._conn
         assert conn is not None
+        now = self.clock()
         if not self._created:
-            _create(conn)
+            _create(conn, now)
             self._created = True
-        record(conn, Beat(self.component, self.process, self.started_at, self.clock()))
+        record(conn, self.current(now))
         self._last = time.monotonic()
         if self._failing:
             log.info("heartbeat of the %s recorded again", self.component)
             self._failing = False
+
+    def current(self, now: float) -> Beat:
+        """The beat this process would record now."""
+        threads, in_flight, handled = self.gauges() if self.gauges else (None, None, None)
+        answered = self.answered_at() if self.answered_at else None
+        return Beat(self.component, self.process, self.started_at, now, self.host, self.pid,
+                    self.version, threads, in_flight, handled, answered)  # fmt: skip
 
     def _drop(self) -> None:
         if self._conn is not None:

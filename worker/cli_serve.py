@@ -151,6 +151,8 @@ def serve(
             echo(f"stopped while waiting: {exc}", err=True)
             return
         probes.attach(runtime, parts)
+        if parts != ("projections",):
+            runtime.watch_gateway(stop)  # a gateway that never answered: an ERROR each 30 s
         if "worker" in parts:
             runtime.start(runtime.worker(concurrency).run, "worker", stop)
         if "relay" in parts:

@@ -32,6 +32,10 @@ consuming thread empties between drains.
   "connected to ..." once; unacked messages are redelivered by the broker, and
   hops are idempotent. A broker that refuses the credentials or the vhost
   raises ServiceRefused out of `run` (retrying cannot fix it).
+- It beats (infrastructure/heartbeats.py) as its loop turns, while it waits for
+  the broker too: its threads, the deliveries in flight (received and not settled
+  yet) and the count handled; the beat's write is at most one upsert every few
+  seconds, on the consuming thread.
 """
 
 from __future__ import annotations
@@ -54,6 +58,7 @@ from domain.producer_scopes import Scope
 from infrastructure.broker import Broker, BrokerTls, DelayScheduler, Topology, connect
 from infrastructure.broker_failures import BROKER_ERRORS, broker_refusal
 from infrastructure.failures import Backoff
+from infrastructure.heartbeats import Heartbeat
 from infrastructure.outages import Outage
 from infrastructure.service import ProvisioningService
 from infrastructure.settings import log_secrets
@@ -94,6 +99,7 @@ class HopWorker:
         database_url: str | None = None,
         tls: BrokerTls | None = None,
         scopes: Mapping[str, Scope] | None = None,
+        heartbeat: Heartbeat | None = None,
     ) -> None:
         self.service = service
         self.scopes = scopes or {}  # each producer's brands (domain/producer_scopes.py)
@@ -117,6 +123,8 @@ class HopWorker:
         self._in_flight = 0
         # Handlers submitted on the current connection and not settled yet.
         self._submitted: set[Future[str]] = set()
+        self.heartbeat = heartbeat or Heartbeat(None, "worker")
+        self.heartbeat.gauges = lambda: (self.concurrency, self._in_flight, self.stats.handled)
         with connect(broker_url, tls) as probe:
             self._connection_errors = (
                 *BROKER_ERRORS,
@@ -129,23 +137,27 @@ class HopWorker:
         the connection is waited for with backoff, the outage logged once; one that
         refuses us for good raises ServiceRefused. Nothing else ends the loop."""
         backoff = Backoff()
-        with ThreadPoolExecutor(self.concurrency, thread_name_prefix="hop") as pool:
-            while not stop.is_set():
-                try:
-                    self._consume(pool, stop, backoff)
-                except Exception as exc:  # classified here: only a refusal ends the loop
-                    refused = broker_refusal(exc, self.url)
-                    if refused is not None:
-                        raise refused from None
-                    # Messages not started yet are void with their connection.
-                    self._cancel_queued()
-                    self.stats.reconnects += 1
-                    pause = backoff.next()
-                    if isinstance(exc, self._connection_errors):
-                        self.broker_outage.failed(self.url, exc, pause)
-                    else:
-                        log.exception("worker: unexpected error; reconnecting in %.1fs", pause)
-                    stop.wait(pause)
+        try:
+            with ThreadPoolExecutor(self.concurrency, thread_name_prefix="hop") as pool:
+                while not stop.is_set():
+                    self.heartbeat.beat()
+                    try:
+                        self._consume(pool, stop, backoff)
+                    except Exception as exc:  # classified here: only a refusal ends the loop
+                        refused = broker_refusal(exc, self.url)
+                        if refused is not None:
+                            raise refused from None
+                        # Messages not started yet are void with their connection.
+                        self._cancel_queued()
+                        self.stats.reconnects += 1
+                        pause = backoff.next()
+                        if isinstance(exc, self._connection_errors):
+                            self.broker_outage.failed(self.url, exc, pause)
+                        else:
+                            log.exception("worker: unexpected error; reconnecting in %.1fs", pause)
+                        self.heartbeat.wait(stop, pause)
+        finally:
+            self.heartbeat.close()
 
     def _consume(self, pool: ThreadPoolExecutor, stop: threading.Event, backoff: Backoff) -> None:
         # Results of handlers started on an earlier connection are dropped: their
@@ -185,6 +197,7 @@ class HopWorker:
                     backoff.reset()
                     self.ready.set()
                     while not stop.is_set():
+                        self.heartbeat.beat()
                         self._settle_finished(settler)
                         with contextlib.suppress(TimeoutError):
                             conn.drain_events(timeout=self._drain_timeout())

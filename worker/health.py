@@ -20,6 +20,7 @@ from domain.pacing import PaceState
 from domain.ports import Gateway, TransientGatewayError
 from infrastructure.eventstore import is_postgres
 from infrastructure.gateway import HttpGateway
+from infrastructure.gateway_contact import GatewayContact
 from infrastructure.gateway_tls import certificate_refused
 from infrastructure.pacing import MemoryPaceStore, Pace, PaceStore, PgPaceStore, read_pace
 from infrastructure.settings import Settings, SettingsError
@@ -31,11 +32,12 @@ from worker.health_checks import (
     circuit_check,
     database_check,
     projection_lag_check,
+    queued_messages,
     relay_lag_check,
     stuck_check,
     stuck_releases_check,
 )
-from worker.health_liveness import COMPONENTS, check_name, heartbeat_check
+from worker.health_liveness import fleet_checks
 from worker.health_results import Check, CheckResult, Degraded, Health, Unhealthy, healthy, report
 
 __all__ = [
@@ -70,19 +72,28 @@ def checks_for(
     app: Any = None,
     views_url: str | None = None,
     pace: Callable[[], tuple[PaceState, float] | None] | None = None,
+    contact: GatewayContact | None = None,
 ) -> tuple[list[Check], StoredFacts]:
     """The checks of a process running `parts` (all of them: the `health` command),
     and the stored facts they and the gauges read. A process checks the heartbeats
-    of its own background parts (one that hangs stops beating); `health`, all."""
+    of its own background parts (one that hangs stops beating) and, as warnings, of
+    the parts they wait on; `health`, all; each but the projections alone, that a
+    worker is alive while work waits (health_liveness.fleet_checks). `contact`: when
+    this process last had an answer from the gateway."""
     facts = StoredFacts(
         settings.database_url, stuck_after_s=settings.health_stuck_after_s, app=app,
         views_url=views_url,
     )  # fmt: skip
     checks: list[Check] = [("database", database_check(settings.database_url))]
+    queued = None
     if parts != ("projections",) and urlsplit(settings.broker_url).scheme != "memory":
         checks.append(("broker", broker_check(settings.broker_url, settings.broker_tls())))
+        queued = queued_messages(settings.broker_url, settings.broker_tls())
     if gateway is not None:
-        checks.append(("gateway", GatewayCheck(gateway, handshake=_handshake(settings))))
+        url = settings.gateway_url if not settings.fake_gateway else ""
+        check = GatewayCheck(gateway, handshake=_handshake(settings),
+                             answered=answered_by(facts, contact), url=url or "")  # fmt: skip
+        checks.append(("gateway", check))
     if pace is not None:
         checks.append(("gateway_circuit", circuit_check(pace, settings.pace())))
     if "relay" in parts:
@@ -94,10 +105,27 @@ def checks_for(
         checks.append(
             ("stuck_releases", stuck_releases_check(facts, settings.health_stuck_after_s))
         )
-    for component in (c for c in COMPONENTS if c in parts):
-        check = heartbeat_check(facts, component, settings.heartbeat_max_age_s)
-        checks.append((check_name(component), check))
+    checks.extend(fleet_checks(facts, parts, settings.heartbeat_max_age_s, queued))
     return checks, facts
+
+
+def answered_by(facts: StoredFacts, contact: GatewayContact | None) -> Callable[[], bool]:
+    """Has the gateway ever answered this process (`contact`) or any process of the
+    deployment (a beat's `gateway_answered_at`)? Beats that cannot be read count as
+    yes: a configuration error is said only on evidence."""
+
+    def answered() -> bool:
+        if contact is not None and contact.answered_at is not None:
+            return True
+        try:
+            found = facts()["gateway_answered_at"]
+        except Exception:  # noqa: BLE001 - unknown: not judged a wrong URL
+            return True
+        if isinstance(found, Exception):
+            return True
+        return found is not None or facts()["processes"] is None
+
+    return answered
 
 
 def _handshake(settings: Settings) -> Callable[[], Exception | None] | None:
@@ -113,10 +141,13 @@ class PacedProbe:
     a client and the pace opened for the call and closed after it, so nothing is held
     between calls."""
 
-    def __init__(self, settings: Settings, url: str, token: str) -> None:
+    def __init__(
+        self, settings: Settings, url: str, token: str, contact: GatewayContact | None = None
+    ) -> None:
         self.settings = settings
         self.url = url
         self.token = token
+        self.contact = contact or GatewayContact()  # any answer the call had, noted
 
     def _store(self) -> PaceStore:
         if not is_postgres(self.settings.database_url):
@@ -133,20 +164,25 @@ class PacedProbe:
         pace = Pace(self._store(), s.pace())
         try:
             with HttpGateway(self.url, self.token, read_timeout=s.gateway_timeout_s, retries=0,
-                             ca_file=s.gateway_ca_file, pace=pace) as gateway:  # fmt: skip
+                             ca_file=s.gateway_ca_file, pace=pace,
+                             observe=self.contact.observing()) as gateway:  # fmt: skip
                 return gateway.status(workspace_id)
         finally:
             pace.close()
 
 
-def gateway_check(settings: Settings) -> Callable[[], str]:
+def gateway_check(settings: Settings, facts: StoredFacts | None = None) -> Callable[[], str]:
     """The gateway check of `health` and the web view's health page: the configured
     gateway, paced with the fleet and its answer kept for a minute (keep the check to
-    reuse that), after a TLS handshake; the in-process fake is not checked."""
+    reuse that), after a TLS handshake; the in-process fake is not checked. With
+    `facts`, a gateway that gives no answer and never answered any process of the
+    deployment fails (a wrong URL), rather than degrades (an outage)."""
     chosen = None if settings.fake_gateway or settings.gateway_url is None else settings.gateway()
     if chosen is None:
         return _unchecked_gateway(settings)
-    return GatewayCheck(PacedProbe(settings, *chosen), handshake=_handshake(settings))
+    probe = PacedProbe(settings, *chosen)
+    answered = answered_by(facts, probe.contact) if facts is not None else None
+    return GatewayCheck(probe, handshake=_handshake(settings), answered=answered, url=chosen[0])
 
 
 def _unchecked_gateway(settings: Settings) -> Callable[[], str]:
@@ -168,12 +204,12 @@ def check_once(settings: Settings, gateway: Callable[[], str] | None = None) -> 
     """Every check, once, as `provisioner health` runs them. `gateway`: the gateway's
     check (default `gateway_check`: the configured gateway called with the configured
     token, paced with the fleet; the in-process fake, only inside `run`)."""
-    gateway = gateway or gateway_check(settings)
     pace = None
     if not settings.fake_gateway and settings.gateway_url and is_postgres(settings.database_url):
         pace = functools.partial(read_pace, settings.database_url, settings.gateway_url)
-    checks, _ = checks_for(
+    checks, facts = checks_for(
         settings, ("worker", "relay", "projections", "reconciler"), gateway=None, pace=pace
     )
+    gateway = gateway or gateway_check(settings, facts)
     checks.insert(2 if len(checks) > 1 and checks[1][0] == "broker" else 1, ("gateway", gateway))
     return Health(checks).run()

@@ -15,6 +15,7 @@ from urllib.parse import urlsplit
 
 import psycopg
 
+from domain.liveness import Verdict, gateway_silence, newest
 from domain.pacing import PaceRules, PaceState, rate_now, shown
 from domain.ports import (
     CertificateRefused,
@@ -22,14 +23,15 @@ from domain.ports import (
     Unauthorized,
     WorkspaceGone,
 )
-from infrastructure.broker import BrokerTls, connection
+from infrastructure.broker import COMMANDS_QUEUE, HOPS_QUEUE, BrokerTls, connection
 from infrastructure.eventstore import (
     is_postgres,
     open_event_store,
     persistence_env,
     postgres_conninfo,
 )
-from infrastructure.heartbeats import read_beats
+from infrastructure.gateway_contact import cause
+from infrastructure.heartbeats import read_processes
 from infrastructure.outbox import TOPICS
 from infrastructure.redaction import redact
 from infrastructure.view_queries import (
@@ -88,6 +90,27 @@ def broker_check(
     return check
 
 
+def queued_messages(
+    url: str, tls: BrokerTls | None = None, *, timeout_s: float = PROBE_TIMEOUT_S
+) -> Callable[[], int | None]:
+    """The messages ready in the hop and command queues (a passive declare of each on a
+    new AMQP connection: nothing is created or consumed); None where they do not exist."""
+
+    def count() -> int | None:
+        total = 0
+        with connection(url, tls, connect_timeout=timeout_s) as conn:
+            conn.connect()
+            for name in (HOPS_QUEUE, COMMANDS_QUEUE):
+                try:
+                    declared = conn.channel().queue_declare(queue=name, passive=True)
+                except conn.channel_errors:  # not declared yet: nothing waits in it
+                    continue
+                total += int(declared.message_count)
+        return total
+
+    return count
+
+
 class StatusReader(Protocol):
     """What the gateway check calls: the port's cheapest read."""
 
@@ -98,7 +121,10 @@ class GatewayCheck:
     """Reach and token of the gateway, through the process's own client; the answer is
     kept for `ttl_s` so that frequent probes cost the gateway one call a minute.
     `handshake` first: a certificate that does not verify is `Refused`, even while the
-    fleet's pace holds every call (the handshake sends no request)."""
+    fleet's pace holds every call (the handshake sends no request). `answered`: has
+    any process of the deployment (this one included) ever had an answer from it? A
+    gateway that gives none fails the check until then (a wrong URL: `url` names it),
+    and is an outage (degraded) after."""
 
     def __init__(
         self,
@@ -106,10 +132,14 @@ class GatewayCheck:
         *,
         ttl_s: float = 60.0,
         handshake: Callable[[], Exception | None] | None = None,
+        answered: Callable[[], bool] | None = None,
+        url: str = "",
     ) -> None:
         self.gateway = gateway
         self.ttl_s = ttl_s
         self.handshake = handshake
+        self.answered = answered
+        self.url = redact(url) if url else "PROVISIONER_GATEWAY_URL"
         self._lock = threading.Lock()
         self._cached: tuple[float, str | Exception] | None = None
         self._since: datetime | None = None
@@ -141,6 +171,13 @@ class GatewayCheck:
             return Refused(exc.reason, self._since)
         except TransientGatewayError as exc:  # down or throttled: hops wait, commands go on
             self._since = self._since or utc_now()
+            ever = self.answered is None or self.answered()
+            if gateway_silence(ever) is Verdict.FAILING:  # never reached: a setting is wrong
+                return Unhealthy(
+                    f"the gateway at {self.url} has never answered any process of this "
+                    f"deployment, nor this check ({cause(str(exc))}): check "
+                    "PROVISIONER_GATEWAY_URL", self._since,
+                )  # fmt: skip
             return Degraded(
                 f"no answer ({describe(exc)}): hops are deferred until it answers", self._since
             )
@@ -320,8 +357,8 @@ class StoredFacts:
         now = self.clock()
         facts: dict[str, Any] = {
             # The heartbeats of an in-process store are only in its own process.
-            "heartbeats": _attempt(
-                lambda: None if in_process and self.app is None else read_beats(store)
+            "processes": _attempt(
+                lambda: None if in_process and self.app is None else read_processes(store)
             ),
             "relay_lag": _attempt(lambda: self._relay_lag(app, store)),
             "projection_lag": _attempt(
@@ -336,6 +373,13 @@ class StoredFacts:
         )
         for key in ("pending", "stuck", "releases_owed", "releases_stuck"):
             facts[key] = counts if isinstance(counts, Exception) else counts[key]
+        processes = facts["processes"]
+        facts["heartbeats"] = newest(processes) if isinstance(processes, list) else processes
+        facts["gateway_answered_at"] = (
+            max((b.gateway_answered_at or 0.0 for b in processes), default=0.0) or None
+            if isinstance(processes, list)
+            else processes
+        )
         facts["brands_degraded"] = _attempt(lambda: count_degraded(store))
         for key, column in (
             ("oldest_stuck_due", "next_hop_due"),

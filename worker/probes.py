@@ -72,6 +72,7 @@ class Probes:
             app=runtime.app if in_process else None,
             views_url=getattr(runtime, "views_url", None) or None,
             pace=pace.state if pace is not None else None,
+            contact=getattr(runtime, "contact", None),
         )  # fmt: skip
         self.watch_state(facts)
         self.live = lambda: _stopped(runtime.threads)

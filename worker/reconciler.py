@@ -40,10 +40,11 @@ from uuid import UUID
 
 from prometheus_client import Counter
 
+from domain.liveness import Beat, Liveness, liveness
 from infrastructure import messages
 from infrastructure.broker import Broker
 from infrastructure.failures import Backoff
-from infrastructure.heartbeats import Heartbeat
+from infrastructure.heartbeats import Heartbeat, read_processes
 from infrastructure.outages import Outage, refusal, which_service
 from infrastructure.service import ProvisioningService
 from infrastructure.view_queries import list_attempts
@@ -75,6 +76,12 @@ class SweepReport:
         return self.hops + self.releases + self.rechecks + self.decommissions + self.expired
 
 
+def _since(beat: Beat, max_age_s: float) -> str:
+    """When a beat became too old, as a UTC time of day (its date too if not today)."""
+    at = datetime.fromtimestamp(beat.beat_at + max_age_s, UTC)
+    return at.strftime("%H:%M:%S" if at.date() == datetime.now(UTC).date() else "%Y-%m-%d %H:%M:%S")
+
+
 class Reconciler:
     """Sweeps the projections; remembers what it sent for `resend_s` so that an
     outage of the workers does not turn every sweep into the same burst."""
@@ -97,8 +104,10 @@ class Reconciler:
         deadline_s: float = 86_400.0,
         service: ProvisioningService | None = None,
         heartbeat: Heartbeat | None = None,
+        heartbeat_max_age_s: float = 60.0,
     ) -> None:
         self.views_url = views_url
+        self.heartbeat_max_age_s = heartbeat_max_age_s
         self.overdue_s = overdue_s
         self.grace_s = grace_s
         self.limit = limit
@@ -182,21 +191,46 @@ class Reconciler:
                 "re-published %d hops, %d owed releases (%d stuck), %d orphan re-checks, "
                 "%d decommissions; %d attempts expired%s",
                 report.hops, report.releases, report.stuck, report.rechecks,
-                report.decommissions, report.expired, self._why(report),
+                report.decommissions, report.expired, self._why(report, store, now),
                 extra={"brand": report.hop_brands[0]} if len(report.hop_brands) == 1 else {},
             )  # fmt: skip
         return report
 
-    def _why(self, report: SweepReport) -> str:
-        """Why hops were sent again, and whose: they were overdue, so the relay or every
-        worker may be down (`provisioner health` says which)."""
+    def _why(self, report: SweepReport, store: SqlViewStore, now: datetime) -> str:
+        """Why hops were sent again, and whose: they were overdue, because the relay is
+        silent (since when, from its beat), no worker is alive, or neither is known."""
         if not report.hop_brands:
             return ""
         shown = ", ".join(report.hop_brands[:5])
         more = f" (+{len(report.hop_brands) - 5} more)" if len(report.hop_brands) > 5 else ""
         return (f"; the hops were overdue by more than {self.overdue_s:g} s (brands {shown}"
-                f"{more}): is the relay running, and a worker? `provisioner health` "
-                "says")  # fmt: skip
+                f"{more}): {self._cause(store, now)}")  # fmt: skip
+
+    def _cause(self, store: SqlViewStore, now: datetime) -> str:
+        """What the beats say of the relay and the workers (infrastructure/heartbeats.py)."""
+        try:
+            beats = read_processes(store)
+        except Exception:
+            log.debug("the heartbeats could not be read", exc_info=True)
+            beats = []
+        at, max_age = now.timestamp(), self.heartbeat_max_age_s
+        relays = [b for b in beats if b.component == "relay"]
+        workers = [b for b in beats if b.component == "worker"]
+        if not relays and not workers:
+            return "is the relay running, and a worker? `provisioner health` says"
+        said: list[str] = []
+        for name, found in (("relay", relays), ("worker", workers)):
+            last = max(found, key=lambda b: b.beat_at, default=None)
+            if last is None:
+                said.append(f"no {name} has ever beaten in this database")
+            elif liveness(last, at, max_age) is Liveness.SILENT:
+                whom = "the relay is" if name == "relay" else "every worker is"
+                said.append(f"{whom} silent since {_since(last, max_age)} (last beat in "
+                            f"{last.process})")  # fmt: skip
+        if not said:
+            return ("the relay and a worker are alive: the hops' messages were lost (a purged "
+                    "queue, a broker that lost them) or the workers are behind")  # fmt: skip
+        return "; ".join(said)
 
     def _due(self, store: SqlViewStore, before: object) -> list[Row]:
         """Deactivated brands still bound whose retention window ended before `before`,

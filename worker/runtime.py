@@ -24,6 +24,7 @@ from infrastructure.failures import ConfigurationError
 from infrastructure.fake_gateway import FakeConfig, FakeGateway
 from infrastructure.family_reads import SharedFamilyReads
 from infrastructure.gateway import HttpGateway
+from infrastructure.gateway_contact import GatewayContact
 from infrastructure.gateway_tls import refuse_unverified
 from infrastructure.heartbeats import Heartbeat
 from infrastructure.pacing import MemoryPaceStore, Pace, PaceStore, PgPaceStore
@@ -33,6 +34,7 @@ from infrastructure.views import SqlViewStore, memory_views_url
 from worker import metrics
 from worker.audit_schedule import AuditSchedule
 from worker.consumer import HopWorker
+from worker.gateway_watch import GatewayWatch
 from worker.projector import Projector
 from worker.reconciler import GRACE_S, OVERDUE_S, Reconciler
 from worker.relay import Relay
@@ -70,11 +72,15 @@ class _Threads:
 ALL_PARTS = ("worker", "relay", "projections", "reconciler")
 
 
-def heartbeat(settings: Settings, views_url: str, component: str) -> Heartbeat:
+def heartbeat(
+    settings: Settings, views_url: str, component: str, contact: GatewayContact | None = None
+) -> Heartbeat:
     """The component's beats, in the read models' database (the event store's, or the
-    in-process one of memory://), often enough for PROVISIONER_HEARTBEAT_MAX_AGE_S."""
+    in-process one of memory://), often enough for PROVISIONER_HEARTBEAT_MAX_AGE_S;
+    with `contact`, when the process last had an answer from the gateway."""
     every = beat_interval_s(settings.heartbeat_max_age_s)
-    return Heartbeat(views_url, component, every_s=every)
+    answered = (lambda: contact.answered_at) if contact is not None else None
+    return Heartbeat(views_url, component, every_s=every, answered_at=answered)
 
 
 def pool_size(parts: tuple[str, ...], concurrency: int) -> int:
@@ -97,8 +103,23 @@ class Runtime(_Threads):
     fake: FakeGateway | None = None
     pace: Pace | None = None
     audits: bool = False  # the reconciler runs the upstream audit (it calls the gateway)
+    # When this process last had an answer from the gateway (None: it calls none).
+    contact: GatewayContact | None = None
+    gateway_url: str = ""
     threads: list[threading.Thread] = field(default_factory=list)
     failures: dict[str, BaseException] = field(default_factory=dict)
+
+    def beats(self, component: str) -> Heartbeat:
+        return heartbeat(self.settings, self.views_url, component, self.contact)
+
+    def watch_gateway(self, stop: threading.Event) -> None:
+        """Until the gateway first answers this process, an ERROR line every 30 s
+        (worker/gateway_watch.py), on a daemon thread that ends then; not one of the
+        process's parts (its end stops nothing)."""
+        if self.contact is None:
+            return
+        watch = GatewayWatch(self.gateway, self.contact, self.gateway_url)
+        threading.Thread(target=watch.run, args=(stop,), name="gateway-watch", daemon=True).start()
 
     def worker(self, concurrency: int | None = None) -> HopWorker:
         return HopWorker(
@@ -110,6 +131,7 @@ class Runtime(_Threads):
             database_url=self.settings.database_url,
             tls=self.settings.broker_tls(),
             scopes=self.settings.scopes(),
+            heartbeat=self.beats("worker"),
         )
 
     def _broker(self) -> Broker:
@@ -120,13 +142,13 @@ class Runtime(_Threads):
         url = self.settings.database_url
         positions = open_position_store(url, create_table=not is_postgres(url))
         broker = self._broker()
-        beats = heartbeat(self.settings, self.views_url, "relay")
+        beats = self.beats("relay")
         return Relay(self.app, broker, positions, database_url=url, heartbeat=beats)
 
     def projector(self, batch: int = 2000) -> Projector:
         return Projector(
             self.app, self.views_url, database_url=self.settings.database_url, batch=batch,
-            heartbeat=heartbeat(self.settings, self.views_url, "projections"),
+            heartbeat=self.beats("projections"),
         )  # fmt: skip
 
     def reconciler(
@@ -143,7 +165,8 @@ class Runtime(_Threads):
             deadline_s=deadline_s or self.settings.attempt_deadline_s, service=self.service,
             stuck_after_s=self.settings.health_stuck_after_s,
             orphan_window_s=self.settings.inference_window_s,
-            heartbeat=heartbeat(self.settings, self.views_url, "reconciler"),
+            heartbeat=self.beats("reconciler"),
+            heartbeat_max_age_s=self.settings.heartbeat_max_age_s,
         )  # fmt: skip
         if self.audits:
             every, findings = self.settings.audit_every_s, FindingsWriter(self.views_url)
@@ -208,10 +231,12 @@ def build(
         store = pace_store(settings, url, calls=calls)
         pace = Pace(store, settings.pace(), on_event=metrics.observe_pace)
         stack.callback(pace.close)
+        contact = GatewayContact() if calls else None
+        observe = contact.observing(metrics.observe_gateway) if contact else metrics.observe_gateway
         gateway = stack.enter_context(
             HttpGateway(
                 url, token, read_timeout=settings.gateway_timeout_s,
-                observe=metrics.observe_gateway, pace=pace, ca_file=settings.gateway_ca_file,
+                observe=observe, pace=pace, ca_file=settings.gateway_ca_file,
                 on_family_share=metrics.observe_family_share, on_bytes=metrics.observe_bytes,
             )
         )  # fmt: skip
@@ -236,8 +261,9 @@ def build(
             # An in-process database lives while one connection to it is open.
             stack.enter_context(SqlViewStore(views_url)).setup()
         yield Runtime(
-            settings, app, gateway, service, topology, scheduler, views_url, fake, pace, audits
-        )
+            settings, app, gateway, service, topology, scheduler, views_url, fake, pace, audits,
+            contact, url,
+        )  # fmt: skip
 
 
 @dataclass

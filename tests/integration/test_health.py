@@ -19,6 +19,7 @@ import pytest
 
 from domain.pacing import PaceState
 from infrastructure.fake_gateway import FakeGateway
+from infrastructure.heartbeats import Heartbeat
 from infrastructure.pacing import PgPaceStore
 from infrastructure.settings import Settings
 from tests.integration.test_cli_edges import PROVISIONER, clean_env, forwarder, free_port, pg_url
@@ -52,6 +53,18 @@ def until(port: int, path: str, code: int, seconds: float = 30, token: str | Non
     raise AssertionError(f"{path} never answered {code}: {last}")
 
 
+def until_ok(port: int, seconds: float = 30) -> str:
+    """/readyz once every check is ok: a part's first beat may come after the first run
+    of the checks (its heartbeat never seen, degraded, until then)."""
+    deadline, body = time.monotonic() + seconds, ""
+    while time.monotonic() < deadline:
+        body = until(port, "/readyz", 200, seconds)
+        if json.loads(body)["status"] == "ok":
+            return body
+        time.sleep(0.5)
+    return body
+
+
 def failing(body: str) -> dict[str, Any]:
     return {c["name"]: c for c in json.loads(body)["checks"] if not c["ok"]}
 
@@ -60,9 +73,9 @@ def forget_heartbeats(url: str) -> None:
     """The session's database is shared: components other tests ran (and stopped) are
     forgotten, as an operator forgets one retired for good."""
     with psycopg.connect(url, autocommit=True) as conn:
-        found = conn.execute("SELECT to_regclass('provisioner_heartbeats')").fetchone()
+        found = conn.execute("SELECT to_regclass('provisioner_processes')").fetchone()
         if found is not None and found[0] is not None:
-            conn.execute("DELETE FROM provisioner_heartbeats")
+            conn.execute("DELETE FROM provisioner_processes")
 
 
 @pytest.mark.postgres
@@ -84,7 +97,7 @@ def test_a_process_is_not_ready_while_its_database_is_down(
             [PROVISIONER, "projections", "run"], env=env, stdout=out, stderr=subprocess.STDOUT
         )
         try:
-            body = until(port, "/readyz", 200)
+            body = until_ok(port)
             assert json.loads(body) == {
                 "status": "ok",
                 "checks": {"database": "ok", "projection_lag": "ok", "projections_heartbeat": "ok"},
@@ -144,6 +157,7 @@ def test_readiness_names_the_broker_when_its_vhost_is_deleted(pg_database: str) 
         body = until(port, "/readyz", 200)
         assert json.loads(body)["checks"] == {  # no relay beats here: degraded, still ready
             "database": "ok", "broker": "ok", "relay_lag": "ok", "relay_heartbeat": "degraded",
+            "workers": "ok",  # no worker, but no work waits either
         }  # fmt: skip
         assert "provisioner_relay_lag_events" in get(port, "/metrics")[1]
         rabbitmqctl("delete_vhost", vhost)
@@ -180,7 +194,7 @@ def test_the_health_command_exits_0_when_healthy_and_1_naming_what_fails(
     assert set(checks) == {
         "database", "broker", "gateway", "gateway_circuit", "relay_lag", "projection_lag",
         "stuck_attempts", "stuck_releases", "relay_heartbeat", "projections_heartbeat",
-        "reconciler_heartbeat",
+        "reconciler_heartbeat", "workers",
     }  # fmt: skip
     assert not checks["stuck_releases"]["degraded"], checks["stuck_releases"]
     # None of them ever ran against this database: a warning, not a failure.
@@ -190,6 +204,10 @@ def test_the_health_command_exits_0_when_healthy_and_1_naming_what_fails(
 
     # The fleet's circuit is open (as a worker left it in the shared row, its next probe
     # not due yet): degraded, exit 0. Health's own call waits for the pace: held, not sent.
+    # That worker had answers from the gateway before (its beat says so): an outage.
+    worker = Heartbeat(pg_database, "worker", every_s=0, answered_at=time.time)
+    assert worker.beat()
+    worker.close()
     store = PgPaceStore(pg_database, fake.url)
     calls_before = fake.state()["calls_total"]
     try:

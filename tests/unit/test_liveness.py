@@ -70,12 +70,16 @@ def test_a_component_never_seen_is_a_warning_naming_what_starts_it() -> None:
         unread()
 
 
-def test_a_process_checks_the_heartbeats_of_its_own_parts_only() -> None:
+def test_a_process_checks_its_own_parts_and_those_they_wait_on() -> None:
     settings = Settings.from_env({"PROVISIONER_DATABASE_URL": "sqlite:///unused.sqlite"})
     names = [name for name, _ in checks_for(settings, ("relay",), gateway=None)[0]]
     assert "relay_heartbeat" in names
     assert "projections_heartbeat" not in names
-    assert [name for name, _ in checks_for(settings, ("worker",), gateway=None)[0]] == ["database"]
+    assert [name for name, _ in checks_for(settings, ("worker",), gateway=None)[0]] == [
+        "database", "relay_heartbeat", "reconciler_heartbeat", "workers",
+    ]  # fmt: skip
+    alone = [name for name, _ in checks_for(settings, ("projections",), gateway=None)[0]]
+    assert alone == ["database", "projection_lag", "projections_heartbeat"]
     every = [name for name, _ in checks_for(settings, ("worker", "relay", "projections",
                                                        "reconciler"), gateway=None)[0]]  # fmt: skip
     assert {"relay_heartbeat", "projections_heartbeat", "reconciler_heartbeat"} <= set(every)
