@@ -137,6 +137,26 @@ def test_filters_by_status_and_searches_ids_and_titles(web: TestClient) -> None:
     assert "no brand matches" in nothing  # % and _ are literal, not wildcards
 
 
+def test_brands_are_found_by_failure_reason_and_by_when_they_changed(web: TestClient) -> None:
+    exhausted = web.get("/", params={"reason": "exhausted"}).text
+    recent = web.get("/", params={"reason": "exhausted", "since": "1h", "until": "now"}).text
+    long_ago = web.get("/", params={"until": "2000-01-01T00:00:00Z"}).text
+    other = web.get("/", params={"reason": "deadline"}).text
+    bad_reason = web.get("/", params={"reason": "tired"})
+    bad_time = web.get("/", params={"since": "yesterday"})
+
+    names = re.findall(r'class="brand-link" href="/brands/[^"]+">([^<]+)</a>', recent)
+    assert names == ["demo-07", "demo-09"]
+    assert exhausted.count('class="brand-row"') == 2
+    assert "no brand matches" in long_ago
+    assert "no brand matches" in other
+    assert '<option value="exhausted" selected>' in exhausted  # the form keeps the choice
+    assert 'name="since" id="since" value="1h"' in recent
+    assert (bad_reason.status_code, bad_time.status_code) == (400, 400)
+    assert "unknown reason &#39;tired&#39;: one of " in bad_reason.text
+    assert "is not a time: use ISO 8601" in bad_time.text
+
+
 def test_markup_from_a_brand_is_escaped_everywhere(web: TestClient) -> None:
     listing = web.get("/").text
     page = web.get("/brands/" + HOSTILE_ID)
@@ -378,7 +398,7 @@ def assert_secured(answer: Any) -> None:
     assert "unsafe-inline" not in csp
     assert answer.headers["x-frame-options"] == "DENY"
     assert answer.headers["x-content-type-options"] == "nosniff"
-    assert answer.headers["referrer-policy"] == "no-referrer"
+    assert answer.headers["referrer-policy"] == "same-origin"  # a form's POST sends its Origin
 
 
 PAGES = ("/", "/brands/demo-01", "/brands/no-such-brand", "/stuck", "/lag", "/dead-letters",

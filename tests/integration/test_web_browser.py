@@ -129,7 +129,9 @@ def test_a_person_finds_brands_by_status_and_reads_a_timeline(
     rows = _cells(browser, "tr.timeline-row.deferred")
     heading = browser.find_element(By.CSS_SELECTOR, ".attempt h3").text
 
-    assert [row[2] for row in rows] == ["HopScheduled (deferred)"]
+    assert len(rows) == 1  # the two deferrals, folded into one row as `history` folds them
+    assert rows[0][2].startswith("deferred ×2, from 20")
+    assert " to 20" in rows[0][2]
     assert rows[0][5].startswith("deferred ×2: gateway unavailable: ")
     assert "settle hops 0 of 5" in heading
     assert "deferred ×2" in heading
@@ -142,6 +144,26 @@ def test_a_person_finds_brands_by_status_and_reads_a_timeline(
     shot = Path(SCREENSHOT_TO) if SCREENSHOT_TO else tmp_path / "web-brand.png"
     assert browser.save_screenshot(str(shot))
     assert shot.stat().st_size > 10_000  # a page was drawn, not a blank
+
+
+def test_a_person_searches_brands_by_failure_reason_and_time(
+    site: str, browser: webdriver.Chrome
+) -> None:
+    browser.get(site + "/")
+    Select(browser.find_element(By.ID, "reason")).select_by_value("exhausted")
+    browser.find_element(By.ID, "since").send_keys("1d")
+    _follow(browser, browser.find_element(By.ID, "filter"))
+    found = [row[0] for row in _cells(browser, "tr.brand-row")]
+    kept = browser.find_element(By.ID, "since").get_attribute("value")
+
+    assert "reason=exhausted" in browser.current_url
+    assert found == ["demo-07", "demo-09"]
+    assert kept == "1d"  # the form keeps what was asked
+
+    browser.find_element(By.ID, "until").send_keys("2000-01-01T00:00:00Z")
+    _follow(browser, browser.find_element(By.ID, "filter"))
+    assert _cells(browser, "tr.brand-row") == []
+    assert "no brand matches" in browser.find_element(By.ID, "brands").text
 
 
 def test_a_person_follows_links_from_brand_to_attempt_to_workspace(

@@ -1,5 +1,6 @@
-"""The operator's web view: read-only pages over the read models, the event store and
-the dead-letter queue (docs/operations.md, "Web view").
+"""The operator's web view: pages over the read models, the event store and the
+dead-letter queue, and the forms that act behind the web token and a CSRF check
+(worker/web/actions.py; docs/operations.md, "Web view").
 
 Starlette routes, Jinja2 templates with autoescape on (every text from a brand, the
 gateway or a message is escaped), and an optional bearer token checked on every
@@ -29,6 +30,7 @@ from starlette.types import ASGIApp
 from domain.progress import clock
 from infrastructure.redaction import Secrets
 from infrastructure.settings import Settings
+from worker.web.actions import Actions
 from worker.web.guard import Guard, HostCheck, check_bind
 from worker.web.pages import Pages
 from worker.web.timeline import duration
@@ -95,6 +97,7 @@ def create_app(settings: Settings, *, host: str | None = None, port: int | None 
     """The pages, answering only to the names of `host`:`port` (the bound address;
     PROVISIONER_WEB_HOST and _PORT by default) and PROVISIONER_WEB_ALLOWED_HOSTS."""
     pages = Pages(settings, _templates(settings.secrets()))
+    actions = Actions(settings, pages.not_done)
     css = STYLESHEET.read_bytes()
 
     async def stylesheet(_request: Request) -> Response:
@@ -114,6 +117,11 @@ def create_app(settings: Settings, *, host: str | None = None, port: int | None 
             Route("/audit", pages.audit),
             Route("/health", pages.health),
             Route("/lag", pages.lag),
+            Route("/actions/retry", actions.retry, methods=["POST"]),
+            Route("/actions/deactivate", actions.deactivate, methods=["POST"]),
+            Route("/actions/replay", actions.replay, methods=["POST"]),
+            Route("/actions/purge", actions.purge, methods=["POST"]),
+            Route("/actions/audit", actions.audit, methods=["POST"]),
         ],
         middleware=middleware,
         exception_handlers={404: pages.not_found, Exception: pages.failed},

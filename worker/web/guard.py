@@ -11,7 +11,7 @@ names. Without a token such a request would otherwise be served on loopback, and
 page that opens connections (or calls the gateway) would run for it.
 
 Every answer, an error, a 400, 401 or 403 too, carries the headers below: no frame,
-no sniffing, no referrer, and a Content-Security-Policy that lets the pages load
+no sniffing, no referrer to another site, and a Content-Security-Policy that lets the pages load
 their own stylesheet and nothing else (they have no script).
 """
 
@@ -36,7 +36,10 @@ SECURITY_HEADERS = (
     ("Content-Security-Policy", CONTENT_SECURITY_POLICY),
     ("X-Frame-Options", "DENY"),
     ("X-Content-Type-Options", "nosniff"),
-    ("Referrer-Policy", "no-referrer"),
+    # No referrer to another site; to this one, its pages' own addresses. (With
+    # no-referrer a browser sends `Origin: null` with a form's POST, which the check
+    # below must refuse: the forms could not act.)
+    ("Referrer-Policy", "same-origin"),
 )
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
 

@@ -8,19 +8,36 @@ from typing import Any
 from urllib.parse import urlencode
 from uuid import UUID
 
+import click
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.templating import Jinja2Templates
 
 from domain.errors import UnknownAttempt, UnknownBrand
+from domain.policies import FailureReason
 from infrastructure.dead_letters import PAGE
 from infrastructure.settings import Settings
+from worker.cli_read import _Time
 from worker.edges import describe
 from worker.health import healthy
+from worker.web import csrf
 from worker.web.reads import BRANDS_SHOWN, STATUSES, GatewayProbe, Reads
 
 REFRESH_S = (5, 3600)  # the seconds `?refresh=` may ask between reloads
+REASONS = tuple(reason.value for reason in FailureReason)
+
+
+def _time(name: str, text: str) -> datetime | None:
+    """`?since=` or `?until=`: a time as the commands take it (ISO 8601, UTC unless it
+    says otherwise; `now`; or an age: 30s, 15m, 2h, 7d), or None when not given."""
+    if not text:
+        return None
+    try:
+        found: datetime = _Time().convert(text[:60], None, None)
+    except click.BadParameter as exc:
+        raise ValueError(f"?{name}={text[:60]!r}: {exc.message}") from None
+    return found
 
 
 class Pages:
@@ -41,12 +58,40 @@ class Pages:
         links = {"stop_url": "?" + urlencode(others),
                  "refresh_url": "?" + urlencode([*others, ("refresh", "10")])}  # fmt: skip
         shown = {"refresh": int(refresh) if refresh else None, **links, **context}
-        return self.templates.TemplateResponse(request, name, shown, status_code=status_code)
+        return self._forms(request, name, shown, status_code)
 
-    def refused(self, request: Request, message: str) -> Response:
+    def _forms(
+        self, request: Request, name: str, context: dict[str, Any], status_code: int
+    ) -> Response:
+        """The template with what its forms need (worker/web/csrf.py): with a web token,
+        the form token of this browser's nonce (a new nonce in a cookie if it has
+        none), and what the last action said (shown once)."""
+        token = self.settings.web_token
+        nonce = request.cookies.get(csrf.COOKIE)
+        fresh = csrf.new_nonce() if token and not csrf.is_nonce(nonce) else None
+        form_token = csrf.form_token(token, fresh or nonce or "") if token else None
+        said = csrf.read_lines(token, request.cookies.get(csrf.SAID))
+        shown = {"csrf": form_token, "said": said, **context}
+        answer = self.templates.TemplateResponse(request, name, shown, status_code=status_code)
+        if token:
+            answer.headers["Cache-Control"] = "no-store"  # a page holding a form token
+        if fresh:
+            answer.set_cookie(csrf.COOKIE, fresh, httponly=True, samesite="strict",
+                              secure=request.url.scheme == "https")  # fmt: skip
+        if csrf.SAID in request.cookies:
+            answer.delete_cookie(csrf.SAID, httponly=True, samesite="strict")
+        return answer
+
+    def refused(
+        self, request: Request, message: str, status_code: int = 400, heading: str = "Bad request"
+    ) -> Response:
         context = {"refresh": None, "stop_url": "?", "refresh_url": "?refresh=10",
-                   "heading": "Bad request", "message": message}  # fmt: skip
-        return self.templates.TemplateResponse(request, "missing.html", context, status_code=400)
+                   "heading": heading, "message": message}  # fmt: skip
+        return self._forms(request, "missing.html", context, status_code)
+
+    def not_done(self, request: Request, status_code: int, heading: str, message: str) -> Response:
+        """An action's refusal (worker/web/actions.py)."""
+        return self.refused(request, message, status_code, heading)
 
     def missing(self, request: Request, message: str) -> Response:
         return self.page(request, "missing.html", 404, heading="Not found", message=message)
@@ -56,14 +101,28 @@ class Pages:
         if status is not None and status not in STATUSES:
             shown = status[:40]
             return self.refused(request, f"unknown status {shown!r}: one of {', '.join(STATUSES)}")
+        reason = request.query_params.get("reason") or None
+        if reason is not None and reason not in REASONS:
+            shown = reason[:40]
+            return self.refused(request, f"unknown reason {shown!r}: one of {', '.join(REASONS)}")
+        times = {k: (request.query_params.get(k) or "").strip() for k in ("since", "until")}
+        try:
+            since, until = (_time(k, times[k]) for k in ("since", "until"))
+        except ValueError as exc:
+            return self.refused(request, str(exc))
         search = (request.query_params.get("q") or "").strip() or None
         after = request.query_params.get("after", "")[:200] or None
-        found = await run_in_threadpool(self.reads.brands, status, search, after)
+        found = await run_in_threadpool(
+            self.reads.brands, status, search, after, reason=reason, since=since, until=until
+        )
         refresh = request.query_params.get("refresh")
-        kept = {k: v for k, v in (("status", status), ("q", search), ("refresh", refresh)) if v}
+        kept = {k: v for k, v in (("status", status), ("q", search), ("reason", reason),
+                                  ("since", times["since"]), ("until", times["until"]),
+                                  ("refresh", refresh)) if v}  # fmt: skip
         nxt = found["next_after"]
         return self.page(
             request, "brands.html", statuses=STATUSES, status=status or "", q=search or "",
+            reasons=REASONS, reason=reason or "", since=times["since"], until=times["until"],
             page_size=BRANDS_SHOWN, paged=after is not None, first_url="?" + urlencode(kept),
             next_url="?" + urlencode({**kept, "after": nxt}) if nxt else None, **found,
         )  # fmt: skip

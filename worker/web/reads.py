@@ -28,6 +28,7 @@ from infrastructure.settings import Settings
 from infrastructure.usecases.reads import is_unicode_text
 from infrastructure.view_queries import list_attempts, relay_position
 from infrastructure.views import PROJECTIONS, LogSource, SqlViewStore
+from projections.core import TS
 from worker.attempt_progress import brand_facts, fleet, progress_of
 from worker.health import CheckResult, check_once, gateway_check
 from worker.web.timeline import hop_strip, with_durations
@@ -106,22 +107,38 @@ class Reads:
             app.close()
 
     def brands(
-        self, status: str | None, search: str | None, after: str | None = None
+        self,
+        status: str | None,
+        search: str | None,
+        after: str | None = None,
+        *,
+        reason: str | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
     ) -> dict[str, Any]:
         """A page of brands by id (after the id `after`), the counts by status of all,
-        how many match, and each row's current attempt from `attempts` (its failure)."""
+        how many match, and each row's current attempt from `attempts` (its failure).
+        `reason`: the current attempt failed for it; `since`, `until`: the brand's row
+        last changed (its status: when it failed, for a failed one) in that span."""
         where: list[str] = []
         params: list[Any] = []
         if status:
             where.append("status = ?")
             params.append(status)
+        if reason:
+            where.append("failure_reason = ?")
+            params.append(reason)
         if search:
             where.append("(lower(brand_id) LIKE ? ESCAPE '\\' OR lower(title) LIKE ? ESCAPE '\\')")
             params += [_like(search), _like(search)]
         table = PROJECTIONS["brand_workspaces"]
-        matching = " AND ".join(where)
-        paged = " AND ".join([*where, "brand_id > ?"]) if after else matching
         with self.store() as store:
+            for column, op, at in (("updated_at", ">=", since), ("updated_at", "<=", until)):
+                if at is not None:
+                    where.append(f"{column} {op} ?")
+                    params.append(store.dialect.to_db(TS, at))
+            matching = " AND ".join(where)
+            paged = " AND ".join([*where, "brand_id > ?"]) if after else matching
             rows = store.rows(table, paged, [*params, *([after] if after else [])],
                               order="brand_id", limit=BRANDS_SHOWN + 1)  # fmt: skip
             count = f"SELECT count(*) AS n FROM {table.name}"  # noqa: S608 - values bound
