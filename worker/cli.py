@@ -19,6 +19,7 @@ from worker import cli_read
 from worker.cli_audit import audit
 from worker.cli_config import config
 from worker.cli_dead_letters import dead_letters
+from worker.cli_fleet import workers
 from worker.cli_rollout import retry, rollout
 from worker.cli_serve import projections, reconcile, relay, run, worker
 from worker.cli_setup import broker, db
@@ -165,7 +166,7 @@ def deactivate(brand_id: str, purge_now: bool) -> None:
 
 for command in (cli_read.status, cli_read.history, cli_read.attempt, cli_read.pointer,
                 cli_read.attempts, cli_read.brands, db, broker, projections, worker, relay,
-                run, reconcile, rollout, retry, dead_letters, audit):  # fmt: skip
+                run, reconcile, rollout, retry, dead_letters, audit, workers):  # fmt: skip
     main.add_command(command)
 main.add_command(serve_fake_gateway, "fake-gateway")
 main.add_command(config)

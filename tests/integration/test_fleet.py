@@ -1,0 +1,226 @@
+"""The fleet against real services: a dead worker seen by `health` and `workers`, a
+gateway URL that never answered, and the reconciler saying the relay is silent."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from click.testing import CliRunner
+
+from infrastructure.eventstore import init_database, open_event_store
+from infrastructure.fake_gateway import FakeGateway
+from infrastructure.gateway import HttpGateway
+from infrastructure.heartbeats import Heartbeat
+from infrastructure.service import ProvisioningService
+from infrastructure.settings import Settings
+from infrastructure.views import SqlViewStore, init_read_models
+from tests.conftest import PARENT, PG_ADMIN, unavailable
+from tests.integration.test_cli_edges import PROVISIONER, clean_env, free_port
+from tests.readmodels import FATES, seed_histories
+from tests.support import RecordingBroker
+from worker.cli import main
+from worker.projector import Projector
+from worker.reconciler import Reconciler
+from worker.runtime import build
+
+MAX_AGE = "1"  # PROVISIONER_HEARTBEAT_MAX_AGE_S: silent after a second, beats every 0.25 s
+
+
+@pytest.fixture
+def fresh_pg() -> Iterator[str]:
+    """A database of the test's own: no beat, no attempt of another test in it."""
+    name = f"provisioner_fleet_{uuid.uuid4().hex[:10]}"
+    try:
+        with psycopg.connect(PG_ADMIN, autocommit=True, connect_timeout=3) as conn:
+            conn.execute(f'CREATE DATABASE "{name}"')
+    except psycopg.OperationalError as exc:
+        unavailable("PostgreSQL", exc)
+    url = f"{PG_ADMIN.rsplit('/', 1)[0]}/{name}"
+    init_database(url)
+    init_read_models(url)
+    yield url
+    with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def checks(done: Any) -> dict[str, Any]:
+    return {c["name"]: c for c in json.loads(done.stdout)["checks"]}
+
+
+class WorkerThread:
+    """`provisioner worker`'s parts on a thread of this process (its pid the test's)."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.stop = threading.Event()
+        self.failures: list[BaseException] = []
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        try:
+            with build(self.settings, parts=("worker",), concurrency=1, stop=self.stop) as rt:
+                rt.watch_gateway(self.stop)  # as `provisioner worker` does
+                rt.worker(1).run(self.stop)
+        except BaseException as exc:  # the test asserts there was none
+            self.failures.append(exc)
+
+    def __enter__(self) -> WorkerThread:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.stop.set()
+        self.thread.join(30)
+        assert not self.failures, self.failures
+
+
+def until(predicate: Any, seconds: float = 20) -> Any:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        found = predicate()
+        if found:
+            return found
+        time.sleep(0.1)
+    raise AssertionError("never")
+
+
+@pytest.mark.postgres
+@pytest.mark.rabbitmq
+def test_a_dead_worker_fails_health_once_work_waits_and_a_live_one_clears_it(
+    fresh_pg: str, rabbit_url: str, fake: FakeGateway
+) -> None:
+    values = {
+        "PROVISIONER_DATABASE_URL": fresh_pg, "PROVISIONER_BROKER_URL": rabbit_url,
+        "PROVISIONER_GATEWAY_URL": fake.url, "PROVISIONER_GATEWAY_TOKEN": "t0ken-fleet",
+        "PROVISIONER_PARENT_IDS": PARENT, "PROVISIONER_HEARTBEAT_MAX_AGE_S": MAX_AGE,
+    }  # fmt: skip
+    settings = Settings.from_env(values)
+    runner = CliRunner(env=values)
+
+    def cli(*args: str) -> Any:
+        return runner.invoke(main, list(args), terminal_width=100)
+
+    def workers() -> list[dict[str, Any]]:
+        listed = cli("workers", "--json")
+        assert listed.exit_code == 0, listed.output
+        return [row for row in json.loads(listed.stdout) if row["kind"] == "worker"]
+
+    with WorkerThread(settings):
+        # Alive, and its start-up probe of the gateway had an answer.
+        [alive] = until(lambda: [r for r in workers() if r["state"] == "alive"
+                                 and r["gateway_answered_s"] is not None])  # fmt: skip
+    assert (alive["pid"], alive["concurrency"], alive["version"]) == (os.getpid(), 1, "0.1.0")
+    time.sleep(1.2)  # the beat grows older than PROVISIONER_HEARTBEAT_MAX_AGE_S
+    [gone] = workers()
+    assert gone["state"] == "silent"
+    text = cli("workers")
+    assert "silent" in text.stdout
+    assert "0 of 1 alive" in text.stdout
+
+    # Nothing waits: no worker is fine.
+    idle = cli("health", "--json")
+    assert checks(idle)["workers"]["ok"], idle.stdout
+
+    # A provision waits, and no worker is alive: health fails, naming the last one.
+    app = open_event_store(fresh_pg)
+    try:
+        unused = HttpGateway("http://127.0.0.1:9", "unused")  # the request path calls none
+        ProvisioningService(app, unused).request_provisioning("b-fleet", "Fleet Co", PARENT)
+        with SqlViewStore(fresh_pg) as store:
+            Projector(app, fresh_pg, database_url=fresh_pg).step(store)
+    finally:
+        app.close()
+    failed = cli("health", "--json")
+    assert failed.exit_code == 1, failed.output
+    down = checks(failed)["workers"]
+    assert not down["ok"]
+    assert not down["degraded"]
+    assert down["detail"].startswith("no worker alive: 1 attempts pending, last worker beat ")
+    assert f"({alive['process']}); start `provisioner worker`" in down["detail"]
+    assert down["since"]
+    assert [n for n, c in checks(failed).items() if not c["ok"]] == ["workers"]
+    said = cli("health")
+    assert any(line.startswith("FAILING  workers: no worker alive: ")
+               for line in said.stdout.splitlines())  # fmt: skip
+
+    with WorkerThread(settings):
+        until(lambda: [r for r in workers() if r["state"] == "alive"])
+        back = cli("health", "--json")
+    assert back.exit_code == 0, back.output
+    assert checks(back)["workers"]["detail"].startswith("1 alive (1 threads, ")
+
+
+@pytest.mark.postgres
+@pytest.mark.rabbitmq
+def test_a_gateway_url_that_never_answered_fails_health_and_the_worker_says_so(
+    fresh_pg: str, rabbit_session_url: str, tmp_path: Path
+) -> None:
+    url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    env = clean_env(
+        PROVISIONER_DATABASE_URL=fresh_pg, PROVISIONER_BROKER_URL=rabbit_session_url,
+        PROVISIONER_GATEWAY_URL=url, PROVISIONER_GATEWAY_TOKEN="t0ken-fleet",
+        PROVISIONER_PARENT_IDS=PARENT,
+    )  # fmt: skip
+    done = CliRunner(env=env).invoke(main, ["health"])
+    assert done.exit_code == 1, done.output
+    [line] = [x for x in done.stdout.splitlines() if "gateway:" in x]
+    assert line.startswith(
+        f"FAILING  gateway: the gateway at {url} has never answered any process of this "
+        "deployment, nor this check (connection refused): check PROVISIONER_GATEWAY_URL"
+    ), line
+
+    log = tmp_path / "worker.log"
+    with log.open("w") as out:
+        worker = subprocess.Popen([PROVISIONER, "worker", "--concurrency", "1"], env=env,
+                                  stdout=out, stderr=subprocess.STDOUT)  # fmt: skip
+    try:
+        errors = until(lambda: [json.loads(x) for x in log.read_text().splitlines()
+                                if '"ERROR"' in x], 30)  # fmt: skip
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        worker.wait(30)
+    assert errors[0]["logger"] == "provisioner.gateway.lifecycle"
+    assert errors[0]["message"] == (
+        f"the gateway at {url} has never answered since this process started (connection "
+        "refused); check PROVISIONER_GATEWAY_URL"
+    )
+    assert "t0ken-fleet" not in log.read_text()
+
+
+def test_the_reconciler_says_the_relay_is_silent_and_since_when(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    url = f"sqlite:///{tmp_path / 'events.sqlite'}"
+    app = open_event_store(url)
+    seed_histories(app, len(FATES))
+    relay = Heartbeat(url, "relay", every_s=0)
+    assert relay.beat()  # beat now: an hour later, silent for most of it
+    relay.close()
+    later = datetime.now(UTC) + timedelta(hours=1)
+    try:
+        with SqlViewStore(url) as store:
+            store.setup()
+            Projector(app, url, database_url=url).step(store)
+            with caplog.at_level(logging.WARNING, "provisioner.reconciler"):
+                report = Reconciler(url).sweep(store, RecordingBroker(), now=later)  # type: ignore[arg-type]
+    finally:
+        app.close()
+    assert report.hops
+    [line] = [r.getMessage() for r in caplog.records if "hops were overdue" in r.getMessage()]
+    since = datetime.fromtimestamp(relay.started_at + 60, UTC).strftime("%H:%M")
+    assert f"the relay is silent since {since}" in line, line
+    assert f"(last beat in {relay.process})" in line
+    assert "no worker has ever beaten in this database" in line
