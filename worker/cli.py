@@ -202,8 +202,9 @@ def health(as_json: bool) -> None:
     "--port", default=None, type=click.IntRange(1, 65535), help="PROVISIONER_WEB_PORT, 8080."
 )
 def web(host: str | None, port: int | None) -> None:
-    """Serve the operator's read-only pages: brands, a brand's timeline, stuck attempts,
-    dead letters and lag (with PROVISIONER_WEB_TOKEN set, each needs that bearer token)."""
+    """Serve the operator's pages: brands, a brand's timeline, stuck attempts, dead
+    letters, audits and lag (with PROVISIONER_WEB_TOKEN set, each needs that bearer
+    token, and forms retry, deactivate, replay, purge and audit behind a CSRF check)."""
     from infrastructure.settings import check_host
     from infrastructure.stopping import stopping
     from worker.web.app import serve
