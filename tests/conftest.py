@@ -7,8 +7,9 @@ FAILS when PROVISIONER_REQUIRE_SERVICES=1 (set by .ci/run) or CI is set.
 from __future__ import annotations
 
 import os
+import random
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ import pytest
 from hypothesis import HealthCheck, Phase, settings
 
 from domain.policies import Backoff, Deferral
+from domain.ports import Gateway
 from infrastructure.eventstore import ProvisionerApplication, init_database, open_event_store
 from infrastructure.fake_gateway import FakeConfig, FakeGateway
 from infrastructure.gateway import HttpGateway
@@ -123,13 +125,29 @@ def settings() -> EngineSettings:
 
 
 @pytest.fixture
+def gateway(http_gateway: HttpGateway) -> Gateway:
+    """The gateway the service calls: the fake over HTTP (tests/unit/conftest.py puts
+    one in memory in its place)."""
+    return http_gateway
+
+
+@pytest.fixture
+def jitter() -> Callable[[], float]:
+    """Where in its spread a deferred hop falls: at random, as in production."""
+    return random.random
+
+
+@pytest.fixture
 def service(
     app: ProvisionerApplication,
-    http_gateway: HttpGateway,
+    gateway: Gateway,
     clock: ManualClock,
     settings: EngineSettings,
+    jitter: Callable[[], float],
 ) -> ProvisioningService:
-    return ProvisioningService(app, http_gateway, clock=clock, settings=settings)
+    """The one service fixture: the use cases on the `app`, `gateway`, `clock`,
+    `settings` and `jitter` fixtures; a test module changes one of those, never this."""
+    return ProvisioningService(app, gateway, clock=clock, settings=settings, jitter=jitter)
 
 
 @pytest.fixture

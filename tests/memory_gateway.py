@@ -31,6 +31,8 @@ from dataclasses import dataclass, field
 
 from domain.ports import AmbiguousCreate, FamilyMember, GatewayError, WorkspaceGone
 
+PARENT = "parent-1"  # the one parent of the unit tests' `gateway` fixture
+
 
 @dataclass
 class Workspace:

@@ -13,8 +13,9 @@ from uuid import UUID
 from eventsourcing.persistence import StoredEvent
 
 from domain.outcomes import HopOutcome, Outcome
-from domain.ports import FamilyMember, Gateway, TransientGatewayError
-from infrastructure.service import ProvisioningService
+from domain.ports import Clock, FamilyMember, Gateway, TransientGatewayError
+from infrastructure.eventstore import open_event_store
+from infrastructure.service import EngineSettings, ProvisioningService
 
 
 class ManualClock:
@@ -40,6 +41,21 @@ class ManualClock:
     def advance(self, seconds: float) -> None:
         self.offset += timedelta(seconds=seconds)
         self.seconds += seconds
+
+
+def new_service(
+    gateway: Gateway | None = None,
+    clock: Clock | None = None,
+    settings: EngineSettings | None = None,
+    *,
+    url: str = "memory://",
+    **options: Any,
+) -> ProvisioningService:
+    """The service on a fresh event store (in memory unless `url` names one), for a
+    test that makes several or one per Hypothesis example; a test that needs one
+    takes the `service` fixture (tests/conftest.py). Without a gateway, what the
+    test does must not call one."""
+    return ProvisioningService(open_event_store(url), gateway, clock, settings, **options)  # type: ignore[arg-type]
 
 
 def as_stored_before(stored: StoredEvent, *new_fields: str) -> StoredEvent:

@@ -93,7 +93,7 @@ class Bound:
 
 
 @contextmanager
-def service(vhost: Vhost, fake: FakeGateway, tmp_path: Path, **extra: str) -> Iterator[Runtime]:
+def runtime_for(vhost: Vhost, fake: FakeGateway, tmp_path: Path, **extra: str) -> Iterator[Runtime]:
     env = environment(sqlite_url(tmp_path), vhost.service_url, fake, **extra)
     with build(Settings.from_env(env)) as runtime:
         yield runtime
@@ -143,7 +143,7 @@ def test_a_forged_dead_letter_is_read_from_what_rabbitmq_set_and_replayed_to_its
         # One entry RabbitMQ will update (same queue and reason), and an older one.
         "x-death": [death(COMMANDS_QUEUE, "expired"), death(HOPS_QUEUE, "rejected")],
     }
-    with service(vhost, fake, tmp_path) as runtime:
+    with runtime_for(vhost, fake, tmp_path) as runtime:
         bound = provisioned(runtime, fake, brand_id)
         head = runtime.app.recorder.max_notification_id()
         # No worker consumes: the commands queue expires it into the dead queue itself.
@@ -183,7 +183,7 @@ def test_a_scoped_producer_cannot_deactivate_another_producers_brand(
     producer = user_of(vhost.producer_url)
     own = f"mine-{uuid.uuid4().hex[:12]}"
     scopes = {"PROVISIONER_PRODUCER_SCOPES": f"{producer}=mine-*@{PARENT}"}
-    with service(vhost, fake, tmp_path, **scopes) as runtime:
+    with runtime_for(vhost, fake, tmp_path, **scopes) as runtime:
         bound = provisioned(runtime, fake, brand_id)
         head = runtime.app.recorder.max_notification_id()
         with components(runtime, relay=True) as running:

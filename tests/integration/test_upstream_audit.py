@@ -19,9 +19,8 @@ from prometheus_client import REGISTRY
 from domain.ports import FamilyMember, WorkspaceGone
 from domain.upstream_audit import Action, Kind
 from infrastructure.audit_findings import read_audits
-from infrastructure.eventstore import ProvisionerApplication, init_database
+from infrastructure.eventstore import init_database
 from infrastructure.fake_gateway import FakeConfig, FakeGateway
-from infrastructure.gateway import HttpGateway
 from infrastructure.service import EngineSettings, ProvisioningService
 from infrastructure.settings import Settings
 from infrastructure.usecases.upstream_audit import audit_parent, fix, parents_on_record
@@ -48,11 +47,9 @@ def fake(parent: str) -> Iterator[FakeGateway]:
 
 
 @pytest.fixture
-def service(app: ProvisionerApplication, fake: FakeGateway, parent: str) -> Iterator[Any]:
-    with HttpGateway(fake.url, TOKEN, read_timeout=0.5, retries=1) as gateway:
-        yield ProvisioningService(
-            app, gateway, settings=EngineSettings(parent_ids=frozenset({parent}))
-        )
+def settings(parent: str) -> EngineSettings:
+    """The service acts under this test's parent alone."""
+    return EngineSettings(parent_ids=frozenset({parent}))
 
 
 def upstream(fake: FakeGateway, title: str) -> dict[str, dict[str, Any]]:

@@ -10,15 +10,13 @@ import pytest
 
 from domain.errors import UnknownBrand
 from infrastructure import audit
-from infrastructure.eventstore import open_event_store
 from infrastructure.service import ProvisioningService
 
 
-@pytest.fixture
-def service() -> ProvisioningService:
-    svc = ProvisioningService(open_event_store("memory://"), gateway=None)  # type: ignore[arg-type]
-    svc.request_provisioning("b1", "Acme", "parent")
-    return svc
+@pytest.fixture(autouse=True)
+def registered(service: ProvisioningService) -> None:
+    """Brand b1, requested (no hop run: the gateway is never called)."""
+    service.request_provisioning("b1", "Acme", "parent")
 
 
 @pytest.mark.parametrize("brand_id", ["b\udcff", "\ud800", "nosuch"])

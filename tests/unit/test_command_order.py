@@ -18,11 +18,10 @@ from domain.errors import AttemptInProgress, RetryLater, StaleCommand
 from domain.outcomes import Outcome
 from domain.policies import AttemptState
 from infrastructure import messages
-from infrastructure.eventstore import open_event_store
 from infrastructure.outbox import OutboxMapper
 from infrastructure.service import EngineSettings, ProvisioningService
 from tests.memory_gateway import MemoryGateway
-from tests.support import ManualClock, as_stored_before, drive
+from tests.support import ManualClock, as_stored_before, drive, new_service
 from tests.unit.test_delivery import FakeMessage, FakePublisher, finished, settler
 from worker.delivery import WAIT_DELAYS_S, Delivery
 
@@ -32,10 +31,6 @@ P, D = "provision", "deactivate"
 
 def at(seconds: float) -> datetime:
     return T0 + timedelta(seconds=seconds)
-
-
-def new_service() -> ProvisioningService:
-    return ProvisioningService(open_event_store("memory://"), gateway=None)  # type: ignore[arg-type]
 
 
 # A command: (kind, its time in seconds[, title[, parent]]); a provision's title
@@ -375,8 +370,7 @@ WINDOW_S = 3600.0
 def window_service() -> tuple[ProvisioningService, MemoryGateway, ManualClock]:
     gateway, clock = MemoryGateway("parent"), ManualClock()
     settings = EngineSettings(decommission_delay_s=WINDOW_S)
-    service = ProvisioningService(open_event_store("memory://"), gateway, clock, settings)
-    return service, gateway, clock
+    return new_service(gateway, clock, settings), gateway, clock
 
 
 def provisioned(service: ProvisioningService, gateway: MemoryGateway, brand_id: str) -> str:

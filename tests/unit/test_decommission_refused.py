@@ -6,6 +6,7 @@ reactivates it, or it is unbound."""
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,6 @@ from eventsourcing.utils import get_topic
 
 from domain.brand import Brand
 from domain.errors import CommandRefused
-from domain.policies import Backoff
 from domain.ports import RequestRejected, TransientGatewayError
 from domain.stored import MAX_MESSAGE_CHARS
 from infrastructure.audit import brand_history, brand_status
@@ -25,11 +25,10 @@ from infrastructure.service import EngineSettings, ProvisioningService
 from infrastructure.views import PROJECTIONS, VERSIONS, LogSource, SqlViewStore
 from projections.brand_workspaces import BrandWorkspaces
 from projections.core import RowCache, catch_up
-from tests.memory_gateway import MemoryGateway
-from tests.support import ManualClock
+from tests.memory_gateway import PARENT, MemoryGateway
+from tests.support import ManualClock, RecordingBroker, new_service
 from worker.reconciler import Reconciler
 
-PARENT = "parent-1"
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
 LOCKED = "HTTP 409: project locked by a legal hold"
 
@@ -158,13 +157,8 @@ def test_the_refusal_replays_from_the_log_and_a_log_without_it_loads_as_before()
 
 
 @pytest.fixture
-def gateway() -> MemoryGateway:
-    return MemoryGateway(PARENT)
-
-
-def make_service(gateway: MemoryGateway, url: str = "memory://") -> ProvisioningService:
-    settings = EngineSettings(backoff=Backoff(5.0, 3), parent_ids=frozenset({PARENT}))
-    return ProvisioningService(open_event_store(url), gateway, ManualClock(), settings)
+def settings(settings: EngineSettings) -> EngineSettings:
+    return replace(settings, parent_ids=frozenset({PARENT}))
 
 
 def provisioned(service: ProvisioningService, gateway: MemoryGateway, brand_id: str) -> str:
@@ -184,11 +178,6 @@ def refused(service: ProvisioningService, gateway: MemoryGateway, brand_id: str)
     service.deactivate(brand_id, purge_now=True)
     service.decommission(brand_id)
     return bound
-
-
-@pytest.fixture
-def service(gateway: MemoryGateway) -> ProvisioningService:
-    return make_service(gateway)
 
 
 def test_a_decommission_refused_for_good_is_recorded_logged_once_and_not_raised(
@@ -336,10 +325,10 @@ def test_the_row_shows_the_refusal_until_a_deactivation_reactivation_or_unbind()
 
 
 def test_the_reconciler_sends_no_decommission_for_a_refused_brand(
-    tmp_path: Path, gateway: MemoryGateway
+    tmp_path: Path, gateway: MemoryGateway, settings: EngineSettings
 ) -> None:
     url = f"sqlite:///{tmp_path / 'events.sqlite'}"
-    service = make_service(gateway, url)
+    service = new_service(gateway, ManualClock(), settings, url=url)
     provisioned(service, gateway, "b-refused")
     provisioned(service, gateway, "b-lost")  # its decommission message lost
     gateway.fail["delete_project"] = [RequestRejected(LOCKED)]
@@ -365,10 +354,10 @@ def test_the_reconciler_sends_no_decommission_for_a_refused_brand(
 
 
 def test_a_copy_from_before_the_column_sends_it_and_the_decommission_does_nothing(
-    tmp_path: Path, gateway: MemoryGateway
+    tmp_path: Path, gateway: MemoryGateway, settings: EngineSettings
 ) -> None:
     url = f"sqlite:///{tmp_path / 'events.sqlite'}"
-    service = make_service(gateway, url)
+    service = new_service(gateway, ManualClock(), settings, url=url)
     refused(service, gateway, "b-refused")
     asked = dict(gateway.calls)
     try:
@@ -389,14 +378,6 @@ def test_a_copy_from_before_the_column_sends_it_and_the_decommission_does_nothin
     assert dict(gateway.calls) == asked  # the decommission re-checks: nothing asked
 
 
-class RecordingBroker:
-    def __init__(self) -> None:
-        self.sent: list[Any] = []
-
-    def publish(self, message: Any, delay_s: float = 0.0) -> None:
-        self.sent.append(message)
-
-
 def sent_decommissions(reconciler: Reconciler, store: SqlViewStore, now: datetime) -> list[str]:
     broker = RecordingBroker()
     reconciler.sweep(store, broker, now=now)  # type: ignore[arg-type]
@@ -404,7 +385,7 @@ def sent_decommissions(reconciler: Reconciler, store: SqlViewStore, now: datetim
 
 
 def test_the_brand_page_shows_the_refusal_and_what_to_do(
-    tmp_path: Path, gateway: MemoryGateway
+    tmp_path: Path, gateway: MemoryGateway, settings: EngineSettings
 ) -> None:
     from starlette.testclient import TestClient
 
@@ -413,7 +394,7 @@ def test_the_brand_page_shows_the_refusal_and_what_to_do(
     from worker.web.app import create_app
 
     url = f"sqlite:///{tmp_path / 'events.sqlite'}"
-    service = make_service(gateway, url)
+    service = new_service(gateway, ManualClock(), settings, url=url)
     try:
         refused(service, gateway, "b-locked")
         with SqlViewStore(url) as store:

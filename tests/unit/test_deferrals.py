@@ -5,6 +5,8 @@ fails `internal_error`. Against the in-memory gateway and event store."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
@@ -13,36 +15,30 @@ from eventsourcing.persistence import StoredEvent
 
 from domain.attempt import ProvisioningAttempt
 from domain.outcomes import Outcome
-from domain.policies import AttemptState, Backoff, Deferral, FailureReason
+from domain.policies import AttemptState, Deferral, FailureReason
 from domain.ports import AmbiguousCreate, TransientGatewayError
 from infrastructure.audit import attempt_story
 from infrastructure.broker import wait_rung_ms
-from infrastructure.eventstore import open_event_store
 from infrastructure.service import EngineSettings, ProvisioningService
-from tests.memory_gateway import MemoryGateway
+from tests.memory_gateway import PARENT, MemoryGateway
 from tests.support import ManualClock, as_stored_before
 
-PARENT = "parent-1"
 TITLE = "Acme"
 DEADLINE_S = 3600.0
 
 
 @pytest.fixture
-def gateway() -> MemoryGateway:
-    return MemoryGateway(PARENT)
+def settings(settings: EngineSettings) -> EngineSettings:
+    """The unit tests' settle budget, with deferrals of 2 s doubling to 30 s until an
+    hour is up."""
+    return replace(settings, deferral=Deferral(2.0, 30.0, DEADLINE_S))
 
 
 @pytest.fixture
-def clock() -> ManualClock:
-    return ManualClock()
+def jitter() -> Callable[[], float]:
+    """Every deferred hop at the middle of its spread: waits the tests can name."""
+    return lambda: 0.5
 
-
-@pytest.fixture
-def service(gateway: MemoryGateway, clock: ManualClock) -> ProvisioningService:
-    settings = EngineSettings(backoff=Backoff(5.0, 3), deferral=Deferral(2.0, 30.0, DEADLINE_S))
-    return ProvisioningService(
-        open_event_store("memory://"), gateway, clock, settings, jitter=lambda: 0.5
-    )
 
 
 def down(gateway: MemoryGateway, call: str, times: int, **kw: Any) -> None:

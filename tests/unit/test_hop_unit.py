@@ -9,24 +9,11 @@ import pytest
 from eventsourcing.persistence import IntegrityError
 
 from domain.claim import WorkspaceClaim
-from infrastructure.eventstore import open_event_store
 from infrastructure.service import ProvisioningService
 from infrastructure.usecases.unit import HopUnit
-from tests.memory_gateway import MemoryGateway
-from tests.support import ManualClock
+from tests.memory_gateway import PARENT, MemoryGateway
 
-PARENT = "parent-1"
 TITLE = "Acme"
-
-
-@pytest.fixture
-def gateway() -> MemoryGateway:
-    return MemoryGateway(PARENT)
-
-
-@pytest.fixture
-def service(gateway: MemoryGateway) -> ProvisioningService:
-    return ProvisioningService(open_event_store("memory://"), gateway, ManualClock())
 
 
 @pytest.fixture

@@ -4,6 +4,7 @@ decommission, `audit --fix`), on the cases that once emptied someone else's work
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 from uuid import UUID
@@ -109,14 +110,8 @@ def gateway() -> MemoryGateway:
 
 
 @pytest.fixture
-def clock() -> ManualClock:
-    return ManualClock()
-
-
-@pytest.fixture
-def service(gateway: MemoryGateway, clock: ManualClock) -> ProvisioningService:
-    settings = EngineSettings(backoff=Backoff(5.0, 3), parent_ids=frozenset(PARENTS))
-    return ProvisioningService(open_event_store("memory://"), gateway, clock, settings)
+def settings(settings: EngineSettings) -> EngineSettings:
+    return replace(settings, parent_ids=frozenset(PARENTS))
 
 
 def promoted_after_a_lost_create(service: ProvisioningService, clock: ManualClock) -> UUID:

@@ -29,6 +29,7 @@ from infrastructure.service import ProvisioningService
 from infrastructure.settings import Settings, SettingsError, log_secrets
 from infrastructure.views import SqlViewStore
 from tests.memory_gateway import MemoryGateway
+from tests.support import new_service
 from tests.unit.test_delivery import FakeMessage, FakePublisher
 from worker import cli_read, logs, runtime
 from worker.cli import main
@@ -91,10 +92,6 @@ def test_a_gateway_failure_names_the_gateway_without_its_password(
     assert "g4te-pw" not in str(failure)
 
 
-def service() -> ProvisioningService:
-    return ProvisioningService(open_event_store("memory://"), gateway=None, secrets=(TOKEN,))  # type: ignore[arg-type]
-
-
 @pytest.mark.parametrize(
     ("brand_id", "title", "parent", "field"),
     [
@@ -106,7 +103,7 @@ def service() -> ProvisioningService:
 def test_a_provision_holding_the_token_is_refused_without_echoing_it(
     brand_id: str, title: str, parent: str, field: str
 ) -> None:
-    svc = service()
+    svc = new_service(secrets=(TOKEN,))
     with pytest.raises(InvalidRequest) as caught:
         svc.request_provisioning(brand_id, title, parent)
 
@@ -116,7 +113,7 @@ def test_a_provision_holding_the_token_is_refused_without_echoing_it(
 
 
 def test_a_deactivate_holding_the_token_is_refused_without_echoing_it() -> None:
-    svc = service()
+    svc = new_service(secrets=(TOKEN,))
     with pytest.raises(InvalidRequest) as caught:
         svc.deactivate(f"{TOKEN}-brand")
     assert TOKEN not in str(caught.value)
@@ -125,15 +122,15 @@ def test_a_deactivate_holding_the_token_is_refused_without_echoing_it() -> None:
 
 def test_the_consumer_dead_letters_a_command_holding_the_token() -> None:
     with pytest.raises(DeadLetter) as caught:
-        handle(service(), messages.provision("b1", f"x{TOKEN}x", "parent"))
+        handle(new_service(secrets=(TOKEN,)), messages.provision("b1", f"x{TOKEN}x", "parent"))
     assert caught.value.reason == "InvalidRequest"
     assert TOKEN not in str(caught.value.errors)
 
 
 def test_ordinary_texts_and_short_tokens_are_not_refused() -> None:
-    svc = service()
+    svc = new_service(secrets=(TOKEN,))
     svc.request_provisioning("b1", "Acme tok-SECRET", "parent")  # a part is no match
-    short = ProvisioningService(open_event_store("memory://"), gateway=None, secrets=("t",))  # type: ignore[arg-type]
+    short = new_service(secrets=("t",))
     short.deactivate("brand-with-a-t")
 
 
@@ -173,7 +170,7 @@ def test_a_dead_lettered_body_loses_the_token_it_held(token: str, ensure_ascii: 
     message = FakeMessage(json.dumps(fields, ensure_ascii=ensure_ascii).encode())
     delivery = settle.read(message, messages.HOPS_QUEUE)
     assert delivery is not None
-    svc = ProvisioningService(open_event_store("memory://"), gateway=None, secrets=(token,))  # type: ignore[arg-type]
+    svc = new_service(secrets=(token,))
     refused: Future[str] = Future()
     try:
         handle(svc, delivery.message)

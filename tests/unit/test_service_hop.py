@@ -11,32 +11,14 @@ import pytest
 from eventsourcing.persistence import IntegrityError
 
 from domain.outcomes import Outcome, StandDown
-from domain.policies import AttemptState, Backoff, FailureReason, Provenance
+from domain.policies import AttemptState, FailureReason, Provenance
 from domain.ports import RequestRejected, TransientGatewayError, Unauthorized
-from infrastructure.eventstore import open_event_store
-from infrastructure.service import ContentionError, EngineSettings, ProvisioningService
+from infrastructure.service import ContentionError, ProvisioningService
 from infrastructure.usecases.retry import retry_on_conflict
-from tests.memory_gateway import MemoryGateway
+from tests.memory_gateway import PARENT, MemoryGateway
 from tests.support import ManualClock
 
-PARENT = "parent-1"
 TITLE = "Acme"
-
-
-@pytest.fixture
-def gateway() -> MemoryGateway:
-    return MemoryGateway(PARENT)
-
-
-@pytest.fixture
-def clock() -> ManualClock:
-    return ManualClock()
-
-
-@pytest.fixture
-def service(gateway: MemoryGateway, clock: ManualClock) -> ProvisioningService:
-    settings = EngineSettings(backoff=Backoff(5.0, 3))
-    return ProvisioningService(open_event_store("memory://"), gateway, clock, settings)
 
 
 def names(service: ProvisioningService, attempt_id: UUID) -> list[str]:

@@ -3,6 +3,7 @@ decommissions of what is on record as ours, and command times within the skew.""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -10,12 +11,10 @@ import pytest
 from domain import ownership
 from domain.errors import CommandRefused, ForeignParent, FutureCommand, UnknownBrand
 from domain.outcomes import Outcome
-from domain.policies import Backoff, FailureReason
-from infrastructure.eventstore import open_event_store
+from domain.policies import FailureReason
 from infrastructure.service import EngineSettings, ProvisioningService
 from infrastructure.usecases import releases
 from tests.memory_gateway import MemoryGateway, Workspace
-from tests.support import ManualClock
 
 PARENT = "parent-1"
 OTHER_PARENT = "parent-2"  # also ours to act under, never a child to take
@@ -28,11 +27,8 @@ def gateway() -> MemoryGateway:
 
 
 @pytest.fixture
-def service(gateway: MemoryGateway) -> ProvisioningService:
-    settings = EngineSettings(
-        backoff=Backoff(5.0, 3), parent_ids=frozenset({PARENT, OTHER_PARENT}), command_skew_s=60
-    )
-    return ProvisioningService(open_event_store("memory://"), gateway, ManualClock(), settings)
+def settings(settings: EngineSettings) -> EngineSettings:
+    return replace(settings, parent_ids=frozenset({PARENT, OTHER_PARENT}), command_skew_s=60)
 
 
 def test_a_parent_not_configured_is_refused_and_nothing_is_stored(
