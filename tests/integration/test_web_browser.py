@@ -5,16 +5,13 @@ would see. A missing browser skips locally and fails in CI (tests/conftest.py)."
 from __future__ import annotations
 
 import os
-import shutil
 import socket
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from selenium import webdriver
-from selenium.common.exceptions import WebDriverException
-from selenium.webdriver.chrome.options import Options
-from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webelement import WebElement
 from selenium.webdriver.support import expected_conditions
@@ -22,12 +19,15 @@ from selenium.webdriver.support.ui import Select, WebDriverWait
 
 from domain.upstream_audit import Action, Audit, Finding, Kind
 from infrastructure.audit_findings import FindingsWriter
-from tests.conftest import unavailable
-from tests.integration.web_fixture import HOSTILE_ID, filled_store, web_server
+from infrastructure.heartbeats import TABLE as PROCESSES
+from infrastructure.heartbeats import Heartbeat
+from infrastructure.view_connection import ViewConnection
+from tests.integration.web_fixture import HOSTILE_ID, chromium, filled_store, web_server
 
 ROOT = Path(__file__).resolve().parents[2]
 # docs/web-brand.png is refreshed by hand: PROVISIONER_SCREENSHOT=docs/web-brand.png make test
 SCREENSHOT_TO = os.environ.get("PROVISIONER_SCREENSHOT")
+HOSTILE_HOST = "<i>host</i>"
 
 
 def _free_port() -> int:
@@ -43,6 +43,7 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
                      "Bold & Co", (HOSTILE_ID,), status="ready", projects=0,
                      action=Action.RELEASE)  # fmt: skip
     assert FindingsWriter(url).write([Audit("org-parent", (orphan,), {})])
+    beat_workers(url)
     port = _free_port()
     env = {**os.environ, "PROVISIONER_DATABASE_URL": url, "PROVISIONER_BROKER_URL": "memory://"}
     env.pop("PROVISIONER_WEB_TOKEN", None)
@@ -50,29 +51,28 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield base
 
 
+def beat_workers(url: str) -> None:
+    """A worker that beats (its clock ahead: alive however long the tests take), one
+    whose host name is markup, silent for ten minutes, and a relay (in place of the
+    demo's)."""
+    ahead, answered = time.time() + 3600, time.time() - 5
+    alive = Heartbeat(url, "worker", every_s=0, clock=lambda: ahead,
+                      gauges=lambda: (16, 3, 1200), answered_at=lambda: answered)  # fmt: skip
+    silent = Heartbeat(url, "worker", every_s=0, clock=lambda: time.time() - 600,
+                       gauges=lambda: (4, 0, 7))  # fmt: skip
+    silent.host, silent.pid, silent.process = HOSTILE_HOST, 41, f"{HOSTILE_HOST}:41"
+    relay = Heartbeat(url, "relay", every_s=0)
+    with ViewConnection(url) as conn, conn._tx() as cur:
+        cur.execute(f"DELETE FROM {PROCESSES}")
+    for heart in (alive, silent, relay):
+        assert heart.beat()
+        heart.close()
+
+
 @pytest.fixture(scope="module")
 def browser() -> Iterator[webdriver.Chrome]:
-    binary = shutil.which("chromium")
-    driver_path = shutil.which("chromedriver")
-    if binary is None or driver_path is None:
-        unavailable("chromium and chromedriver (`make browser`)", FileNotFoundError("not on PATH"))
-    assert binary is not None
-    assert driver_path is not None
-    options = Options()
-    options.binary_location = binary
-    for flag in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage",
-                 "--window-size=1280,900", "--disable-gpu"):  # fmt: skip
-        options.add_argument(flag)
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})  # CSP violations show there
-    try:
-        driver = webdriver.Chrome(options=options, service=Service(executable_path=driver_path))
-    except WebDriverException as exc:
-        unavailable("the headless chromium", exc)
-        raise
-    try:
+    with chromium({"browser": "ALL"}) as driver:  # CSP violations show in its log
         yield driver
-    finally:
-        driver.quit()
 
 
 def _follow(browser: webdriver.Chrome, click: WebElement) -> None:
@@ -229,6 +229,28 @@ def test_the_other_pages_say_what_they_hold(site: str, browser: webdriver.Chrome
     assert stuck == ["<script>alert(1)</script>"]
 
 
+def test_a_person_sees_each_worker_alive_or_silent(site: str, browser: webdriver.Chrome) -> None:
+    browser.get(site + "/")
+    _follow(browser, browser.find_element(By.LINK_TEXT, "Workers"))
+    rows = _cells(browser, "#workers tbody tr")
+    alive = browser.find_element(By.ID, "alive").text
+
+    assert browser.title.startswith("Workers")
+    assert alive == "2 of 3 alive"
+    by_state = {(row[0], row[8]): row for row in rows}
+    assert set(by_state) == {("relay", "alive"), ("worker", "alive"), ("worker", "silent")}
+    worker = by_state[("worker", "alive")]
+    assert worker[1:8] == [socket.gethostname(), str(os.getpid()), worker[3], "16", "3",
+                           "1200", "0 s ago"]  # fmt: skip
+    assert worker[3]  # the package version
+    assert worker[9].endswith(" s ago")  # the gateway's last answer, seconds back
+    silent = by_state[("worker", "silent")]
+    assert silent[1] == HOSTILE_HOST  # markup shown as text
+    assert (silent[2], silent[4], silent[7], silent[9]) == ("41", "4", "10 min ago", "")
+    relay = by_state[("relay", "alive")]
+    assert relay[4:7] == ["", "", ""]  # threads, in flight, handled: a worker's
+
+
 def test_a_person_reads_an_audit_finding_and_follows_it_to_the_brand(
     site: str, browser: webdriver.Chrome
 ) -> None:
@@ -254,7 +276,7 @@ def test_the_pages_are_styled_under_their_content_security_policy(
     """The stylesheet loads and applies, and the browser blocks nothing the pages use."""
     browser.get_log("browser")  # what earlier tests left
     for path in ("/", "/brands/demo-09", "/stuck", "/lag", "/dead-letters", "/nowhere",
-                 "/health", "/?status=nope", "/audit"):  # fmt: skip
+                 "/health", "/?status=nope", "/audit", "/workers"):  # fmt: skip
         browser.get(site + path)
         header = browser.find_element(By.TAG_NAME, "header")
         assert header.value_of_css_property("background-color") == "rgba(29, 35, 48, 1)", path

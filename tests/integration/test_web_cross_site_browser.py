@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import socket
 import threading
 import time
@@ -19,14 +18,10 @@ from typing import Any
 
 import pytest
 from selenium import webdriver
-from selenium.common.exceptions import WebDriverException
-from selenium.webdriver.chrome.options import Options
-from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 
 from infrastructure.fake_gateway import FakeGateway
-from tests.conftest import unavailable
-from tests.integration.web_fixture import filled_store, web_server
+from tests.integration.web_fixture import chromium, filled_store, web_server
 
 ROOT = Path(__file__).resolve().parents[2]
 IMAGES = 20
@@ -123,25 +118,8 @@ class NetworkLog:
 @pytest.fixture(scope="module")
 def browser() -> Iterator[webdriver.Chrome]:
     """The headless chromium of test_web_browser.py, its network log kept."""
-    binary, driver_path = shutil.which("chromium"), shutil.which("chromedriver")
-    if binary is None or driver_path is None:
-        unavailable("chromium and chromedriver (`make browser`)", FileNotFoundError("not on PATH"))
-    assert binary is not None
-    assert driver_path is not None
-    options = Options()
-    options.binary_location = binary
-    for flag in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu"):
-        options.add_argument(flag)
-    options.set_capability("goog:loggingPrefs", {"performance": "ALL"})
-    try:
-        driver = webdriver.Chrome(options=options, service=Service(executable_path=driver_path))
-    except WebDriverException as exc:
-        unavailable("the headless chromium", exc)
-        raise
-    try:
+    with chromium({"performance": "ALL"}) as driver:
         yield driver
-    finally:
-        driver.quit()
 
 
 def test_another_sites_images_are_refused_and_never_reach_the_gateway(

@@ -1,9 +1,11 @@
 """A SQLite store for the web view's tests: the demo's brands (the in-process fake),
 plus a brand whose id and title are markup, still pending, and one whose gateway
-never answers (two hops deferred), with its read models caught up."""
+never answers (two hops deferred), with its read models caught up; `provisioner web`
+serving it, and the headless chromium the browser tests drive."""
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import time
@@ -13,12 +15,17 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from selenium import webdriver
+from selenium.common.exceptions import WebDriverException
+from selenium.webdriver.chrome.options import Options
+from selenium.webdriver.chrome.service import Service
 
 from domain.policies import Deferral
 from infrastructure.eventstore import open_event_store
 from infrastructure.gateway import HttpGateway
 from infrastructure.service import EngineSettings, ProvisioningService
 from infrastructure.views import SqlViewStore
+from tests.conftest import unavailable
 from worker.demo import run_demo
 from worker.projector import Projector
 
@@ -71,3 +78,31 @@ def web_server(env: dict[str, str], port: int, cwd: Path) -> Iterator[str]:
     finally:
         server.terminate()
         server.wait(10)
+
+
+@contextmanager
+def chromium(logs: dict[str, str] | None = None) -> Iterator[webdriver.Chrome]:
+    """Debian's headless chromium driven by selenium, quit on exit; `logs`: the logs it
+    keeps (`{"browser": "ALL"}`: CSP violations show there). A missing browser skips
+    locally and fails in CI (tests/conftest.py)."""
+    binary, driver_path = shutil.which("chromium"), shutil.which("chromedriver")
+    if binary is None or driver_path is None:
+        unavailable("chromium and chromedriver (`make browser`)", FileNotFoundError("not on PATH"))
+    assert binary is not None
+    assert driver_path is not None
+    options = Options()
+    options.binary_location = binary
+    for flag in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage",
+                 "--window-size=1280,900", "--disable-gpu"):  # fmt: skip
+        options.add_argument(flag)
+    if logs:
+        options.set_capability("goog:loggingPrefs", logs)
+    try:
+        driver = webdriver.Chrome(options=options, service=Service(executable_path=driver_path))
+    except WebDriverException as exc:
+        unavailable("the headless chromium", exc)
+        raise
+    try:
+        yield driver
+    finally:
+        driver.quit()

@@ -34,6 +34,7 @@ from worker.web.actions import Actions
 from worker.web.guard import Guard, HostCheck, check_bind
 from worker.web.pages import Pages
 from worker.web.timeline import duration
+from worker.web.workers import Workers
 
 TEMPLATES = Path(__file__).parent / "templates"
 STYLESHEET = Path(__file__).parent / "static" / "style.css"  # no inline style: the CSP
@@ -117,6 +118,7 @@ def create_app(settings: Settings, *, host: str | None = None, port: int | None 
             Route("/audit", pages.audit),
             Route("/health", pages.health),
             Route("/lag", pages.lag),
+            Route("/workers", Workers(settings, pages.page).list),
             Route("/actions/retry", actions.retry, methods=["POST"]),
             Route("/actions/deactivate", actions.deactivate, methods=["POST"]),
             Route("/actions/replay", actions.replay, methods=["POST"]),
