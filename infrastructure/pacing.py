@@ -55,6 +55,8 @@ from domain.pacing import (
     shown,
 )
 from infrastructure.eventstore import postgres_conninfo
+from infrastructure.pg_connect import connect
+from infrastructure.redaction import redact
 
 log = logging.getLogger("provisioner.gateway")
 lifecycle = logging.getLogger("provisioner.gateway.lifecycle")  # shown without -v
@@ -107,8 +109,25 @@ class PgPaceStore:
 
     shared = True
 
-    def __init__(self, url: str, key: str, *, max_size: int = 4, timeout_s: float = 10.0) -> None:
+    def __init__(
+        self,
+        url: str,
+        key: str,
+        *,
+        max_size: int = 4,
+        timeout_s: float = 10.0,
+        stop: threading.Event | None = None,
+    ) -> None:
+        """`stop` (a long-running process): the table and the row are made on a
+        connection of their own first, waited for while the database is full or
+        unreachable, until `stop` (infrastructure/pg_connect.py); a refusal is raised
+        at once. Without it, the pool's first connection is waited for `timeout_s`."""
         self.key = key
+        if stop is not None:
+            conninfo, where = postgres_conninfo(url), redact(url)
+            with connect(conninfo, where, wait_s=None, stop=stop, autocommit=True) as conn:
+                create_table(conn)
+                conn.execute(_INSERT, (key,))
         self._pool: ConnectionPool[Any] = ConnectionPool(
             postgres_conninfo(url),
             min_size=1,
@@ -117,6 +136,8 @@ class PgPaceStore:
             timeout=timeout_s,
             open=True,
         )
+        if stop is not None:
+            return  # the pool fills in the background; a hop waits `timeout_s` at most
         try:
             with self._pool.connection() as conn:
                 create_table(conn)

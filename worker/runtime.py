@@ -181,12 +181,14 @@ def family_wait_s(timeout_s: float, retries: int = 2) -> float:
     return 2 * (retries + 1) * timeout_s + 30.0
 
 
-def pace_store(settings: Settings, gateway_url: str, *, calls: bool) -> PaceStore:
+def pace_store(
+    settings: Settings, gateway_url: str, *, calls: bool, stop: threading.Event | None = None
+) -> PaceStore:
     """The fleet's shared pace in PostgreSQL (one row per gateway) for a process that
     calls the gateway; in the process's memory otherwise (SQLite and memory://,
-    where `run` alone calls it)."""
+    where `run` alone calls it). `stop`: a full database is waited for until then."""
     if calls and is_postgres(settings.database_url):
-        return PgPaceStore(settings.database_url, gateway_url)
+        return PgPaceStore(settings.database_url, gateway_url, stop=stop)
     return MemoryPaceStore()
 
 
@@ -228,7 +230,7 @@ def build(
             log.info("PROVISIONER_FAKE_GATEWAY=1: the in-process fake gateway at %s", url)
         else:
             url, token = chosen
-        store = pace_store(settings, url, calls=calls)
+        store = pace_store(settings, url, calls=calls, stop=stop)
         pace = Pace(store, settings.pace(), on_event=metrics.observe_pace)
         stack.callback(pace.close)
         contact = GatewayContact() if calls else None
