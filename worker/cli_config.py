@@ -16,7 +16,8 @@ import click
 from infrastructure.redaction import HIDDEN, redact
 from infrastructure.settings import FAKE_SWITCH, VARIABLES, Settings
 from infrastructure.settings_checks import PREFIX, check_environment
-from worker.cli_support import cell, compact_table, echo, load_settings
+from worker.cli_support import echo, load_settings
+from worker.logs import printable
 
 SECRET_FIELDS = frozenset({"gateway_token", "web_token"})
 # Query keys of a URL that say how to connect, never who connects: their values are
@@ -85,6 +86,32 @@ def _shown(value: Any) -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 
+GAP = "   "
+BELOW = "(below)"
+
+
+def table_lines(rows: list[dict[str, Any]], width: int) -> list[str]:
+    """The settings as a table of `width` columns (setting, value, source) in which
+    no value is ever broken: one too long for its column is shown whole on the next
+    line, indented, with `(below)` in the column (a terminal narrower than the value
+    wraps it, and a copy of it is still one value)."""
+    cells = [(printable(r["name"]), printable(_shown(r["value"])), r["source"]) for r in rows]
+    name_w = max(len("setting"), *(len(name) for name, _, _ in cells))
+    source_w = max(len("source"), *(len(source) for _, _, source in cells))
+    room = max(width - name_w - source_w - 2 * len(GAP), len(BELOW))
+
+    def line(name: str, value: str, source: str) -> str:
+        return f"{name:<{name_w}}{GAP}{value:<{room}}{GAP}{source}".rstrip()
+
+    lines = [line("setting", "value", "source"), "\u2500" * width]
+    for name, value, source in cells:
+        if len(value) <= room:
+            lines.append(line(name, value, source))
+        else:
+            lines += [line(name, BELOW, source), f"    {value}"]
+    return lines
+
+
 @click.command("config")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def config(as_json: bool) -> None:
@@ -99,11 +126,6 @@ def config(as_json: bool) -> None:
     else:
         from rich.console import Console
 
-        table = compact_table(None)
-        table.add_column("setting", no_wrap=True)
-        table.add_column("value", overflow="fold", ratio=1)
-        table.add_column("source", no_wrap=True)
-        for row in rows:
-            table.add_row(cell(row["name"]), cell(_shown(row["value"])), cell(row["source"]))
-        Console().print(table)
+        for line in table_lines(rows, Console().width):
+            echo(line)
     check_environment(mix=True)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
@@ -180,3 +181,50 @@ def test_config_hides_every_query_value_not_known_to_be_harmless(here: Path) -> 
 )
 def test_which_query_values_are_hidden(shown: str, hidden: str) -> None:
     assert hide_query_values(shown) == hidden
+
+
+LONG_URL = (
+    "postgresql://provisioner@db.example.internal:5432/provisioner"
+    "?sslmode=verify-full&sslrootcert=/etc/ssl/certs/db-root.crt"
+)
+
+
+def test_config_never_breaks_a_value_at_80_columns(here: Path) -> None:
+    env = {**config_env(), "PROVISIONER_DATABASE_URL": LONG_URL, "COLUMNS": "80"}
+    result = CliRunner().invoke(main, ["config"], env=env)
+
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    # Too long for its column: whole, on the line after its row, which says so.
+    row = next(i for i, line in enumerate(lines) if line.startswith("PROVISIONER_DATABASE_URL "))
+    assert lines[row].split() == ["PROVISIONER_DATABASE_URL", "(below)", "environment"]
+    assert lines[row + 1] == f"    {LONG_URL}"
+    # Every other line fits the width, and every value shows whole on one line.
+    assert all(len(line) <= 80 for line in lines if line != lines[row + 1])
+    shown = json.loads(CliRunner().invoke(main, ["config", "--json"], env=env).output)
+    for setting in shown["settings"]:
+        value = "(none)" if setting["value"] is None else str(setting["value"])
+        value = f"{setting['value']:g}" if isinstance(setting["value"], float) else value
+        assert any(value in line for line in lines), setting
+
+
+def test_the_config_table_keeps_short_values_in_their_column() -> None:
+    from worker.cli_config import table_lines
+
+    rows: list[dict[str, Any]] = [
+        {"name": "PROVISIONER_A", "value": "postgresql://u@h:5432/db", "source": "default"},
+        {"name": "PROVISIONER_B", "value": 8, "source": "environment"},
+    ]
+    # 60 columns: 13 for the names, 11 for the sources, two gaps of 3, 30 for the values.
+    assert table_lines(rows, 60) == [
+        f"{'setting':<13}   {'value':<30}   source",
+        "\u2500" * 60,
+        f"{'PROVISIONER_A':<13}   {'postgresql://u@h:5432/db':<30}   default",
+        f"{'PROVISIONER_B':<13}   {'8':<30}   environment",
+    ]
+    # 40 columns leave the values 10: the URL goes whole on its own line.
+    assert table_lines(rows, 40)[2:] == [
+        f"{'PROVISIONER_A':<13}   {'(below)':<10}   default",
+        "    postgresql://u@h:5432/db",
+        f"{'PROVISIONER_B':<13}   {'8':<10}   environment",
+    ]
