@@ -32,12 +32,11 @@ from domain.dead_letter_rules import Reason, reason_of
 from domain.errors import RetryLater
 from domain.ports import GatewayError
 from infrastructure import messages
-from infrastructure.eventstore import open_event_store
 from infrastructure.messages import COMMANDS_QUEUE, HOPS_QUEUE
 from infrastructure.service import EngineSettings, ProvisioningService
 from tests.memory_gateway import MemoryGateway
 from tests.strategies import scaled
-from tests.support import ManualClock
+from tests.support import ManualClock, new_service
 from tests.unit.test_delivery import FakeMessage, FakePublisher, settler
 from worker.consumer import DeadLetter, handle
 from worker.delivery import Delivery, Settler
@@ -148,7 +147,7 @@ def envelopes(draw: st.DrawFn) -> tuple[Any, Any, Any, Any]:
 def a_service() -> tuple[ProvisioningService, UUID]:
     gateway = MemoryGateway(PARENT)
     gateway.new_statuses = ["not ready"]
-    service = ProvisioningService(open_event_store("memory://"), gateway, ManualClock())
+    service = new_service(gateway, ManualClock())
     service.settings = EngineSettings()
     attempt_id = service.request_provisioning("b1", "Acme", PARENT)
     service.run_hop(attempt_id, 0)

@@ -403,9 +403,7 @@ def test_a_create_answer_keeps_its_id_whatever_else_it_holds(make: Make) -> None
 
 
 def test_a_created_id_is_on_record_though_the_rest_of_the_answers_is_malformed() -> None:
-    from infrastructure.eventstore import open_event_store
-    from infrastructure.service import ProvisioningService
-    from tests.support import ManualClock
+    from tests.support import ManualClock, new_service
 
     def answer(request: httpx.Request) -> httpx.Response:
         path = request.url.path
@@ -416,7 +414,7 @@ def test_a_created_id_is_on_record_though_the_rest_of_the_answers_is_malformed()
         return ok({"status": {"nested": "not a status"}})  # the first poll
 
     gateway = HttpGateway(BASE, TOKEN, retries=0, transport=httpx.MockTransport(answer))
-    service = ProvisioningService(open_event_store("memory://"), gateway, ManualClock())
+    service = new_service(gateway, ManualClock())
     try:
         attempt_id = service.request_provisioning("b1", "Acme", PARENT)
         outcome = service.run_hop(attempt_id, 0)

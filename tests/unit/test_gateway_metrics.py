@@ -15,13 +15,12 @@ from prometheus_client.parser import text_string_to_metric_families
 from domain.pacing import PaceRules
 from domain.policies import Backoff, Deferral
 from domain.ports import TransientGatewayError
-from infrastructure.eventstore import open_event_store
 from infrastructure.gateway import HttpGateway
 from infrastructure.messages import Hop
 from infrastructure.pacing import MemoryPaceStore, Pace
-from infrastructure.service import EngineSettings, ProvisioningService
+from infrastructure.service import EngineSettings
 from tests.memory_gateway import MemoryGateway
-from tests.support import ManualClock
+from tests.support import ManualClock, new_service
 from worker import handlers, metrics
 
 
@@ -85,7 +84,7 @@ def test_a_hop_the_gateway_did_not_answer_is_counted_deferred() -> None:
     gateway = MemoryGateway("parent-1")
     gateway.fail["family"] = [TransientGatewayError("family: HTTP 503")]
     settings = EngineSettings(backoff=Backoff(5.0, 3), deferral=Deferral(2.0, 30.0, 3600.0))
-    service = ProvisioningService(open_event_store("memory://"), gateway, settings=settings)
+    service = new_service(gateway, settings=settings)
     attempt_id: UUID = service.request_provisioning("b1", "Acme", "parent-1")
     deferred = scraped("provisioner_hops_total", outcome="deferred")
     scheduled = scraped("provisioner_hops_total", outcome="scheduled")

@@ -24,6 +24,7 @@ from domain.errors import (
 from domain.outcomes import HopOutcome, Outcome
 from infrastructure import messages
 from infrastructure.usecases.commands import Deactivation
+from tests.support import new_service
 from worker.handlers import HANDLERS, give_up, handle
 from worker.retry_policy import DeadLetter
 
@@ -154,12 +155,10 @@ def test_a_hop_naming_a_record_that_is_not_an_attempt_is_dead_lettered_unchanged
     """A hop message whose id is a brand's, a claim's or a title slot's: refused as
     `UnknownAttempt`, and that record is left as it was."""
     from domain.ids import brand_aggregate_id
-    from infrastructure.eventstore import open_event_store
-    from infrastructure.service import ProvisioningService
     from tests.memory_gateway import MemoryGateway
 
     gateway = MemoryGateway("org-p")
-    service = ProvisioningService(open_event_store("memory://"), gateway)
+    service = new_service(gateway)
     attempt_id = service.request_provisioning("b1", "Acme", "org-p")
     workspace = service.run_hop(attempt_id, 0).workspace_id
     assert workspace is not None

@@ -15,13 +15,13 @@ import pytest
 from domain.outcomes import HopOutcome, Outcome, StandDown
 from domain.policies import FailureReason
 from domain.ports import TransientGatewayError, Unauthorized
-from infrastructure.eventstore import open_event_store
 from infrastructure.failures import ConfigurationError
 from infrastructure.gateway import HttpGateway
 from infrastructure.outages import Outage
-from infrastructure.service import ProvisioningService, hop_line
+from infrastructure.service import hop_line
 from infrastructure.settings import Settings, SettingsError, log_format, log_secrets
 from tests.memory_gateway import MemoryGateway
+from tests.support import new_service
 from tests.unit.test_delivery import FakeMessage, FakePublisher, settler
 from worker import logs
 
@@ -152,7 +152,7 @@ def test_a_known_secret_never_reaches_a_line(captured: io.StringIO) -> None:
     memory = MemoryGateway("parent")
     memory.fail["family"] = [Unauthorized(f"401 for token {TOKEN}")] * 3
     memory.creates = [Unauthorized(f"401 for token {TOKEN}")]
-    service = ProvisioningService(open_event_store("memory://"), memory)  # type: ignore[arg-type]
+    service = new_service(memory)  # type: ignore[arg-type]
     attempt = service.request_provisioning("b1", "Acme", "parent")
     service.run_hop(attempt, 0)
     # A traceback, and an Authorization header in a message.
@@ -233,7 +233,7 @@ def test_each_lifecycle_edge_shows_once_at_the_default_level(
     show_lifecycle()
     try:
         gateway = MemoryGateway("org-p")
-        service = ProvisioningService(open_event_store("memory://"), gateway)
+        service = new_service(gateway)
         service.run_hop(service.request_provisioning("b1", "Acme", "org-p"), 0)
         pace = Pace(MemoryPaceStore(), PaceRules(open_after=1, probe_every_s=0.001),
                     sleep=lambda s: None)  # fmt: skip

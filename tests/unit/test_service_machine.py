@@ -72,7 +72,7 @@ from projections.core import catch_up
 from tests.memory_gateway import MemoryGateway
 from tests.readmodels import mismatches
 from tests.strategies import scaled
-from tests.support import ManualClock
+from tests.support import ManualClock, new_service
 
 PARENT = "parent-1"
 BRANDS = ("b1", "b2", "b3")
@@ -502,7 +502,7 @@ def test_a_refused_create_leaves_no_baseline_behind_so_others_workspaces_are_nev
     gateway = MemoryGateway(PARENT)
     clock = ManualClock()
     settings_ = EngineSettings(backoff=Backoff(5.0, MAX_REQUEUES))
-    service = ProvisioningService(open_event_store("memory://"), gateway, clock, settings_)
+    service = new_service(gateway, clock, settings_)
     gateway.creates = [TransientGatewayError("429"), "lost"]
     attempt_id = service.request_provisioning("b1", "Bolt", PARENT)
 
@@ -525,7 +525,7 @@ def test_a_create_answering_an_id_it_made_before_fails_as_a_gateway_bug() -> Non
     gateway = MemoryGateway(PARENT)
     clock = ManualClock()
     settings_ = EngineSettings(backoff=Backoff(5.0, MAX_REQUEUES))
-    service = ProvisioningService(open_event_store("memory://"), gateway, clock, settings_)
+    service = new_service(gateway, clock, settings_)
     gateway.new_statuses = ["creation_failed"]
     attempt_id = service.request_provisioning("b1", "Acme", PARENT)
     dropped = service.run_hop(attempt_id, 0)
@@ -551,7 +551,7 @@ def test_a_create_answering_the_id_of_a_workspace_listed_before_it_never_empties
     gateway = MemoryGateway(PARENT)
     clock = ManualClock()
     settings_ = EngineSettings(backoff=Backoff(5.0, MAX_REQUEUES))
-    service = ProvisioningService(open_event_store("memory://"), gateway, clock, settings_)
+    service = new_service(gateway, clock, settings_)
     bound = gateway.add(PARENT, "Acme", "created")
     service.run_hop(service.request_provisioning("b1", "Acme", PARENT), 0)  # adopts it
     assert service.brand("b1").workspace_id == bound
