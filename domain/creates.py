@@ -18,7 +18,10 @@ from __future__ import annotations
 from collections.abc import Collection
 from datetime import datetime
 
-from domain.hop import (
+from domain.ownership import Made, is_parent
+from domain.policies import AttemptState, FailureReason, Provenance
+from domain.ports import FaultKind, GatewayFault
+from domain.steps import (
     Accept,
     Fail,
     Record,
@@ -29,9 +32,6 @@ from domain.hop import (
     acquire_faulted,
     unavailable,
 )
-from domain.ownership import Made, is_parent
-from domain.policies import AttemptState, FailureReason, Provenance
-from domain.ports import FaultKind, GatewayFault
 
 
 def recover(

@@ -1,34 +1,25 @@
-"""What one hop decides, as pure functions of plain values.
+"""What one hop decides, and in what order: `decide(view, seen)`, a pure function.
 
-The service observes (the attempt, its title slot, the gateway's answers) and
-asks these functions what to do; it then records and performs the step they
-return. No I/O, no clock reads, no exceptions for control flow: a gateway
-fault reaches here as a `GatewayFault` value, the time as an argument.
+A hop is one short step of one attempt. Its runner
+(`infrastructure.usecases.hop`) loops: build the `HopView` of the attempt as it
+stands, ask `decide` what comes next, perform it (an `Effect`: a read, a call,
+a change recorded on the aggregates), note what came back in `Seen`, and ask
+again, until `decide` answers an `Ending`. So the order below is the whole
+order of a hop, top to bottom:
 
-Steps (what the service does next):
-    Stand(why, detail, outcome)   do nothing to the attempt: report why
-    Wait(status)                  not yet: schedule the next hop, or fail exhausted
-                                  when the settle budget is spent (`schedule_or_exhaust`)
-    Defer(status, retry_after_s)  no answer (429, 5xx, timeout, refused, circuit open):
-                                  run the hop again later without using the settle
-                                  budget, or fail at the deadline (`defer_or_expire`)
-    Schedule(hop, not_before, delay_s, status, deferred)   record it, and stop
-    Fail(reason, message)         fail the attempt (then release what it owes)
-    Refused(detail, then)         record the create as refused, then `then`
-    Accept(workspace_id, provenance)   make it the attempt's candidate, then poll
-    Record(workspace_id)          record what the create made, then poll
-    Promote()                     bind the candidate to the brand; promote
-    DropExisting(raw, then)       unbind the brand's terminal workspace; then `then` (Wait)
-    DropCandidate(raw, then)      the candidate's creation failed: drop it (a created one
-                                  is then owed a release); then Wait: the next hop creates
-    Create()                      request a create (reserving the title), call it
-    Recover(message, answered)    the create is unconfirmed: record why, then look for it
-                                  in the family (`domain.creates`: what our creates made)
+1. put on record what an earlier round of this run created (`RecordLate`), and
+   empty what the attempt owes (`ReleaseOwed`);
+2. the gate: a terminal attempt, a stale, duplicate or future hop stands down;
+3. a candidate: poll it (`Poll`), and its status decides (`status_answered`);
+4. an unconfirmed create: read the title slot, then what our lost creates made
+   (`CreditLostCreates`); accept it, wait for it, or go on as if it never happened;
+5. adopt (`FindAdoptable`, `TakeCandidate`) or create (`RequestCreate`), and what
+   the create answered (`RecordCreated`, `NoteUnconfirmed`, a refusal, a failure).
 
-A guard (`gate`, `lost_create_race`, `slot_gate`, `creates.may_create`) returns its
-objection, or None when it has none.
-
-The table of situations and decisions is docs/hop-table.md.
+No I/O, no clock reads, no exceptions for control flow: a gateway fault reaches
+here as a `GatewayFault` value, the time as the view's `now`. The steps are
+`domain.steps`'s; what a create means, `domain.creates`'s; whose a workspace is,
+`domain.ownership`'s. The table of situations and decisions is docs/hop-table.md.
 """
 
 from __future__ import annotations
@@ -37,7 +28,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+from domain import creates
 from domain.outcomes import Outcome, StandDown
+from domain.ownership import Made
 from domain.policies import (
     AttemptState,
     Backoff,
@@ -48,108 +41,229 @@ from domain.policies import (
 )
 from domain.policies import classify_status as _classify
 from domain.ports import FaultKind, GatewayFault
+from domain.steps import (
+    Accept,
+    Create,
+    Defer,
+    DropCandidate,
+    DropExisting,
+    Fail,
+    Promote,
+    Record,
+    Recover,
+    Refused,
+    Schedule,
+    Stand,
+    Wait,
+    acquire_faulted,
+    unavailable,
+)
 
-# Steps.
-
-
-@dataclass(frozen=True, slots=True)
-class Stand:
-    why: StandDown
-    detail: str
-    outcome: Outcome = Outcome.STOOD_DOWN
-
-
-@dataclass(frozen=True, slots=True)
-class Wait:
-    status: str
-    # False: not a workspace settling (an unconfirmed create's grace, bounded by it):
-    # the wait does not spend the settle budget.
-    spends: bool = True
-
-
-@dataclass(frozen=True, slots=True)
-class Defer:
-    status: str
-    retry_after_s: float = 0.0
-    paced: bool = False  # held for the fleet's own turn: due in `retry_after_s`
+# What the runner is asked to perform, and what it notes of each.
 
 
 @dataclass(frozen=True, slots=True)
-class Schedule:
-    hop: int
-    not_before: datetime
-    delay_s: float
-    status: str
-    deferred: bool = False
-    spends: bool = True  # spends a hop of the settle budget (never when deferred)
+class RecordLate:
+    """Put on record what an earlier round of this run created (saved at once);
+    notes `record_failed` if it cannot be ours."""
+
+    workspace_id: str
 
 
 @dataclass(frozen=True, slots=True)
-class Fail:
-    reason: FailureReason
-    message: str
+class ReleaseOwed:
+    """Empty what the attempt owes now: its surplus creates, or an ended attempt's all."""
 
 
 @dataclass(frozen=True, slots=True)
-class Refused:
-    detail: str
-    then: Fail | Defer
+class ReadSlot:
+    """Read the title slot (with the brand, in one query); notes `slot_busy`."""
 
 
 @dataclass(frozen=True, slots=True)
-class Accept:
+class CreditLostCreates:
+    """Read the family, and what ownership credits our lost creates with; notes `made`."""
+
+
+@dataclass(frozen=True, slots=True)
+class FindAdoptable:
+    """Read the family's same-title children and those ownership judges adoptable;
+    notes `eligible` and `known` (every same-title child listed)."""
+
+
+@dataclass(frozen=True, slots=True)
+class TakeCandidate:
+    """Make it the candidate (claimed, its slot freed), on record with what inference
+    credited (`inferred`) and the rest our creates made (`shells`: owed a release)."""
+
     workspace_id: str
     provenance: Provenance
+    inferred: tuple[str, ...] = ()
+    shells: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
-class Record:
+class RequestCreate:
+    """Record the create (the title reserved, saved first), then call it; notes
+    `created` (its answer), or `create_conflict` when the save lost a race."""
+
+
+@dataclass(frozen=True, slots=True)
+class RecordCreated:
+    """Put on record what the create made: the candidate, else a surplus owed a
+    release; notes `record_failed` if it cannot be ours."""
+
     workspace_id: str
 
 
 @dataclass(frozen=True, slots=True)
-class Promote:
-    pass
+class NoteUnconfirmed:
+    """Record the create as unconfirmed, and forget the family read before it: what it
+    made is then looked for as a lost create's."""
+
+    message: str
+    answered: bool
 
 
 @dataclass(frozen=True, slots=True)
-class DropExisting:
-    raw: str
-    then: Wait
+class Poll:
+    """Ask the candidate's status; notes `status`."""
+
+    workspace_id: str
 
 
 @dataclass(frozen=True, slots=True)
-class DropCandidate:
-    raw: str
-    then: Wait
+class Race:
+    """A save lost a race that is not this hop's to settle: decide again afresh."""
 
 
-@dataclass(frozen=True, slots=True)
-class Create:
-    pass
-
-
-@dataclass(frozen=True, slots=True)
-class Recover:
-    message: str = ""
-    answered: bool = False  # the gateway answered the create (a 5xx): it holds it no longer
-
-
-Step = (
-    Stand
-    | Wait
-    | Defer
-    | Schedule
-    | Fail
-    | Refused
-    | Accept
-    | Record
-    | Promote
-    | DropExisting
-    | DropCandidate
-    | Create
-    | Recover
+Effect = (
+    RecordLate
+    | ReleaseOwed
+    | ReadSlot
+    | CreditLostCreates
+    | FindAdoptable
+    | TakeCandidate
+    | RequestCreate
+    | RecordCreated
+    | NoteUnconfirmed
+    | Poll
 )
+Ending = Stand | Wait | Defer | Fail | Refused | Promote | DropExisting | DropCandidate | Race
+
+
+@dataclass(frozen=True, slots=True)
+class HopView:
+    """The attempt as the hop sees it, in plain values (rebuilt after every effect)."""
+
+    hop: int
+    now: datetime
+    state: AttemptState
+    expected_hop: int
+    title: str
+    parent_id: str
+    parents: tuple[str, ...]  # every parent the service acts under
+    candidate_id: str | None
+    provenance: Provenance | None
+    late_created: str | None  # what this run created and has not yet seen on record
+    created_ids: tuple[str, ...]
+    create_unresolved: bool
+    create_requested_hop: int | None
+    create_requested_at: datetime | None
+    create_answered: bool
+    deferred_until: datetime | None
+    creates_given_up: int
+    grace_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class Seen:
+    """What this round has performed and what came back, so far."""
+
+    placed_late: bool = False
+    released: bool = False
+    record_failed: Fail | None = None
+    fault: GatewayFault | None = None  # a read while acquiring got no usable answer
+    slot_busy: bool | None = None
+    made: Made | None = None
+    eligible: tuple[str, ...] | None = None
+    known: tuple[str, ...] = ()
+    creating: bool = False  # this round requested a create whose answer it has not dealt with
+    created: str | GatewayFault | None = None
+    create_conflict: tuple[int | None, str | None] | None = None
+    status: str | GatewayFault | None = None
+
+
+def decide(v: HopView, seen: Seen) -> Effect | Ending:
+    """The next thing this hop does, given the attempt and what the round has seen."""
+    if v.late_created is not None and not seen.placed_late:
+        return RecordLate(v.late_created)
+    if seen.record_failed is not None:
+        return seen.record_failed
+    if not seen.released:  # at each round's start, whatever is owed (maybe nothing)
+        return ReleaseOwed()
+    stand = gate(v.state, v.expected_hop, v.hop, seen.placed_late)
+    if stand is not None:
+        return stand
+    if seen.fault is not None:
+        return acquire_faulted(seen.fault)
+    if v.candidate_id is not None:
+        if seen.status is None:
+            return Poll(v.candidate_id)
+        return status_answered(seen.status, v.provenance, v.candidate_id)
+    if seen.slot_busy is None:
+        return ReadSlot()
+    waiting = slot_gate(seen.slot_busy, v.title)
+    if waiting is not None:
+        return waiting
+    if v.create_unresolved and not seen.creating:
+        if seen.made is None:
+            return CreditLostCreates()
+        recovered = recover(v, seen.made)
+        if recovered is not None:  # else that create did not happen: adopt or create afresh
+            return recovered
+    return acquire(v, seen)
+
+
+def recover(v: HopView, made: Made) -> TakeCandidate | Wait | Fail | None:
+    """An unconfirmed create: take what our creates made, wait for it, or None."""
+    waited_s = 0.0
+    if v.create_requested_at is not None:
+        since = creates.grace_start(v.create_requested_at, v.deferred_until, v.create_answered)
+        waited_s = (v.now - since).total_seconds()
+    step = creates.recover(made, v.title, requested_hop=v.create_requested_hop, hop=v.hop,
+                           waited_s=waited_s, grace_s=v.grace_s)  # fmt: skip
+    if isinstance(step, Accept):
+        return TakeCandidate(step.workspace_id, step.provenance, made.ours, made.ours)
+    return step
+
+
+def acquire(v: HopView, seen: Seen) -> Effect | Ending:
+    """Adopt the one adoptable same-title child, else create, and what the create said."""
+    if seen.eligible is None:
+        return FindAdoptable()
+    step = adopt_or_create(seen.eligible, v.title)
+    if isinstance(step, Accept):
+        return TakeCandidate(step.workspace_id, step.provenance)
+    if isinstance(step, Fail):
+        return step
+    refused = creates.may_create(v.creates_given_up, v.title)
+    if refused and v.create_unresolved:  # an unconfirmed create given up
+        return refused
+    if seen.create_conflict is not None:
+        return lost_create_race(*seen.create_conflict, v.hop) or Race()
+    if seen.created is None:
+        return RequestCreate()
+    answered = creates.create_answered(seen.created, v.parent_id, v.parents)
+    if isinstance(answered, Record):
+        if answered.workspace_id in (*seen.known, *v.created_ids):
+            return creates.created_again(answered.workspace_id)
+        return RecordCreated(answered.workspace_id)
+    if isinstance(answered, Recover):
+        return NoteUnconfirmed(answered.message, answered.answered)
+    assert isinstance(answered, Refused | Fail | Wait | Defer), answered
+    return answered
+
 
 STAND_DOWN_BY_STATE = {
     AttemptState.PROMOTED: StandDown.REDELIVERY_OF_PROMOTED,
@@ -198,25 +312,6 @@ def slot_gate(busy: bool, title: str) -> Wait | None:
     if busy:
         return Wait(f"another create titled {title!r} in flight")
     return None
-
-
-def acquire_faulted(fault: GatewayFault) -> Fail | Wait | Defer:
-    """A gateway call while acquiring a candidate failed (family, list projects, create).
-
-    No answer defers the hop; an answer we cannot use (malformed, a refused read)
-    counts against the settle budget, as a workspace still settling does."""
-    if fault.kind is FaultKind.UNAUTHORIZED:
-        return Fail(FailureReason.UNAUTHORIZED, f"gateway refused: {fault.message}")
-    if fault.kind is FaultKind.GONE:
-        return Fail(FailureReason.REJECTED, f"parent workspace not found: {fault.message}")
-    if fault.kind is FaultKind.TRANSIENT:
-        return unavailable(fault)
-    return Wait(f"gateway answered badly: {fault.message}")  # malformed, a refused read
-
-
-def unavailable(fault: GatewayFault) -> Defer:
-    """The gateway did not answer: defer, after its Retry-After if it gave one."""
-    return Defer(f"gateway unavailable: {fault.message}", fault.retry_after_s, fault.paced)
 
 
 def adopt_or_create(eligible_ids: Sequence[str], title: str) -> Accept | Fail | Create:

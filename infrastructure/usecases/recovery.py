@@ -1,20 +1,20 @@
 """What our lost creates made, read for ownership's rule (`domain.ownership.credit`).
 
 The hop's recovery of an unconfirmed create and the orphan search of an ended
-attempt both call `made_by_unresolved_create`: it reads the title slot's gate,
-the family, why each new child is someone else's (claims, other attempts'
+attempt both call `credit_lost_creates` (the search through
+`made_by_unresolved_create`, which reads the title slot's gate and the family
+first): it reads why each new child is someone else's (claims, other attempts'
 creates) and the projects of the rest, and asks `ownership.credit`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
-from domain import hop as decide
 from domain import ownership
 from domain.attempt import ProvisioningAttempt
+from domain.hop import slot_gate
 from domain.ports import FamilyMember, WorkspaceGone
 from domain.slot import TitleSlot
+from domain.steps import Wait
 from infrastructure.usecases.reads import ServiceReads
 
 
@@ -60,24 +60,28 @@ def project_count(svc: ServiceReads, workspace_id: str) -> int | None:
 
 
 def made_by_unresolved_create(
-    svc: ServiceReads,
-    attempt: ProvisioningAttempt,
-    slot: TitleSlot,
-    family_of: Callable[[], list[FamilyMember]] | None = None,
-) -> decide.Wait | ownership.Made:
-    """What the attempt's lost creates made, the family read after the title slot (a
-    wait while another attempt's create may be in flight); `family_of`: the hop's,
-    read once per round. Projects are read only of new children nobody else holds,
-    and only while the window is open (past it, nothing is credited).
+    svc: ServiceReads, attempt: ProvisioningAttempt, slot: TitleSlot
+) -> Wait | ownership.Made:
+    """What the attempt's lost creates made, the family read after the title slot: a
+    wait while another attempt's create may be in flight (the orphan search's; the
+    hop reads the slot itself, `domain.hop.decide`)."""
+    waiting = slot_gate(slot_busy(svc, slot, attempt), attempt.title)
+    if waiting is not None:
+        return waiting
+    return credit_lost_creates(svc, attempt, svc.family(attempt.parent_workspace_id, attempt.title))
+
+
+def credit_lost_creates(
+    svc: ServiceReads, attempt: ProvisioningAttempt, family: list[FamilyMember]
+) -> ownership.Made:
+    """What ownership credits the attempt's lost creates with, in `family` (read after
+    the title slot). Projects are read only of new children nobody else holds, and only
+    while the window is open (past it, nothing is credited).
 
     The caller saves what it records with the slot bumped, so a reservation
     taken after the slot's read makes that save conflict.
     """
-    waiting = decide.slot_gate(slot_busy(svc, slot, attempt), attempt.title)
-    if waiting is not None:
-        return waiting
     parent, title, creates = attempt.parent_workspace_id, attempt.title, attempt.creates
-    family = family_of() if family_of else svc.family(parent, title)
     window = creates.window_open(svc.clock.now(), svc.settings.inference_window_s)
     new = ownership.new_children(family, title, parent, creates, svc.parents)
     taken = {m.id: why for m in new if (why := taken_elsewhere(svc, m.id, attempt))}

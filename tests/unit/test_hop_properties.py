@@ -22,6 +22,7 @@ from hypothesis import event, example, given, note, settings
 from hypothesis import strategies as st
 
 from domain import hop as decide
+from domain import steps
 from domain.attempt import ProvisioningAttempt
 from domain.claim import WorkspaceClaim
 from domain.creates import create_answered
@@ -98,7 +99,7 @@ def test_adoption_takes_only_a_ready_empty_same_title_child_no_other_brand_holds
     world: World,
 ) -> None:
     step = decide.adopt_or_create(eligible(world), TITLE)
-    if isinstance(step, decide.Accept):
+    if isinstance(step, steps.Accept):
         taken = _member(world, step.workspace_id)
         assert step.workspace_id != PARENT
         assert step.provenance is Provenance.ADOPTED
@@ -106,7 +107,7 @@ def test_adoption_takes_only_a_ready_empty_same_title_child_no_other_brand_holds
         assert taken.title == TITLE
         assert taken.projects == 0
         assert classify_status(taken.status) is StatusClass.READY
-    elif isinstance(step, decide.Create):
+    elif isinstance(step, steps.Create):
         assert eligible(world) == []
 
 
@@ -207,13 +208,13 @@ def test_a_create_answer_is_recorded_only_as_the_id_it_names_never_the_parent(
     answer: str | GatewayFault,
 ) -> None:
     step = create_answered(answer, PARENT)
-    if isinstance(step, decide.Record):
+    if isinstance(step, steps.Record):
         assert step.workspace_id == answer
         assert step.workspace_id not in ("", PARENT)
     else:
-        assert not isinstance(step, decide.Accept | decide.Promote)
+        assert not isinstance(step, steps.Accept | steps.Promote)
     if answer in ("", PARENT):
-        assert isinstance(step, decide.Fail)
+        assert isinstance(step, steps.Fail)
         assert step.reason is FailureReason.GATEWAY_BUG
 
 
@@ -226,10 +227,10 @@ def test_only_a_ready_status_promotes_and_only_a_bound_workspace_is_unbound(
 ) -> None:
     step = decide.status_answered(answer, provenance, "ws-1")
     ready = isinstance(answer, str) and classify_status(answer) is StatusClass.READY
-    assert isinstance(step, decide.Promote) == ready
-    if isinstance(step, decide.DropExisting):
+    assert isinstance(step, steps.Promote) == ready
+    if isinstance(step, steps.DropExisting):
         assert provenance is Provenance.EXISTING
-    if isinstance(step, decide.DropCandidate):
+    if isinstance(step, steps.DropCandidate):
         assert provenance is not Provenance.EXISTING
 
 

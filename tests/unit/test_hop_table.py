@@ -15,23 +15,8 @@ from typing import Any
 
 import pytest
 
-from domain import creates, ownership
+from domain import creates, ownership, steps
 from domain import hop as decide
-from domain.hop import (
-    Accept,
-    Create,
-    Defer,
-    DropCandidate,
-    DropExisting,
-    Fail,
-    Promote,
-    Record,
-    Recover,
-    Refused,
-    Schedule,
-    Stand,
-    Wait,
-)
 from domain.outcomes import Outcome, StandDown
 from domain.policies import AttemptState, Backoff, Deferral, FailureReason, Provenance
 from domain.ports import (
@@ -46,6 +31,21 @@ from domain.ports import (
     Unauthorized,
     WorkspaceGone,
     fault_of,
+)
+from domain.steps import (
+    Accept,
+    Create,
+    Defer,
+    DropCandidate,
+    DropExisting,
+    Fail,
+    Promote,
+    Record,
+    Recover,
+    Refused,
+    Schedule,
+    Stand,
+    Wait,
 )
 
 Row = tuple[str, Callable[..., bool], Callable[..., object]]
@@ -158,7 +158,7 @@ ACQUIRE_FAILED: list[Row] = [
         lambda f: Wait(f"gateway answered badly: {f.message}"),
     ),
 ]
-table("acquire_faulted", ACQUIRE_FAILED, decide.acquire_faulted, [(f,) for f in FAILURES])
+table("acquire_faulted", ACQUIRE_FAILED, steps.acquire_faulted, [(f,) for f in FAILURES])
 
 
 # What our unresolved creates made: (live, shells, given_up, others). The family holds

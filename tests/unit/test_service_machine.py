@@ -452,6 +452,10 @@ class ServiceMachine(RuleBasedStateMachine):
         # (the search finds two new workspaces: ambiguous, neither is recorded; or the
         # lookalike came first and was taken for it, even if it vanished since).
         lost = {w for w in lost if self.gateway.workspaces[w].title not in self.lookalike_titles}
+        # One somebody put projects in before a search credited it is no longer what a
+        # create of ours makes (docs/decisions/029): it is left for a person, as the
+        # audit's `unclear` finding, never taken nor emptied.
+        lost = {w for w in lost if not self.gateway.workspaces[w].projects}
         assert lost == set(), f"made, neither on record nor bound: {lost}"
         # A create that answers an id that was there before (a gateway bug) is believed.
         believed = made | self.lookalikes | set(self.gateway.echoed)
