@@ -1,21 +1,28 @@
-"""Helpers shared by the engine tests."""
+"""Helpers shared by the tests: one clock, the service outside its fixture, a
+recording broker and the fakes of a delivery, and the engine's drivers."""
 
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 import subprocess
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future
 from datetime import UTC, datetime, timedelta
 from typing import Any
-from uuid import UUID
+from uuid import UUID, uuid4
 
 from eventsourcing.persistence import StoredEvent
 
 from domain.outcomes import HopOutcome, Outcome
 from domain.ports import Clock, FamilyMember, Gateway, TransientGatewayError
+from infrastructure import messages
 from infrastructure.eventstore import open_event_store
+from infrastructure.outages import Outage
 from infrastructure.service import EngineSettings, ProvisioningService
+from worker.consumer import DeadLetter, WorkerStats
+from worker.delivery import Settler
 
 
 class ManualClock:
@@ -149,10 +156,113 @@ def rabbitmqctl(*args: str, timeout: float = 60.0) -> str:
 
 
 class RecordingBroker:
-    """What a reconciler sweep would publish, kept instead of sent."""
+    """The tests' one broker that sends nothing: what a worker's settling or a
+    reconciler's sweep publishes is kept instead.
 
-    def __init__(self) -> None:
-        self.sent: list[Any] = []
+    `published` holds (message, delay, headers) in order, `sent` the messages
+    alone; `dead` the dead letters (body, reason, errors, source) and `kept` what
+    each kept of the original's properties. `fail_publish` and `fail_dead` refuse
+    that many first calls, as a broker that nacks or has no dead-letter queue bound.
+    """
 
-    def publish(self, message: Any, delay_s: float = 0.0) -> None:
-        self.sent.append(message)
+    def __init__(self, *, fail_publish: int = 0, fail_dead: int = 0) -> None:
+        self.published: list[tuple[messages.Message, float, dict[str, Any] | None]] = []
+        self.dead: list[tuple[bytes, str, dict[str, Any], str]] = []
+        self.kept: list[dict[str, Any]] = []
+        self.fail_publish = fail_publish
+        self.fail_dead = fail_dead
+
+    @property
+    def sent(self) -> list[messages.Message]:
+        return [message for message, _, _ in self.published]
+
+    def publish(
+        self, message: messages.Message, delay_s: float = 0.0, headers: dict[str, Any] | None = None
+    ) -> None:
+        if self.fail_publish:
+            self.fail_publish -= 1
+            raise RuntimeError("the broker refused (nacked) a message")
+        self.published.append((message, delay_s, headers))
+
+    def publish_dead(
+        self,
+        body: bytes,
+        reason: str,
+        errors: dict[str, Any],
+        source: str,
+        kept: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.kept.append(dict(kept or {}))
+        if self.fail_dead:
+            self.fail_dead -= 1
+            raise RuntimeError("no queue bound for provisioning/dead")
+        json.dumps(errors, default=str)  # the errors travel as JSON in a header
+        self.dead.append((body, reason, errors, source))
+
+
+# The worker's side of a delivery, with no broker: a message as kombu hands it over,
+# and the settler that acks, re-publishes or dead-letters it onto a RecordingBroker.
+
+GOOD = messages.hop(uuid4(), 0).encode()
+
+
+class FakeMessage:
+    """The parts of a kombu message the worker uses."""
+
+    def __init__(
+        self,
+        body: Any = GOOD,
+        headers: Any = None,
+        *,
+        content_type: Any = "application/json",
+        content_encoding: Any = "utf-8",
+        errors: list[Any] | None = None,
+        ack_error: Exception | None = None,
+    ) -> None:
+        self.body = body
+        self.headers = headers if headers is not None else {}
+        self.content_type = content_type
+        self.content_encoding = content_encoding
+        self.delivery_info = {"routing_key": "work"}
+        self.errors = errors or []
+        self.ack_error = ack_error
+        self.state = "RECEIVED"
+
+    @property
+    def acknowledged(self) -> bool:
+        return self.state != "RECEIVED"
+
+    def ack(self) -> None:
+        if self.ack_error is not None:
+            raise self.ack_error
+        self.state = "ACK"
+
+    def reject(self, requeue: bool = False) -> None:
+        self.state = "REQUEUED" if requeue else "REJECTED"
+
+    def requeue(self) -> None:
+        self.state = "REQUEUED"
+
+
+class BrokerDown(ConnectionError):
+    pass
+
+
+def settler(publisher: RecordingBroker, delays: tuple[float, ...] = (1.0, 5.0)) -> Settler:
+    return Settler(
+        publisher,  # type: ignore[arg-type]
+        stats=WorkerStats(),
+        retry_delays_s=delays,
+        connection_errors=(BrokerDown,),
+        database=Outage(logging.getLogger("test"), "worker", "db", announce_start=False),
+        dead_letter=DeadLetter,
+    )
+
+
+def finished(result: str | BaseException) -> Future[str]:
+    future: Future[str] = Future()
+    if isinstance(result, BaseException):
+        future.set_exception(result)
+    else:
+        future.set_result(result)
+    return future

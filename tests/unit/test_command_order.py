@@ -21,8 +21,16 @@ from infrastructure import messages
 from infrastructure.outbox import OutboxMapper
 from infrastructure.service import EngineSettings, ProvisioningService
 from tests.memory_gateway import MemoryGateway
-from tests.support import ManualClock, as_stored_before, drive, new_service
-from tests.unit.test_delivery import FakeMessage, FakePublisher, finished, settler
+from tests.support import (
+    FakeMessage,
+    ManualClock,
+    RecordingBroker,
+    as_stored_before,
+    drive,
+    finished,
+    new_service,
+    settler,
+)
 from worker.delivery import WAIT_DELAYS_S, Delivery
 
 T0 = datetime(2020, 1, 1, tzinfo=UTC)
@@ -322,7 +330,7 @@ def test_a_log_written_before_commands_carried_a_time_still_loads() -> None:
 
 
 def test_a_command_refused_for_now_is_retried_for_about_an_hour_on_its_own_count() -> None:
-    publisher = FakePublisher()
+    publisher = RecordingBroker()
     settle = settler(publisher, delays=(1.0, 5.0))  # the infrastructure schedule
     body = messages.provision("b1", "Acme", "parent", at(1)).encode()
     decoded = messages.decode(body)
@@ -348,7 +356,7 @@ def test_a_command_refused_for_now_is_retried_for_about_an_hour_on_its_own_count
 
 
 def test_an_infrastructure_failure_after_waits_still_gets_its_own_retries() -> None:
-    publisher = FakePublisher()
+    publisher = RecordingBroker()
     body = messages.provision("b1", "Acme", "parent", at(1)).encode()
     decoded = messages.decode(body)
     message = FakeMessage(body, headers={"x-waits": 7})
@@ -358,7 +366,7 @@ def test_an_infrastructure_failure_after_waits_still_gets_its_own_retries() -> N
     )
 
     assert [(d, h) for _, d, h in publisher.published] == [(1.0, {"x-retries": 1, "x-waits": 7})]
-    read = settler(FakePublisher()).read(message, messages.COMMANDS_QUEUE)
+    read = settler(RecordingBroker()).read(message, messages.COMMANDS_QUEUE)
     assert read == Delivery(decoded, 0, 7)
 
 

@@ -3,12 +3,9 @@ nothing a producer puts on a queue, and no failure while settling, escapes."""
 
 from __future__ import annotations
 
-import json
 import logging
 import random
 import threading
-from collections.abc import Mapping
-from concurrent.futures import Future
 from typing import Any
 from uuid import uuid4
 
@@ -19,108 +16,11 @@ from kombu import Connection
 from domain.ports import TransientGatewayError
 from infrastructure import messages
 from infrastructure.broker import COMMANDS_QUEUE, DEAD_QUEUE, HOPS_QUEUE, Broker, Topology
-from infrastructure.outages import Outage
 from infrastructure.service import ContentionError
-from worker.consumer import DeadLetter, HopWorker, WorkerStats
-from worker.delivery import Delivery, Settler, subject
+from tests.support import GOOD, BrokerDown, FakeMessage, RecordingBroker, finished, settler
+from worker.consumer import DeadLetter, HopWorker
+from worker.delivery import Delivery, subject
 from worker.retry_policy import is_bug
-
-GOOD = messages.hop(uuid4(), 0).encode()
-
-
-class FakeMessage:
-    """The parts of a kombu message the worker uses."""
-
-    def __init__(
-        self,
-        body: Any = GOOD,
-        headers: Any = None,
-        *,
-        content_type: Any = "application/json",
-        content_encoding: Any = "utf-8",
-        errors: list[Any] | None = None,
-        ack_error: Exception | None = None,
-    ) -> None:
-        self.body = body
-        self.headers = headers if headers is not None else {}
-        self.content_type = content_type
-        self.content_encoding = content_encoding
-        self.delivery_info = {"routing_key": "work"}
-        self.errors = errors or []
-        self.ack_error = ack_error
-        self.state = "RECEIVED"
-
-    @property
-    def acknowledged(self) -> bool:
-        return self.state != "RECEIVED"
-
-    def ack(self) -> None:
-        if self.ack_error is not None:
-            raise self.ack_error
-        self.state = "ACK"
-
-    def reject(self, requeue: bool = False) -> None:
-        self.state = "REQUEUED" if requeue else "REJECTED"
-
-    def requeue(self) -> None:
-        self.state = "REQUEUED"
-
-
-class FakePublisher:
-    def __init__(self, *, fail_publish: int = 0, fail_dead: int = 0) -> None:
-        self.published: list[tuple[messages.Message, float, dict[str, Any] | None]] = []
-        self.dead: list[tuple[bytes, str, dict[str, Any], str]] = []
-        self.kept: list[dict[str, Any]] = []
-        self.fail_publish = fail_publish
-        self.fail_dead = fail_dead
-
-    def publish(
-        self, message: messages.Message, delay_s: float = 0.0, headers: dict[str, Any] | None = None
-    ) -> None:
-        if self.fail_publish:
-            self.fail_publish -= 1
-            raise RuntimeError("the broker refused (nacked) a message")
-        self.published.append((message, delay_s, headers))
-
-    def publish_dead(
-        self,
-        body: bytes,
-        reason: str,
-        errors: dict[str, Any],
-        source: str,
-        kept: Mapping[str, Any] | None = None,
-    ) -> None:
-        self.kept.append(dict(kept or {}))
-        if self.fail_dead:
-            self.fail_dead -= 1
-            raise RuntimeError("no queue bound for provisioning/dead")
-        json.dumps(errors, default=str)  # the errors travel as JSON in a header
-        self.dead.append((body, reason, errors, source))
-
-
-class BrokerDown(ConnectionError):
-    pass
-
-
-def settler(publisher: FakePublisher, delays: tuple[float, ...] = (1.0, 5.0)) -> Settler:
-    return Settler(
-        publisher,  # type: ignore[arg-type]
-        stats=WorkerStats(),
-        retry_delays_s=delays,
-        connection_errors=(BrokerDown,),
-        database=Outage(logging.getLogger("test"), "worker", "db", announce_start=False),
-        dead_letter=DeadLetter,
-    )
-
-
-def finished(result: str | BaseException) -> Future[str]:
-    future: Future[str] = Future()
-    if isinstance(result, BaseException):
-        future.set_exception(result)
-    else:
-        future.set_result(result)
-    return future
-
 
 POISON: list[tuple[FakeMessage, str]] = [
     (FakeMessage(b"[" * 1000 + b"]" * 1000), "too_deeply_nested"),
@@ -150,7 +50,7 @@ POISON: list[tuple[FakeMessage, str]] = [
 def test_poison_is_dead_lettered_with_its_reason_and_acked(
     message: FakeMessage, reason: str
 ) -> None:
-    publisher = FakePublisher()
+    publisher = RecordingBroker()
 
     assert settler(publisher).read(message, HOPS_QUEUE) is None
 
@@ -163,7 +63,7 @@ def test_poison_is_dead_lettered_with_its_reason_and_acked(
 def test_random_bodies_and_headers_never_escape_the_reader() -> None:
     rng = random.Random(9)
     alphabet = b'[]{}",:0123456789.eE+-truefalsnl \\\x00\xff'
-    publisher = FakePublisher()
+    publisher = RecordingBroker()
     reader = settler(publisher)
     for _ in range(2000):
         body = bytes(rng.choice(alphabet) for _ in range(rng.randrange(0, 200)))
@@ -175,7 +75,7 @@ def test_random_bodies_and_headers_never_escape_the_reader() -> None:
 
 
 def test_a_dead_letter_keeps_the_messages_content_type_encoding_and_id() -> None:
-    publisher = FakePublisher()
+    publisher = RecordingBroker()
     message = FakeMessage(GOOD, {"x-dead-id": "abc123"}, content_type="text/plain",
                           content_encoding=None)  # fmt: skip
 
@@ -187,7 +87,7 @@ def test_a_dead_letter_keeps_the_messages_content_type_encoding_and_id() -> None
 
 
 def test_a_label_that_is_no_reason_is_dead_lettered_other_and_kept() -> None:
-    publisher = FakePublisher()
+    publisher = RecordingBroker()
 
     settler(publisher).dead(FakeMessage(), "Nobody's Label", {"n": 1})
 
@@ -197,13 +97,13 @@ def test_a_label_that_is_no_reason_is_dead_lettered_other_and_kept() -> None:
 
 
 def test_a_good_delivery_is_read_with_its_retry_count() -> None:
-    delivery = settler(FakePublisher()).read(FakeMessage(GOOD, {"x-retries": 2}), HOPS_QUEUE)
+    delivery = settler(RecordingBroker()).read(FakeMessage(GOOD, {"x-retries": 2}), HOPS_QUEUE)
 
     assert delivery == Delivery(messages.decode(GOOD), 2)
 
 
 def test_a_failed_handler_is_retried_with_the_count_then_dead_lettered() -> None:
-    publisher = FakePublisher()
+    publisher = RecordingBroker()
     settle = settler(publisher, delays=(1.0, 5.0))
     decoded = messages.decode(GOOD)
     failure = RuntimeError("boom")
@@ -218,7 +118,7 @@ def test_a_failed_handler_is_retried_with_the_count_then_dead_lettered() -> None
 
 
 def test_a_retry_line_names_whose_message_it_is(caplog: pytest.LogCaptureFixture) -> None:
-    publisher = FakePublisher()
+    publisher = RecordingBroker()
     attempt_id = uuid4()
     release = messages.release(attempt_id)
 
@@ -233,7 +133,7 @@ def test_a_retry_line_names_whose_message_it_is(caplog: pytest.LogCaptureFixture
 
 
 def test_a_replayed_message_keeps_its_dead_letter_id_through_a_retry() -> None:
-    publisher = FakePublisher()
+    publisher = RecordingBroker()
     decoded = messages.decode(GOOD)
     replayed = FakeMessage(GOOD, {"x-dead-id": "d3adbeef0001"})
 
@@ -243,7 +143,7 @@ def test_a_replayed_message_keeps_its_dead_letter_id_through_a_retry() -> None:
 
 
 def test_a_dead_letter_from_the_handler_is_not_retried() -> None:
-    publisher = FakePublisher()
+    publisher = RecordingBroker()
     message = FakeMessage()
 
     settler(publisher).settle(
@@ -255,7 +155,7 @@ def test_a_dead_letter_from_the_handler_is_not_retried() -> None:
 
 
 def test_a_retry_that_cannot_be_published_is_dead_lettered_instead() -> None:
-    publisher = FakePublisher(fail_publish=5)
+    publisher = RecordingBroker(fail_publish=5)
     message = FakeMessage()
 
     settler(publisher).settle(
@@ -269,7 +169,7 @@ def test_a_retry_that_cannot_be_published_is_dead_lettered_instead() -> None:
 def test_a_dead_letter_that_cannot_be_published_is_rejected_to_the_queues_own_dead_lettering() -> (
     None
 ):
-    publisher = FakePublisher(fail_dead=5)
+    publisher = RecordingBroker(fail_dead=5)
     message = FakeMessage(b"[" * 100_000)
 
     assert settler(publisher).read(message, HOPS_QUEUE) is None
@@ -278,7 +178,7 @@ def test_a_dead_letter_that_cannot_be_published_is_rejected_to_the_queues_own_de
 
 
 def test_an_ack_that_fails_unexpectedly_is_contained() -> None:
-    publisher = FakePublisher()
+    publisher = RecordingBroker()
     message = FakeMessage(ack_error=RuntimeError("odd"))
 
     settler(publisher).settle(message, Delivery(messages.decode(GOOD), 0), finished("ok"))
@@ -293,7 +193,9 @@ def test_a_lost_connection_is_not_contained_it_reaches_the_reconnect_loop() -> N
     message = FakeMessage(ack_error=BrokerDown("connection reset"))
 
     with pytest.raises(BrokerDown):
-        settler(FakePublisher()).settle(message, Delivery(messages.decode(GOOD), 0), finished("ok"))
+        settler(RecordingBroker()).settle(
+            message, Delivery(messages.decode(GOOD), 0), finished("ok")
+        )
 
 
 # ---------------------------------------------------------------- on kombu's memory transport
@@ -356,7 +258,7 @@ def test_the_consuming_thread_survives_poison_on_both_queues_of_the_memory_trans
 def test_a_hop_that_raised_a_bug_on_every_retry_fails_internal_error_then_is_dead_lettered() -> (
     None
 ):
-    publisher = FakePublisher()
+    publisher = RecordingBroker()
     given_up: list[tuple[str, str]] = []
     settle = settler(publisher, delays=(1.0,))
     settle.given_up = lambda message, exc: given_up.append((message.type, type(exc).__name__))
@@ -387,7 +289,7 @@ def test_only_an_unexpected_exception_counts_as_a_bug(exc: BaseException, bug: b
 
 def test_a_release_the_gateway_did_not_answer_waits_on_the_long_schedule() -> None:
     """The settler's policy is the worker's: a TransientGatewayError is refused for now."""
-    publisher = FakePublisher()
+    publisher = RecordingBroker()
     message = FakeMessage()
     decoded = messages.release(uuid4())
 

@@ -36,8 +36,7 @@ from infrastructure.messages import COMMANDS_QUEUE, HOPS_QUEUE
 from infrastructure.service import EngineSettings, ProvisioningService
 from tests.memory_gateway import MemoryGateway
 from tests.strategies import scaled
-from tests.support import ManualClock, new_service
-from tests.unit.test_delivery import FakeMessage, FakePublisher, settler
+from tests.support import FakeMessage, ManualClock, RecordingBroker, new_service, settler
 from worker.consumer import DeadLetter, handle
 from worker.delivery import Delivery, Settler
 
@@ -196,7 +195,7 @@ def test_every_delivery_ends_handled_retried_or_dead_lettered_with_a_reason(
     )
     if header is None:
         delivery_message.headers = None
-    publisher = FakePublisher()
+    publisher = RecordingBroker()
     reader = settler(publisher, delays=(1.0, 5.0))
 
     delivery = reader.read(delivery_message, HOPS_QUEUE)  # raises nothing, whatever it holds
@@ -214,7 +213,7 @@ def test_every_delivery_ends_handled_retried_or_dead_lettered_with_a_reason(
 def _handle_and_settle(
     service: ProvisioningService,
     reader: Settler,
-    publisher: FakePublisher,
+    publisher: RecordingBroker,
     delivery_message: FakeMessage,
     delivery: Delivery,
 ) -> None:
@@ -294,7 +293,7 @@ def test_every_message_the_decoder_accepts_is_handled_retried_or_dead_lettered(
     data: st.DataObject,
 ) -> None:
     service, attempts = a_busier_service()
-    publisher = FakePublisher()
+    publisher = RecordingBroker()
     reader = settler(publisher, delays=(1.0, 5.0))
     for _ in range(data.draw(st.integers(1, 4), label="messages")):
         message = data.draw(valid_messages(attempts))
@@ -320,7 +319,7 @@ def _head(service: ProvisioningService) -> int:
 
 def _assert_refused_unhandled(
     service: ProvisioningService,
-    publisher: FakePublisher,
+    publisher: RecordingBroker,
     delivery_message: FakeMessage,
     delivery: Delivery | None,
     head: int,
@@ -349,7 +348,7 @@ def test_an_internal_message_on_the_commands_queue_is_dead_lettered_and_has_no_e
         "release": messages.release(attempts[1]),
         "decommission": messages.decommission("b3"),
     }[kind]
-    publisher = FakePublisher()
+    publisher = RecordingBroker()
     reader = settler(publisher)
     head = _head(service)
 

@@ -21,8 +21,7 @@ from infrastructure.outages import Outage
 from infrastructure.service import hop_line
 from infrastructure.settings import Settings, SettingsError, log_format, log_secrets
 from tests.memory_gateway import MemoryGateway
-from tests.support import new_service
-from tests.unit.test_delivery import FakeMessage, FakePublisher, settler
+from tests.support import FakeMessage, RecordingBroker, new_service, settler
 from worker import logs
 
 TOKEN = "tok-LOGSECRET-93ab1"
@@ -144,7 +143,7 @@ def test_a_known_secret_never_reaches_a_line(captured: io.StringIO) -> None:
     outage.failed(url, ConnectionError(f"refused {url} token={TOKEN}"), 1.0)
     outage.up()
     # Dead letters, their errors holding the token and an Authorization header.
-    settler(FakePublisher()).dead(
+    settler(RecordingBroker()).dead(
         FakeMessage(), "unexpected error",
         {"error": f"Authorization: Bearer {TOKEN}", "headers": {"Authorization": TOKEN}},
     )  # fmt: skip

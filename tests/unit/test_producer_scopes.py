@@ -18,7 +18,7 @@ from infrastructure.origins import PRODUCER_HEADER, producer_of, vouched_headers
 from infrastructure.outages import Outage
 from infrastructure.settings import Settings, SettingsError
 from infrastructure.settings_parsing import producer_scopes
-from tests.unit.test_delivery import FakeMessage, FakePublisher
+from tests.support import FakeMessage, RecordingBroker
 from worker.consumer import DeadLetter, WorkerStats
 from worker.delivery import Settler
 from worker.reading import inspect
@@ -133,7 +133,7 @@ class Delivered(FakeMessage):
         self.delivery_info = {"routing_key": "command"}
 
 
-class ServicePublisher(FakePublisher):
+class ServicePublisher(RecordingBroker):
     user = SERVICE
 
 
@@ -156,7 +156,7 @@ def test_the_hops_queue_is_the_services_own_and_is_not_scoped() -> None:
     assert inspect(Delivered(DEACTIVATE, None), COMMANDS_QUEUE).message.type == "deactivate"
 
 
-def settler(publisher: FakePublisher, scopes: dict[str, Scope]) -> Settler:
+def settler(publisher: RecordingBroker, scopes: dict[str, Scope]) -> Settler:
     return Settler(
         publisher,  # type: ignore[arg-type]
         stats=WorkerStats(),
@@ -182,7 +182,7 @@ def test_a_refused_command_is_dead_lettered_with_its_producer_and_no_forged_id()
 
 
 def test_memory_has_no_producers_to_scope() -> None:
-    publisher = FakePublisher()  # memory://: no broker user
+    publisher = RecordingBroker()  # memory://: no broker user
     read = settler(publisher, dict(SCOPES.scopes)).read(Delivered(DEACTIVATE, None), COMMANDS_QUEUE)
     assert read is not None
     assert publisher.dead == []

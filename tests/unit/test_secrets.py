@@ -29,8 +29,7 @@ from infrastructure.service import ProvisioningService
 from infrastructure.settings import Settings, SettingsError, log_secrets
 from infrastructure.views import SqlViewStore
 from tests.memory_gateway import MemoryGateway
-from tests.support import new_service
-from tests.unit.test_delivery import FakeMessage, FakePublisher
+from tests.support import FakeMessage, RecordingBroker, new_service
 from worker import cli_read, logs, runtime
 from worker.cli import main
 from worker.consumer import DeadLetter, WorkerStats, handle
@@ -155,7 +154,7 @@ def test_the_runtime_gives_the_service_the_gateway_token() -> None:
 )  # fmt: skip
 def test_a_dead_lettered_body_loses_the_token_it_held(token: str, ensure_ascii: bool) -> None:
     """Raw or as JSON writes it (escaped quotes and backslashes, \\u escapes or not)."""
-    publisher = FakePublisher()
+    publisher = RecordingBroker()
     settle = Settler(
         publisher,  # type: ignore[arg-type]
         stats=WorkerStats(),
@@ -380,7 +379,7 @@ def test_readyz_never_shows_a_secret() -> None:
 LONG_TOKEN = "tok-" + "5f3a9c0d" * 8  # longer than the 50 characters an error keeps
 
 
-def told(publisher: FakePublisher, token: str) -> Settler:
+def told(publisher: RecordingBroker, token: str) -> Settler:
     """A settler told of the token, as the worker's is."""
     return Settler(
         publisher,  # type: ignore[arg-type]
@@ -409,7 +408,7 @@ def test_dead_letter_errors_lose_a_token_given_as_a_type_or_a_field_name(
     with pytest.raises(messages.InvalidMessage) as caught:
         messages.decode(body)
     assert token[:40] in json.dumps(caught.value.errors)  # what the worker is handed
-    publisher = FakePublisher()
+    publisher = RecordingBroker()
 
     told(publisher, token).dead(FakeMessage(body), caught.value.reason, caught.value.errors)
 
@@ -429,7 +428,7 @@ def test_a_dead_lettered_body_loses_a_u_escaped_token(title: str) -> None:
     body = ('{"type": "provision", "version": 1, "brand_id": "b1", "title": "' + title
             + '", "parent_workspace_id": "p"}').encode()  # fmt: skip
     assert json.loads(body)["title"] == f"x{TOKEN}x"
-    publisher = FakePublisher()
+    publisher = RecordingBroker()
 
     told(publisher, TOKEN).dead(FakeMessage(body), "InvalidRequest", {})
 
