@@ -9,7 +9,8 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from contextlib import suppress
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -76,6 +77,23 @@ def forget_heartbeats(url: str) -> None:
         found = conn.execute("SELECT to_regclass('provisioner_processes')").fetchone()
         if found is not None and found[0] is not None:
             conn.execute("DELETE FROM provisioner_processes")
+
+
+@contextmanager
+def a_worker_alive(url: str) -> Iterator[None]:
+    """A worker's row that reads alive for an hour (its clock ahead), and that has had
+    answers from the gateway, removed on exit: the session's database holds other
+    tests' pending attempts, which fail `workers` while no worker is alive."""
+    worker = Heartbeat(url, "worker", every_s=0, clock=lambda: time.time() + 3600,
+                       answered_at=time.time)  # fmt: skip
+    worker.process = f"health-test:{uuid.uuid4().hex[:8]}"
+    assert worker.beat()
+    worker.close()
+    try:
+        yield
+    finally:
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute("DELETE FROM provisioner_processes WHERE process = %s", (worker.process,))
 
 
 @pytest.mark.postgres
@@ -150,29 +168,30 @@ def test_readiness_names_the_broker_when_its_vhost_is_deleted(pg_database: str) 
     checks, facts = checks_for(settings, ("relay",), gateway=None)
     probes = Probes(health=Health(checks), token=TOKEN)
     probes.watch_state(facts)
-    port = free_port()
-    server = serve("127.0.0.1", port, probes)
-    assert server is not None
-    try:
-        body = until(port, "/readyz", 200)
-        assert json.loads(body)["checks"] == {  # no relay beats here: degraded, still ready
-            "database": "ok", "broker": "ok", "relay_lag": "ok", "relay_heartbeat": "degraded",
-            "workers": "ok",  # no worker, but no work waits either
-        }  # fmt: skip
-        assert "provisioner_relay_lag_events" in get(port, "/metrics")[1]
-        rabbitmqctl("delete_vhost", vhost)
-        body = until(port, "/readyz", 503)  # once the last answer (kept 5 s) is stale
-        assert json.loads(body)["checks"]["broker"] == "failing"
-        assert vhost not in body
-        down = failing(get(port, "/readyz", TOKEN)[1])
-        assert list(down) == ["broker"]
-        assert vhost in down["broker"]["detail"]
-        assert down["broker"]["since"]
-    finally:
-        server.shutdown()
-        server.server_close()
-        with suppress(RuntimeError, OSError, subprocess.TimeoutExpired):  # gone already
+    with a_worker_alive(pg_database):  # other tests' attempts wait in this database
+        port = free_port()
+        server = serve("127.0.0.1", port, probes)
+        assert server is not None
+        try:
+            body = until(port, "/readyz", 200)
+            assert json.loads(body)["checks"] == {  # no relay beats here: degraded, still ready
+                "database": "ok", "broker": "ok", "relay_lag": "ok", "relay_heartbeat": "degraded",
+                "workers": "ok",  # a worker alive
+            }  # fmt: skip
+            assert "provisioner_relay_lag_events" in get(port, "/metrics")[1]
             rabbitmqctl("delete_vhost", vhost)
+            body = until(port, "/readyz", 503)  # once the last answer (kept 5 s) is stale
+            assert json.loads(body)["checks"]["broker"] == "failing"
+            assert vhost not in body
+            down = failing(get(port, "/readyz", TOKEN)[1])
+            assert list(down) == ["broker"]
+            assert vhost in down["broker"]["detail"]
+            assert down["broker"]["since"]
+        finally:
+            server.shutdown()
+            server.server_close()
+            with suppress(RuntimeError, OSError, subprocess.TimeoutExpired):  # gone already
+                rabbitmqctl("delete_vhost", vhost)
 
 
 @pytest.mark.postgres
@@ -185,6 +204,11 @@ def test_the_health_command_exits_0_when_healthy_and_1_naming_what_fails(
         PROVISIONER_GATEWAY_URL=fake.url,
         PROVISIONER_PARENT_IDS=",".join(fake.parents), PROVISIONER_GATEWAY_TOKEN="t0ken-health",
     )  # fmt: skip
+    with a_worker_alive(pg_database):
+        _health_command(env, pg_database, fake)
+
+
+def _health_command(env: dict[str, str], pg_database: str, fake: FakeGateway) -> None:
     ok = subprocess.run(
         [PROVISIONER, "health", "--json"], env=env, capture_output=True, text=True,
         timeout=60, check=False,
@@ -205,9 +229,6 @@ def test_the_health_command_exits_0_when_healthy_and_1_naming_what_fails(
     # The fleet's circuit is open (as a worker left it in the shared row, its next probe
     # not due yet): degraded, exit 0. Health's own call waits for the pace: held, not sent.
     # That worker had answers from the gateway before (its beat says so): an outage.
-    worker = Heartbeat(pg_database, "worker", every_s=0, answered_at=time.time)
-    assert worker.beat()
-    worker.close()
     store = PgPaceStore(pg_database, fake.url)
     calls_before = fake.state()["calls_total"]
     try:
@@ -271,7 +292,11 @@ def test_health_fails_within_the_threshold_once_the_relay_stops(
         PROVISIONER_DATABASE_URL=pg_database, PROVISIONER_BROKER_URL=rabbit_session_url,
         PROVISIONER_HEARTBEAT_MAX_AGE_S="2",
     )  # fmt: skip
+    with a_worker_alive(pg_database):
+        _relay_stops(env)
 
+
+def _relay_stops(env: dict[str, str]) -> None:
     def health() -> tuple[int, dict[str, Any]]:
         done = subprocess.run(
             [PROVISIONER, "health", "--json"], env=env, capture_output=True, text=True,

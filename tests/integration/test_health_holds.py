@@ -18,6 +18,7 @@ from infrastructure.fake_gateway import FakeGateway
 from infrastructure.pacing import PgPaceStore
 from tests.conftest import PARENT
 from tests.integration.test_cli_edges import clean_env, run_cli
+from tests.integration.test_health import a_worker_alive
 
 
 def _health(env: dict[str, str]) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
@@ -39,7 +40,9 @@ def test_health_says_a_hold_longer_than_the_setting_and_cuts_it(
     store = PgPaceStore(pg_database, fake.url)
     try:
         store.update(lambda state, now: (replace(state, paused_until=now + hold_s), None))
-        done, checks = _health(env)
+        # A worker that had answers from the gateway (a 429 among them) is alive.
+        with a_worker_alive(pg_database):
+            done, checks = _health(env)
         state, now = store.read()
         store.update(lambda _state, _now: (PaceState(), None))
     finally:
