@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import shutil
 import subprocess
 from collections.abc import Callable, Mapping
@@ -140,6 +141,11 @@ class Intercepting:
 
     def delete_project(self, workspace_id: str, project_id: str) -> None:
         self.inner.delete_project(workspace_id, project_id)
+
+
+def words(text: str) -> str:
+    """The text as read across folded lines and table rules: words, single-spaced."""
+    return " ".join(re.sub(r"[│─]", " ", text).split())
 
 
 def rabbitmqctl(*args: str, timeout: float = 60.0) -> str:

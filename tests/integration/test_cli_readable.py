@@ -20,7 +20,7 @@ from infrastructure.service import ProvisioningService
 from infrastructure.views import SqlViewStore
 from tests.conftest import PARENT
 from tests.integration.test_read_models import catch_up_all
-from tests.support import ManualClock
+from tests.support import ManualClock, words
 from worker.attempt_progress import FIELDS
 from worker.cli import _wait_for, main
 
@@ -34,11 +34,6 @@ def _read(runner: CliRunner, *args: str) -> str:
     assert all(len(line.rstrip()) <= 80 for line in lines), result.output
     assert "…" not in result.output, result.output
     return result.output
-
-
-def _words(text: str) -> str:
-    """The text as read across folded lines and table rules: words, single-spaced."""
-    return " ".join(re.sub(r"[│─]", " ", text).split())
 
 
 @pytest.fixture
@@ -95,14 +90,14 @@ def test_history_shows_the_brands_own_events_between_its_attempts(story: dict[st
     ]
     places = [text.index(marker) for marker in order]
     assert places == sorted(places), text
-    assert f"{story['workspace']}; decommissioned" in _words(text)  # folded or not
+    assert f"{story['workspace']}; decommissioned" in words(text)  # folded or not
 
 
 def test_attempt_shows_why_it_failed(story: dict[str, Any]) -> None:
     text = _read(story["runner"], "attempt", story["failed"])
 
     assert "failed (exhausted)" in text
-    assert f"failed (exhausted): {story['message']}" in _words(text)
+    assert f"failed (exhausted): {story['message']}" in words(text)
     assert story["message"].startswith("not confirmed after")
 
 
@@ -113,7 +108,7 @@ def test_attempts_fit_80_columns_with_whole_ids_and_errors(story: dict[str, Any]
     lines = text.splitlines()
     header = next(line for line in lines if line.startswith("attempt / last error"))
     brand_at, state_at = header.index("brand"), header.index("state")
-    first_column = _words(" ".join(line[:brand_at] for line in lines[2:]))
+    first_column = words(" ".join(line[:brand_at] for line in lines[2:]))
     brand_column = "".join(line[brand_at:state_at].strip() for line in lines[2:])
     for attempt_id in (story["first"], story["second"], story["failed"]):
         assert attempt_id in text  # whole, on one line: it can be copied
@@ -121,12 +116,12 @@ def test_attempts_fit_80_columns_with_whole_ids_and_errors(story: dict[str, Any]
     assert LONG_BRAND in brand_column  # folded, not cut
     assert "failed" in text
     assert "pending" in text
-    assert f"candidate_id {story['workspace']}" in _words(wide)
-    assert "started_at 20" in _words(wide)
+    assert f"candidate_id {story['workspace']}" in words(wide)
+    assert "started_at 20" in words(wide)
 
 
 def test_projections_status_explains_its_columns(story: dict[str, Any]) -> None:
-    text = _words(_read(story["runner"], "projections", "status"))
+    text = words(_read(story["runner"], "projections", "status"))
 
     assert "the event log's head is at" in text
     for column in ("copy:", "position:", "behind:", "rows:", "rebuilding:"):
@@ -183,10 +178,10 @@ def test_status_says_why_and_what_next(story: dict[str, Any], fake: FakeGateway)
     deferring = ProvisioningService(service.app, silent, clock=story["clock"])
     deferring.run_hop(deferring.request_provisioning("b-silent", "Silent Co", PARENT), 0)
 
-    failed = _words(_read(runner, "status", LONG_BRAND))
-    pending = _words(_read(runner, "status", "b-read"))
-    token = _words(_read(runner, "status", "b-token"))
-    deferred = _words(_read(runner, "status", "b-silent"))
+    failed = words(_read(runner, "status", LONG_BRAND))
+    pending = words(_read(runner, "status", "b-read"))
+    token = words(_read(runner, "status", "b-token"))
+    deferred = words(_read(runner, "status", "b-silent"))
     as_json = json.loads(runner.invoke(main, ["status", "b-read", "--json"]).output)
     silent_json = json.loads(runner.invoke(main, ["status", "b-silent", "--json"]).output)
 
@@ -226,7 +221,7 @@ def test_attempts_show_their_age_and_no_error_once_promoted(
         catch_up_all(service.app, views)
 
     text = _read(story["runner"], "attempts")
-    wide = _words(_read(story["runner"], "attempts", "--wide"))
+    wide = words(_read(story["runner"], "attempts", "--wide"))
     raw = json.loads(story["runner"].invoke(main, ["attempts", "--json"]).output)
 
     header = next(line for line in text.splitlines() if line.startswith("attempt / last error"))
@@ -237,6 +232,6 @@ def test_attempts_show_their_age_and_no_error_once_promoted(
     assert header.rstrip().endswith("age")
     assert re.search(r" promoted +\d+ +\d+[smhd]$", row.rstrip()), row
     assert said  # the projection keeps what it said while it settled ...
-    assert said not in _words(text)  # ... which a promoted row does not show as an error
+    assert said not in words(text)  # ... which a promoted row does not show as an error
     assert said not in block
     assert "last_error" in block

@@ -17,15 +17,10 @@ from domain.ports import TransientGatewayError
 from infrastructure.eventstore import init_database, open_event_store
 from infrastructure.service import EngineSettings, ProvisioningService
 from tests.memory_gateway import MemoryGateway
-from tests.support import ManualClock
+from tests.support import ManualClock, words
 from worker.cli import main
 
 PARENT = "parent-1"
-
-
-def _words(text: str) -> str:
-    """The text as read across table rules and folded lines: words, single-spaced."""
-    return " ".join(re.sub(r"[│─]", " ", text).split())
 
 
 @pytest.fixture
@@ -74,7 +69,7 @@ def test_deferrals_in_a_row_read_as_one_row_and_are_counted_in_the_title(
     runner, attempt_id = deferred["runner"], deferred["attempt"]
     since = _since(runner, attempt_id)
 
-    text = _words(_run(runner, command, attempt_id if command == "attempt" else "b1"))
+    text = words(_run(runner, command, attempt_id if command == "attempt" else "b1"))
 
     assert (
         f"attempt {attempt_id} of brand b1: promoted; settle hops 1 of 3, "
