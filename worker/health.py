@@ -22,8 +22,10 @@ from infrastructure.eventstore import is_postgres
 from infrastructure.gateway import HttpGateway
 from infrastructure.gateway_contact import GatewayContact
 from infrastructure.gateway_tls import certificate_refused
+from infrastructure.heartbeats import read_processes
 from infrastructure.pacing import MemoryPaceStore, Pace, PaceStore, PgPaceStore, read_pace
 from infrastructure.settings import Settings, SettingsError
+from infrastructure.view_connection import ViewConnection
 from worker.health_checks import (
     PROBE_WORKSPACE,
     GatewayCheck,
@@ -109,7 +111,9 @@ def checks_for(
     return checks, facts
 
 
-def answered_by(facts: StoredFacts, contact: GatewayContact | None) -> Callable[[], bool]:
+def answered_by(
+    facts: Callable[[], dict[str, Any]], contact: GatewayContact | None
+) -> Callable[[], bool]:
     """Has the gateway ever answered this process (`contact`) or any process of the
     deployment (a beat's `gateway_answered_at`)? Beats that cannot be read count as
     yes: a configuration error is said only on evidence."""
@@ -171,18 +175,35 @@ class PacedProbe:
             pace.close()
 
 
-def gateway_check(settings: Settings, facts: StoredFacts | None = None) -> Callable[[], str]:
+def gateway_check(
+    settings: Settings, facts: Callable[[], dict[str, Any]] | None = None
+) -> Callable[[], str]:
     """The gateway check of `health` and the web view's health page: the configured
     gateway, paced with the fleet and its answer kept for a minute (keep the check to
-    reuse that), after a TLS handshake; the in-process fake is not checked. With
-    `facts`, a gateway that gives no answer and never answered any process of the
-    deployment fails (a wrong URL), rather than degrades (an outage)."""
+    reuse that), after a TLS handshake; the in-process fake is not checked. A gateway
+    that gives no answer and never answered any process of the deployment (`facts`'
+    beats; by default read when asked) fails, a wrong URL, rather than degrades."""
     chosen = None if settings.fake_gateway or settings.gateway_url is None else settings.gateway()
     if chosen is None:
         return _unchecked_gateway(settings)
     probe = PacedProbe(settings, *chosen)
-    answered = answered_by(facts, probe.contact) if facts is not None else None
+    answered = answered_by(facts or _beats(settings.database_url), probe.contact)
     return GatewayCheck(probe, handshake=_handshake(settings), answered=answered, url=chosen[0])
+
+
+def _beats(url: str) -> Callable[[], dict[str, Any]]:
+    """The processes' beats, read on a short connection when asked (none for an
+    in-process store, whose beats live in its own process)."""
+
+    def read() -> dict[str, Any]:
+        if urlsplit(url).scheme == "memory":
+            return {"processes": None, "gateway_answered_at": None}
+        with ViewConnection(url, read_only=True, wait_s=0) as conn:
+            beats = read_processes(conn)
+        answered = [b.gateway_answered_at for b in beats if b.gateway_answered_at]
+        return {"processes": beats, "gateway_answered_at": max(answered, default=None)}
+
+    return read
 
 
 def _unchecked_gateway(settings: Settings) -> Callable[[], str]:

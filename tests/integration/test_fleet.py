@@ -10,6 +10,8 @@ import signal
 import subprocess
 import threading
 import time
+import urllib.error
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -32,6 +34,7 @@ from tests.integration.test_cli_edges import PROVISIONER, clean_env, free_port
 from tests.readmodels import FATES, seed_histories
 from tests.support import RecordingBroker
 from worker.cli import main
+from worker.health import CheckResult, Health, checks_for
 from worker.projector import Projector
 from worker.reconciler import Reconciler
 from worker.runtime import build
@@ -169,10 +172,12 @@ def test_a_gateway_url_that_never_answered_fails_health_and_the_worker_says_so(
     fresh_pg: str, rabbit_session_url: str, tmp_path: Path
 ) -> None:
     url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    port = free_port()
     env = clean_env(
         PROVISIONER_DATABASE_URL=fresh_pg, PROVISIONER_BROKER_URL=rabbit_session_url,
         PROVISIONER_GATEWAY_URL=url, PROVISIONER_GATEWAY_TOKEN="t0ken-fleet",
-        PROVISIONER_PARENT_IDS=PARENT,
+        PROVISIONER_PARENT_IDS=PARENT, PROVISIONER_METRICS_PORT=str(port),
+        PROVISIONER_WEB_TOKEN="t0ken-web",
     )  # fmt: skip
     done = CliRunner(env=env).invoke(main, ["health"])
     assert done.exit_code == 1, done.output
@@ -189,6 +194,7 @@ def test_a_gateway_url_that_never_answered_fails_health_and_the_worker_says_so(
     try:
         errors = until(lambda: [json.loads(x) for x in log.read_text().splitlines()
                                 if '"ERROR"' in x], 30)  # fmt: skip
+        ready = until(lambda: get_json(port, "/readyz", "t0ken-web"), 30)
     finally:
         worker.send_signal(signal.SIGTERM)
         worker.wait(30)
@@ -198,6 +204,51 @@ def test_a_gateway_url_that_never_answered_fails_health_and_the_worker_says_so(
         "refused); check PROVISIONER_GATEWAY_URL"
     )
     assert "t0ken-fleet" not in log.read_text()
+    assert ready["status"] == "failing"  # the worker's readiness: a setting is wrong
+    gateway = next(c for c in ready["checks"] if c["name"] == "gateway")
+    assert gateway["detail"].startswith(f"the gateway at {url} has never answered"), gateway
+
+
+def get_json(port: int, path: str, token: str) -> dict[str, Any] | None:
+    """The answer's JSON, whatever its status; None while nothing answers."""
+    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}",
+                                     headers={"Authorization": f"Bearer {token}"})  # fmt: skip
+    try:
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            body = answer.read()
+    except urllib.error.HTTPError as exc:
+        body = exc.read()
+    except OSError:
+        return None
+    found: dict[str, Any] = json.loads(body)
+    if found.get("checks") and any(c.get("name") == "startup" for c in found["checks"]):
+        return None  # still starting
+    return found
+
+
+def test_a_silent_relay_fails_its_own_readiness_and_degrades_those_that_wait_on_it(
+    tmp_path: Path,
+) -> None:
+    url = f"sqlite:///{tmp_path / 'events.sqlite'}"
+    init_database(url)
+    init_read_models(url)
+    relay = Heartbeat(url, "relay", every_s=0, clock=lambda: time.time() - 600)
+    assert relay.beat()
+    relay.close()
+    settings = Settings.from_env({"PROVISIONER_DATABASE_URL": url})
+
+    def relay_check(*parts: str) -> CheckResult:
+        checks, _ = checks_for(settings, parts, gateway=None)
+        return next(r for r in Health(checks).run() if r.name == "relay_heartbeat")
+
+    for waits in (relay_check("worker"), relay_check("reconciler")):
+        assert (waits.ok, waits.degraded) == (True, True)  # ready: the reconciler re-publishes
+        assert waits.detail.startswith("the relay has not beaten for 600 s")
+    for runs in (relay_check("relay"), relay_check("worker", "relay", "projections",
+                                                   "reconciler")):  # fmt: skip
+        assert (runs.ok, runs.degraded) == (False, False)
+    checks, _ = checks_for(settings, ("projections",), gateway=None)
+    assert "relay_heartbeat" not in [name for name, _ in checks]
 
 
 def test_the_reconciler_says_the_relay_is_silent_and_since_when(

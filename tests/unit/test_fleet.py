@@ -4,6 +4,8 @@ states and verdicts), the gateway that never answered, and the workers view."""
 from __future__ import annotations
 
 import logging
+import socket
+import sqlite3
 import threading
 from datetime import UTC, datetime
 from pathlib import Path
@@ -15,10 +17,11 @@ from domain.liveness import Beat, Verdict, gateway_silence, newest, workers_verd
 from domain.ports import TransientGatewayError, WorkspaceGone
 from infrastructure.gateway_contact import GatewayContact, cause
 from infrastructure.heartbeats import Heartbeat, read_beats, read_processes
+from infrastructure.settings import Settings
 from infrastructure.view_connection import ViewConnection
 from worker.fleet import fleet_rows
 from worker.gateway_watch import GatewayWatch
-from worker.health import Degraded, Unhealthy
+from worker.health import Degraded, Unhealthy, gateway_check
 from worker.health_checks import GatewayCheck
 from worker.health_liveness import as_warning, fleet_checks, heartbeat_check, workers_check
 
@@ -249,3 +252,23 @@ def test_the_rows_of_the_view_say_alive_or_silent() -> None:
     assert rows[1]["last_beat_s"] == 3
     assert rows[1]["handled"] == 12
     assert rows[0]["concurrency"] is None
+
+
+def test_the_health_pages_gateway_check_reads_the_beats_itself(tmp_path: Path) -> None:
+    """`gateway_check` without facts (the web view's health page): a gateway nothing
+    answers fails while no beat says it ever answered, and degrades once one does."""
+    url = f"sqlite:///{tmp_path / 'events.sqlite'}"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed = f"http://127.0.0.1:{s.getsockname()[1]}"  # nothing listens once closed
+    settings = Settings.from_env({"PROVISIONER_DATABASE_URL": url, "PROVISIONER_GATEWAY_URL":
+                                  closed, "PROVISIONER_GATEWAY_TOKEN": "t0ken-page"})  # fmt: skip
+    sqlite3.connect(tmp_path / "events.sqlite").close()  # a database no process beat in
+    with pytest.raises(Unhealthy, match="has never answered any process") as never:
+        gateway_check(settings)()
+    assert not isinstance(never.value, Degraded)
+    worker = Heartbeat(url, "worker", every_s=0, answered_at=lambda: 1.0)
+    assert worker.beat()
+    worker.close()
+    with pytest.raises(Degraded, match="no answer"):
+        gateway_check(settings)()
