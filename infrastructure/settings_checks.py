@@ -4,19 +4,20 @@ default (a SQLite or in-memory store with the `memory://` broker) all or nothing
 
 A misspelt variable is never a fallback to the default: it is refused, naming
 the known variable it most resembles. The known names are the rows of the
-settings module's table, plus the few read elsewhere (`ELSEWHERE`).
+settings' table (infrastructure/settings_table.py), plus the few read elsewhere
+(`ELSEWHERE`).
 """
 
 from __future__ import annotations
 
 import difflib
 import os
-import re
 from collections.abc import Iterable, Mapping
 from urllib.parse import urlsplit
 
 from infrastructure.eventstore import is_postgres
-from infrastructure.settings_parsing import SettingsError, env_value, flag
+from infrastructure.settings_parsing import SettingsError, env_value
+from infrastructure.settings_table import BY_NAME, VARIABLES, default_of
 
 PREFIX = "PROVISIONER_"
 ALLOW_MIXED = "PROVISIONER_ALLOW_MIXED_EMBEDDED"
@@ -33,19 +34,6 @@ ELSEWHERE = (
     "PROVISIONER_TEST_OUTAGE_BRANDS",  # tests/integration/test_outages.py: its size
     "PROVISIONER_SCREENSHOT",  # tests/integration/test_web_browser.py: where to save one
 )
-
-_ROW = re.compile(r"^\|\s*(PROVISIONER_[A-Z0-9_]+)\s*\|", re.MULTILINE)
-
-
-def table_names(doc: str | None) -> tuple[str, ...]:
-    """The variables of a settings table (its `| PROVISIONER_... | default |` rows), in order."""
-    if not doc:
-        raise RuntimeError(
-            "infrastructure/settings.py has no docstring (python -OO?): its table of "
-            "variables is the list of known settings"
-        )
-    return tuple(dict.fromkeys(_ROW.findall(doc)))
-
 
 def closest(name: str, known: Iterable[str]) -> str | None:
     """The known name `name` most resembles, if one is close (a typo, a missing `_`);
@@ -111,12 +99,10 @@ def check_mix(database_url: str, broker_url: str, *, allowed: bool) -> None:
 def check_environment(env: Mapping[str, str] | None = None, *, mix: bool = True) -> None:
     """What the CLI refuses before any command: an unknown PROVISIONER_* name and,
     with `mix`, a store and broker mixing embedded and real unless ALLOW_MIXED=1."""
-    # Here: infrastructure/settings.py imports this module, and its table is the list.
-    from infrastructure.settings import DEFAULT_DATABASE_URL, VARIABLES  # noqa: PLC0415
-
     env = os.environ if env is None else env
     check_names(env, VARIABLES)
     if mix:
-        database = env_value(env, "PROVISIONER_DATABASE_URL") or DEFAULT_DATABASE_URL
-        broker = env_value(env, "PROVISIONER_BROKER_URL") or "memory://"
-        check_mix(database, broker, allowed=flag(env, ALLOW_MIXED))
+        # As written, unchecked: a bad URL is the command's to refuse, naming it.
+        database = env_value(env, "PROVISIONER_DATABASE_URL") or default_of("database_url")
+        broker = env_value(env, "PROVISIONER_BROKER_URL") or default_of("broker_url")
+        check_mix(database, broker, allowed=BY_NAME[ALLOW_MIXED].parse(env))

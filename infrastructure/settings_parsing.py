@@ -1,5 +1,6 @@
-"""Reading and checking one environment variable each, for `Settings`
-(infrastructure/settings.py): a bad value raises `SettingsError` naming it."""
+"""Reading and checking one environment variable: the parsers of the settings'
+table (infrastructure/settings_table.py), each with the words the docs use for
+what it accepts. A bad value raises `SettingsError`, one line naming the variable."""
 
 from __future__ import annotations
 
@@ -7,14 +8,18 @@ import ipaddress
 import os
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 from domain.ids import GATEWAY_ID
 from domain.producer_scopes import Scope
+from infrastructure.eventstore import DATABASE_SCHEMES, check_database_url
 from infrastructure.failures import ConfigurationError
 
 _LABEL = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
 LOG_FORMATS = ("auto", "text", "json")
+GATEWAY_IDS = "gateway ids ([A-Za-z0-9._-], 1 to 128 characters)"
 
 
 class SettingsError(ConfigurationError):
@@ -31,56 +36,172 @@ def env_value(env: Mapping[str, str], key: str) -> str | None:
     return raw.strip()
 
 
-def number(
-    env: Mapping[str, str],
-    key: str,
-    default: float,
-    *,
-    low: float,
-    high: float,
-    integer: bool = False,
-    above: bool = False,
-) -> float:
-    raw = env_value(env, key)
-    if raw is None:
-        return default
-    kind = "an integer" if integer else "a number"
-    try:
-        value = int(raw) if integer else float(raw)
-    except ValueError:
-        raise SettingsError(f"{key} must be {kind}, got {raw!r}") from None
-    if value != value or (value <= low if above else value < low) or value > high:  # noqa: PLR0124
-        bound = f"> {low:g}" if above else f">= {low:g}"
-        raise SettingsError(f"{key} must be {kind} {bound} and <= {high:g}, got {raw!r}")
-    return value
+class Parser(Protocol):
+    """How a variable that is set (not empty) becomes its value, or SettingsError."""
+
+    def parse(self, key: str, raw: str) -> Any: ...
+
+    def accepts(self) -> str:
+        """What a value must be, in the docs' words (markdown)."""
+        ...
 
 
-def positive(env: Mapping[str, str], key: str, default: float, *, high: float) -> float:
-    """A number > 0 and <= `high`."""
-    return number(env, key, default, low=0, high=high, above=True)
+def _amount(value: float) -> str:
+    return f"{int(value):,}" if value == int(value) else f"{value:g}"
 
 
-def integer(env: Mapping[str, str], key: str, default: int, *, low: int, high: int) -> int:
-    """An integer from `low` to `high`."""
-    return int(number(env, key, default, low=low, high=high, integer=True))
+@dataclass(frozen=True, slots=True)
+class Number:
+    """A number from `low` (above it, with `above`) to `high`; whole with `integer`."""
+
+    low: float
+    high: float
+    above: bool = False
+    integer: bool = False
+
+    def parse(self, key: str, raw: str) -> float:
+        kind = "an integer" if self.integer else "a number"
+        try:
+            value = int(raw) if self.integer else float(raw)
+        except ValueError:
+            raise SettingsError(f"{key} must be {kind}, got {raw!r}") from None
+        low, high = self.low, self.high
+        if value != value or (value <= low if self.above else value < low) or value > high:  # noqa: PLR0124
+            bound = f"> {low:g}" if self.above else f">= {low:g}"
+            raise SettingsError(f"{key} must be {kind} {bound} and <= {high:g}, got {raw!r}")
+        return value
+
+    def accepts(self) -> str:
+        kind = "integer" if self.integer else "number"
+        if self.above:
+            return f"{kind} above {_amount(self.low)}, up to {_amount(self.high)}"
+        return f"{kind} {_amount(self.low)} to {_amount(self.high)}"
 
 
-def gateway_rate(env: Mapping[str, str]) -> float | None:
-    """PROVISIONER_GATEWAY_RATE: calls/s for the whole fleet; unset, learned from 429s."""
-    if env_value(env, "PROVISIONER_GATEWAY_RATE") is None:
-        return None
-    return positive(env, "PROVISIONER_GATEWAY_RATE", 0, high=10**6)
+@dataclass(frozen=True, slots=True)
+class Choice:
+    """One of `choices`, in any case."""
+
+    choices: tuple[str, ...]
+
+    def parse(self, key: str, raw: str) -> str:
+        value = raw.lower()
+        if value not in self.choices:
+            raise SettingsError(f"{key} must be one of {', '.join(self.choices)}, got {value!r}")
+        return value
+
+    def accepts(self) -> str:
+        *first, last = (f"`{choice}`" for choice in self.choices)
+        return f"{', '.join(first)} or {last}"
 
 
-def choice(env: Mapping[str, str], key: str, choices: tuple[str, ...]) -> str:
-    raw = (env_value(env, key) or choices[0]).lower()
-    if raw not in choices:
-        raise SettingsError(f"{key} must be one of {', '.join(choices)}, got {raw!r}")
-    return raw
+@dataclass(frozen=True, slots=True)
+class Flag:
+    """`0` or `1`, read as False or True."""
+
+    def parse(self, key: str, raw: str) -> bool:
+        return Choice(("0", "1")).parse(key, raw) == "1"
+
+    def accepts(self) -> str:
+        return Choice(("0", "1")).accepts()
 
 
-def flag(env: Mapping[str, str], key: str) -> bool:
-    return choice(env, key, ("0", "1")) == "1"
+@dataclass(frozen=True, slots=True)
+class Url:
+    """A URL of one of `schemes`, with a host unless `host` is False."""
+
+    schemes: tuple[str, ...]
+    host: bool = True
+
+    def parse(self, key: str, raw: str) -> str:
+        return check_url(key, raw, self.schemes, host=self.host)
+
+    def accepts(self) -> str:
+        return f"URL: {', '.join(f'`{scheme}`' for scheme in self.schemes)}"
+
+
+@dataclass(frozen=True, slots=True)
+class DatabaseUrl:
+    """The event store's URL: a scheme it knows, and options libpq knows."""
+
+    def parse(self, key: str, raw: str) -> str:
+        check_url(key, raw, DATABASE_SCHEMES, host=False)
+        try:
+            check_database_url(raw)
+        except ConfigurationError as exc:
+            raise SettingsError(f"{key}: {exc}") from None
+        return raw
+
+    def accepts(self) -> str:
+        return Url(DATABASE_SCHEMES).accepts()
+
+
+@dataclass(frozen=True, slots=True)
+class Host:
+    """An address to bind (`check_host`)."""
+
+    def parse(self, key: str, raw: str) -> str:
+        return check_host(key, raw)
+
+    def accepts(self) -> str:
+        return "IP address or host name"
+
+
+@dataclass(frozen=True, slots=True)
+class Token:
+    """A secret sent as it is: no whitespace or control characters."""
+
+    def parse(self, key: str, raw: str) -> str:
+        return check_token(key, raw)
+
+    def accepts(self) -> str:
+        return "text without whitespace or control characters"
+
+
+@dataclass(frozen=True, slots=True)
+class File:
+    """A path to a readable file (a CA bundle, a certificate, a key)."""
+
+    def parse(self, key: str, raw: str) -> str:
+        if not os.path.isfile(raw):
+            raise SettingsError(f"{key} names {raw!r}, which is not a readable file")
+        return raw
+
+    def accepts(self) -> str:
+        return "path of a readable file"
+
+
+@dataclass(frozen=True, slots=True)
+class ParentIds:
+    """Comma-separated gateway ids, each once."""
+
+    def parse(self, key: str, raw: str) -> tuple[str, ...]:
+        return parent_ids(key, raw)
+
+    def accepts(self) -> str:
+        return "comma-separated gateway ids (`[A-Za-z0-9._-]`, 1 to 128 characters)"
+
+
+@dataclass(frozen=True, slots=True)
+class Scopes:
+    """Producers' scopes, kept as written: checked with the parents (`producer_scopes`)."""
+
+    def parse(self, key: str, raw: str) -> str:  # noqa: ARG002 (checked with the parents)
+        return raw
+
+    def accepts(self) -> str:
+        return f"`{SCOPES_ENTRY}`, entries separated by `;`"
+
+
+@dataclass(frozen=True, slots=True)
+class AllowedHosts:
+    """Comma-separated `name` or `name:port`, each once."""
+
+    def parse(self, key: str, raw: str) -> tuple[str, ...]:
+        return allowed_hosts(key, raw)
+
+    def accepts(self) -> str:
+        return "comma-separated `name` or `name:port`"
 
 
 def check_url(key: str, url: str, schemes: tuple[str, ...], *, host: bool = True) -> str:
@@ -124,32 +245,19 @@ def check_token(key: str, token: str) -> str:
     return token
 
 
-def file_path(env: Mapping[str, str], key: str) -> str | None:
-    """A path to a readable file (a CA bundle, a certificate, a key), or None."""
-    path = env_value(env, key)
-    if path is not None and not os.path.isfile(path):
-        raise SettingsError(f"{key} names {path!r}, which is not a readable file")
-    return path
-
-
-def parent_ids(env: Mapping[str, str]) -> tuple[str, ...] | None:
+def parent_ids(key: str, raw: str) -> tuple[str, ...]:
     """PROVISIONER_PARENT_IDS: the comma-separated parents the service may act under."""
-    raw = env_value(env, "PROVISIONER_PARENT_IDS")
-    if raw is None:
-        return None
     ids = tuple(dict.fromkeys(part.strip() for part in raw.split(",") if part.strip()))
     bad = [i for i in ids if not GATEWAY_ID.fullmatch(i)]
     if not ids or bad:
-        raise SettingsError(
-            "PROVISIONER_PARENT_IDS must be comma-separated gateway ids "
-            f"([A-Za-z0-9._-], 1 to 128 characters), got {raw!r}"
-        )
+        raise SettingsError(f"{key} must be comma-separated {GATEWAY_IDS}, got {raw!r}")
     return ids
 
 
 _PRODUCER = re.compile(r"[A-Za-z0-9._-]{1,64}")
 _BRAND_PATTERN = re.compile(r"[A-Za-z0-9._*?-]{1,200}")
-SCOPES_FORM = "USER=BRAND_PATTERN[,...][@PARENT[,...]], entries separated by ';'"
+SCOPES_ENTRY = "USER=BRAND_PATTERN[,...][@PARENT[,...]]"
+SCOPES_FORM = f"{SCOPES_ENTRY}, entries separated by ';'"
 
 
 def producer_scopes(raw: str, parents: tuple[str, ...] | None = None) -> dict[str, Scope]:
@@ -210,12 +318,8 @@ def split_host(value: str) -> tuple[str, int | None] | None:
     return parts.hostname or "", port
 
 
-def allowed_hosts(env: Mapping[str, str]) -> tuple[str, ...]:
+def allowed_hosts(key: str, raw: str) -> tuple[str, ...]:
     """PROVISIONER_WEB_ALLOWED_HOSTS: comma-separated `name` (any port) or `name:port`."""
-    key = "PROVISIONER_WEB_ALLOWED_HOSTS"
-    raw = env_value(env, key)
-    if raw is None:
-        return ()
     hosts = tuple(dict.fromkeys(part.strip().lower() for part in raw.split(",") if part.strip()))
     if not hosts or not all(split_host(host) for host in hosts):
         raise SettingsError(
@@ -223,13 +327,3 @@ def allowed_hosts(env: Mapping[str, str]) -> tuple[str, ...]:
             f":port (IPv6 in brackets), got {raw!r}"
         )
     return hosts
-
-
-def web_token(env: Mapping[str, str]) -> str | None:
-    token = env_value(env, "PROVISIONER_WEB_TOKEN")
-    return None if token is None else check_token("PROVISIONER_WEB_TOKEN", token)
-
-
-def log_format(env: Mapping[str, str] | None = None) -> str:
-    """PROVISIONER_LOG_FORMAT, read on its own: logging is set up before the rest."""
-    return choice(os.environ if env is None else env, "PROVISIONER_LOG_FORMAT", LOG_FORMATS)

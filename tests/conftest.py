@@ -121,6 +121,7 @@ def settings() -> EngineSettings:
         backoff=Backoff(base_s=5.0, max_requeues=5),
         deferral=Deferral(base_s=2.0, max_s=30.0, deadline_s=600.0),
         stale_after_s=600.0,
+        decommission_delay_s=0.0,  # emptied at once; a test of the retention window sets it
     )
 
 

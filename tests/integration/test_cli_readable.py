@@ -16,7 +16,7 @@ from click.testing import CliRunner, Result
 from infrastructure.eventstore import open_event_store
 from infrastructure.fake_gateway import FakeGateway
 from infrastructure.gateway import HttpGateway
-from infrastructure.service import ProvisioningService
+from infrastructure.service import EngineSettings, ProvisioningService
 from infrastructure.views import SqlViewStore
 from tests.conftest import PARENT
 from tests.integration.test_read_models import catch_up_all
@@ -43,7 +43,8 @@ def story(tmp_path: Path, fake: FakeGateway, http_gateway: HttpGateway) -> dict[
     url = f"sqlite:///{tmp_path / 'events.sqlite'}"
     clock = ManualClock()
     app = open_event_store(url)
-    service = ProvisioningService(app, http_gateway, clock=clock)
+    now = EngineSettings(decommission_delay_s=0.0)  # emptied at once
+    service = ProvisioningService(app, http_gateway, clock=clock, settings=now)
     first = service.request_provisioning("b-read", "Read Co", PARENT)
     promoted = service.run_hop(first, 0)
     service.deactivate("b-read")

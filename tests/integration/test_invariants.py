@@ -47,6 +47,7 @@ def test_under_every_fault_at_once_the_promises_hold(
         backoff=Backoff(base_s=0.02, max_requeues=6),
         deferral=Deferral(base_s=0.02, max_s=0.2, deadline_s=60.0),
         create_grace_s=0.2,
+        decommission_delay_s=0.0,  # the deactivated brands are emptied at once
     )
     run = uuid.uuid4().hex[:6]
     with HttpGateway(fake.url, TOKEN, read_timeout=2.0, retries=1, retry_backoff_s=0.0) as gw:

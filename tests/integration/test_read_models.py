@@ -29,7 +29,7 @@ from domain.policies import Provenance
 from infrastructure.eventstore import ProvisionerApplication, open_event_store
 from infrastructure.fake_gateway import FakeGateway
 from infrastructure.gateway import HttpGateway
-from infrastructure.service import ProvisioningService
+from infrastructure.service import EngineSettings, ProvisioningService
 from infrastructure.view_queries import brand_workspace, list_attempts
 from infrastructure.view_sql import all_rows, one
 from infrastructure.views import (
@@ -316,7 +316,8 @@ def own_sqlite_store(
     url = f"sqlite:///{tmp_path / 'events.sqlite'}"
     app = open_event_store(url)
     clock = ManualClock()
-    return url, app, ProvisioningService(app, gateway, clock=clock), clock
+    now = EngineSettings(decommission_delay_s=0.0)  # a decommission empties at once
+    return url, app, ProvisioningService(app, gateway, clock=clock, settings=now), clock
 
 
 def test_attempts_and_pointer_answer_from_the_command_line(

@@ -90,7 +90,7 @@ def test_a_restore_loses_no_workspace(
         #    was lost, then the brand was deactivated: its attempt ended cancelled.
         app = open_event_store(backed_up, pool_size=2)
         with HttpGateway(fake.url, TOKEN, read_timeout=0.5, retries=1) as gateway:
-            engine = EngineSettings(parent_ids=frozenset({parent}))
+            engine = EngineSettings(parent_ids=frozenset({parent}), decommission_delay_s=0.0)
             service = ProvisioningService(app, gateway, settings=engine)
             for n in (1, 2, 3):
                 drive(service, service.request_provisioning(brand[n], title[n], parent))

@@ -48,8 +48,8 @@ def fake(parent: str) -> Iterator[FakeGateway]:
 
 @pytest.fixture
 def settings(parent: str) -> EngineSettings:
-    """The service acts under this test's parent alone."""
-    return EngineSettings(parent_ids=frozenset({parent}))
+    """The service acts under this test's parent alone; a decommission empties at once."""
+    return EngineSettings(parent_ids=frozenset({parent}), decommission_delay_s=0.0)
 
 
 def upstream(fake: FakeGateway, title: str) -> dict[str, dict[str, Any]]:

@@ -25,5 +25,6 @@ def gateway() -> MemoryGateway:
 
 @pytest.fixture
 def settings() -> EngineSettings:
-    """A settle budget of 3 hops after the first, 5 s doubling between them."""
-    return EngineSettings(backoff=Backoff(5.0, 3))
+    """A settle budget of 3 hops after the first, 5 s doubling between them; a
+    decommission empties at once (a test of the retention window sets one)."""
+    return EngineSettings(backoff=Backoff(5.0, 3), decommission_delay_s=0.0)

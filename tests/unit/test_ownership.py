@@ -241,7 +241,8 @@ def test_release_and_decommission_under_a_parent_no_longer_allowed_delete_nothin
     assert bound is not None
     gateway.workspaces[bound].projects = ["p1", "p2", "p3", "p4"]
     after = ProvisioningService(store, gateway, clock, EngineSettings(
-        backoff=Backoff(5.0, 3), parent_ids=frozenset({PARENT})))  # fmt: skip
+        backoff=Backoff(5.0, 3), parent_ids=frozenset({PARENT}),
+        decommission_delay_s=0.0))  # fmt: skip
 
     after.deactivate("b1")
     deleted = after.decommission("b1")

@@ -104,7 +104,8 @@ class ServiceMachine(RuleBasedStateMachine):
         self.gateway.workspaces[PARENT].title = "Acme"
         self.gateway.workspaces[PARENT].projects = ["parent-project"]
         self.clock = ManualClock()
-        settings_ = EngineSettings(backoff=Backoff(5.0, MAX_REQUEUES))
+        # Emptied at once on a decommission: the retention window is tested on its own.
+        settings_ = EngineSettings(backoff=Backoff(5.0, MAX_REQUEUES), decommission_delay_s=0.0)
         self.app = open_event_store("memory://")
         self.service = ProvisioningService(self.app, self.gateway, self.clock, settings_)
         self.queue: list[tuple[UUID, int]] = []  # hop messages published, not consumed
