@@ -103,7 +103,8 @@ def checks_for(
     if "projections" in parts:
         checks.append(("projection_lag", projection_lag_check(facts, settings.health_max_lag)))
     if "reconciler" in parts:
-        checks.append(("stuck_attempts", stuck_check(facts, settings.health_stuck_after_s)))
+        stuck = stuck_check(facts, settings.health_stuck_after_s, settings.heartbeat_max_age_s)
+        checks.append(("stuck_attempts", stuck))
         checks.append(
             ("stuck_releases", stuck_releases_check(facts, settings.health_stuck_after_s))
         )

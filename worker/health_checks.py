@@ -15,7 +15,7 @@ from urllib.parse import urlsplit
 
 import psycopg
 
-from domain.liveness import Verdict, gateway_silence, newest
+from domain.liveness import Liveness, Verdict, gateway_silence, liveness, newest
 from domain.pacing import PaceRules, PaceState, rate_now, shown
 from domain.ports import (
     CertificateRefused,
@@ -257,7 +257,13 @@ def projection_lag_check(facts: Callable[[], dict[str, Any]], max_lag: int) -> C
     return check
 
 
-def stuck_check(facts: Callable[[], dict[str, Any]], after_s: float) -> Callable[[], str]:
+def stuck_check(
+    facts: Callable[[], dict[str, Any]], after_s: float, max_age_s: float | None = None
+) -> Callable[[], str]:
+    """Fails while pending attempts are overdue past `after_s`. None overdue yet, while
+    no worker beat within `max_age_s` (given), is not "all well": they cannot advance
+    (degraded here; the `workers` check fails)."""
+
     def check() -> str:
         found = {k: fact(facts(), k) for k in ("pending", "stuck", "oldest_stuck_due",
                                                 "oldest_stuck_id")}  # fmt: skip
@@ -268,9 +274,22 @@ def stuck_check(facts: Callable[[], dict[str, Any]], after_s: float) -> Callable
                 f"(oldest: {found['oldest_stuck_id']})",
                 oldest + timedelta(seconds=after_s),
             )
-        return f"none of {found['pending']} pending attempts overdue by more than {after_s:g}s"
+        said = f"none of {found['pending']} pending attempts overdue by more than {after_s:g}s"
+        if found["pending"] and max_age_s is not None and not _a_worker_alive(facts, max_age_s):
+            raise Degraded(f"{said} yet, but no worker is alive to run them (see `workers`)")
+        return said
 
     return check
+
+
+def _a_worker_alive(facts: Callable[[], dict[str, Any]], max_age_s: float) -> bool:
+    """Some worker beat within `max_age_s`; true when the beats are unknown."""
+    processes = facts().get("processes")
+    if not isinstance(processes, list):
+        return True
+    now = time.time()
+    return any(b.component == "worker" and liveness(b, now, max_age_s) is Liveness.ALIVE
+               for b in processes)  # fmt: skip
 
 
 def stuck_releases_check(facts: Callable[[], dict[str, Any]], after_s: float) -> Callable[[], str]:

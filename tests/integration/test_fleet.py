@@ -155,6 +155,9 @@ def test_a_dead_worker_fails_health_once_work_waits_and_a_live_one_clears_it(
     assert f"({alive['process']}); start `provisioner worker`" in down["detail"]
     assert down["since"]
     assert [n for n, c in checks(failed).items() if not c["ok"]] == ["workers"]
+    stuck = checks(failed)["stuck_attempts"]  # none overdue yet, but not "all well"
+    assert stuck["degraded"], stuck
+    assert stuck["detail"].endswith("but no worker is alive to run them (see `workers`)")
     said = cli("health")
     assert any(line.startswith("FAILING  workers: no worker alive: ")
                for line in said.stdout.splitlines())  # fmt: skip

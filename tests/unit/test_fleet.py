@@ -7,6 +7,7 @@ import logging
 import socket
 import sqlite3
 import threading
+import time
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,7 @@ from infrastructure.view_connection import ViewConnection
 from worker.fleet import fleet_rows
 from worker.gateway_watch import GatewayWatch
 from worker.health import Degraded, Unhealthy, gateway_check
-from worker.health_checks import GatewayCheck
+from worker.health_checks import GatewayCheck, stuck_check
 from worker.health_liveness import as_warning, fleet_checks, heartbeat_check, workers_check
 
 NOW = 1_900_000_000.0
@@ -272,3 +273,14 @@ def test_the_health_pages_gateway_check_reads_the_beats_itself(tmp_path: Path) -
     worker.close()
     with pytest.raises(Degraded, match="no answer"):
         gateway_check(settings)()
+
+
+def test_stuck_attempts_do_not_read_well_while_no_worker_can_run_them() -> None:
+    found = {"pending": 2, "stuck": 0, "oldest_stuck_due": None, "oldest_stuck_id": None,
+             "processes": [worker(time.time() - 600)]}  # fmt: skip
+    with pytest.raises(Degraded, match="no worker is alive to run them"):
+        stuck_check(lambda: found, 900, MAX_AGE)()
+    found["processes"] = [worker(time.time())]
+    assert stuck_check(lambda: found, 900, MAX_AGE)().startswith("none of 2 pending attempts")
+    found["pending"], found["processes"] = 0, []
+    assert stuck_check(lambda: found, 900, MAX_AGE)().startswith("none of 0 pending attempts")
