@@ -96,6 +96,10 @@ def _ago(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
+def _count(n: int, thing: str) -> str:
+    return f"{n} {thing}" if n == 1 else f"{n} {thing}s"
+
+
 def workers_verdict(
     workers: Sequence[Beat], now: float, max_age_s: float, pending: int, queued: int | None
 ) -> Judged:
@@ -114,9 +118,9 @@ def workers_verdict(
         if last is None
         else f"last worker beat {_ago(age_s(last, now))} ago ({last.process})"
     )
-    work = [f"{pending} attempts pending"] if pending else []
+    work = [_count(pending, "attempt") + " pending"] if pending else []
     if queued:
-        work.append(f"{queued} messages queued")
+        work.append(_count(queued, "message") + " queued")
     if not work:
         return Judged(Verdict.OK, f"no worker alive, and no work waits ({seen})")
     since = None if last is None else last.beat_at + max_age_s

@@ -151,7 +151,7 @@ def test_a_dead_worker_fails_health_once_work_waits_and_a_live_one_clears_it(
     down = checks(failed)["workers"]
     assert not down["ok"]
     assert not down["degraded"]
-    assert down["detail"].startswith("no worker alive: 1 attempts pending, last worker beat ")
+    assert down["detail"].startswith("no worker alive: 1 attempt pending, last worker beat ")
     assert f"({alive['process']}); start `provisioner worker`" in down["detail"]
     assert down["since"]
     assert [n for n, c in checks(failed).items() if not c["ok"]] == ["workers"]
