@@ -22,6 +22,7 @@ import threading
 import time
 from collections.abc import Callable
 from importlib.metadata import PackageNotFoundError, version
+from typing import Any
 
 from domain.liveness import Beat, newest
 from infrastructure.eventstore import SCHEMA_LOCK_KEY
@@ -34,10 +35,6 @@ COLUMNS = ("component", "process", "host", "pid", "version", "concurrency", "in_
            "handled", "started_at", "beat_at", "gateway_answered_at")  # fmt: skip
 # What a component says of its work at each beat: (concurrency, in flight, handled).
 Gauges = Callable[[], tuple[int | None, int | None, int | None]]
-
-
-def process_identity() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}"
 
 
 def package_version() -> str:
@@ -76,16 +73,12 @@ def record(conn: ViewConnection, beat: Beat) -> None:
         )
 
 
-def _exists(conn: ViewConnection, cur: object) -> bool:
+def _exists(conn: ViewConnection, cur: Any) -> bool:
     if conn.dialect.postgres:
-        exists = cur.execute("SELECT to_regclass(%s) AS n", (TABLE,)).fetchone()  # type: ignore[attr-defined]
+        exists = cur.execute("SELECT to_regclass(%s) AS n", (TABLE,)).fetchone()
         return exists is not None and dict(exists)["n"] is not None
-    return (
-        cur.execute(  # type: ignore[attr-defined]
-            "SELECT name FROM sqlite_master WHERE type = 'table' AND name = ?", (TABLE,)
-        ).fetchone()
-        is not None
-    )
+    found = "SELECT name FROM sqlite_master WHERE type = 'table' AND name = ?"
+    return cur.execute(found, (TABLE,)).fetchone() is not None
 
 
 def read_processes(conn: ViewConnection) -> list[Beat]:
@@ -100,20 +93,17 @@ def read_processes(conn: ViewConnection) -> list[Beat]:
     return [_beat(dict(row)) for row in rows]
 
 
-def _beat(row: dict[str, object]) -> Beat:
+def _beat(row: dict[str, Any]) -> Beat:
     def number(key: str) -> float | None:
-        value = row[key]
-        return None if value is None else float(value)  # type: ignore[arg-type]
+        return None if row[key] is None else float(row[key])
 
     def count(key: str) -> int | None:
-        value = row[key]
-        return None if value is None else int(value)  # type: ignore[call-overload]
+        return None if row[key] is None else int(row[key])
 
     return Beat(
-        str(row["component"]), str(row["process"]), float(row["started_at"]),  # type: ignore[arg-type]
-        float(row["beat_at"]), str(row["host"]), int(row["pid"]),  # type: ignore[arg-type, call-overload]
-        str(row["version"]), count("concurrency"), count("in_flight"), count("handled"),
-        number("gateway_answered_at"),
+        str(row["component"]), str(row["process"]), float(row["started_at"]),
+        float(row["beat_at"]), str(row["host"]), int(row["pid"]), str(row["version"]),
+        count("concurrency"), count("in_flight"), count("handled"), number("gateway_answered_at"),
     )  # fmt: skip
 
 
