@@ -156,9 +156,10 @@ class Upstream:
     family: tuple[FamilyMember, ...]
     statuses: Mapping[str, str | None] = field(default_factory=dict)
     projects: Mapping[str, int] = field(default_factory=dict)
-    # When the family was read, and how long a lost create's window lasts (ownership).
+    # When the family was read, and how long a lost create's window lasts (ownership:
+    # PROVISIONER_INFERENCE_WINDOW_S, given by the caller).
     read_at: datetime | None = None
-    window_s: float = 3600.0
+    window_s: float = field(kw_only=True)
 
 
 @dataclass(frozen=True, slots=True)

@@ -32,6 +32,7 @@ from typing import Any
 from kombu.entity import Exchange, Queue, binding
 
 from infrastructure import messages
+from infrastructure.settings_table import default_of
 
 EXCHANGE = "provisioning"
 EVENTS_EXCHANGE = "provisioning.events"
@@ -46,7 +47,7 @@ WORK_KEY, COMMAND_KEY, DEAD_KEY = "work", "command", "dead"
 
 @dataclass(frozen=True, slots=True)
 class Topology:
-    queue_type: str = "classic"  # or "quorum" on a cluster
+    queue_type: str = default_of("queue_type")  # classic, or quorum on a cluster
     delivery_limit: int = 20
 
     def __post_init__(self) -> None:

@@ -50,6 +50,7 @@ SCHEMA_LOCK_KEY = 7_351_204_118
 DATABASE_SCHEMES = ("postgresql", "postgres", "sqlite", "memory")
 SQLITE_EVENTS_TABLE = "stored_events"  # the library's name for it on SQLite
 # A one-shot connection's wait when the caller gives none; 0 means one try, no wait.
+# The default of PROVISIONER_CONNECT_WAIT_S too (infrastructure/settings_table.py).
 CONNECT_WAIT_DEFAULT_S = 30.0
 
 
@@ -209,7 +210,7 @@ def _create_tables(url: str) -> None:
     open_position_store(url, create_table=True)
 
 
-def init_database(url: str, *, wait_s: float | None = 30.0) -> None:
+def init_database(url: str, *, wait_s: float | None = CONNECT_WAIT_DEFAULT_S) -> None:
     """Create the event and tracking tables if missing; idempotent and concurrency-safe."""
     if not is_postgres(url):
         _sqlite_parent(url)
@@ -279,7 +280,7 @@ def open_event_store(
     pool_size: int = 5,
     one_shot: bool = False,
     read_only: bool = False,
-    wait_s: float | None = 30.0,
+    wait_s: float | None = CONNECT_WAIT_DEFAULT_S,
     stop: threading.Event | None = None,
 ) -> ProvisionerApplication:
     """Open the event store.

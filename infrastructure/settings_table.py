@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
+from infrastructure.eventstore import CONNECT_WAIT_DEFAULT_S
 from infrastructure.settings_parsing import (
     LOG_FORMATS,
     AllowedHosts,
@@ -143,7 +144,7 @@ SETTINGS: tuple[Setting, ...] = (
         'that exist (else exit 4, "inequivalent arg")',
     ),
     Setting(
-        "PROVISIONER_CONNECT_WAIT_S", Number(0, 86400), 30.0, Section.STORE,
+        "PROVISIONER_CONNECT_WAIT_S", Number(0, 86400), CONNECT_WAIT_DEFAULT_S, Section.STORE,
         'how long a one-shot command retries a database that is down or full ("too many '
         'clients") before it exits 5 (`0`: one try, no wait); long-running processes wait '
         "until it is back",

@@ -14,6 +14,7 @@ import psycopg
 from psycopg.rows import dict_row
 
 from infrastructure.eventstore import (
+    CONNECT_WAIT_DEFAULT_S,
     DatabaseNotInitialised,
     is_postgres,
     persistence_env,
@@ -31,7 +32,9 @@ class ViewConnection:
     nothing: a SQLite file that does not exist is an error, not a new file.
     """
 
-    def __init__(self, url: str, *, read_only: bool = False, wait_s: float | None = 30.0) -> None:
+    def __init__(
+        self, url: str, *, read_only: bool = False, wait_s: float | None = CONNECT_WAIT_DEFAULT_S
+    ) -> None:
         self.url = url
         self.read_only = read_only
         self.wait_s = wait_s

@@ -47,6 +47,7 @@ from infrastructure.failures import Backoff
 from infrastructure.heartbeats import Heartbeat, read_processes
 from infrastructure.outages import Outage, refusal, which_service
 from infrastructure.service import ProvisioningService
+from infrastructure.settings_table import default_of
 from infrastructure.view_queries import list_attempts
 from infrastructure.views import PROJECTIONS, SqlViewStore
 from projections.attempts import OWING
@@ -99,12 +100,13 @@ class Reconciler:
         limit: int = 1000,
         interval_s: float = 30.0,
         resend_s: float = 300.0,
-        orphan_window_s: float = 3600.0,
-        stuck_after_s: float = 900.0,
-        deadline_s: float = 86_400.0,
+        # The settings' defaults (a process passes the settings in effect).
+        orphan_window_s: float = default_of("inference_window_s"),
+        stuck_after_s: float = default_of("health_stuck_after_s"),
+        deadline_s: float = default_of("attempt_deadline_s"),
         service: ProvisioningService | None = None,
         heartbeat: Heartbeat | None = None,
-        heartbeat_max_age_s: float = 60.0,
+        heartbeat_max_age_s: float = default_of("heartbeat_max_age_s"),
     ) -> None:
         self.views_url = views_url
         self.heartbeat_max_age_s = heartbeat_max_age_s

@@ -177,7 +177,7 @@ def audit_parent(svc: ServiceReads, parent_id: str) -> Audit:
         if count is not None:
             projects[ws] = count
     upstream = Upstream(tuple(family), statuses, projects, read_at,
-                        svc.settings.inference_window_s)  # fmt: skip
+                        window_s=svc.settings.inference_window_s)  # fmt: skip
     return classify(parent_id, upstream, record, svc.parents)
 
 

@@ -58,9 +58,11 @@ def claim(ws: str, brand: str | None = "b1") -> dict[str, ClaimRecord]:
 
 
 def run(family: tuple[FamilyMember, ...], record: Record, **up: object) -> Audit:
-    """The audit 30 s after the lost create; a child's projects 0 unless given."""
+    """The audit 30 s after the lost create, in an inference window of an hour; a
+    child's projects 0 unless given."""
     up["projects"] = {**{m.id: 0 for m in family}, **up.get("projects", {})}  # type: ignore[dict-item]
     up.setdefault("read_at", CREATED_AT + timedelta(seconds=30))
+    up.setdefault("window_s", 3600.0)
     return classify(P, Upstream((ROOT, *family), **up), record, (P, OTHER_PARENT))  # type: ignore[arg-type]
 
 
