@@ -19,7 +19,8 @@ from eventsourcing.persistence import StoredEvent
 from domain.outcomes import HopOutcome, Outcome
 from domain.ports import Clock, FamilyMember, Gateway, TransientGatewayError
 from infrastructure import messages
-from infrastructure.eventstore import open_event_store
+from infrastructure.eventstore import ProvisionerApplication, open_event_store
+from infrastructure.fake_gateway import FakeGateway
 from infrastructure.outages import Outage
 from infrastructure.service import EngineSettings, ProvisioningService
 from worker.consumer import DeadLetter, WorkerStats
@@ -96,6 +97,27 @@ def drive(
             advance(outcome.delay_s)
         hop = outcome.next_hop
     raise AssertionError(f"attempt {attempt_id} did not end in {max_hops} hops")
+
+
+def event_names(app: ProvisionerApplication, aggregate_id: UUID) -> list[str]:
+    """The names of an aggregate's events, oldest first."""
+    return [type(e).__name__ for e in app.events.get(aggregate_id)]
+
+
+def creates(fake: FakeGateway, title: str) -> int:
+    """How many creates of this title reached the fake gateway."""
+    return int(fake.state()["creates"].get(title, 0))
+
+
+def upstream(fake: FakeGateway, title: str) -> list[dict[str, Any]]:
+    """The fake gateway's workspaces of this title, as its admin state lists them."""
+    return [w for w in fake.state()["workspaces"] if w["title"] == title]
+
+
+def upstream_workspace(fake: FakeGateway, workspace_id: str) -> dict[str, Any]:
+    """The fake gateway's one workspace of this id."""
+    [workspace] = [w for w in fake.state()["workspaces"] if w["id"] == workspace_id]
+    return workspace
 
 
 class Intercepting:

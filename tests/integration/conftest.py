@@ -24,15 +24,17 @@ import os
 import subprocess
 import uuid
 from collections.abc import Iterator
-from urllib.parse import quote, unquote, urlsplit
+from urllib.parse import quote
 
 import pytest
 from kombu import Connection
 
 from infrastructure.broker import COMMANDS_QUEUE, DEAD_QUEUE, HOPS_QUEUE, WAIT_PREFIX, Topology
 from infrastructure.eventstore import open_event_store
+from infrastructure.fake_gateway import FakeGateway
 from infrastructure.views import SqlViewStore
 from tests.conftest import unavailable
+from tests.integration.messaging_support import environment, list_queues
 from tests.readmodels import assert_projections_match
 from tests.support import rabbitmqctl
 
@@ -42,34 +44,6 @@ FIXED_QUEUES = (HOPS_QUEUE, COMMANDS_QUEUE, DEAD_QUEUE)
 # Wait queues seen in any listing of this session (they are never deleted).
 _known_wait_queues: set[str] = set()
 _listed: list[bool] = []  # non-empty once a listing was attempted this session
-
-
-def vhost_of(url: str) -> str:
-    """The virtual host an AMQP URL names ('/' for amqp://host:port//)."""
-    path = urlsplit(url).path
-    return unquote(path[1:]) if len(path) > 1 else "/"
-
-
-def list_queues(url: str) -> dict[str, tuple[int, int]] | None:
-    """{queue: (ready, unacked)} in the URL's vhost, or None when rabbitmqctl cannot run."""
-    try:
-        out = rabbitmqctl(
-            "list_queues", "-q", "-p", vhost_of(url), "name", "messages_ready",
-            "messages_unacknowledged",
-        )  # fmt: skip
-    except (OSError, RuntimeError, subprocess.TimeoutExpired):
-        return None
-    queues: dict[str, tuple[int, int]] = {}
-    for line in out.splitlines():
-        parts = line.split()
-        if len(parts) == 3 and parts[1].isdigit() and parts[2].isdigit():
-            queues[parts[0]] = (int(parts[1]), int(parts[2]))
-    return queues
-
-
-def close_all_connections(url: str, why: str = "test") -> None:
-    """Make the broker drop every connection of the URL's vhost (never --global)."""
-    rabbitmqctl("close_all_connections", "--vhost", vhost_of(url), why)
 
 
 def purge(url: str, *, list_wait_queues: bool) -> None:
@@ -153,3 +127,9 @@ def projections_match_replay(request: pytest.FixtureRequest) -> Iterator[None]:
             assert_projections_match(app, store, head)
     finally:
         app.close()
+
+
+@pytest.fixture
+def pg_env(pg_database: str, rabbit_url: str, fake: FakeGateway) -> dict[str, str]:
+    """The settings of a test on the session's PostgreSQL and its RabbitMQ vhost."""
+    return environment(pg_database, rabbit_url, fake)

@@ -52,7 +52,7 @@ from infrastructure.broker import (
 from infrastructure.fake_gateway import FakeGateway
 from infrastructure.settings import Settings
 from tests.conftest import PARENT, unavailable
-from tests.integration.test_messaging import (
+from tests.integration.messaging_support import (
     cli,
     cli_env,
     components,
@@ -61,9 +61,9 @@ from tests.integration.test_messaging import (
     queue_depth,
     sqlite_url,
     take,
-    upstream,
     wait_for,
 )
+from tests.support import upstream
 from worker.runtime import build
 
 pytestmark = pytest.mark.rabbitmq

@@ -43,16 +43,16 @@ from infrastructure.dead_letters import DeadLetters
 from infrastructure.fake_gateway import FakeGateway
 from infrastructure.settings import Settings
 from tests.conftest import PARENT
-from tests.integration.test_broker_permissions import Vhost, bound_workspace, vhost
-from tests.integration.test_messaging import (
+from tests.integration.messaging_support import (
     components,
     environment,
     promoted,
     queue_depth,
     sqlite_url,
-    upstream,
     wait_for,
 )
+from tests.integration.test_broker_permissions import Vhost, bound_workspace, vhost
+from tests.support import upstream
 from worker.cli import main
 from worker.runtime import Runtime, build
 

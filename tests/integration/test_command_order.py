@@ -18,25 +18,19 @@ from infrastructure.fake_gateway import FakeGateway
 from infrastructure.service import ProvisioningService
 from infrastructure.settings import Settings
 from tests.conftest import PARENT
-from tests.integration.test_messaging import (
+from tests.integration.messaging_support import (
     components,
     consuming,
-    environment,
-    event_names,
     queue_depth,
     title_of,
     wait_for,
 )
+from tests.support import event_names
 from worker.consumer import HopWorker
 from worker.runtime import Runtime, build
 
 pytestmark = [pytest.mark.rabbitmq, pytest.mark.postgres]
 BRANDS = 40
-
-
-@pytest.fixture
-def pg_env(pg_database: str, rabbit_url: str, fake: FakeGateway) -> dict[str, str]:
-    return environment(pg_database, rabbit_url, fake)
 
 
 def settled_deactivated(runtime: Runtime, brand_id: str) -> bool:
@@ -208,7 +202,7 @@ def test_a_late_provision_after_a_deactivate_does_not_reactivate(
             )
             dead = running.worker.stats.dead_lettered
         brand = runtime.service.brand(brand_id)
-        names = event_names(runtime, Brand.create_id(brand_id))
+        names = event_names(runtime.app, Brand.create_id(brand_id))
 
     assert brand.lifecycle == DEACTIVATED
     assert brand.current_attempt_id is None

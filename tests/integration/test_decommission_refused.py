@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import urllib.request
 from datetime import UTC, datetime, timedelta
-from typing import Any
 
 import pytest
 from click.testing import CliRunner
@@ -23,8 +22,8 @@ from infrastructure.settings import Settings
 from infrastructure.views import PROJECTIONS, LogSource, SqlViewStore
 from projections.core import catch_up
 from tests.conftest import PARENT
-from tests.integration.test_messaging import components, environment, wait_for
-from tests.support import RecordingBroker
+from tests.integration.messaging_support import components, environment, wait_for
+from tests.support import RecordingBroker, upstream_workspace
 from worker.cli import main
 from worker.reconciler import Reconciler
 from worker.runtime import Runtime, build
@@ -36,12 +35,6 @@ LOCKED = "project locked by a legal hold"
 def refusals(runtime: Runtime, brand_id: str) -> list[Brand.DecommissionRefused]:
     events = runtime.app.events.get(brand_aggregate_id(brand_id))
     return [e for e in events if isinstance(e, Brand.DecommissionRefused)]
-
-
-def upstream(fake: FakeGateway, workspace_id: str) -> dict[str, Any]:
-    found: list[dict[str, Any]] = [w for w in fake.state()["workspaces"] if w["id"] == workspace_id]
-    [workspace] = found
-    return workspace
 
 
 def refuse_deletes_over_http(fake: FakeGateway, workspace_id: str, status: int) -> None:
@@ -89,7 +82,7 @@ def test_a_refused_decommission_is_kept_until_the_operator_deactivates_it_again(
         wait_for(lambda: stats.by_type.get("decommission"), "the decommission to be handled")
         brand = runtime.service.brand(brand_id)
         claim = runtime.service.claim(workspace_id)
-        left = upstream(fake, workspace_id)
+        left = upstream_workspace(fake, workspace_id)
         sent = swept_decommissions(pg_database, runtime)
         status = runner.invoke(main, ["status", brand_id, "--json"])
         status_text = runner.invoke(main, ["status", brand_id])
@@ -137,7 +130,7 @@ def test_a_refused_decommission_is_kept_until_the_operator_deactivates_it_again(
     # Lifted upstream, the operator's retry empties and unbinds it.
     assert retry.exit_code == 0, retry.output
     assert after.emptying_refused is None
-    assert upstream(fake, workspace_id)["projects"] == []
+    assert upstream_workspace(fake, workspace_id)["projects"] == []
     assert claim_after is not None
     assert claim_after.brand_id is None
     assert dead_after == 0

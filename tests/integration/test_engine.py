@@ -14,23 +14,10 @@ from domain.errors import AttemptInProgress, InvalidRequest
 from domain.outcomes import HopOutcome, Outcome, StandDown
 from domain.policies import AttemptState, FailureReason, Provenance
 from domain.ports import RequestRejected, TransientGatewayError, Unauthorized
-from infrastructure.eventstore import ProvisionerApplication
 from infrastructure.fake_gateway import FakeGateway
 from infrastructure.service import ProvisioningService
 from tests.conftest import PARENT, TOKEN
-from tests.support import Intercepting, ManualClock, drive
-
-
-def event_names(app: ProvisionerApplication, aggregate_id: UUID) -> list[str]:
-    return [type(e).__name__ for e in app.events.get(aggregate_id)]
-
-
-def upstream(fake: FakeGateway, title: str) -> list[dict[str, Any]]:
-    return [w for w in fake.state()["workspaces"] if w["title"] == title]
-
-
-def creates(fake: FakeGateway, title: str) -> int:
-    return int(fake.state()["creates"].get(title, 0))
+from tests.support import Intercepting, ManualClock, creates, drive, event_names, upstream
 
 
 def parent_untouched(fake: FakeGateway) -> bool:

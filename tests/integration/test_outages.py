@@ -27,7 +27,7 @@ from infrastructure.failures import ServiceRefused
 from infrastructure.fake_gateway import FakeGateway
 from infrastructure.views import PROJECTIONS, SqlViewStore, init_read_models
 from tests.conftest import PARENT, TOKEN
-from tests.integration.test_messaging import wait_for
+from tests.integration.messaging_support import wait_for
 from tests.services import PgCluster, RabbitNode, pg_cluster, rabbit_node
 from worker.projector import Projector
 from worker.reconciler import Reconciler

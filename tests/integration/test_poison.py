@@ -18,7 +18,7 @@ from infrastructure import messages
 from infrastructure.broker import COMMAND_KEY, DEAD_QUEUE, EXCHANGE, WORK_KEY, Broker
 from infrastructure.fake_gateway import FakeGateway
 from infrastructure.settings import Settings
-from tests.integration.test_messaging import wait_for
+from tests.integration.messaging_support import wait_for
 from worker.runtime import build
 
 GOOD_HOP = messages.hop(uuid4(), 0).encode()

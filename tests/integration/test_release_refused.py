@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 from datetime import UTC, datetime, timedelta
-from typing import Any
 from uuid import UUID
 
 import pytest
@@ -24,8 +23,8 @@ from infrastructure.view_queries import list_attempts
 from infrastructure.views import PROJECTIONS, LogSource, SqlViewStore
 from projections.core import catch_up
 from tests.conftest import PARENT
-from tests.integration.test_messaging import components, environment, wait_for
-from tests.support import RecordingBroker
+from tests.integration.messaging_support import components, environment, wait_for
+from tests.support import RecordingBroker, upstream_workspace
 from worker.cli import main
 from worker.reconciler import Reconciler
 from worker.runtime import Runtime, build
@@ -46,12 +45,6 @@ def deletes(fake: FakeGateway) -> tuple[int, int]:
     """(project deletes received, of them refused), as the fake counts them."""
     state = fake.state()
     return state["calls"]["delete_project"], state["faults"].get("delete_refused", 0)
-
-
-def upstream(fake: FakeGateway, workspace_id: str) -> dict[str, Any]:
-    found: list[dict[str, Any]] = [w for w in fake.state()["workspaces"] if w["id"] == workspace_id]
-    [workspace] = found
-    return workspace
 
 
 def test_a_release_refused_for_good_is_recorded_once_and_never_sent_again(
@@ -113,7 +106,7 @@ def test_a_release_refused_for_good_is_recorded_once_and_never_sent_again(
     assert after_refusal == (1, 1)
     assert deletes(fake) == (1, 1)
     assert dead == 0
-    left = upstream(fake, workspace_id)
+    left = upstream_workspace(fake, workspace_id)
     assert left["projects"] == projects  # nothing deleted
     assert left["refuse_deletes"] == {"status": 409, "message": LOCKED}
     # The reconciler sends no release for it, however late.

@@ -29,7 +29,7 @@ from infrastructure.settings import Settings
 from infrastructure.view_queries import brand_workspace, list_attempts
 from infrastructure.views import SqlViewStore
 from tests.conftest import PARENT
-from tests.integration.test_messaging import (
+from tests.integration.messaging_support import (
     Running,
     components,
     environment,

@@ -14,7 +14,7 @@ import pytest
 from infrastructure.broker import COMMANDS_QUEUE
 from infrastructure.fake_gateway import FakeGateway
 from infrastructure.messages import decode
-from tests.integration.test_messaging import environment, raw, take, title_of, wait_for
+from tests.integration.messaging_support import environment, raw, take, title_of, wait_for
 from tests.integration.test_rollout_cli import (
     attempts_of,
     brands,

@@ -28,7 +28,7 @@ from infrastructure.view_connection import ViewConnection
 from infrastructure.views import init_read_models
 from tests.audit_support import lose_a_create
 from tests.conftest import TOKEN
-from tests.support import Intercepting, drive
+from tests.support import Intercepting, drive, upstream
 from worker.cli import main
 from worker.runtime import build
 
@@ -52,8 +52,8 @@ def settings(parent: str) -> EngineSettings:
     return EngineSettings(parent_ids=frozenset({parent}), decommission_delay_s=0.0)
 
 
-def upstream(fake: FakeGateway, title: str) -> dict[str, dict[str, Any]]:
-    return {w["id"]: w for w in fake.state()["workspaces"] if w["title"] == title}
+def upstream_by_id(fake: FakeGateway, title: str) -> dict[str, dict[str, Any]]:
+    return {w["id"]: w for w in upstream(fake, title)}
 
 
 def test_an_orphan_of_ours_is_found_recorded_and_released_once(
@@ -61,10 +61,10 @@ def test_an_orphan_of_ours_is_found_recorded_and_released_once(
 ) -> None:
     bound = service.request_provisioning(brand_id, title, parent)
     drive(service, bound)
-    [mine] = upstream(fake, title)
+    [mine] = upstream_by_id(fake, title)
     others = fake.seed_workspace(title, parent, status="created", projects=1)["id"]
     lost = lose_a_create(service, f"{brand_id}-lost", title, parent)
-    [orphan] = set(upstream(fake, title)) - {mine, others}
+    [orphan] = set(upstream_by_id(fake, title)) - {mine, others}
 
     found = audit_parent(service, parent)
     done = fix(service, found)
@@ -87,7 +87,7 @@ def test_an_orphan_of_ours_is_found_recorded_and_released_once(
     assert [(f.kind, f.workspace_id) for f in again.findings] == [(Kind.FOREIGN, others)]
     assert dict(again.clean) == {"bound_ready": 1, "bound_settling": 0, "released_empty": 1}
     assert service.app.recorder.max_notification_id() == head  # nothing more recorded
-    state = upstream(fake, title)
+    state = upstream_by_id(fake, title)
     assert len(state[others]["projects"]) == 1  # someone else's: never touched
     root = next(w for w in fake.state()["workspaces"] if w["id"] == parent)
     assert len(root["projects"]) == 1  # the parent: untouched
@@ -97,7 +97,7 @@ def test_an_orphan_someone_started_using_is_unclear_and_never_emptied(
     service: ProvisioningService, fake: FakeGateway, brand_id: str, title: str, parent: str
 ) -> None:
     lost = lose_a_create(service, brand_id, title, parent)
-    [orphan] = upstream(fake, title)
+    [orphan] = upstream_by_id(fake, title)
     fake.add_project(orphan)  # credited by inference only if empty: a person decides
 
     found = audit_parent(service, parent)
@@ -110,7 +110,7 @@ def test_an_orphan_someone_started_using_is_unclear_and_never_emptied(
     assert "holds 1 projects" in found.problems[0].detail
     assert done == []
     assert released == ()
-    assert len(upstream(fake, title)[orphan]["projects"]) == 1
+    assert len(upstream_by_id(fake, title)[orphan]["projects"]) == 1
     assert orphan not in service.attempt(lost).created_ids
 
 
@@ -123,7 +123,7 @@ def test_the_command_exits_1_on_findings_and_0_once_fixed(
     database_url: str,
 ) -> None:
     lose_a_create(service, brand_id, title, parent)
-    [orphan] = upstream(fake, title)
+    [orphan] = upstream_by_id(fake, title)
     runner = CliRunner(env={
         "PROVISIONER_DATABASE_URL": database_url, "PROVISIONER_GATEWAY_URL": fake.url,
         "PROVISIONER_GATEWAY_TOKEN": TOKEN, "PROVISIONER_PARENT_IDS": parent,
@@ -189,7 +189,7 @@ def test_the_reconciler_audits_on_its_schedule_and_counts_the_findings(
     sample = REGISTRY.get_sample_value
     assert sample("provisioner_audit_findings", {"kind": "orphan"}) == 1
     assert sample("provisioner_audit_findings", {"kind": "foreign"}) == 0
-    [workspace] = upstream(fake, title).values()
+    [workspace] = upstream_by_id(fake, title).values()
     assert workspace["projects"] == []  # counted, never fixed: nothing was emptied
 
 
