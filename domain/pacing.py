@@ -48,18 +48,20 @@ holds no thread or slot.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
 
 @dataclass(frozen=True, slots=True)
 class PaceRules:
     rate: float | None = None  # calls/s for the whole fleet; None: learned from 429s
-    burst: int = 10
+    # Settings, with no defaults here (`Settings.pace()`): PROVISIONER_GATEWAY_BURST,
+    # PROVISIONER_GATEWAY_PROBE_S and PROVISIONER_RETRY_AFTER_MAX_S.
+    burst: int = field(kw_only=True)
     max_wait_s: float = 2.0
     create_wait_s: float = 10.0
     open_after: int = 5
-    probe_every_s: float = 10.0
+    probe_every_s: float = field(kw_only=True)
     # The longest one call may take: while a probe may still be in flight no other goes.
     probe_lease_s: float = 0.0
     backoff_factor: float = 0.7
@@ -70,7 +72,7 @@ class PaceRules:
     growth_per_s: float = 0.05
     min_rate: float = 0.2
     unlimited_above: float = 10_000.0  # a learned rate grown past this is no limit
-    retry_after_max_s: float = 300.0  # the longest a 429's Retry-After holds the fleet
+    retry_after_max_s: float = field(kw_only=True)  # the longest a 429's Retry-After holds
     # 429s are a rate signal once, decayed over evidence_tau_s, there are at least
     # evidence_min of them and they are at least evidence_share of the calls.
     evidence_min: float = 5.0

@@ -7,7 +7,7 @@ on what they decide.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum, StrEnum
 from typing import ClassVar
 
@@ -49,10 +49,11 @@ def classify_status(raw: str | None) -> StatusClass:
 
 @dataclass(frozen=True, slots=True)
 class Backoff:
-    """Delay before hop n+1 is base * 2**n; at most `max_requeues` hops after the first."""
+    """Delay before hop n+1 is base * 2**n; at most `max_requeues` hops after the first.
+    No defaults: PROVISIONER_BACKOFF_BASE_S and PROVISIONER_MAX_REQUEUES give them."""
 
-    base_s: float = 5.0
-    max_requeues: int = 5
+    base_s: float
+    max_requeues: int
 
     def __post_init__(self) -> None:
         if self.base_s < 0:
@@ -88,9 +89,11 @@ class Deferral:
     LONGEST_S: ClassVar[float] = 600.0
 
     base_s: float = 2.0
-    max_s: float = 30.0
-    deadline_s: float = 86_400.0
-    retry_after_max_s: float = 300.0
+    # Settings, with no defaults here: PROVISIONER_DEFER_MAX_S,
+    # PROVISIONER_ATTEMPT_DEADLINE_S and PROVISIONER_RETRY_AFTER_MAX_S.
+    max_s: float = field(kw_only=True)
+    deadline_s: float = field(kw_only=True)
+    retry_after_max_s: float = field(kw_only=True)
 
     def __post_init__(self) -> None:
         if not 0 < self.base_s <= self.max_s:

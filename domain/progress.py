@@ -253,7 +253,7 @@ def _brand_advice(brand: BrandFacts, state: AttemptState, now: datetime) -> str 
 def progress(
     facts: AttemptFacts,
     now: datetime,
-    backoff: Backoff | None = None,
+    backoff: Backoff,
     brand: BrandFacts | None = None,
     fleet: Fleet | None = None,
 ) -> Progress:
@@ -261,7 +261,7 @@ def progress(
     waits, to say when it fails unless confirmed; `brand`, `fleet`: the brand's state
     and the deployment's liveness, where known)."""
     if facts.state is AttemptState.PENDING:
-        found = _pending(facts, now, backoff or Backoff(), fleet)
+        found = _pending(facts, now, backoff, fleet)
     elif facts.state is AttemptState.FAILED:
         reason, advice = _failure(facts, now)
         found = Progress(state=facts.state.value, reason=reason, advice=advice)

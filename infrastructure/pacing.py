@@ -223,7 +223,7 @@ class Pace:
     def __init__(
         self,
         store: PaceStore,
-        rules: PaceRules | None = None,
+        rules: PaceRules,
         *,
         sleep: Callable[[float], None] = time.sleep,
         on_event: Callable[[str, float], None] | None = None,
@@ -232,7 +232,7 @@ class Pace:
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self.store = store
-        self.rules = rules or PaceRules()
+        self.rules = rules
         self._sleep = sleep
         self._on_event = on_event or _ignore
         # Per thread: whether its call was admitted with the circuit closed and nothing

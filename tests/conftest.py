@@ -119,7 +119,7 @@ def settings() -> EngineSettings:
     # A deadline of 10 minutes: an outage the tests keep up ends in a few dozen deferrals.
     return EngineSettings(
         backoff=Backoff(base_s=5.0, max_requeues=5),
-        deferral=Deferral(base_s=2.0, max_s=30.0, deadline_s=600.0),
+        deferral=Deferral(base_s=2.0, max_s=30.0, deadline_s=600.0, retry_after_max_s=300.0),
         stale_after_s=600.0,
         decommission_delay_s=0.0,  # emptied at once; a test of the retention window sets it
     )

@@ -17,6 +17,7 @@ from uuid import UUID, uuid4
 from eventsourcing.persistence import StoredEvent
 
 from domain.outcomes import HopOutcome, Outcome
+from domain.pacing import PaceRules
 from domain.ports import Clock, FamilyMember, Gateway, TransientGatewayError
 from infrastructure import messages
 from infrastructure.eventstore import ProvisionerApplication, open_event_store
@@ -50,6 +51,13 @@ class ManualClock:
     def advance(self, seconds: float) -> None:
         self.offset += timedelta(seconds=seconds)
         self.seconds += seconds
+
+
+def pace_rules(**given: Any) -> PaceRules:
+    """The pace's rules for a test: what it gives, else a burst of 10, a probe every
+    10 s and a Retry-After held 300 s at most (a process's come from its settings,
+    `Settings.pace()`)."""
+    return PaceRules(**{"burst": 10, "probe_every_s": 10.0, "retry_after_max_s": 300.0, **given})
 
 
 def new_service(

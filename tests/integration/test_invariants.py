@@ -45,7 +45,7 @@ def test_under_every_fault_at_once_the_promises_hold(
     fake.configure(**FAULTS)
     settings = EngineSettings(
         backoff=Backoff(base_s=0.02, max_requeues=6),
-        deferral=Deferral(base_s=0.02, max_s=0.2, deadline_s=60.0),
+        deferral=Deferral(base_s=0.02, max_s=0.2, deadline_s=60.0, retry_after_max_s=300.0),
         create_grace_s=0.2,
         decommission_delay_s=0.0,  # the deactivated brands are emptied at once
     )

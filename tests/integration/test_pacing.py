@@ -16,6 +16,7 @@ from infrastructure.fake_gateway import FakeGateway
 from infrastructure.gateway import HttpGateway
 from infrastructure.pacing import Pace, PgPaceStore, read_pace
 from tests.conftest import TOKEN
+from tests.support import pace_rules
 from tests.unit.test_pacing import EVERY_429
 
 pytestmark = pytest.mark.postgres
@@ -83,7 +84,7 @@ def test_a_configured_rate_holds_across_processes_and_the_gateway_throttles_noth
     fake: FakeGateway, stores: list[PgPaceStore]
 ) -> None:
     fake.configure(rate_limit=20.0, burst=3)
-    gateways = clients(fake, stores, PaceRules(rate=20.0, burst=1, max_wait_s=0.5))
+    gateways = clients(fake, stores, pace_rules(rate=20.0, burst=1, max_wait_s=0.5))
 
     answered, _ = hammer(gateways, threads_each=8, seconds=2.0)
 
@@ -103,7 +104,7 @@ def test_a_429_pauses_every_process_until_its_retry_after(
     """429s a rate signal (here every one is): the hold reaches a process that was
     admitting its calls on its own copy of the state within its refresh (~200 ms)."""
     fake.configure(rate_limit=0.2, burst=1)  # a token every 5 s: Retry-After 5
-    first, second = clients(fake, stores, PaceRules(max_wait_s=2.0, **EVERY_429))
+    first, second = clients(fake, stores, pace_rules(max_wait_s=2.0, **EVERY_429))
     with pytest.raises(WorkspaceGone):
         second.status("ws-none")  # the one token; it goes on on its copy: no limit yet
     with pytest.raises(TransientGatewayError, match="429") as throttled:
@@ -129,7 +130,7 @@ def test_a_stray_429_holds_its_own_call_not_the_other_process(
     fake: FakeGateway, stores: list[PgPaceStore], pg_database: str, key: str
 ) -> None:
     fake.configure(rate_limit=0.2, burst=1)
-    first, second = clients(fake, stores, PaceRules(max_wait_s=2.0))
+    first, second = clients(fake, stores, pace_rules(max_wait_s=2.0))
     with pytest.raises(WorkspaceGone):
         first.status("ws-none")  # the one token
     with pytest.raises(TransientGatewayError, match="429") as throttled:
@@ -152,7 +153,7 @@ def test_a_stray_429_holds_its_own_call_not_the_other_process(
 def test_an_outage_opens_one_circuit_for_both_processes_with_one_probe_per_interval(
     fake: FakeGateway, stores: list[PgPaceStore], pg_database: str, key: str
 ) -> None:
-    rules = PaceRules(open_after=5, probe_every_s=0.5)
+    rules = pace_rules(open_after=5, probe_every_s=0.5)
     gateways = clients(fake, stores, rules)
     fake.outage(3.0, "503")
 

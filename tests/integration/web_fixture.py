@@ -42,7 +42,9 @@ def filled_store(directory: Path) -> str:
     try:
         # Nothing listens on port 9: every call is refused. Deferred 10 minutes ahead,
         # so the brand is never overdue while the tests look.
-        settings = EngineSettings(deferral=Deferral(base_s=600.0, max_s=600.0))
+        settings = EngineSettings(deferral=Deferral(
+            base_s=600.0, max_s=600.0, deadline_s=86_400.0, retry_after_max_s=300.0
+        ))
         gateway = HttpGateway("http://127.0.0.1:9", "unused", retry_backoff_s=0.0)
         service = ProvisioningService(app, gateway, settings=settings)
         service.request_provisioning(HOSTILE_ID, HOSTILE_TITLE, "org-parent")

@@ -33,7 +33,8 @@ def deferred(tmp_path: Path) -> dict[str, Any]:
     gateway.new_statuses = ["not ready", "ready"]
     gateway.fail["family"] = [TransientGatewayError("family: HTTP 503") for _ in range(7)]
     clock = ManualClock()
-    settings = EngineSettings(backoff=Backoff(5.0, 3), deferral=Deferral(2.0, 30.0, 3600.0))
+    deferral = Deferral(2.0, max_s=30.0, deadline_s=3600.0, retry_after_max_s=300.0)
+    settings = EngineSettings(backoff=Backoff(5.0, 3), deferral=deferral)
     app = open_event_store(url)
     try:
         service = ProvisioningService(app, gateway, clock, settings, jitter=lambda: 0.5)

@@ -31,7 +31,8 @@ DEADLINE_S = 3600.0
 def settings(settings: EngineSettings) -> EngineSettings:
     """The unit tests' settle budget, with deferrals of 2 s doubling to 30 s until an
     hour is up."""
-    return replace(settings, deferral=Deferral(2.0, 30.0, DEADLINE_S))
+    deferral = Deferral(2.0, max_s=30.0, deadline_s=DEADLINE_S, retry_after_max_s=300.0)
+    return replace(settings, deferral=deferral)
 
 
 @pytest.fixture

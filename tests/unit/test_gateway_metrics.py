@@ -20,7 +20,7 @@ from infrastructure.messages import Hop
 from infrastructure.pacing import MemoryPaceStore, Pace
 from infrastructure.service import EngineSettings
 from tests.memory_gateway import MemoryGateway
-from tests.support import ManualClock, new_service
+from tests.support import ManualClock, new_service, pace_rules
 from worker import handlers, metrics
 
 
@@ -51,7 +51,7 @@ def paced(rules: PaceRules, *answers: int) -> tuple[HttpGateway, ManualClock, li
 
 
 def test_an_open_circuit_shows_as_1_and_a_held_call_is_counted() -> None:
-    gateway, clock, _ = paced(PaceRules(open_after=3, probe_every_s=10.0), 503, 503, 503)
+    gateway, clock, _ = paced(pace_rules(open_after=3, probe_every_s=10.0), 503, 503, 503)
     held = scraped("provisioner_gateway_held_total")
     with gateway:
         for _ in range(3):
@@ -70,7 +70,7 @@ def test_an_open_circuit_shows_as_1_and_a_held_call_is_counted() -> None:
 
 
 def test_seconds_waited_for_a_turn_at_the_rate_are_counted() -> None:
-    gateway, _, slept = paced(PaceRules(rate=2.0, burst=1, max_wait_s=2.0))
+    gateway, _, slept = paced(pace_rules(rate=2.0, burst=1, max_wait_s=2.0))
     before = scraped("provisioner_gateway_throttle_wait_seconds_total")
     with gateway:
         for _ in range(3):  # at 2 calls/s: at once, after 0.5 s, after 1 s
@@ -83,7 +83,8 @@ def test_seconds_waited_for_a_turn_at_the_rate_are_counted() -> None:
 def test_a_hop_the_gateway_did_not_answer_is_counted_deferred() -> None:
     gateway = MemoryGateway("parent-1")
     gateway.fail["family"] = [TransientGatewayError("family: HTTP 503")]
-    settings = EngineSettings(backoff=Backoff(5.0, 3), deferral=Deferral(2.0, 30.0, 3600.0))
+    deferral = Deferral(2.0, max_s=30.0, deadline_s=3600.0, retry_after_max_s=300.0)
+    settings = EngineSettings(backoff=Backoff(5.0, 3), deferral=deferral)
     service = new_service(gateway, settings=settings)
     attempt_id: UUID = service.request_provisioning("b1", "Acme", "parent-1")
     deferred = scraped("provisioner_hops_total", outcome="deferred")

@@ -13,10 +13,10 @@ import pytest
 from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
 
 from domain.attempt import ProvisioningAttempt
-from domain.pacing import PaceRules, PaceState
+from domain.pacing import PaceState
 from domain.ports import TransientGatewayError, Unauthorized, WorkspaceGone
 from infrastructure.gateway import HttpGateway
-from tests.support import ManualClock
+from tests.support import ManualClock, pace_rules
 from worker import metrics
 from worker.health import (
     PROBE_WORKSPACE,
@@ -403,7 +403,7 @@ def test_a_figure_that_cannot_be_read_fails_only_the_checks_that_read_it() -> No
 
 
 def test_an_open_circuit_or_a_retry_after_is_degraded_and_a_closed_one_ok() -> None:
-    rules = PaceRules(rate=20.0, probe_every_s=10.0)
+    rules = pace_rules(rate=20.0, probe_every_s=10.0)
     opened = PaceState(open_since=1_000.0, last_error="HTTP 503", unreachable=7)
     throttled = PaceState(paused_until=1_030.0)
     results = Health(

@@ -66,7 +66,8 @@ from tests.support import ManualClock
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 GRACE_S = 60.0
 BACKOFF = Backoff(5.0, 3)
-DEFERRAL = Deferral(2.0, 30.0, 600.0)  # a short deadline: a walk of deferrals ends
+# A short deadline: a walk of deferrals ends.
+DEFERRAL = Deferral(2.0, max_s=30.0, deadline_s=600.0, retry_after_max_s=300.0)
 
 
 def family(world: World) -> list[FamilyMember]:

@@ -521,7 +521,10 @@ table(
 )
 
 # No answer: (hop, step, in_row, unavailable_since, deadline_at, now, deferral, jitter).
-DEFERRALS = [Deferral(2.0, 30.0, 3600.0), Deferral(1.0, 1.0, 60.0)]
+DEFERRALS = [
+    Deferral(2.0, max_s=30.0, deadline_s=3600.0, retry_after_max_s=300.0),
+    Deferral(1.0, max_s=1.0, deadline_s=60.0, retry_after_max_s=300.0),
+]
 NO_ANSWER = [
     Defer("gateway unavailable: HTTP 503"),
     Defer("gateway unavailable: throttled (HTTP 429)", retry_after_s=45.0),

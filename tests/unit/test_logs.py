@@ -21,7 +21,7 @@ from infrastructure.outages import Outage
 from infrastructure.service import hop_line
 from infrastructure.settings import Settings, SettingsError, log_format, log_secrets
 from tests.memory_gateway import MemoryGateway
-from tests.support import FakeMessage, RecordingBroker, new_service, settler
+from tests.support import FakeMessage, RecordingBroker, new_service, pace_rules, settler
 from worker import logs
 
 TOKEN = "tok-LOGSECRET-93ab1"
@@ -216,7 +216,7 @@ def test_each_lifecycle_edge_shows_once_at_the_default_level(
 ) -> None:
     """Without -v (root at WARNING): a promotion, and the gateway's circuit closing
     after an outage, each show one line; a hop's routine lines do not."""
-    from domain.pacing import PaceRules, Result
+    from domain.pacing import Result
     from infrastructure.pacing import MemoryPaceStore, Pace
     from worker.cli_serve import SHOWN_AT_INFO, show_lifecycle
 
@@ -234,7 +234,7 @@ def test_each_lifecycle_edge_shows_once_at_the_default_level(
         gateway = MemoryGateway("org-p")
         service = new_service(gateway)
         service.run_hop(service.request_provisioning("b1", "Acme", "org-p"), 0)
-        pace = Pace(MemoryPaceStore(), PaceRules(open_after=1, probe_every_s=0.001),
+        pace = Pace(MemoryPaceStore(), pace_rules(open_after=1, probe_every_s=0.001),
                     sleep=lambda s: None)  # fmt: skip
         pace.before()
         pace.after(Result.UNREACHABLE, error="503")  # opens the circuit: a WARNING

@@ -19,8 +19,9 @@ from domain.pacing import (
     rate_signal,
 )
 from infrastructure.pacing import Pace
+from tests.support import pace_rules
 
-RULES = PaceRules()  # no rate configured: learned
+RULES = pace_rules()  # no rate configured: learned
 
 
 def run(calls_per_s: float, share_429: float, seconds: float, seed: int = 7) -> PaceState:
@@ -72,7 +73,7 @@ def test_the_evidence_fades_after_a_few_seconds() -> None:
 
 def test_free_only_while_no_limit_is_in_force() -> None:
     assert free(RULES, PaceState(), 0.0)
-    assert not free(PaceRules(rate=10.0), PaceState(), 0.0)
+    assert not free(pace_rules(rate=10.0), PaceState(), 0.0)
     assert not free(RULES, PaceState(learned=5.0, learned_at=0.0), 1.0)
     assert not free(RULES, PaceState(paused_until=5.0), 1.0)
     assert free(RULES, PaceState(paused_until=5.0), 6.0)
@@ -146,7 +147,7 @@ def test_no_limit_in_force_a_call_costs_no_round_trip() -> None:
 
 def test_a_configured_rate_admits_each_call_in_the_store() -> None:
     store = SharedStore()
-    pace, _ = local_pace(store, PaceRules(rate=1000.0, burst=1000))
+    pace, _ = local_pace(store, pace_rules(rate=1000.0, burst=1000))
     for _ in range(10):
         pace.before()
     pace.close()

@@ -9,8 +9,8 @@ import threading
 import time
 from typing import Any
 
-from domain.pacing import PaceRules
 from infrastructure.pacing import MemoryPaceStore, Pace
+from tests.support import pace_rules
 
 
 class WatchedStore(MemoryPaceStore):
@@ -43,7 +43,7 @@ def test_a_call_that_must_wait_about_a_second_waits_outside_any_update() -> None
         during.append((store.updating.is_set(), not other.is_alive()))
         time.sleep(seconds)
 
-    pace = Pace(store, PaceRules(rate=1.0, burst=1, max_wait_s=2.0), sleep=sleep)
+    pace = Pace(store, pace_rules(rate=1.0, burst=1, max_wait_s=2.0), sleep=sleep)
     assert pace.before() is None  # the first call goes at once
 
     started = time.monotonic()

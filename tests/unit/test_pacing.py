@@ -21,7 +21,7 @@ from domain.pacing import (
 from domain.ports import TransientGatewayError
 from infrastructure.gateway import HttpGateway
 from infrastructure.pacing import MemoryPaceStore, Pace
-from tests.support import ManualClock
+from tests.support import ManualClock, pace_rules
 
 # Every 429 a rate signal: for the tests of what a fleet-wide hold does (the evidence
 # rule itself: tests/unit/test_pace_evidence.py).
@@ -37,7 +37,7 @@ def calls(rules: PaceRules, state: PaceState, times: list[float]) -> list[Go | H
 
 
 def test_a_configured_rate_spaces_calls_after_the_burst() -> None:
-    rules = PaceRules(rate=10.0, burst=3, max_wait_s=0.25)
+    rules = pace_rules(rate=10.0, burst=3, max_wait_s=0.25)
     decisions = calls(rules, PaceState(), [100.0] * 6)
 
     waits = [d.wait_s for d in decisions if isinstance(d, Go)]
@@ -48,7 +48,7 @@ def test_a_configured_rate_spaces_calls_after_the_burst() -> None:
 
 
 def test_idle_time_refills_the_burst_but_never_banks_more() -> None:
-    rules = PaceRules(rate=10.0, burst=2)
+    rules = pace_rules(rate=10.0, burst=2)
     state, _ = admit(rules, PaceState(), 0.0)
     state, _ = admit(rules, state, 0.0)
     later = [admit(rules, state, 60.0)[1], admit(rules, admit(rules, state, 60.0)[0], 60.0)[1]]
@@ -56,7 +56,7 @@ def test_idle_time_refills_the_burst_but_never_banks_more() -> None:
 
 
 def test_a_retry_after_pauses_every_call_of_the_fleet() -> None:
-    rules = PaceRules(rate=None, max_wait_s=2.0, **EVERY_429)
+    rules = pace_rules(rate=None, max_wait_s=2.0, **EVERY_429)
     state, change = observe(rules, PaceState(), 10.0, Result.THROTTLED, retry_after_s=30.0)
     assert change is None
     _, held = admit(rules, state, 11.0)
@@ -70,7 +70,7 @@ def test_a_retry_after_pauses_every_call_of_the_fleet() -> None:
 
 
 def test_without_a_rate_the_first_429_learns_one_and_success_grows_it() -> None:
-    rules = PaceRules(rate=None, growth_per_s=0.05, backoff_factor=0.7, **EVERY_429)
+    rules = pace_rules(rate=None, growth_per_s=0.05, backoff_factor=0.7, **EVERY_429)
     state = PaceState()
     for n in range(60):  # 60 calls in 2 s: 30 calls/s, unlimited
         state, decision = admit(rules, state, 100.0 + n / 30)
@@ -88,7 +88,7 @@ def test_without_a_rate_the_first_429_learns_one_and_success_grows_it() -> None:
 
 
 def test_repeated_failures_open_the_circuit_and_one_probe_goes_per_interval() -> None:
-    rules = PaceRules(open_after=3, probe_every_s=10.0)
+    rules = pace_rules(open_after=3, probe_every_s=10.0)
     state = PaceState()
     changes = []
     for n in range(3):
@@ -117,7 +117,7 @@ def test_repeated_failures_open_the_circuit_and_one_probe_goes_per_interval() ->
 def test_no_second_probe_goes_while_one_may_still_be_in_flight() -> None:
     """A probe that hangs for its whole timeout holds the next one back; its failure
     starts the interval to the next probe from its end."""
-    rules = PaceRules(open_after=1, probe_every_s=10.0, probe_lease_s=14.0)
+    rules = pace_rules(open_after=1, probe_every_s=10.0, probe_lease_s=14.0)
     state, _ = observe(rules, PaceState(), 0.0, Result.UNREACHABLE, error="timed out")
     state, probe = admit(rules, state, 10.0)
     assert probe == Go(0.0, probe=True)
@@ -138,7 +138,7 @@ def test_no_second_probe_goes_while_one_may_still_be_in_flight() -> None:
 
 
 def test_an_answer_between_failures_keeps_the_circuit_closed() -> None:
-    rules = PaceRules(open_after=3)
+    rules = pace_rules(open_after=3)
     state = PaceState()
     for result in [Result.UNREACHABLE, Result.UNREACHABLE, Result.ANSWERED, Result.UNREACHABLE,
                    Result.THROTTLED, Result.UNREACHABLE, Result.UNREACHABLE]:  # fmt: skip
@@ -180,7 +180,7 @@ def test_an_outage_opens_the_circuit_once_and_calls_stop_reaching_the_gateway(
 ) -> None:
     upstream = Upstream(*[httpx.Response(503) for _ in range(5)])
     clock = ManualClock(seconds=1000.0)
-    gateway, _pace = adapter(upstream, PaceRules(open_after=5, probe_every_s=10.0), clock)
+    gateway, _pace = adapter(upstream, pace_rules(open_after=5, probe_every_s=10.0), clock)
     caplog.set_level(logging.INFO, "provisioner.gateway")
 
     for _ in range(20):
@@ -205,7 +205,7 @@ def test_an_outage_opens_the_circuit_once_and_calls_stop_reaching_the_gateway(
 def test_a_429_pauses_the_next_calls_without_sending_them() -> None:
     upstream = Upstream(httpx.Response(429, headers={"Retry-After": "20"}))
     clock = ManualClock(seconds=1000.0)
-    gateway, _ = adapter(upstream, PaceRules(**EVERY_429), clock)
+    gateway, _ = adapter(upstream, pace_rules(**EVERY_429), clock)
 
     with pytest.raises(TransientGatewayError, match="429") as first:
         gateway.family("parent")
@@ -220,7 +220,7 @@ def test_a_429_pauses_the_next_calls_without_sending_them() -> None:
 
 
 def test_a_learned_rate_grows_into_no_limit_and_never_overflows() -> None:
-    rules = PaceRules()
+    rules = pace_rules()
     state = PaceState(learned=10.0, learned_at=0.0)
     assert rate_now(rules, state, 60.0) == pytest.approx(10.0 * 1.05**60)
     for later in (200.0, 4 * 3600.0, 10 * 86400.0, 1e12):  # hours, days after the last 429
@@ -230,7 +230,7 @@ def test_a_learned_rate_grows_into_no_limit_and_never_overflows() -> None:
 
 def test_a_500_is_one_request_broken_and_a_502_503_504_the_gateway_down() -> None:
     upstream = Upstream(*[httpx.Response(500) for _ in range(10)])
-    gateway, pace = adapter(upstream, PaceRules(open_after=2), ManualClock(seconds=1000.0))
+    gateway, pace = adapter(upstream, pace_rules(open_after=2), ManualClock(seconds=1000.0))
     for _ in range(10):
         with pytest.raises(TransientGatewayError):
             gateway.status("ws-1")
@@ -252,7 +252,7 @@ def test_a_pace_it_cannot_read_holds_the_call_unsent_and_a_lost_report_is_droppe
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     upstream = Upstream()
-    pace = Pace(BrokenStore(), PaceRules(), sleep=lambda s: None)
+    pace = Pace(BrokenStore(), pace_rules(), sleep=lambda s: None)
     gateway = HttpGateway("https://gw.test", "token-123456", retries=0,
                           transport=httpx.MockTransport(upstream), pace=pace)  # fmt: skip
     caplog.set_level(logging.INFO, "provisioner.gateway")
@@ -270,7 +270,7 @@ def test_a_pace_it_cannot_read_holds_the_call_unsent_and_a_lost_report_is_droppe
 
 def test_a_create_waits_longer_for_its_turn_than_a_read() -> None:
     """Its hop listed the family already: deferring it would list the family again."""
-    rules = PaceRules(rate=1.0, burst=1, max_wait_s=2.0, create_wait_s=10.0)
+    rules = pace_rules(rate=1.0, burst=1, max_wait_s=2.0, create_wait_s=10.0)
     state = PaceState()
     for _ in range(3):
         state, _ = admit(rules, state, 0.0)  # three calls at 1/s: the next is due at 3 s
@@ -285,7 +285,7 @@ def test_a_create_waits_longer_for_its_turn_than_a_read() -> None:
 def test_a_failed_probe_through_the_adapter_restarts_the_interval_from_its_answer() -> None:
     upstream = Upstream(*[httpx.Response(503) for _ in range(6)])
     clock = ManualClock(seconds=1000.0)
-    rules = PaceRules(open_after=5, probe_every_s=10.0, probe_lease_s=14.0)
+    rules = pace_rules(open_after=5, probe_every_s=10.0, probe_lease_s=14.0)
     gateway, pace = adapter(upstream, rules, clock)
     for _ in range(5):
         with pytest.raises(TransientGatewayError):
@@ -299,7 +299,7 @@ def test_a_failed_probe_through_the_adapter_restarts_the_interval_from_its_answe
 
 
 def test_holds_for_the_fleets_turn_are_paced_and_an_open_circuit_is_not() -> None:
-    rules = PaceRules(rate=1.0, burst=1, max_wait_s=2.0, open_after=1, **EVERY_429)
+    rules = pace_rules(rate=1.0, burst=1, max_wait_s=2.0, open_after=1, **EVERY_429)
     state = PaceState()
     for now in (0.0, 0.0, 0.0):
         state, decision = admit(rules, state, now)
@@ -319,7 +319,7 @@ def test_holds_for_the_fleets_turn_are_paced_and_an_open_circuit_is_not() -> Non
 
 def test_a_call_held_for_its_turn_raises_a_paced_transient_error() -> None:
     clock = ManualClock(seconds=1000.0)
-    gateway, _ = adapter(Upstream(), PaceRules(rate=1.0, burst=1, max_wait_s=0.5), clock)
+    gateway, _ = adapter(Upstream(), pace_rules(rate=1.0, burst=1, max_wait_s=0.5), clock)
     assert gateway.status("ws-1") == "created"
     with pytest.raises(TransientGatewayError, match="paced at 1 calls/s") as held:
         gateway.status("ws-1")

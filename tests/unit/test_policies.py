@@ -9,6 +9,7 @@ from domain.policies import (
     classify_status,
 )
 from domain.ports import FamilyMember
+from infrastructure.settings import Settings
 
 PARENT = "p"
 
@@ -39,7 +40,7 @@ def test_anything_else_is_still_settling(raw: str | None) -> None:
 
 
 def test_default_backoff_is_5_10_20_40_80_seconds_155_in_all() -> None:
-    backoff = Backoff()
+    backoff = Settings().engine().backoff
     assert [backoff.delay_after(h) for h in range(5)] == [5, 10, 20, 40, 80]
     assert backoff.total_s() == 155
     assert backoff.can_requeue(4)
@@ -49,9 +50,9 @@ def test_default_backoff_is_5_10_20_40_80_seconds_155_in_all() -> None:
 def test_backoff_is_configurable_and_validated() -> None:
     assert Backoff(base_s=0.5, max_requeues=2).total_s() == 1.5
     with pytest.raises(ValueError, match="base"):
-        Backoff(base_s=-1)
+        Backoff(base_s=-1, max_requeues=5)
     with pytest.raises(ValueError, match="requeues"):
-        Backoff(max_requeues=-1)
+        Backoff(base_s=5.0, max_requeues=-1)
 
 
 def family(*members: tuple[str, str, str]) -> list[FamilyMember]:

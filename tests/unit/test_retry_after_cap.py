@@ -7,11 +7,11 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from domain.pacing import Go, Hold, PaceRules, PaceState, Result, admit, observe
+from domain.pacing import Go, Hold, PaceState, Result, admit, observe
 from domain.policies import Deferral
 from domain.ports import TransientGatewayError
 from infrastructure.settings import Settings, SettingsError
-from tests.support import ManualClock
+from tests.support import ManualClock, pace_rules
 from tests.unit.test_pacing import EVERY_429, Upstream, adapter
 from worker.health import Degraded, circuit_check
 
@@ -32,7 +32,7 @@ HOUR = 3600.0
 def test_a_429s_retry_after_holds_the_fleet_at_most_the_cap(
     asked_s: float, cap_s: float, held_s: float, asked_on_record: float
 ) -> None:
-    rules = PaceRules(rate=5.0, retry_after_max_s=cap_s, **EVERY_429)
+    rules = pace_rules(rate=5.0, retry_after_max_s=cap_s, **EVERY_429)
     state, _ = observe(rules, PaceState(), 100.0, Result.THROTTLED, retry_after_s=asked_s)
     assert state.paused_until == 100.0 + held_s
     assert state.asked_s == asked_on_record
@@ -45,7 +45,7 @@ def test_a_429s_retry_after_holds_the_fleet_at_most_the_cap(
 
 def test_a_longer_hold_on_record_is_cut_to_the_cap_at_the_next_call() -> None:
     """Stored by a process with a longer cap (or an older release that allowed an hour)."""
-    rules = PaceRules(retry_after_max_s=300.0, **EVERY_429)
+    rules = pace_rules(retry_after_max_s=300.0, **EVERY_429)
     stored = PaceState(paused_until=100.0 + HOUR)
     state, decision = admit(rules, stored, 100.0)
     assert state.paused_until == 400.0  # what the store keeps from now on
@@ -55,7 +55,7 @@ def test_a_longer_hold_on_record_is_cut_to_the_cap_at_the_next_call() -> None:
 
 
 def test_a_later_shorter_429_does_not_shorten_a_hold_in_force() -> None:
-    rules = PaceRules(retry_after_max_s=300.0, **EVERY_429)
+    rules = pace_rules(retry_after_max_s=300.0, **EVERY_429)
     state, _ = observe(rules, PaceState(), 0.0, Result.THROTTLED, retry_after_s=HOUR)
     again, _ = observe(rules, state, 10.0, Result.THROTTLED, retry_after_s=5.0)
     assert again.paused_until == 300.0
@@ -64,7 +64,7 @@ def test_a_later_shorter_429_does_not_shorten_a_hold_in_force() -> None:
 
 @pytest.mark.parametrize("paced", [False, True])
 def test_a_deferred_hop_waits_at_most_the_cap_for_a_retry_after(paced: bool) -> None:
-    deferral = Deferral(max_s=30.0, retry_after_max_s=300.0)
+    deferral = Deferral(max_s=30.0, deadline_s=86_400.0, retry_after_max_s=300.0)
     assert deferral.delay(0, HOUR, 0.0, paced=paced) == pytest.approx(300.0)
     assert deferral.delay(0, 120.0, 0.0, paced=paced) == pytest.approx(120.0)
 
@@ -81,7 +81,7 @@ def test_through_the_adapter_a_huge_retry_after_holds_the_fleet_for_the_cap(
 ) -> None:
     upstream = Upstream(httpx.Response(429, headers={"Retry-After": retry_after}))
     clock = ManualClock(seconds=1000.0)
-    gateway, pace = adapter(upstream, PaceRules(retry_after_max_s=300.0, **EVERY_429), clock)
+    gateway, pace = adapter(upstream, pace_rules(retry_after_max_s=300.0, **EVERY_429), clock)
 
     with pytest.raises(TransientGatewayError, match="429"):
         gateway.status("ws-1")
@@ -107,7 +107,7 @@ def test_the_cap_is_a_setting_that_reaches_the_pace_and_the_deferral() -> None:
 
 
 def _circuit(state: PaceState, now: float, cap_s: float = 300.0) -> str:
-    check = circuit_check(lambda: (state, now), PaceRules(retry_after_max_s=cap_s, **EVERY_429))
+    check = circuit_check(lambda: (state, now), pace_rules(retry_after_max_s=cap_s, **EVERY_429))
     with pytest.raises(Degraded) as raised:
         check()
     return str(raised.value)
