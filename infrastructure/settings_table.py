@@ -411,3 +411,11 @@ DEFAULTS: Mapping[str, Any] = {
 def default_of(field: str) -> Any:
     """The default of a `Settings` field (KeyError for a field no setting has)."""
     return DEFAULTS[field]
+
+
+def whole_range(name: str) -> tuple[int, int]:
+    """The bounds of a whole-number setting, for a flag that stands in for it."""
+    parser = BY_NAME[name].parser
+    if not isinstance(parser, Number) or not parser.integer or parser.above:
+        raise TypeError(f"{name} is not a whole number from one bound to another")
+    return int(parser.low), int(parser.high)

@@ -15,6 +15,7 @@ from typing import Any
 import click
 
 from infrastructure.fake_gateway.cli import serve as serve_fake_gateway
+from infrastructure.settings_table import default_of, whole_range
 from worker import cli_read
 from worker.cli_audit import audit
 from worker.cli_config import config
@@ -197,9 +198,13 @@ def health(as_json: bool) -> None:
 
 
 @main.command()
-@click.option("--host", default=None, help="Address to bind (PROVISIONER_WEB_HOST, 127.0.0.1).")
 @click.option(
-    "--port", default=None, type=click.IntRange(1, 65535), help="PROVISIONER_WEB_PORT, 8080."
+    "--host", default=None,
+    help=f"Address to bind (PROVISIONER_WEB_HOST, {default_of('web_host')}).",
+)
+@click.option(
+    "--port", default=None, type=click.IntRange(*whole_range("PROVISIONER_WEB_PORT")),
+    help=f"PROVISIONER_WEB_PORT, {default_of('web_port')}.",
 )
 def web(host: str | None, port: int | None) -> None:
     """Serve the operator's pages: brands, a brand's timeline, stuck attempts, dead

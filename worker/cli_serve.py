@@ -9,6 +9,7 @@ from typing import Any
 
 import click
 
+from infrastructure.settings_table import default_of, whole_range
 from worker import cli_read
 from worker.cli_support import (
     Failed,
@@ -35,12 +36,16 @@ def show_lifecycle() -> None:
             logging.getLogger(f"provisioner.{name}").setLevel(logging.INFO)
 
 
+# As PROVISIONER_CONCURRENCY (infrastructure/settings_table.py): 0 or less would run nothing.
+_CONCURRENCY = whole_range("PROVISIONER_CONCURRENCY")
 concurrency_option = click.option(
     "--concurrency",
-    # As PROVISIONER_CONCURRENCY (infrastructure/settings.py): 0 or less would run nothing.
-    type=click.IntRange(1, 512),
+    type=click.IntRange(*_CONCURRENCY),
     default=None,
-    help="Hops in flight, 1 to 512 (default: PROVISIONER_CONCURRENCY, 8).",
+    help=(
+        f"Hops in flight, {_CONCURRENCY[0]} to {_CONCURRENCY[1]} "
+        f"(default: PROVISIONER_CONCURRENCY, {default_of('concurrency')})."
+    ),
 )
 
 
