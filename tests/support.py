@@ -284,14 +284,24 @@ class BrokerDown(ConnectionError):
     pass
 
 
-def settler(publisher: RecordingBroker, delays: tuple[float, ...] = (1.0, 5.0)) -> Settler:
+def settler(
+    publisher: Any,
+    delays: tuple[float, ...] = (1.0, 5.0),
+    *,
+    connection_errors: tuple[type[BaseException], ...] = (BrokerDown,),
+    **options: Any,
+) -> Settler:
+    """A worker's settler onto `publisher` (a RecordingBroker, or a real broker):
+    retried `delays` apart, `connection_errors` taken for a lost connection; `options`
+    as Settler takes them (the producers' `scopes`, the `secrets` to hide)."""
     return Settler(
-        publisher,  # type: ignore[arg-type]
+        publisher,
         stats=WorkerStats(),
         retry_delays_s=delays,
-        connection_errors=(BrokerDown,),
+        connection_errors=connection_errors,
         database=Outage(logging.getLogger("test"), "worker", "db", announce_start=False),
         dead_letter=DeadLetter,
+        **options,
     )
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import logging
 import tracemalloc
 from typing import Any
 
@@ -33,11 +32,9 @@ from infrastructure.broker import (
 from infrastructure.dead_letters import DeadLetters, NotReplayable
 from infrastructure.failures import EXIT_CONFIGURATION
 from infrastructure.messages import MAX_BODY_BYTES
-from infrastructure.outages import Outage
 from tests.integration.test_poison import publish_raw, take_all
+from tests.support import settler
 from worker.cli import main
-from worker.consumer import DeadLetter, WorkerStats
-from worker.delivery import Settler
 
 MIB = 1024 * 1024
 
@@ -199,15 +196,6 @@ def test_an_ambiguous_prefix_is_refused_naming_the_matches(rabbit_url: str) -> N
     assert "no dead letter abd" in cli(rabbit_url, "show", "abd").output
 
 
-def settler(publisher: Broker) -> Settler:
-    return Settler(
-        publisher,
-        stats=WorkerStats(),
-        retry_delays_s=(1.0,),
-        connection_errors=(ConnectionError,),
-        database=Outage(logging.getLogger("test"), "worker", "db", announce_start=False),
-        dead_letter=DeadLetter,
-    )
 
 
 def test_replay_keeps_the_content_type_and_encoding_and_the_id(rabbit_url: str) -> None:
@@ -224,7 +212,8 @@ def test_replay_keeps_the_content_type_and_encoding_and_the_id(rabbit_url: str) 
                 plain, xml = queue.get(no_ack=False), queue.get(no_ack=False)
                 assert plain is not None
                 assert xml is not None
-                assert settler(publisher).read(plain, HOPS_QUEUE) is None
+                reader = settler(publisher, (1.0,), connection_errors=(ConnectionError,))
+                assert reader.read(plain, HOPS_QUEUE) is None
                 xml.reject(requeue=False)
 
             again()
@@ -276,7 +265,7 @@ def dead_letter_through_the_worker(url: str, bodies: list[bytes]) -> None:
     for body in bodies:
         publish_raw(url, body, WORK_KEY, "application/json", "utf-8", {})
     publisher = Broker(url, Topology(), scheduler=None)
-    settle = settler(publisher)
+    settle = settler(publisher, (1.0,), connection_errors=(ConnectionError,))
     try:
         with Connection(url) as conn:
             queue = Queue(HOPS_QUEUE, no_declare=True).bind(conn.channel())

@@ -4,7 +4,6 @@ and the worker's reading and settling of a command on the commands queue."""
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 from uuid import uuid4
 
@@ -15,11 +14,9 @@ from infrastructure import messages
 from infrastructure.broker import COMMANDS_QUEUE, HOPS_QUEUE, Broker
 from infrastructure.messages import InvalidMessage
 from infrastructure.origins import PRODUCER_HEADER, producer_of, vouched_headers
-from infrastructure.outages import Outage
 from infrastructure.settings import Settings, SettingsError
 from infrastructure.settings_parsing import producer_scopes
-from tests.support import FakeMessage, RecordingBroker
-from worker.consumer import DeadLetter, WorkerStats
+from tests.support import FakeMessage, RecordingBroker, settler
 from worker.delivery import Settler
 from worker.reading import inspect
 
@@ -156,22 +153,15 @@ def test_the_hops_queue_is_the_services_own_and_is_not_scoped() -> None:
     assert inspect(Delivered(DEACTIVATE, None), COMMANDS_QUEUE).message.type == "deactivate"
 
 
-def settler(publisher: RecordingBroker, scopes: dict[str, Scope]) -> Settler:
-    return Settler(
-        publisher,  # type: ignore[arg-type]
-        stats=WorkerStats(),
-        retry_delays_s=(1.0,),
-        connection_errors=(ConnectionError,),
-        database=Outage(logging.getLogger("test"), "worker", "db", announce_start=False),
-        dead_letter=DeadLetter,
-        scopes=scopes,
-    )
+def scoped(publisher: RecordingBroker, scopes: dict[str, Scope]) -> Settler:
+    """A settler that knows the producers' scopes."""
+    return settler(publisher, (1.0,), connection_errors=(ConnectionError,), scopes=scopes)
 
 
 def test_a_refused_command_is_dead_lettered_with_its_producer_and_no_forged_id() -> None:
     publisher = ServicePublisher()
     forged = {"x-dead-id": "forged0001", PRODUCER_HEADER: "eu"}
-    assert settler(publisher, dict(SCOPES.scopes)).read(
+    assert scoped(publisher, dict(SCOPES.scopes)).read(
         Delivered(DEACTIVATE, "orders", forged), COMMANDS_QUEUE
     ) is None  # fmt: skip
     [(_, reason, errors, source)] = publisher.dead
@@ -183,14 +173,14 @@ def test_a_refused_command_is_dead_lettered_with_its_producer_and_no_forged_id()
 
 def test_memory_has_no_producers_to_scope() -> None:
     publisher = RecordingBroker()  # memory://: no broker user
-    read = settler(publisher, dict(SCOPES.scopes)).read(Delivered(DEACTIVATE, None), COMMANDS_QUEUE)
+    read = scoped(publisher, dict(SCOPES.scopes)).read(Delivered(DEACTIVATE, None), COMMANDS_QUEUE)
     assert read is not None
     assert publisher.dead == []
 
 
 def test_a_retried_command_keeps_its_producer() -> None:
     publisher = ServicePublisher()
-    settle = settler(publisher, {})
+    settle = scoped(publisher, {})
     message = Delivered(DEACTIVATE, "orders", {"x-dead-id": "forged0001"})
     delivery = settle.read(message, COMMANDS_QUEUE)
     assert delivery is not None

@@ -29,7 +29,7 @@ from infrastructure.service import ProvisioningService
 from infrastructure.settings import Settings, SettingsError, log_secrets
 from infrastructure.views import SqlViewStore
 from tests.memory_gateway import MemoryGateway
-from tests.support import FakeMessage, RecordingBroker, new_service
+from tests.support import FakeMessage, RecordingBroker, new_service, settler
 from worker import cli_read, logs, runtime
 from worker.cli import main
 from worker.consumer import DeadLetter, WorkerStats, handle
@@ -381,15 +381,7 @@ LONG_TOKEN = "tok-" + "5f3a9c0d" * 8  # longer than the 50 characters an error k
 
 def told(publisher: RecordingBroker, token: str) -> Settler:
     """A settler told of the token, as the worker's is."""
-    return Settler(
-        publisher,  # type: ignore[arg-type]
-        stats=WorkerStats(),
-        retry_delays_s=(1.0,),
-        connection_errors=(ConnectionError,),
-        database=Outage(logging.getLogger("test"), "worker", "db", announce_start=False),
-        dead_letter=DeadLetter,
-        secrets=(token,),
-    )
+    return settler(publisher, (1.0,), connection_errors=(ConnectionError,), secrets=(token,))
 
 
 @pytest.mark.parametrize(
