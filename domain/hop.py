@@ -176,9 +176,10 @@ class HopView:
     grace_s: float
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Seen:
-    """What this round has performed and what came back, so far."""
+    """What this round has performed and what came back, so far: the runner notes each
+    effect's answer here (`decide` only reads it)."""
 
     placed_late: bool = False
     released: bool = False

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import replace
 from typing import Any
 
 from domain import hop as decide
@@ -28,7 +27,7 @@ MAX_EFFECTS = 32  # a round that asks for more is a bug in the decider, not a sl
 
 
 # What each effect is performed by, and each ending recorded by.
-PERFORM: dict[type, Callable[[Any, Any, decide.Seen], decide.Seen]] = {
+PERFORM: dict[type, Callable[[Any, Any, decide.Seen], None]] = {
     decide.RecordLate: HopEffects.record_late,
     decide.ReleaseOwed: HopEffects.release_owed,
     decide.ReadSlot: HopEffects.read_slot,
@@ -69,6 +68,7 @@ class HopRun(HopEffects):
 
     def _round(self) -> HopOutcome:
         self.unit = HopUnit(self.svc, self.attempt_id)
+        self._view = None  # a fresh unit: a fresh view
         seen = decide.Seen()
         for _ in range(MAX_EFFECTS):
             step = decide.decide(self.view(), seen)
@@ -76,9 +76,9 @@ class HopRun(HopEffects):
             if perform is None:
                 return END[type(step)](self, step)
             try:
-                seen = perform(self, step, seen)
+                perform(self, step, seen)
             except GatewayError as exc:  # a read while acquiring: its fault decides
-                seen = replace(seen, fault=fault_of(exc))
+                seen.fault = fault_of(exc)
         raise RuntimeError(f"hop {self.hop} of attempt {self.attempt_id} did not end")
 
     def _raced(self) -> None:

@@ -10,7 +10,6 @@ what it saw as a `Seen`. The order is never chosen here: the runner
 from __future__ import annotations
 
 import logging
-from dataclasses import replace
 from datetime import timedelta
 from uuid import UUID
 
@@ -49,17 +48,26 @@ class HopEffects:
         self._claim_read_needed = False
         # What the latest round saw and was saving: said if that save lost a race.
         self.observed: str | None = None
+        self._parents = tuple(service.settings.parent_ids or ())
+        self._view: decide.HopView | None = None
+        self._view_key: tuple[object, ...] = ()
 
     @property
     def attempt(self) -> ProvisioningAttempt:
         return self.unit.attempt
 
     def view(self) -> decide.HopView:
+        """The attempt as the decider sees it: built again only when the attempt changed
+        (its version moved) or this run's create did; `now` is when it was built."""
         a, svc = self.attempt, self.svc
-        return decide.HopView(
+        key = (a.version, self.created)
+        if self._view is not None and key == self._view_key:
+            return self._view
+        self._view_key = key
+        self._view = decide.HopView(
             hop=self.hop, now=svc.clock.now(), state=a.state, expected_hop=a.expected_hop,
             title=a.title, parent_id=a.parent_workspace_id,
-            parents=tuple(svc.settings.parent_ids or ()), candidate_id=a.candidate_id,
+            parents=self._parents, candidate_id=a.candidate_id,
             provenance=a.provenance,
             late_created=None if self.created in a.created_ids else self.created,
             created_ids=tuple(a.created_ids),
@@ -68,40 +76,41 @@ class HopEffects:
             deferred_until=a.deferred_until, creates_given_up=a.creates_given_up,
             grace_s=svc.settings.create_grace_s,
         )  # fmt: skip
+        return self._view
 
-    # Effects: each returns what it saw.
+    # Effects: each notes what it saw.
 
-    def record_late(self, _e: decide.RecordLate, seen: decide.Seen) -> decide.Seen:
+    def record_late(self, _e: decide.RecordLate, seen: decide.Seen) -> None:
         failed = self._record_created()
         if failed is None:
             self._save()
-        return replace(seen, placed_late=True, record_failed=failed)
+        seen.placed_late, seen.record_failed = True, failed
 
-    def release_owed(self, _e: decide.ReleaseOwed, seen: decide.Seen) -> decide.Seen:
+    def release_owed(self, _e: decide.ReleaseOwed, seen: decide.Seen) -> None:
         releases.release_owed(self.svc, self.attempt, self.released)
-        return replace(seen, released=True)
+        seen.released = True
 
-    def read_slot(self, _e: decide.ReadSlot, seen: decide.Seen) -> decide.Seen:
+    def read_slot(self, _e: decide.ReadSlot, seen: decide.Seen) -> None:
         # The slot is read before the family: a create of the same title that raced
         # this hop then makes its save conflict on the slot's version.
         slot, _ = self.unit.slot_and_brand()
-        return replace(seen, slot_busy=recovery.slot_busy(self.svc, slot, self.attempt))
+        seen.slot_busy = recovery.slot_busy(self.svc, slot, self.attempt)
 
-    def credit_lost_creates(self, _e: decide.CreditLostCreates, seen: decide.Seen) -> decide.Seen:
+    def credit_lost_creates(self, _e: decide.CreditLostCreates, seen: decide.Seen) -> None:
         made = recovery.credit_lost_creates(self.svc, self.attempt, self.unit.family())
         for workspace_id, why in made.held:
             log.warning("not credited to a lost create attempt=%s workspace=%s: %s",
                         self.attempt.id, workspace_id, why)  # fmt: skip
-        return replace(seen, made=made)
+        seen.made = made
 
-    def find_adoptable(self, _e: decide.FindAdoptable, seen: decide.Seen) -> decide.Seen:
+    def find_adoptable(self, _e: decide.FindAdoptable, seen: decide.Seen) -> None:
         attempt = self.attempt
         titled = ownership.same_title(self.unit.family(), attempt.title,
                                       attempt.parent_workspace_id, self.svc.parents)  # fmt: skip
         eligible = tuple(m.id for m in titled if self._adoptable(m))
-        return replace(seen, eligible=eligible, known=tuple(m.id for m in titled))
+        seen.eligible, seen.known = eligible, tuple(m.id for m in titled)
 
-    def take_candidate(self, e: decide.TakeCandidate, seen: decide.Seen) -> decide.Seen:
+    def take_candidate(self, e: decide.TakeCandidate, _seen: decide.Seen) -> None:
         """The candidate, claimed and its slot freed: saved with the first poll's outcome.
         The slot is bumped either way, so a reservation taken after its read conflicts."""
         attempt, unit = self.attempt, self.unit
@@ -120,9 +129,8 @@ class HopEffects:
         unit.touch(claim, slot)
         for shell in e.shells:
             attempt.record_created(shell, self.hop)  # the rest: surplus, owed a release
-        return seen
 
-    def request_create(self, _e: decide.RequestCreate, seen: decide.Seen) -> decide.Seen:
+    def request_create(self, _e: decide.RequestCreate, seen: decide.Seen) -> None:
         """Record the create first (its title reserved), then call it: a create is never
         made that the log does not know of."""
         attempt, slot = self.attempt, self.unit.slot()
@@ -134,31 +142,32 @@ class HopEffects:
         except IntegrityError:
             again = self.svc.attempt(attempt.id)
             conflict = (again.create_requested_hop, again.candidate_id)
-            return replace(seen, creating=True, create_conflict=conflict)
+            seen.creating, seen.create_conflict = True, conflict
+            return
         answer: str | GatewayFault
         try:
             answer = self.svc.gateway.create_child(attempt.parent_workspace_id, attempt.title)
         except GatewayError as exc:
             answer = fault_of(exc)
-        return replace(seen, creating=True, created=answer)
+        seen.creating, seen.created = True, answer
 
-    def record_created(self, e: decide.RecordCreated, seen: decide.Seen) -> decide.Seen:
+    def record_created(self, e: decide.RecordCreated, seen: decide.Seen) -> None:
         self.created = e.workspace_id
-        return replace(seen, record_failed=self._record_created())
+        seen.record_failed = self._record_created()
 
-    def note_unconfirmed(self, e: decide.NoteUnconfirmed, seen: decide.Seen) -> decide.Seen:
+    def note_unconfirmed(self, e: decide.NoteUnconfirmed, seen: decide.Seen) -> None:
         log.warning("create unconfirmed attempt=%s hop=%d", self.attempt.id, self.hop)
         self.attempt.record_create_unconfirmed(self.hop, e.message, e.answered)
         self.unit.family_read = None  # read before our create: read it again
-        return replace(seen, creating=False, made=None)
+        seen.creating, seen.made = False, None
 
-    def poll(self, e: decide.Poll, seen: decide.Seen) -> decide.Seen:
+    def poll(self, e: decide.Poll, seen: decide.Seen) -> None:
         answer: str | GatewayFault
         try:
             answer = self.svc.gateway.status(e.workspace_id)
         except GatewayError as exc:
             answer = fault_of(exc)
-        return replace(seen, status=answer)
+        seen.status = answer
 
     def _adoptable(self, member: FamilyMember) -> bool:
         """Ownership's verdict (`domain.ownership.judge`); its projects are read only of
