@@ -5,6 +5,8 @@ it, and none holds a value of its own."""
 from __future__ import annotations
 
 import dataclasses
+import types
+import typing
 
 import pytest
 
@@ -24,6 +26,16 @@ from infrastructure.settings_table import (
 def test_settings_has_a_field_per_setting_with_the_tables_default() -> None:
     fields = {field.name: field.default for field in dataclasses.fields(Settings)}
     assert fields == dict(DEFAULTS)
+
+
+def test_each_default_has_the_type_its_field_declares() -> None:
+    """mypy sees `Settings`' annotations, not the table's values: they must agree."""
+    hints = typing.get_type_hints(Settings)
+    for name, default in DEFAULTS.items():
+        hint = hints[name]
+        allowed = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
+        kinds = tuple(typing.get_origin(kind) or kind for kind in allowed)
+        assert isinstance(default, kinds), (name, default, hints[name])
 
 
 def test_nothing_set_reads_as_the_defaults() -> None:
