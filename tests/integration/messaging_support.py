@@ -1,6 +1,6 @@
 """What the tests that run the worker, the relay or the CLI against a broker share:
 their settings (`environment`, `cli_env`), waits (`wait_for`, `promoted`), the
-broker's queues (`take`, `queue_depth`, `publish_raw`, `list_queues`), the
+broker's queues (`take`, `take_all`, `queue_depth`, `publish_raw`, `list_queues`), the
 components on threads (`components`, `consuming`) or in a subprocess (`worker_process`, `cli`),
 and the outages a test makes (`drop_connections`, `CrashOnSave`, `FixedPosition`).
 """
@@ -114,15 +114,23 @@ def queue_depth(url: str, name: str) -> tuple[int, int]:
         return int(ready), int(consumers)
 
 
-def publish_raw(url: str, body: bytes, routing_key: str) -> None:
+def publish_raw(
+    url: str,
+    body: bytes,
+    routing_key: str,
+    content_type: str = "application/json",
+    content_encoding: str = "utf-8",
+    headers: dict[str, Any] | None = None,
+) -> None:
     """Publish a body as is (no validation) to the work exchange, with confirms."""
     with Connection(url, transport_options={"confirm_publish": True}) as conn:
         conn.Producer().publish(
             body,
             exchange=EXCHANGE,
             routing_key=routing_key,
-            content_type="application/json",
-            content_encoding="utf-8",
+            content_type=content_type,
+            content_encoding=content_encoding,
+            headers=headers,
             mandatory=True,
             retry=False,
         )
@@ -140,6 +148,16 @@ def take(url: str, queue_name: str, count: int, timeout: float = 5.0) -> list[An
                 time.sleep(0.02)
             else:
                 taken.append(message)
+    return taken
+
+
+def take_all(url: str, queue_name: str) -> list[Any]:
+    """Remove every message a queue holds now (basic.get until it is empty)."""
+    taken = []
+    with Connection(url, connect_timeout=3) as conn:
+        queue = Queue(queue_name, no_declare=True).bind(conn.channel())
+        while (message := queue.get(no_ack=True)) is not None:
+            taken.append(message)
     return taken
 
 

@@ -32,7 +32,7 @@ from infrastructure.broker import (
 from infrastructure.dead_letters import DeadLetters, NotReplayable
 from infrastructure.failures import EXIT_CONFIGURATION
 from infrastructure.messages import MAX_BODY_BYTES
-from tests.integration.test_poison import publish_raw, take_all
+from tests.integration.messaging_support import publish_raw, raw, take_all
 from tests.support import settler
 from worker.cli import main
 
@@ -66,13 +66,8 @@ def cli(url: str, *args: str) -> Any:
     )
 
 
-def raw(message: Any) -> bytes:
-    """A message's body as bytes (kombu hands a text/* one over as str)."""
-    return message.body if isinstance(message.body, bytes) else message.body.encode()
-
-
 def bodies(url: str, queue: str) -> list[tuple[bytes, dict[str, Any]]]:
-    return [(raw(m), dict(m.headers or {})) for m in take_all(url, queue)]
+    return [(raw(m.body), dict(m.headers or {})) for m in take_all(url, queue)]
 
 
 def test_listing_consumes_nothing_keeps_the_order_and_the_ids(rabbit_url: str) -> None:
@@ -229,7 +224,7 @@ def test_replay_keeps_the_content_type_and_encoding_and_the_id(rabbit_url: str) 
             plain, xml = queue.get(no_ack=False), queue.get(no_ack=False)
             assert plain is not None
             assert xml is not None
-            got = [(raw(m), m.content_type, m.content_encoding) for m in (plain, xml)]
+            got = [(raw(m.body), m.content_type, m.content_encoding) for m in (plain, xml)]
             assert got == [(b"plain words", "text/plain", "us-ascii"),
                            (b"<hop/>", "application/xml", "binary")]  # fmt: skip
             assert plain.headers == {"x-dead-id": first[0].id}

@@ -11,14 +11,13 @@ from typing import Any
 from uuid import uuid4
 
 import pytest
-from kombu import Connection, Queue
 
 from domain.errors import UnknownBrand
 from infrastructure import messages
-from infrastructure.broker import COMMAND_KEY, DEAD_QUEUE, EXCHANGE, WORK_KEY, Broker
+from infrastructure.broker import COMMAND_KEY, DEAD_QUEUE, WORK_KEY, Broker
 from infrastructure.fake_gateway import FakeGateway
 from infrastructure.settings import Settings
-from tests.integration.messaging_support import wait_for
+from tests.integration.messaging_support import publish_raw, take_all, wait_for
 from worker.runtime import build
 
 GOOD_HOP = messages.hop(uuid4(), 0).encode()
@@ -45,30 +44,11 @@ POISON: list[tuple[bytes, str, str, dict[str, Any], str]] = [
 ]
 
 
-def publish_raw(
-    url: str, body: bytes, key: str, ctype: str, enc: str, headers: dict[str, Any]
-) -> None:
-    with Connection(url, transport_options={"confirm_publish": True}) as conn:
-        conn.Producer().publish(
-            body, exchange=EXCHANGE, routing_key=key, content_type=ctype, content_encoding=enc,
-            headers=headers, mandatory=True, retry=False,
-        )  # fmt: skip
-
-
 def workspace_of(service: Any, brand: str) -> Any:
     try:
         return service.brand(brand).workspace_id
     except UnknownBrand:
         return None
-
-
-def take_all(url: str, name: str) -> list[Any]:
-    taken = []
-    with Connection(url, connect_timeout=3) as conn:
-        queue = Queue(name, no_declare=True).bind(conn.channel())
-        while (message := queue.get(no_ack=True)) is not None:
-            taken.append(message)
-    return taken
 
 
 @pytest.mark.rabbitmq
