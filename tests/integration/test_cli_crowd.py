@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -28,17 +27,12 @@ import pytest
 
 from infrastructure.fake_gateway import FakeConfig, FakeGateway
 from tests.conftest import unavailable
+from tests.services import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 PG_BIN = Path(os.environ.get("PROVISIONER_TEST_PG_BIN", "/usr/lib/postgresql/15/bin"))
 PARENT = "org-parent"
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _as_postgres(*args: str) -> list[str]:
@@ -55,7 +49,7 @@ def private_cluster(max_connections: int) -> Iterator[str]:
         raise FileNotFoundError(f"no PostgreSQL server binaries in {PG_BIN}")
     base = Path(tempfile.mkdtemp(prefix="provisioner-pg-"))
     data = base / "data"
-    port = _free_port()
+    port = free_port()
     if os.geteuid() == 0:
         shutil.chown(base, "postgres")
     subprocess.run(

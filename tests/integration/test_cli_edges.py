@@ -35,6 +35,7 @@ from infrastructure.service import ProvisioningService
 from infrastructure.views import PROJECTIONS, LogSource, SqlViewStore
 from projections.core import catch_up
 from tests.conftest import PARENT, PG_ADMIN
+from tests.services import free_port
 from worker import runtime
 from worker.cli import main
 
@@ -80,12 +81,6 @@ def one_line(result: subprocess.CompletedProcess[str]) -> str:
 def pg_url(dbname: str, *, user: str = "root", port: int = 5432, query: str = "") -> str:
     host = PG_ADMIN.split("@", 1)[1].split(":")[0].split("/")[0]
     return f"postgresql://{user}:pw@{host}:{port}/{dbname}{'?' + query if query else ''}"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 # --------------------------------------------------------------------------- SQLite, settings

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.test_cli_edges import PROVISIONER, clean_env, free_port
+from tests.integration.test_cli_edges import PROVISIONER, clean_env
+from tests.services import free_port
 
 
 def stop_line(stderr: str) -> str:
