@@ -5,7 +5,8 @@ that audits), `GatewayWatch` reads the status of a workspace that cannot exist
 (the health check's cheapest call, through the fleet's pace) until the process
 has had any HTTP answer from the gateway, by this call or by any other. Until
 then it logs one ERROR line every `every_s` naming PROVISIONER_GATEWAY_URL, the
-URL (redacted) and the cause; once an answer came, one INFO line, and it ends.
+URL (redacted) and the cause; once an answer came after that, one INFO line, and
+it ends.
 A gateway that answered once and then stops is an outage: the circuit's lines
 say so, not this.
 """
@@ -47,8 +48,11 @@ class GatewayWatch:
             told = True
             self._pause(stop)
         if self.contact.answered_at is not None:
+            # Said at INFO only after an ERROR: a start that is fine stays one line
+            # quieter, and a refusal at start-up stays the one line it is.
+            level = logging.INFO if told else logging.DEBUG
             again = " now; it is reachable" if told else ""
-            log.info("the gateway at %s answered%s", self.url, again)
+            log.log(level, "the gateway at %s answered%s", self.url, again)
 
     def _pause(self, stop: threading.Event) -> None:
         """`every_s`, or less once `stop` is set or another call had an answer."""

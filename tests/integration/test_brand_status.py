@@ -209,7 +209,7 @@ def test_status_says_the_relay_is_silent_and_a_deactivated_brand_is_not_bound(
     service.deactivate("b-kept")
     long_ago = time.time() - 600
     with ViewConnection(url, wait_s=0) as conn:
-        _create(conn)
+        _create(conn, time.time())
         record(conn, Beat("relay", "host:1", long_ago, long_ago))
     runner = CliRunner(env={"PROVISIONER_DATABASE_URL": url})
 
