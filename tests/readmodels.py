@@ -1,5 +1,6 @@
 """Projections equal the state replayed from the event log.
 
+`project` applies events to a projection as the runner does, with no database.
 `assert_projections_match` catches the projections up, then replays every Brand
 and ProvisioningAttempt that has an event after `after` (straight from the
 event store, through the aggregates) and compares each with its row.
@@ -12,13 +13,15 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 from uuid import UUID, uuid4
 
+from eventsourcing.utils import get_topic
+
 from domain.attempt import ProvisioningAttempt
 from domain.brand import Brand
 from domain.policies import AttemptState, FailureReason, Provenance
 from infrastructure.eventstore import ProvisionerApplication
 from infrastructure.views import PROJECTIONS, LogSource, SqlViewStore
 from projections.brand_workspaces import brand_status
-from projections.core import catch_up
+from projections.core import RowCache, catch_up
 
 TERMINAL_EVENTS = (
     ProvisioningAttempt.Promoted,
@@ -26,6 +29,15 @@ TERMINAL_EVENTS = (
     ProvisioningAttempt.Cancelled,
     ProvisioningAttempt.Superseded,
 )
+
+
+def project(projection: Any, events: list[Any]) -> list[dict[str, Any]]:
+    """What the runner does with a batch: the projection's topics only, in order."""
+    rows = RowCache(projection.key, getattr(projection, "index", None))
+    for event in events:
+        if get_topic(type(event)) in projection.topics:
+            projection.apply(event, rows)
+    return rows.changed()
 
 
 def touched(app: ProvisionerApplication, after: int) -> tuple[set[UUID], set[UUID]]:

@@ -9,11 +9,9 @@ import logging
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
 from uuid import uuid4
 
 import pytest
-from eventsourcing.utils import get_topic
 
 from domain.brand import Brand
 from domain.errors import CommandRefused
@@ -24,8 +22,9 @@ from infrastructure.eventstore import open_event_store
 from infrastructure.service import EngineSettings, ProvisioningService
 from infrastructure.views import PROJECTIONS, VERSIONS, LogSource, SqlViewStore
 from projections.brand_workspaces import BrandWorkspaces
-from projections.core import RowCache, catch_up
+from projections.core import catch_up
 from tests.memory_gateway import PARENT, MemoryGateway
+from tests.readmodels import project
 from tests.support import ManualClock, RecordingBroker, new_service
 from worker.reconciler import Reconciler
 
@@ -299,18 +298,9 @@ def test_what_an_operator_reads_of_the_refusal(
 # The read model and the reconciler.
 
 
-def project(events: list[Any]) -> list[dict[str, Any]]:
-    projection = BrandWorkspaces()
-    rows = RowCache(projection.key, projection.index)
-    for event in events:
-        if get_topic(type(event)) in projection.topics:
-            projection.apply(event, rows)
-    return rows.changed()
-
-
 def test_the_row_shows_the_refusal_until_a_deactivation_reactivation_or_unbind() -> None:
     brand = refused_brand()
-    [refused] = project(list(brand.collect_events()))
+    [refused] = project(BrandWorkspaces(), list(brand.collect_events()))
     again, back, unbound = refused_brand(), refused_brand(), refused_brand()
     again.deactivate(T0 + timedelta(minutes=1))
     back.reactivate()
@@ -320,7 +310,7 @@ def test_the_row_shows_the_refusal_until_a_deactivation_reactivation_or_unbind()
     assert refused["workspace_id"] == "ws-1"
     assert refused["status"] == "deactivated"
     for cleared in (again, back, unbound):
-        [row] = project(list(cleared.collect_events()))
+        [row] = project(BrandWorkspaces(), list(cleared.collect_events()))
         assert row["emptying_refused"] is None
 
 

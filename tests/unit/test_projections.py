@@ -7,26 +7,17 @@ from typing import Any
 
 import click
 import pytest
-from eventsourcing.utils import get_topic
 
 from domain.attempt import ProvisioningAttempt
 from domain.brand import Brand
 from domain.policies import FailureReason, Provenance
 from projections.attempts import Attempts
 from projections.brand_workspaces import BrandWorkspaces, brand_status
-from projections.core import ReadAhead, RowCache
+from projections.core import ReadAhead
+from tests.readmodels import project
 from worker.cli_read import _Time
 
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
-
-
-def project(projection: Any, events: list[Any]) -> list[dict[str, Any]]:
-    """What the runner does with a batch: the projection's topics only, in order."""
-    rows = RowCache(projection.key, getattr(projection, "index", None))
-    for event in events:
-        if get_topic(type(event)) in projection.topics:
-            projection.apply(event, rows)
-    return rows.changed()
 
 
 def test_brand_status_follows_the_current_attempt_and_the_pointer() -> None:
