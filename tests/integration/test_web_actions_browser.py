@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import socket
 import subprocess
 import sys
@@ -26,9 +25,6 @@ from pathlib import Path
 import pytest
 from kombu import Connection
 from selenium import webdriver
-from selenium.common.exceptions import WebDriverException
-from selenium.webdriver.chrome.options import Options
-from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webelement import WebElement
 from selenium.webdriver.support import expected_conditions
@@ -41,7 +37,8 @@ from infrastructure.fake_gateway import FakeConfig, FakeGateway
 from infrastructure.gateway import HttpGateway
 from infrastructure.service import ProvisioningService
 from infrastructure.views import SqlViewStore
-from tests.conftest import PARENT, TOKEN, unavailable
+from tests.conftest import PARENT, TOKEN
+from tests.integration.web_fixture import chromium
 from tests.support import drive
 from worker.projector import Projector
 
@@ -138,27 +135,11 @@ def _wait_for(server: subprocess.Popen[bytes], base: str) -> None:
 def browser() -> Iterator[webdriver.Chrome]:
     """Headless chromium that sends the web token on every request it makes (as a
     reverse proxy that adds it would)."""
-    binary, driver_path = shutil.which("chromium"), shutil.which("chromedriver")
-    if binary is None or driver_path is None:
-        unavailable("chromium and chromedriver (`make browser`)", FileNotFoundError("not on PATH"))
-    assert binary is not None
-    assert driver_path is not None
-    options = Options()
-    options.binary_location = binary
-    for flag in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage",
-                 "--window-size=1280,900", "--disable-gpu"):  # fmt: skip
-        options.add_argument(flag)
-    try:
-        driver = webdriver.Chrome(options=options, service=Service(executable_path=driver_path))
-    except WebDriverException as exc:
-        unavailable("the headless chromium", exc)
-        raise
-    try:
+    with chromium() as driver:
         driver.execute_cdp_cmd("Network.enable", {})
         driver.execute_cdp_cmd("Network.setExtraHTTPHeaders", {"headers": AUTH})
         yield driver
-    finally:
-        driver.quit()
+
 
 
 def _follow(browser: webdriver.Chrome, click: WebElement) -> None:
