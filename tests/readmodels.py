@@ -1,6 +1,7 @@
 """Projections equal the state replayed from the event log.
 
-`project` applies events to a projection as the runner does, with no database.
+`project` applies events to a projection as the runner does, with no database;
+`catch_up_all` catches every projection up with the log into a store.
 `assert_projections_match` catches the projections up, then replays every Brand
 and ProvisioningAttempt that has an event after `after` (straight from the
 event store, through the aggregates) and compares each with its row.
@@ -38,6 +39,12 @@ def project(projection: Any, events: list[Any]) -> list[dict[str, Any]]:
         if get_topic(type(event)) in projection.topics:
             projection.apply(event, rows)
     return rows.changed()
+
+
+def catch_up_all(app: ProvisionerApplication, store: SqlViewStore) -> None:
+    """Every projection caught up with the event log, as the projections runner does."""
+    for projection in PROJECTIONS.values():
+        catch_up(projection, LogSource(app), store)
 
 
 def touched(app: ProvisionerApplication, after: int) -> tuple[set[UUID], set[UUID]]:

@@ -7,7 +7,6 @@ and the outages a test makes (`drop_connections`, `CrashOnSave`, `FixedPosition`
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import threading
@@ -29,6 +28,7 @@ from infrastructure.eventstore import is_postgres, open_position_store
 from infrastructure.fake_gateway import FakeGateway
 from infrastructure.outbox import load_position, save_position
 from tests.conftest import unavailable
+from tests.integration.cli_support import clean_env
 from tests.support import rabbitmqctl
 from worker.consumer import HopWorker
 from worker.relay import Relay
@@ -304,9 +304,7 @@ class FixedPosition:
 
 def cli_env(database_url: str, broker_url: str, fake: FakeGateway) -> dict[str, str]:
     """The environment of a CLI subprocess: this one without PROVISIONER_*, plus the test's."""
-    base = {k: v for k, v in os.environ.items() if not k.startswith("PROVISIONER_")}
-    mixed = {"PROVISIONER_ALLOW_MIXED_EMBEDDED": "1"}  # SQLite with RabbitMQ, on purpose
-    return {**base, "PYTHONPATH": str(ROOT), **mixed, **environment(database_url, broker_url, fake)}
+    return clean_env(**environment(database_url, broker_url, fake))
 
 
 def cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:

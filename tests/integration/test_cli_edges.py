@@ -6,16 +6,11 @@ through click's CliRunner.
 
 from __future__ import annotations
 
-import os
 import signal
-import socket
 import subprocess
-import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager, suppress
 from pathlib import Path
 
 import psycopg
@@ -32,15 +27,21 @@ from infrastructure.failures import (
 from infrastructure.fake_gateway import FakeGateway
 from infrastructure.gateway import HttpGateway
 from infrastructure.service import ProvisioningService
-from infrastructure.views import PROJECTIONS, LogSource, SqlViewStore
-from projections.core import catch_up
+from infrastructure.views import SqlViewStore
 from tests.conftest import PARENT, PG_ADMIN
+from tests.integration.cli_support import (
+    PROVISIONER,
+    clean_env,
+    forwarder,
+    one_line,
+    pg_url,
+    run_cli,
+)
+from tests.readmodels import catch_up_all
 from tests.services import free_port
 from worker import runtime
 from worker.cli import main
 
-ROOT = Path(__file__).resolve().parents[2]
-PROVISIONER = str(Path(sys.executable).parent / "provisioner")
 READ_COMMANDS = [
     ["status", "b1"],
     ["history", "b1"],
@@ -49,38 +50,6 @@ READ_COMMANDS = [
     ["attempts"],
     ["projections", "status"],
 ]
-
-
-def clean_env(**settings: str) -> dict[str, str]:
-    base = {k: v for k, v in os.environ.items() if not k.startswith("PROVISIONER_")}
-    mixed = {"PROVISIONER_ALLOW_MIXED_EMBEDDED": "1"}  # PostgreSQL alone, on purpose
-    return {**base, "PYTHONPATH": str(ROOT), **mixed, **settings}
-
-
-def run_cli(
-    env: dict[str, str], *args: str, timeout: float = 60
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [PROVISIONER, *args], env=env, capture_output=True, text=True, timeout=timeout,
-        check=False,
-    )  # fmt: skip
-
-
-def one_line(result: subprocess.CompletedProcess[str]) -> str:
-    """The failure's message: one line on stderr (after any start-up log lines,
-    such as "connected to ..."), and no traceback."""
-    assert "Traceback" not in result.stderr + result.stdout
-    lines = result.stderr.strip().splitlines()
-    assert lines, result.stderr
-    assert lines[-1].startswith("Error: "), result.stderr
-    logged = [line for line in lines[:-1] if " INFO " in line or " WARNING " in line]
-    assert len(logged) == len(lines) - 1, result.stderr
-    return lines[-1]
-
-
-def pg_url(dbname: str, *, user: str = "root", port: int = 5432, query: str = "") -> str:
-    host = PG_ADMIN.split("@", 1)[1].split(":")[0].split("/")[0]
-    return f"postgresql://{user}:pw@{host}:{port}/{dbname}{'?' + query if query else ''}"
 
 
 # --------------------------------------------------------------------------- SQLite, settings
@@ -222,8 +191,7 @@ def test_ids_from_producers_are_shown_as_text_not_markup(
     service.request_provisioning("[red]styled", "Styled Co", PARENT)
     with SqlViewStore(url) as store:
         store.setup()
-        for projection in PROJECTIONS.values():
-            catch_up(projection, LogSource(app), store)
+        catch_up_all(app, store)
     app.close()
     runner = CliRunner(env={"PROVISIONER_DATABASE_URL": url, "COLUMNS": "300", "TERM": "dumb"})
 
@@ -352,52 +320,6 @@ def test_tls_required_against_a_server_without_it_fails_in_one_line(pg_database:
 
     assert result.returncode == EXIT_REFUSED
     assert "SSL" in one_line(result)
-
-
-@contextmanager
-def forwarder(port: int, target: tuple[str, int]) -> Iterator[None]:
-    """A TCP forwarder on 127.0.0.1:port to `target`: the database, as seen from `port`."""
-    server = socket.create_server(("127.0.0.1", port))
-    done = threading.Event()
-    opened: list[socket.socket] = []
-
-    def pump(src: socket.socket, dst: socket.socket) -> None:
-        with suppress(OSError):
-            while data := src.recv(65536):
-                dst.sendall(data)
-        for sock in (src, dst):
-            with suppress(OSError):
-                sock.shutdown(socket.SHUT_RDWR)
-
-    def accept() -> None:
-        server.settimeout(0.2)
-        while not done.is_set():
-            try:
-                client, _ = server.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-            upstream = socket.create_connection(target)
-            opened.extend((client, upstream))
-            for a, b in ((client, upstream), (upstream, client)):
-                threading.Thread(target=pump, args=(a, b), daemon=True).start()
-
-    thread = threading.Thread(target=accept, daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        done.set()
-        thread.join(5)
-        server.close()
-        for sock in list(opened):
-            # shutdown first: close() alone does not wake a pump blocked in recv on
-            # the socket, so no FIN would reach the client and its connection would
-            # hang half-open instead of dropping as a stopped server's does.
-            with suppress(OSError):
-                sock.shutdown(socket.SHUT_RDWR)
-            sock.close()
 
 
 @pytest.mark.postgres

@@ -19,7 +19,7 @@ from infrastructure.gateway import HttpGateway
 from infrastructure.service import EngineSettings, ProvisioningService
 from infrastructure.views import SqlViewStore
 from tests.conftest import PARENT
-from tests.integration.test_read_models import catch_up_all
+from tests.readmodels import catch_up_all
 from tests.support import ManualClock, words
 from worker.attempt_progress import FIELDS
 from worker.cli import _wait_for, main

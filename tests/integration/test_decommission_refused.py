@@ -19,10 +19,10 @@ from domain.brand import Brand
 from domain.ids import brand_aggregate_id
 from infrastructure.fake_gateway import FakeGateway
 from infrastructure.settings import Settings
-from infrastructure.views import PROJECTIONS, LogSource, SqlViewStore
-from projections.core import catch_up
+from infrastructure.views import SqlViewStore
 from tests.conftest import PARENT
 from tests.integration.messaging_support import components, environment, wait_for
+from tests.readmodels import catch_up_all
 from tests.support import RecordingBroker, upstream_workspace
 from worker.cli import main
 from worker.reconciler import Reconciler
@@ -52,8 +52,7 @@ def swept_decommissions(database_url: str, runtime: Runtime) -> list[str]:
     """The brands a reconciler sweep, well past every grace, sends a decommission for."""
     with SqlViewStore(database_url) as store:
         store.setup()
-        for projection in PROJECTIONS.values():
-            catch_up(projection, LogSource(runtime.app), store)
+        catch_up_all(runtime.app, store)
         swept = RecordingBroker()
         later = datetime.now(UTC) + timedelta(hours=2)
         Reconciler(database_url).sweep(store, swept, now=later)  # type: ignore[arg-type]

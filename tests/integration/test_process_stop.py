@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.test_cli_edges import PROVISIONER, clean_env
+from tests.integration.cli_support import PROVISIONER, clean_env
 from tests.services import free_port
 
 

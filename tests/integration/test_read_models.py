@@ -41,7 +41,7 @@ from infrastructure.views import (
 )
 from projections.core import PositionConflict, catch_up, rebuild
 from tests.conftest import PARENT
-from tests.readmodels import assert_projections_match, live_rows, seed_histories
+from tests.readmodels import assert_projections_match, catch_up_all, live_rows, seed_histories
 from tests.support import ManualClock
 from worker.cli import main
 from worker.projector import Projector
@@ -59,11 +59,6 @@ def store(database_url: str) -> Iterator[SqlViewStore]:
     with SqlViewStore(database_url) as views:
         views.setup()
         yield views
-
-
-def catch_up_all(app: ProvisionerApplication, store: SqlViewStore) -> None:
-    for projection in PROJECTIONS.values():
-        catch_up(projection, LogSource(app), store)
 
 
 def live_copy(store: SqlViewStore, name: str) -> str:

@@ -18,10 +18,9 @@ from infrastructure.fake_gateway import FakeGateway
 from infrastructure.service import EngineSettings, ProvisioningService
 from infrastructure.settings import Settings
 from infrastructure.view_queries import list_attempts
-from infrastructure.views import PROJECTIONS, VERSIONS, LogSource, SqlViewStore
-from projections.core import catch_up
+from infrastructure.views import VERSIONS, SqlViewStore
 from tests.conftest import PARENT
-from tests.readmodels import FATES, seed_histories
+from tests.readmodels import FATES, catch_up_all, seed_histories
 from tests.support import RecordingBroker
 from worker.reconciler import Reconciler
 from worker.runtime import build
@@ -29,8 +28,7 @@ from worker.runtime import build
 
 def caught_up(app: Any, store: SqlViewStore) -> SqlViewStore:
     store.setup()
-    for projection in PROJECTIONS.values():
-        catch_up(projection, LogSource(app), store)
+    catch_up_all(app, store)
     return store
 
 

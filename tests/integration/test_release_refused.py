@@ -20,10 +20,10 @@ from infrastructure.broker import Broker
 from infrastructure.fake_gateway import FakeGateway
 from infrastructure.settings import Settings
 from infrastructure.view_queries import list_attempts
-from infrastructure.views import PROJECTIONS, LogSource, SqlViewStore
-from projections.core import catch_up
+from infrastructure.views import SqlViewStore
 from tests.conftest import PARENT
 from tests.integration.messaging_support import components, environment, wait_for
+from tests.readmodels import catch_up_all
 from tests.support import RecordingBroker, upstream_workspace
 from worker.cli import main
 from worker.reconciler import Reconciler
@@ -84,8 +84,7 @@ def test_a_release_refused_for_good_is_recorded_once_and_never_sent_again(
         later = datetime.now(UTC) + timedelta(hours=2)  # past any grace, window or deadline
         with SqlViewStore(pg_database) as store:
             store.setup()
-            for projection in PROJECTIONS.values():
-                catch_up(projection, LogSource(runtime.app), store)
+            catch_up_all(runtime.app, store)
             swept = RecordingBroker()
             Reconciler(pg_database).sweep(store, swept, now=later)  # type: ignore[arg-type]
             [row] = list_attempts(store, brand_id=brand_id)

@@ -21,7 +21,7 @@ from domain.ports import TransientGatewayError, WorkspaceGone
 from infrastructure.failures import EXIT_REFUSED, EXIT_UNAVAILABLE
 from infrastructure.gateway import HttpGateway
 from tests.conftest import TOKEN, unavailable
-from tests.integration.test_cli_edges import clean_env, one_line, run_cli
+from tests.integration.cli_support import clean_env, one_line, run_cli
 
 AMQP_HEADER = b"AMQP\x00\x00\x09\x01"
 NOT_FOUND = (

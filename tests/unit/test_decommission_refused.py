@@ -20,11 +20,10 @@ from domain.stored import MAX_MESSAGE_CHARS
 from infrastructure.audit import brand_history, brand_status
 from infrastructure.eventstore import open_event_store
 from infrastructure.service import EngineSettings, ProvisioningService
-from infrastructure.views import PROJECTIONS, VERSIONS, LogSource, SqlViewStore
+from infrastructure.views import VERSIONS, SqlViewStore
 from projections.brand_workspaces import BrandWorkspaces
-from projections.core import catch_up
 from tests.memory_gateway import PARENT, MemoryGateway
-from tests.readmodels import project
+from tests.readmodels import catch_up_all, project
 from tests.support import ManualClock, RecordingBroker, new_service
 from worker.reconciler import Reconciler
 
@@ -329,12 +328,10 @@ def test_the_reconciler_sends_no_decommission_for_a_refused_brand(
     try:
         with SqlViewStore(url) as store:
             store.setup()
-            for projection in PROJECTIONS.values():
-                catch_up(projection, LogSource(service.app), store)
+            catch_up_all(service.app, store)
             sent = sent_decommissions(Reconciler(url), store, later)
             service.deactivate("b-refused", purge_now=True)  # the operator's retry
-            for projection in PROJECTIONS.values():
-                catch_up(projection, LogSource(service.app), store)
+            catch_up_all(service.app, store)
             after_retry = sent_decommissions(Reconciler(url), store, later + timedelta(minutes=5))
     finally:
         service.app.close()
@@ -353,8 +350,7 @@ def test_a_copy_from_before_the_column_sends_it_and_the_decommission_does_nothin
     try:
         with SqlViewStore(url) as store:
             store.setup()
-            for projection in PROJECTIONS.values():
-                catch_up(projection, LogSource(service.app), store)
+            catch_up_all(service.app, store)
             with store._tx() as cur:  # a live copy built by the code before version 5
                 cur.execute(f"DELETE FROM {VERSIONS}")
             later = datetime.now(UTC) + timedelta(hours=1)
