@@ -21,8 +21,10 @@ Integration events (topic exchange `provisioning.events`), each with `event_id`
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
+from types import MappingProxyType
 from typing import Any
 from uuid import NAMESPACE_URL, UUID, uuid5
 
@@ -48,29 +50,30 @@ class IntegrationEvent:
     payload: dict[str, Any]
 
 
+Implied = tuple[list[Work], list[IntegrationEvent]]
+
+
+class UnpublishedEvent(LookupError):
+    """The outbox was handed an event it has no rule for: `PUBLISH` lacks its class."""
+
+
 def _topic(cls: type) -> str:
     return f"{cls.__module__}:{cls.__qualname__}"
 
 
-# The only events the relay reads; anything else in the log is skipped unread.
-TOPICS = tuple(
-    _topic(cls)
-    for cls in (
-        ProvisioningAttempt.Started,
-        ProvisioningAttempt.HopScheduled,
-        ProvisioningAttempt.Promoted,
-        ProvisioningAttempt.Failed,
-        ProvisioningAttempt.Cancelled,
-        ProvisioningAttempt.Superseded,
-        ProvisioningAttempt.CandidateReleased,
-        Brand.Deactivated,
-        Brand.WorkspaceUnbound,
-    )
-)
+# What the integration event of each attempt's ending (or release) is called.
+ENDED_KINDS: dict[type, str] = {
+    ProvisioningAttempt.Promoted: "workspace.ready",
+    ProvisioningAttempt.Failed: "provisioning.failed",
+    ProvisioningAttempt.Cancelled: "provisioning.cancelled",
+    ProvisioningAttempt.Superseded: "provisioning.superseded",
+    ProvisioningAttempt.CandidateReleased: "workspace.released",
+}
 
 
 class OutboxMapper:
-    """Turns stored events into work and integration events.
+    """Turns stored events into work and integration events, by the event's class
+    (`PUBLISH`); a class it has no rule for is refused (`UnpublishedEvent`).
 
     Remembers which brand each recent attempt belongs to (from `Started`), so
     it seldom has to read an attempt to name its brand.
@@ -81,14 +84,14 @@ class OutboxMapper:
         self._brands: OrderedDict[UUID, str] = OrderedDict()
         self._cache_size = cache_size
 
-    def map(self, event: DomainEventProtocol[Any]) -> tuple[list[Work], list[IntegrationEvent]]:
-        if isinstance(event, ProvisioningAttempt.Started):
-            self._remember(event.originator_id, event.brand_id)
-        if type(event).__qualname__.startswith("ProvisioningAttempt."):
-            return self._attempt(event)
-        if type(event).__qualname__.startswith("Brand."):
-            return self._brand(event)
-        return [], []
+    def map(self, event: DomainEventProtocol[Any]) -> Implied:
+        rule = PUBLISH.get(type(event))
+        if rule is None:
+            raise UnpublishedEvent(
+                f"the outbox has no rule for {_topic(type(event))}: "
+                "add one to PUBLISH (infrastructure/outbox.py)"
+            )
+        return rule(self, event)
 
     def _remember(self, attempt_id: UUID, brand_id: str) -> None:
         self._brands[attempt_id] = brand_id
@@ -103,26 +106,20 @@ class OutboxMapper:
             self._remember(attempt_id, brand_id)
         return brand_id
 
-    def _attempt(
-        self, event: DomainEventProtocol[Any]
-    ) -> tuple[list[Work], list[IntegrationEvent]]:
-        attempt_id = event.originator_id
-        assert isinstance(attempt_id, UUID)
-        if isinstance(event, ProvisioningAttempt.Started):
-            return [Work(messages.hop(attempt_id, 0))], []
-        if isinstance(event, ProvisioningAttempt.HopScheduled):
-            delay = max(0.0, (event.not_before - _timestamp(event)).total_seconds())
-            return [Work(messages.hop(attempt_id, event.hop), delay)], []
-        kinds = {
-            ProvisioningAttempt.Promoted: "workspace.ready",
-            ProvisioningAttempt.Failed: "provisioning.failed",
-            ProvisioningAttempt.Cancelled: "provisioning.cancelled",
-            ProvisioningAttempt.Superseded: "provisioning.superseded",
-            ProvisioningAttempt.CandidateReleased: "workspace.released",
-        }
-        kind = kinds.get(type(event))  # type: ignore[arg-type]
-        if kind is None:
-            return [], []
+    def started(self, event: ProvisioningAttempt.Started) -> Implied:
+        attempt_id = _attempt_id(event)
+        self._remember(attempt_id, event.brand_id)
+        return [Work(messages.hop(attempt_id, 0))], []
+
+    def hop_scheduled(self, event: ProvisioningAttempt.HopScheduled) -> Implied:
+        delay = max(0.0, (event.not_before - _timestamp(event)).total_seconds())
+        return [Work(messages.hop(_attempt_id(event), event.hop), delay)], []
+
+    def attempt_ended(self, event: DomainEventProtocol[Any]) -> Implied:
+        """An ending (or a release): its integration event, and a release of what an
+        ending other than a promotion may still owe."""
+        attempt_id = _attempt_id(event)
+        kind = ENDED_KINDS[type(event)]
         payload = self._payload(event, kind, self._brand_of(attempt_id), attempt_id)
         payload["workspace_id"] = getattr(event, "workspace_id", None)
         if isinstance(event, ProvisioningAttempt.Failed):
@@ -137,18 +134,17 @@ class OutboxMapper:
         )
         return work, [IntegrationEvent(kind, payload)]
 
-    def _brand(self, event: DomainEventProtocol[Any]) -> tuple[list[Work], list[IntegrationEvent]]:
-        if isinstance(event, Brand.Deactivated):
-            brand: Any = self.app.repository.get(event.originator_id)
-            delay = max(0.0, (event.purge_at - _timestamp(event)).total_seconds())
-            return [Work(messages.decommission(brand.brand_id), delay)], []
-        if isinstance(event, Brand.WorkspaceUnbound):
-            brand = self.app.repository.get(event.originator_id)
-            payload = self._payload(event, "workspace.unbound", brand.brand_id, None)
-            payload["workspace_id"] = event.workspace_id
-            payload["reason"] = event.reason
-            return [], [IntegrationEvent("workspace.unbound", payload)]
-        return [], []
+    def deactivated(self, event: Brand.Deactivated) -> Implied:
+        brand: Any = self.app.repository.get(event.originator_id)
+        delay = max(0.0, (event.purge_at - _timestamp(event)).total_seconds())
+        return [Work(messages.decommission(brand.brand_id), delay)], []
+
+    def unbound(self, event: Brand.WorkspaceUnbound) -> Implied:
+        brand: Any = self.app.repository.get(event.originator_id)
+        payload = self._payload(event, "workspace.unbound", brand.brand_id, None)
+        payload["workspace_id"] = event.workspace_id
+        payload["reason"] = event.reason
+        return [], [IntegrationEvent("workspace.unbound", payload)]
 
     @staticmethod
     def _payload(
@@ -168,6 +164,27 @@ def _timestamp(event: DomainEventProtocol[Any]) -> datetime:
     value = getattr(event, "timestamp", None)
     assert isinstance(value, datetime)
     return value
+
+
+def _attempt_id(event: DomainEventProtocol[Any]) -> UUID:
+    attempt_id = event.originator_id
+    assert isinstance(attempt_id, UUID)
+    return attempt_id
+
+
+# What each event the relay reads publishes, by its class: the one place to add a rule.
+PUBLISH: Mapping[type, Callable[[OutboxMapper, Any], Implied]] = MappingProxyType(
+    {
+        ProvisioningAttempt.Started: OutboxMapper.started,
+        ProvisioningAttempt.HopScheduled: OutboxMapper.hop_scheduled,
+        **dict.fromkeys(ENDED_KINDS, OutboxMapper.attempt_ended),
+        Brand.Deactivated: OutboxMapper.deactivated,
+        Brand.WorkspaceUnbound: OutboxMapper.unbound,
+    }
+)
+
+# The only events the relay reads; anything else in the log is skipped unread.
+TOPICS = tuple(_topic(cls) for cls in PUBLISH)
 
 
 def save_position(store: TrackingRecorder, notification_id: int) -> None:
