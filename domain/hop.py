@@ -19,22 +19,21 @@ order of a hop, top to bottom:
 No I/O, no clock reads, no exceptions for control flow: a gateway fault reaches
 here as a `GatewayFault` value, the time as the view's `now`. The steps are
 `domain.steps`'s; what a create means, `domain.creates`'s; whose a workspace is,
-`domain.ownership`'s. The table of situations and decisions is docs/hop-table.md.
+`domain.ownership`'s; how long a `Wait` or a `Defer` lasts, `domain.waits`'s. The
+table of situations and decisions is docs/hop-table.md.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 
 from domain import creates
 from domain.outcomes import Outcome, StandDown
 from domain.ownership import Made
 from domain.policies import (
     AttemptState,
-    Backoff,
-    Deferral,
     FailureReason,
     Provenance,
     StatusClass,
@@ -366,63 +365,7 @@ def _terminal(workspace_id: str, raw: str) -> Fail:
     return Fail(FailureReason.TERMINAL_STATUS, f"workspace {workspace_id} reported status {raw!r}")
 
 
-# Endings.
-
-
-def schedule_or_exhaust(
-    hop: int,
-    max_hop: int,
-    backoff: Backoff,
-    now: datetime,
-    status: str,
-    *,
-    settled: int,
-    spends: bool = True,
-) -> Schedule | Fail:
-    """Not yet: the next hop after the backoff, or failed when the settle budget is
-    spent. `settled`: the settle waits used so far (deferred hops are not counted).
-    A wait that does not spend the budget (`spends=False`: an unconfirmed create's
-    grace) comes after the first step of the backoff, whatever is left of it."""
-    if not spends:
-        delay = backoff.delay_after(0)
-        return Schedule(hop + 1, now + timedelta(seconds=delay), delay, status, spends=False)
-    if settled < max_hop and backoff.can_requeue(settled):
-        delay = backoff.delay_after(settled)
-        return Schedule(hop + 1, now + timedelta(seconds=delay), delay, status)
-    return Fail(
-        FailureReason.EXHAUSTED, f"not confirmed after {settled + 1} answered hops; last: {status}"
-    )
-
-
-def defer_or_expire(
-    hop: int,
-    step: Defer,
-    *,
-    in_row: int,
-    unavailable_since: datetime | None,
-    deadline_at: datetime,
-    now: datetime,
-    deferral: Deferral,
-    jitter: float,
-) -> Schedule | Fail:
-    """No answer: the same question again later, without using the settle budget.
-
-    Later means after the shared Retry-After and the jittered backoff of the
-    `in_row`-th deferral in a row, and no later than the deadline; at the
-    deadline the attempt fails (`deadline`), naming since when nothing answered.
-    """
-    since = unavailable_since or now
-    if now >= deadline_at:
-        return Fail(
-            FailureReason.DEADLINE,
-            f"no answer from the gateway since {since.isoformat(timespec='seconds')}; "
-            f"last: {step.status}",
-        )
-    silent_s = (now - since).total_seconds()
-    delay = deferral.delay(in_row, step.retry_after_s, jitter, silent_s, paced=step.paced)
-    not_before = min(now + timedelta(seconds=delay), deadline_at)
-    delay_s = (not_before - now).total_seconds()
-    return Schedule(hop + 1, not_before, delay_s, step.status, deferred=True, spends=False)
+# Endings: how long a Wait or a Defer lasts is domain.waits's.
 
 
 def ended(step: Fail | Schedule) -> tuple[Outcome, str]:

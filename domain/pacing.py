@@ -27,7 +27,8 @@ sent and reports what came of it to `observe`. Times are seconds on one clock
   Retry-After pauses every call of the fleet until then, for at most
   `retry_after_max_s`: one answer may not hold the whole fleet for an hour. A
   longer hold already stored (a process with a longer cap) is cut to that at
-  the next call.
+  the next call. (How long a hold or a wait lasts, and the words for why, are
+  domain/waits.py's; here is when the fleet holds.)
 - **Free when no limit is in force.** With no rate configured or learned, the
   circuit closed, nothing failing and no hold current (`free`), a call needs
   nothing from the shared state: a process admits it from its own copy of the
@@ -50,6 +51,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
+
+from domain.waits import hold_s
 
 
 @dataclass(frozen=True, slots=True)
@@ -266,7 +269,7 @@ def observe(
     answered = _scored(rules, answered, now, throttled=1)
     if not rate_signal(rules, answered):  # a stray 429: its own call waits, not the fleet
         return answered, change
-    pause = min(max(retry_after_s, 1.0), rules.retry_after_max_s)  # none: still a second
+    pause = hold_s(max(retry_after_s, 1.0), rules.retry_after_max_s)  # none: still a second
     until = now + pause
     if until > state.paused_until:
         asked = retry_after_s if retry_after_s > rules.retry_after_max_s else 0.0

@@ -13,7 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 
-from domain.policies import AttemptState, Backoff, FailureReason, StatusClass, classify_status
+from domain.policies import AttemptState, FailureReason, StatusClass, classify_status
+from domain.waits import Backoff
 
 RETRY = "`provisioner retry --failed`"
 OVERDUE_S = 60.0  # a hop this late is overdue (as `provisioner attempts --stuck` counts)

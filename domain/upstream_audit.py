@@ -139,7 +139,7 @@ class ClaimRecord:
 
 
 @dataclass(frozen=True, slots=True)
-class Record:
+class ParentRecord:
     """What the log says about one parent (attempts and brands under it) and the
     claims of every workspace that matters."""
 
@@ -196,13 +196,13 @@ class Audit:
         return tuple(f for f in self.findings if f.is_problem)
 
 
-def released_ids(record: Record) -> set[str]:
+def released_ids(record: ParentRecord) -> set[str]:
     """Workspaces emptied by a release or a decommission, on record."""
     gone = {ws for a in record.attempts for ws in a.released_ids}
     return gone | {ws for b in record.brands for ws in b.emptied_ids}
 
 
-def on_record(record: Record) -> set[str]:
+def on_record(record: ParentRecord) -> set[str]:
     """Every workspace the log names: bound, made by a create, a candidate, released,
     or with a claim."""
     named = {ws for a in record.attempts for ws in (*a.created_ids, *a.released_ids)}
@@ -215,7 +215,9 @@ def _held(claim: ClaimRecord | None) -> bool:
     return claim is not None and (claim.brand_id is not None or claim.releasing)
 
 
-def needs_projects(parent_id: str, family: Iterable[FamilyMember], record: Record) -> set[str]:
+def needs_projects(
+    parent_id: str, family: Iterable[FamilyMember], record: ParentRecord
+) -> set[str]:
     """The workspaces whose projects the audit reads: the released ones the family
     lists (they must be empty), and unexplained children of our titles (evidence)."""
     listed = {m.id for m in family if m.id != parent_id}
@@ -232,7 +234,7 @@ def needs_projects(parent_id: str, family: Iterable[FamilyMember], record: Recor
     return released | (children - known) | (inferred & listed)
 
 
-def taken_for(attempt: AttemptRecord, record: Record, ids: Iterable[str]) -> dict[str, str]:
+def taken_for(attempt: AttemptRecord, record: ParentRecord, ids: Iterable[str]) -> dict[str, str]:
     """Why each of `ids` cannot be this attempt's create's (`ownership.taken_because`:
     another brand's claim, an emptying, another attempt's create on record)."""
     others = [a for a in record.attempts if a.attempt_id != attempt.attempt_id]
@@ -248,7 +250,7 @@ def taken_for(attempt: AttemptRecord, record: Record, ids: Iterable[str]) -> dic
 
 
 def classify(
-    parent_id: str, upstream: Upstream, record: Record, parents: Collection[str] = ()
+    parent_id: str, upstream: Upstream, record: ParentRecord, parents: Collection[str] = ()
 ) -> Audit:
     """Every finding under `parent_id` (see the module's docstring); `parents`: every
     configured parent, never acted on whichever family lists it."""
@@ -265,7 +267,7 @@ class _Scope:
     never: frozenset[str]  # the parent and every configured parent
     family: tuple[FamilyMember, ...]
     upstream: Upstream
-    record: Record
+    record: ParentRecord
     clean: dict[str, int] = field(
         default_factory=lambda: {"bound_ready": 0, "bound_settling": 0, "released_empty": 0}
     )

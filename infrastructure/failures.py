@@ -19,6 +19,8 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Iterator
 
+from domain.waits import jittered
+
 # Exit codes of the `provisioner` command (docs/configuration.md lists them).
 EXIT_OK = 0
 EXIT_ERROR = 1  # a clear error, or `provision --wait` ended other than promoted
@@ -67,9 +69,10 @@ FIRST_PAUSE_S = 0.5
 MAX_PAUSE_S = 15.0
 
 
-class Backoff:
-    """Pauses between reconnection tries: FIRST_PAUSE_S doubling to MAX_PAUSE_S, each
-    drawn between half and all of its nominal value (jitter)."""
+class ReconnectPauses:
+    """Pauses between a process's tries to reach the database or the broker again:
+    FIRST_PAUSE_S doubling to MAX_PAUSE_S, each drawn between half and all of its
+    nominal value (`domain.waits.jittered`)."""
 
     def __init__(
         self,
@@ -83,7 +86,7 @@ class Backoff:
         self._nominal = first_s
 
     def next(self) -> float:
-        pause = self._nominal * (0.5 + 0.5 * self.rng())
+        pause = jittered(self._nominal, self.rng())
         self._nominal = min(self._nominal * 2, self.max_s)
         return pause
 

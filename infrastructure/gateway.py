@@ -42,7 +42,8 @@ than its cap, compressed)
 =========================================  ======================  =========================
 
 Retries (reads and deletes only, after no answer or a 5xx): up to ``retries``
-extra attempts, sleeping ``retry_backoff_s * 2**n`` before retry ``n`` (0-based).
+extra attempts, sleeping ``retry_backoff_s * 2**n`` before retry ``n`` (0-based,
+``domain.waits.doubled``; every wait and its words are domain/waits.py's).
 A 4xx is never retried, nor a 429: its numeric ``Retry-After`` travels on the
 error (``retry_after_s``), and the hop is deferred until then instead of
 holding its thread.
@@ -88,6 +89,7 @@ from domain.ports import (
     Unauthorized,
     WorkspaceGone,
 )
+from domain.waits import doubled
 from infrastructure.gateway_answers import (
     Answer,
     AnswerReader,
@@ -308,7 +310,7 @@ class HttpGateway:
         last = ""
         for n in range(attempts):
             outcome = self._attempt(op, method, path, params=params, limit=limit, read=read)
-            delay = self._backoff_s * 2**n
+            delay = doubled(self._backoff_s, n)
             if isinstance(outcome, Failure):
                 if outcome.certificate:  # retrying cannot change a certificate
                     raise CertificateRefused(

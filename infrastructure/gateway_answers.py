@@ -13,7 +13,6 @@ and truncated to 200 characters.
 from __future__ import annotations
 
 import json as jsonlib
-import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -24,9 +23,9 @@ import httpx
 
 from domain.ids import GATEWAY_ID, is_gateway_id
 from domain.ports import FamilyMember, MalformedAnswer
+from domain.waits import believed_retry_after
 
 SUMMARY_MAX = 200
-RETRY_AFTER_CAP_S = 3600.0  # a Retry-After beyond an hour is not believed
 
 
 class Unreadable(Exception):
@@ -157,8 +156,9 @@ def _text(value: object, op: str, field: str) -> str:
 
 
 def retry_after(response: Answer, now: datetime | None = None) -> float:
-    """Retry-After in seconds, capped; 0 when absent, unreadable or past. An HTTP date
-    counts from the answer's own Date (the gateway's clock), else from `now`."""
+    """Retry-After in seconds, as far as it is believed (`domain.waits.believed_retry_after`:
+    0 when absent, unreadable or past, at most an hour). An HTTP date counts from the
+    answer's own Date (the gateway's clock), else from `now`."""
     try:
         seconds = float(response.retry_after)
     except ValueError:
@@ -167,9 +167,7 @@ def retry_after(response: Answer, now: datetime | None = None) -> float:
             return 0.0
         since = _http_date(response.date) or now or datetime.now(UTC)
         seconds = (at - since).total_seconds()
-    if not math.isfinite(seconds) or seconds <= 0:
-        return 0.0
-    return min(seconds, RETRY_AFTER_CAP_S)
+    return believed_retry_after(seconds)
 
 
 def _http_date(text: str) -> datetime | None:

@@ -1,7 +1,7 @@
 """How long-running processes ride out a broker or database outage.
 
 Every long-running component (worker, relay, projections, reconciler) runs a
-loop that never ends on a failure retrying can fix: it backs off (`Backoff`:
+loop that never ends on a failure retrying can fix: it backs off (`ReconnectPauses`:
 0.5 s doubling to 15 s, with jitter so that many processes do not come back in
 step), logs the outage once and the recovery once (`Outage`), and carries on.
 What retrying cannot fix (credentials refused, a vhost or database that does

@@ -34,8 +34,8 @@ from typing import Any
 import psycopg
 
 from infrastructure.failures import (
-    Backoff,
     EdgeFailure,
+    ReconnectPauses,
     ServiceRefused,
     ServiceUnavailable,
     causes,
@@ -192,7 +192,7 @@ def retrying(
     spent). Refusals and errors that are no edge failure are raised at once.
     """
     deadline = None if wait_s is None else time.monotonic() + wait_s
-    backoff = Backoff(first_pause_s, max_pause_s)
+    backoff = ReconnectPauses(first_pause_s, max_pause_s)
     wait = _Wait(where, remind_s) if wait_s is None else None
     while True:
         try:

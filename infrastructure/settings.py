@@ -20,8 +20,8 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from domain.pacing import PaceRules
-from domain.policies import Backoff, Deferral
 from domain.producer_scopes import Scope
+from domain.waits import Backoff, Deferral
 from infrastructure.broker import BrokerTls
 from infrastructure.eventstore import is_postgres
 from infrastructure.messages import MAX_HOP

@@ -17,8 +17,8 @@ import psycopg
 import pytest
 from hypothesis import HealthCheck, Phase, settings
 
-from domain.policies import Backoff, Deferral
 from domain.ports import Gateway
+from domain.waits import Backoff, Deferral
 from infrastructure.eventstore import ProvisionerApplication, init_database, open_event_store
 from infrastructure.fake_gateway import FakeConfig, FakeGateway
 from infrastructure.gateway import HttpGateway

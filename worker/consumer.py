@@ -55,16 +55,17 @@ from kombu.entity import Queue
 from kombu.messaging import Consumer
 
 from domain.producer_scopes import Scope
+from domain.waits import RETRY_DELAYS_S, WAIT_DELAYS_S
 from infrastructure.broker import Broker, BrokerTls, DelayScheduler, Topology, connect
 from infrastructure.broker_failures import BROKER_ERRORS, broker_refusal
-from infrastructure.failures import Backoff
+from infrastructure.failures import ReconnectPauses
 from infrastructure.heartbeats import Heartbeat
 from infrastructure.outages import Outage
 from infrastructure.service import ProvisioningService
 from infrastructure.settings import log_secrets
 from worker.delivery import Delivery, Settler
 from worker.handlers import give_up, handle
-from worker.retry_policy import RETRY_DELAYS_S, WAIT_DELAYS_S, DeadLetter
+from worker.retry_policy import DeadLetter
 
 __all__ = ["DeadLetter", "HopWorker", "WorkerStats", "handle"]
 
@@ -136,7 +137,7 @@ class HopWorker:
         """Consume until `stop` is set. A broker that is down (at start too) or drops
         the connection is waited for with backoff, the outage logged once; one that
         refuses us for good raises ServiceRefused. Nothing else ends the loop."""
-        backoff = Backoff()
+        backoff = ReconnectPauses()
         try:
             with ThreadPoolExecutor(self.concurrency, thread_name_prefix="hop") as pool:
                 while not stop.is_set():
@@ -159,7 +160,9 @@ class HopWorker:
         finally:
             self.heartbeat.close()
 
-    def _consume(self, pool: ThreadPoolExecutor, stop: threading.Event, backoff: Backoff) -> None:
+    def _consume(
+        self, pool: ThreadPoolExecutor, stop: threading.Event, backoff: ReconnectPauses
+    ) -> None:
         # Results of handlers started on an earlier connection are dropped: their
         # delivery tags are void, and the broker redelivers those messages.
         self._generation += 1
@@ -179,7 +182,7 @@ class HopWorker:
                 database=self.database_outage,
                 # A release or decommission the gateway did not answer (or the pace held
                 # back) waits on the long schedule, as a decommission in progress does
-                # (retry_policy.REFUSED_FOR_NOW).
+                # (domain.waits.REFUSED_FOR_NOW).
                 # Dead letters hide every configured secret, not only the token the
                 # service refuses in a producer's text.
                 secrets=(*self.service.secrets, *log_secrets()),

@@ -36,6 +36,7 @@ from typing import Any
 
 from domain.dead_letter_rules import Reason, reason_of
 from domain.producer_scopes import ProducerScopes, Scope
+from domain.waits import RETRY_DELAYS_S, WAIT_DELAYS_S
 from infrastructure.broker import Broker
 from infrastructure.dead_letter_parsing import kept_id, kept_of
 from infrastructure.messages import InvalidMessage, Message
@@ -45,8 +46,6 @@ from infrastructure.redaction import Secrets
 from worker import metrics
 from worker.reading import Delivery, inspect
 from worker.retry_policy import (
-    RETRY_DELAYS_S,
-    WAIT_DELAYS_S,
     Ack,
     Dead,
     DeadLetter,
@@ -55,7 +54,7 @@ from worker.retry_policy import (
     RetryPolicy,
 )
 
-__all__ = ["WAIT_DELAYS_S", "Delivery", "Settler", "inspect"]
+__all__ = ["Delivery", "Settler", "inspect"]
 
 log = logging.getLogger("provisioner.worker")
 # What a dead letter keeps of the delivery, to be replayed as it came (and of its

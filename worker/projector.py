@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from prometheus_client import Counter, Gauge
 
 from infrastructure.eventstore import ProvisionerApplication, is_postgres
-from infrastructure.failures import Backoff
+from infrastructure.failures import ReconnectPauses
 from infrastructure.heartbeats import Heartbeat
 from infrastructure.outages import Outage, refusal
 from infrastructure.views import PROJECTIONS, LogSource, SqlViewStore
@@ -86,7 +86,7 @@ class Projector:
         A database outage is logged once, and its end once; a database that
         refuses us for good (credentials, no such database) raises ServiceRefused.
         """
-        backoff = Backoff()
+        backoff = ReconnectPauses()
         outage = Outage(log, "projections", self.database_url, announce_start=False)
         while not stop.is_set():
             try:

@@ -43,7 +43,7 @@ from prometheus_client import Counter
 from domain.liveness import Beat, Liveness, liveness
 from infrastructure import messages
 from infrastructure.broker import Broker
-from infrastructure.failures import Backoff
+from infrastructure.failures import ReconnectPauses
 from infrastructure.heartbeats import Heartbeat, read_processes
 from infrastructure.outages import Outage, refusal, which_service
 from infrastructure.service import ProvisioningService
@@ -299,7 +299,7 @@ class Reconciler:
         end once; a service that refuses us for good raises ServiceRefused."""
         if self.audit is not None:
             threading.Thread(target=self.audit.run, args=(stop,), name="audit", daemon=True).start()
-        backoff = Backoff()
+        backoff = ReconnectPauses()
         outage = Outage(log, "reconciler", self.views_url, announce_start=False)
         urls = {"broker_url": broker.url, "database_url": self.views_url}
         while not stop.is_set():

@@ -30,7 +30,7 @@ from infrastructure.eventstore import (
     ProvisionerApplication,
     postgres_conninfo,
 )
-from infrastructure.failures import Backoff
+from infrastructure.failures import ReconnectPauses
 from infrastructure.heartbeats import Heartbeat
 from infrastructure.outages import Outage, refusal, which_service
 from infrastructure.outbox import (
@@ -127,7 +127,7 @@ class Relay:
         outage once and the recovery once. A broker or database that refuses us
         for good (credentials, no such vhost or database) raises ServiceRefused.
         """
-        backoff = Backoff()
+        backoff = ReconnectPauses()
         outage = Outage(log, "relay", self.broker.url, announce_start=False)
         while not stop.is_set():
             try:

@@ -20,6 +20,9 @@ returned) to one of:
   fleet pace's Retry-After) waits that long instead, within the schedule's first
   and longest steps; it is dead-lettered once its waits add up to the whole
   schedule (`x-waited-ms`: about an hour), however many they were.
+
+The schedules, and how long each wait lasts, are domain/waits.py's (its words:
+throttled, unanswered, refused for now, paced); here is only which one applies.
 """
 
 from __future__ import annotations
@@ -29,23 +32,20 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from domain.dead_letter_rules import Reason, reason_of
-from domain.errors import RetryLater
-from domain.ports import GatewayError, TransientGatewayError
+from domain.ports import GatewayError
+from domain.waits import (
+    REFUSED_FOR_NOW,
+    RETRY_DELAYS_S,
+    TOLD_DELAYS_S,
+    WAIT_DELAYS_S,
+    release_wait_s,
+    retry_delay_s,
+    waited_s,
+    waits_spent,
+)
 from infrastructure.messages import MAX_RETRIES_HEADER
 from infrastructure.outages import is_database_error
 from infrastructure.service import ContentionError
-
-# Infrastructure failures (`x-retries`): about 200 s in all.
-RETRY_DELAYS_S = (1.0, 5.0, 15.0, 60.0, 120.0)
-# Refusals for now (`x-waits`): 5, 15, 60 s, then every 120 s; 3,560 s (about an
-# hour) in all. Delays the infrastructure schedule uses too: no new wait queues.
-WAIT_DELAYS_S = (5.0, 15.0, 60.0) + (120.0,) * 29
-# A gateway refusal that says when (Retry-After, an open circuit's next probe): that
-# long, at least this (a growing schedule here held the reliability run's drain for
-# minutes: the gateway's own Retry-After already says how long to wait).
-TOLD_DELAYS_S = (5.0,)
-# What a handler raises for a refusal for now: waits on WAIT_DELAYS_S.
-REFUSED_FOR_NOW: tuple[type[BaseException], ...] = (RetryLater, TransientGatewayError)
 
 
 class DeadLetter(Exception):
@@ -126,33 +126,29 @@ class RetryPolicy:
         """A failure that may pass: re-published on its schedule, or dead once it is spent."""
         if isinstance(exc, self.refused_for_now):
             return self._wait(facts, exc)
-        if facts.tries >= len(self.retry_delays_s):
+        delay = retry_delay_s(facts.tries, self.retry_delays_s)
+        if delay is None:
             give_up = facts.type == "hop" and is_bug(exc)
             errors = {"error": repr(exc)[:300]}
             return Dead(Reason.RETRIES_EXHAUSTED, errors, give_up=give_up)
-        return Republish(
-            self.retry_delays_s[facts.tries], _counts(facts, **{"x-retries": facts.tries + 1})
-        )
+        return Republish(delay, _counts(facts, **{"x-retries": facts.tries + 1}))
 
     def can_retry(self, facts: Facts) -> bool:
         """Whether an infrastructure failure of this delivery would be retried."""
-        return facts.tries < len(self.retry_delays_s)
+        return retry_delay_s(facts.tries, self.retry_delays_s) is not None
 
     def _wait(self, facts: Facts, exc: BaseException) -> Republish | Dead:
+        """Refused for now: how long is domain/waits.py's (`release_wait_s`)."""
         schedule = self.wait_delays_s
-        # Recorded, or (a message from before the header) as the schedule would have it.
-        waited_s = facts.waited_ms / 1000 or sum(schedule[: facts.waits])
-        if waited_s >= sum(schedule) or facts.waits >= MAX_RETRIES_HEADER:  # the header's bound
-            errors = {"error": repr(exc)[:300], "waited_s": waited_s}
+        waited = waited_s(facts.waits, facts.waited_ms, schedule)
+        spent = waits_spent(waited, schedule) or facts.waits >= MAX_RETRIES_HEADER  # its bound
+        if spent:
+            errors = {"error": repr(exc)[:300], "waited_s": waited}
             return Dead(Reason.RETRIES_EXHAUSTED, errors)
-        delay = schedule[min(facts.waits, len(schedule) - 1)]
         hint = float(getattr(exc, "retry_after_s", 0.0) or 0.0)
-        if hint > 0 and getattr(exc, "paced", False):  # the fleet's own turn: then, as hops
-            delay = min(hint, max(schedule))
-        elif hint > 0:  # told when (Retry-After): not sooner, and at least a short step
-            step = self.told_delays_s[min(facts.waits, len(self.told_delays_s) - 1)]
-            delay = min(max(step, hint), max(schedule))
-        counts = {"x-waits": facts.waits + 1, "x-waited-ms": round((waited_s + delay) * 1000)}
+        paced = bool(getattr(exc, "paced", False))
+        delay = release_wait_s(facts.waits, hint, paced, schedule, self.told_delays_s)
+        counts = {"x-waits": facts.waits + 1, "x-waited-ms": round((waited + delay) * 1000)}
         return Republish(delay, _counts(facts, **counts), waiting=True)
 
 

@@ -15,7 +15,7 @@ from uuid import UUID
 
 from eventsourcing.persistence import IntegrityError
 
-from domain import creates, ownership
+from domain import creates, ownership, waits
 from domain import hop as decide
 from domain.attempt import ProvisioningAttempt
 from domain.errors import AlreadyClaimed, BrandDeactivated, CommandRefused
@@ -238,12 +238,12 @@ class HopEffects:
         attempt, settings, now = self.attempt, self.svc.settings, self.svc.clock.now()
         ending: Schedule | Fail
         if isinstance(step, Wait):
-            ending = decide.schedule_or_exhaust(
+            ending = waits.schedule_or_exhaust(
                 self.hop, attempt.max_hop, settings.backoff, now, step.status,
                 settled=attempt.settle_hops, spends=step.spends,
             )  # fmt: skip
         elif isinstance(step, DeferStep):
-            ending = decide.defer_or_expire(
+            ending = waits.defer_or_expire(
                 self.hop,
                 step,
                 # The family answered in this round: the gateway is up, only this call

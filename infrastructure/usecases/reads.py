@@ -19,9 +19,9 @@ from domain.claim import WorkspaceClaim
 from domain.errors import UnknownAttempt, UnknownBrand
 from domain.ids import brand_aggregate_id, claim_aggregate_id, slot_aggregate_id
 from domain.ownership import is_parent, without_parents
-from domain.policies import Backoff, Deferral
 from domain.ports import Clock, FamilyMember, Gateway
 from domain.slot import TitleSlot
+from domain.waits import Backoff, Deferral
 from infrastructure.eventstore import ProvisionerApplication
 from infrastructure.settings_table import default_of
 

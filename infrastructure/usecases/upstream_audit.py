@@ -37,12 +37,13 @@ from domain.upstream_audit import (
     ClaimRecord,
     Finding,
     Kind,
-    Record,
+    ParentRecord,
     Upstream,
     classify,
     needs_projects,
     on_record,
 )
+from domain.waits import AUDIT_READ_TRIES, audit_pause_s
 from infrastructure.usecases import commands, releases
 from infrastructure.usecases.reads import ServiceReads
 from infrastructure.usecases.retry import retry_on_conflict
@@ -51,22 +52,19 @@ log = logging.getLogger("provisioner.audit")
 STARTED = get_topic(ProvisioningAttempt.Started)
 PAGE = 1000  # notifications, or aggregates, per read
 UNBOUND_GONE = "gone upstream (provisioner audit --fix)"
-# A read the gateway did not answer (429, 5xx, the pace holding it) is asked again
-# after its Retry-After or a doubling pause, this often: an audit is never urgent.
-READ_TRIES = 8
 T = TypeVar("T")
-LONGEST_PAUSE_S = 30.0
 
 
 def _asked(read: Callable[[], T], sleep: Callable[[float], None] = time.sleep) -> T:
-    """`read()`, asked again while the gateway does not answer (at most READ_TRIES)."""
-    for n in range(READ_TRIES):
+    """`read()`, asked again while the gateway does not answer (at most
+    `AUDIT_READ_TRIES`, after `audit_pause_s`: domain/waits.py)."""
+    for n in range(AUDIT_READ_TRIES):
         try:
             return read()
         except TransientGatewayError as exc:
-            if n + 1 == READ_TRIES:
+            if n + 1 == AUDIT_READ_TRIES:
                 raise
-            sleep(min(LONGEST_PAUSE_S, max(exc.retry_after_s, 0.5 * 2**n)))
+            sleep(audit_pause_s(n, exc.retry_after_s))
     raise AssertionError("unreachable")
 
 
@@ -124,7 +122,7 @@ def _brand(events: list[Any]) -> BrandRecord:
 
 def read_record(
     svc: ServiceReads, parent_id: str, attempt_ids: Iterable[UUID], family: list[FamilyMember]
-) -> Record:
+) -> ParentRecord:
     """The attempts, their brands, and the claims of what they name and of the
     family's children titled as one of them."""
     attempts: list[Any] = [
@@ -134,7 +132,7 @@ def read_record(
     brand_ids = {brand_aggregate_id(a.brand_id) for a in mine}
     brands = tuple(_brand(events) for events in _streams(svc, brand_ids).values() if events)
     titled = {m.id for t in {a.title for a in mine} for m in same_title(family, t, parent_id)}
-    workspaces = sorted(on_record(Record(mine, brands)) | titled)
+    workspaces = sorted(on_record(ParentRecord(mine, brands)) | titled)
     by_id = {claim_aggregate_id(ws): ws for ws in workspaces}
     claims: dict[str, ClaimRecord] = {}
     for claim_id, events in _streams(svc, by_id).items():
@@ -142,7 +140,7 @@ def read_record(
         if isinstance(claim, WorkspaceClaim):
             ws = by_id[claim_id]
             claims[ws] = ClaimRecord(ws, claim.brand_id, claim.releasing_by is not None)
-    return Record(mine, brands, claims)
+    return ParentRecord(mine, brands, claims)
 
 
 def not_allowed(parent_id: str) -> Audit:

@@ -18,8 +18,9 @@ from collections.abc import Callable
 from typing import Any
 
 from bench.inprocess import InProcessEngine
-from domain.policies import AttemptState, Backoff, Deferral, FailureReason
+from domain.policies import AttemptState, FailureReason
 from domain.ports import TransientGatewayError
+from domain.waits import Backoff, Deferral
 from infrastructure.eventstore import ProvisionerApplication
 from infrastructure.fake_gateway import FakeGateway
 from infrastructure.gateway import HttpGateway

@@ -20,7 +20,7 @@ from selenium.common.exceptions import WebDriverException
 from selenium.webdriver.chrome.options import Options
 from selenium.webdriver.chrome.service import Service
 
-from domain.policies import Deferral
+from domain.waits import Deferral
 from infrastructure.eventstore import open_event_store
 from infrastructure.gateway import HttpGateway
 from infrastructure.service import EngineSettings, ProvisioningService

@@ -15,7 +15,7 @@ from urllib.request import Request, urlopen
 
 import psycopg
 
-from domain.policies import Backoff
+from domain.waits import Backoff
 from infrastructure import messages
 from infrastructure.broker import COMMAND_KEY
 from infrastructure.eventstore import open_event_store

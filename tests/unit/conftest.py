@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from domain.policies import Backoff
+from domain.waits import Backoff
 from infrastructure.eventstore import ProvisionerApplication, open_event_store
 from infrastructure.service import EngineSettings
 from tests.memory_gateway import PARENT, MemoryGateway

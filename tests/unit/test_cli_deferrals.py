@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from domain.policies import Backoff, Deferral
 from domain.ports import TransientGatewayError
+from domain.waits import Backoff, Deferral
 from infrastructure.eventstore import init_database, open_event_store
 from infrastructure.service import EngineSettings, ProvisioningService
 from tests.memory_gateway import MemoryGateway

@@ -17,6 +17,7 @@ from domain.brand import ACTIVE, DEACTIVATED, Brand
 from domain.errors import AttemptInProgress, RetryLater, StaleCommand
 from domain.outcomes import Outcome
 from domain.policies import AttemptState
+from domain.waits import WAIT_DELAYS_S
 from infrastructure import messages
 from infrastructure.outbox import OutboxMapper
 from infrastructure.service import EngineSettings, ProvisioningService
@@ -31,7 +32,7 @@ from tests.support import (
     new_service,
     settler,
 )
-from worker.delivery import WAIT_DELAYS_S, Delivery
+from worker.delivery import Delivery
 
 T0 = datetime(2020, 1, 1, tzinfo=UTC)
 P, D = "provision", "deactivate"

@@ -15,8 +15,9 @@ from eventsourcing.persistence import StoredEvent
 
 from domain.attempt import ProvisioningAttempt
 from domain.outcomes import Outcome
-from domain.policies import AttemptState, Deferral, FailureReason
+from domain.policies import AttemptState, FailureReason
 from domain.ports import AmbiguousCreate, TransientGatewayError
+from domain.waits import Deferral
 from infrastructure.audit import attempt_story
 from infrastructure.broker import wait_rung_ms
 from infrastructure.service import EngineSettings, ProvisioningService

@@ -13,8 +13,8 @@ from prometheus_client import REGISTRY, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from domain.pacing import PaceRules
-from domain.policies import Backoff, Deferral
 from domain.ports import TransientGatewayError
+from domain.waits import Backoff, Deferral
 from infrastructure.gateway import HttpGateway
 from infrastructure.messages import Hop
 from infrastructure.pacing import MemoryPaceStore, Pace

@@ -29,8 +29,6 @@ from domain.creates import create_answered
 from domain.ownership import Facts, Made, Owner, credit, judge, same_title
 from domain.policies import (
     AttemptState,
-    Backoff,
-    Deferral,
     FailureReason,
     Provenance,
     StatusClass,
@@ -46,6 +44,7 @@ from domain.ports import (
     Unauthorized,
     WorkspaceGone,
 )
+from domain.waits import Backoff, Deferral
 from infrastructure.eventstore import open_event_store
 from infrastructure.service import EngineSettings, ProvisioningService
 from tests.memory_gateway import MemoryGateway

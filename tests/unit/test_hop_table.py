@@ -15,10 +15,10 @@ from typing import Any
 
 import pytest
 
-from domain import creates, ownership, steps
+from domain import creates, ownership, steps, waits
 from domain import hop as decide
 from domain.outcomes import Outcome, StandDown
-from domain.policies import AttemptState, Backoff, Deferral, FailureReason, Provenance
+from domain.policies import AttemptState, FailureReason, Provenance
 from domain.ports import (
     AmbiguousCreate,
     FamilyMember,
@@ -47,6 +47,7 @@ from domain.steps import (
     Stand,
     Wait,
 )
+from domain.waits import Backoff, Deferral
 
 Row = tuple[str, Callable[..., bool], Callable[..., object]]
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
@@ -510,7 +511,7 @@ ENDINGS: list[Row] = [
 table(
     "schedule_or_exhaust",
     ENDINGS,
-    lambda h, d, m, b, n, s, sp: decide.schedule_or_exhaust(h, m, b, n, s, settled=d, spends=sp),
+    lambda h, d, m, b, n, s, sp: waits.schedule_or_exhaust(h, m, b, n, s, settled=d, spends=sp),
     [
         (h, d, m, b, n, s, sp)
         for h, d, m, b, n, s, sp in itertools.product(
@@ -568,7 +569,7 @@ DEFER: list[Row] = [
 table(
     "defer_or_expire",
     DEFER,
-    lambda h, st, r, since, dl, n, d, j: decide.defer_or_expire(
+    lambda h, st, r, since, dl, n, d, j: waits.defer_or_expire(
         h, st, in_row=r, unavailable_since=since, deadline_at=dl, now=n, deferral=d, jitter=j
     ),
     itertools.product(

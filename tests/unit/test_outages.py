@@ -13,7 +13,7 @@ from kombu.exceptions import OperationalError
 
 from infrastructure import messages
 from infrastructure.broker_failures import broker_refusal, is_broker_error
-from infrastructure.failures import Backoff, ServiceRefused
+from infrastructure.failures import ReconnectPauses, ServiceRefused
 from infrastructure.outages import (
     Outage,
     database_refusal,
@@ -127,9 +127,9 @@ def test_the_service_named_in_an_outage() -> None:
 
 
 def test_backoff_doubles_with_jitter_up_to_its_bound_and_resets() -> None:
-    backoff = Backoff(first_s=0.5, max_s=15.0, rng=lambda: 1.0)
+    backoff = ReconnectPauses(first_s=0.5, max_s=15.0, rng=lambda: 1.0)
     assert [backoff.next() for _ in range(7)] == [0.5, 1.0, 2.0, 4.0, 8.0, 15.0, 15.0]
-    low = Backoff(first_s=0.5, max_s=15.0, rng=lambda: 0.0)
+    low = ReconnectPauses(first_s=0.5, max_s=15.0, rng=lambda: 0.0)
     assert low.next() == 0.25
     backoff.reset()
     assert backoff.next() == 0.5

@@ -14,9 +14,9 @@ import pytest
 from domain.errors import NotOurs
 from domain.outcomes import Outcome
 from domain.ownership import Creates, Facts, Owner, canonical, credit, is_parent, judge
-from domain.policies import Backoff
 from domain.ports import FamilyMember
 from domain.upstream_audit import Kind, plan, still_true
+from domain.waits import Backoff
 from infrastructure.eventstore import open_event_store
 from infrastructure.service import EngineSettings, ProvisioningService
 from infrastructure.usecases import releases

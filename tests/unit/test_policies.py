@@ -3,12 +3,9 @@ from __future__ import annotations
 import pytest
 
 from domain.ownership import Facts, Owner, judge, same_title
-from domain.policies import (
-    Backoff,
-    StatusClass,
-    classify_status,
-)
+from domain.policies import StatusClass, classify_status
 from domain.ports import FamilyMember
+from domain.waits import Backoff
 from infrastructure.settings import Settings
 
 PARENT = "p"

@@ -7,8 +7,9 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from domain.policies import AttemptState, Backoff, FailureReason
+from domain.policies import AttemptState, FailureReason
 from domain.progress import AttemptFacts, BrandFacts, Fleet, clock, exhausted_at, progress
+from domain.waits import Backoff
 
 NOW = datetime(2026, 12, 1, 10, 2, 0, tzinfo=UTC)
 BACKOFF = Backoff(base_s=5.0, max_requeues=5)  # waits 5, 10, 20, 40, 80 s

@@ -8,8 +8,8 @@ import httpx
 import pytest
 
 from domain.pacing import Go, Hold, PaceState, Result, admit, observe
-from domain.policies import Deferral
 from domain.ports import TransientGatewayError
+from domain.waits import Deferral
 from infrastructure.settings import Settings, SettingsError
 from tests.support import ManualClock, pace_rules
 from tests.unit.test_pacing import EVERY_429, Upstream, adapter

@@ -9,10 +9,9 @@ import pytest
 from domain.dead_letter_rules import Reason
 from domain.errors import RetryLater
 from domain.ports import TransientGatewayError
+from domain.waits import RETRY_DELAYS_S, WAIT_DELAYS_S
 from infrastructure.service import ContentionError
 from worker.retry_policy import (
-    RETRY_DELAYS_S,
-    WAIT_DELAYS_S,
     Ack,
     Dead,
     DeadLetter,

@@ -56,7 +56,7 @@ from domain.brand import Brand
 from domain.errors import AttemptInProgress, RetryLater, StaleCommand, UnknownBrand
 from domain.ids import brand_aggregate_id
 from domain.outcomes import HopOutcome
-from domain.policies import AttemptState, Backoff, FailureReason, StatusClass, classify_status
+from domain.policies import AttemptState, FailureReason, StatusClass, classify_status
 from domain.ports import (
     GatewayError,
     MalformedAnswer,
@@ -65,6 +65,7 @@ from domain.ports import (
     Unauthorized,
     WorkspaceGone,
 )
+from domain.waits import Backoff
 from infrastructure.eventstore import open_event_store
 from infrastructure.service import EngineSettings, ProvisioningService
 from infrastructure.views import PROJECTIONS, LogSource, SqlViewStore, memory_views_url

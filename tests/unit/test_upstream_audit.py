@@ -17,7 +17,7 @@ from domain.upstream_audit import (
     BrandRecord,
     ClaimRecord,
     Kind,
-    Record,
+    ParentRecord,
     Upstream,
     classify,
     needs_projects,
@@ -57,7 +57,7 @@ def claim(ws: str, brand: str | None = "b1") -> dict[str, ClaimRecord]:
     return {ws: ClaimRecord(ws, brand)}
 
 
-def run(family: tuple[FamilyMember, ...], record: Record, **up: object) -> Audit:
+def run(family: tuple[FamilyMember, ...], record: ParentRecord, **up: object) -> Audit:
     """The audit 30 s after the lost create, in an inference window of an hour; a
     child's projects 0 unless given."""
     up["projects"] = {**{m.id: 0 for m in family}, **up.get("projects", {})}  # type: ignore[dict-item]
@@ -73,175 +73,177 @@ def kinds(result: Audit) -> list[tuple[str, str, str]]:
 CASES = [
     pytest.param(
         (member("w1"),),
-        Record((attempt(created_ids=("w1",), candidate_id="w1"),), (bound("w1"),), claim("w1")),
+        ParentRecord(
+            (attempt(created_ids=("w1",), candidate_id="w1"),), (bound("w1"),), claim("w1")
+        ),
         {},
         [],
         id="bound-and-ready",
     ),
     pytest.param(
         (member("w1", "failed"),),
-        Record((), (bound("w1"),), claim("w1")),
+        ParentRecord((), (bound("w1"),), claim("w1")),
         {},
         [("bound_terminal", "w1", "none")],
         id="bound-terminal",
     ),
     pytest.param(
         (),
-        Record((), (bound("w1"),), claim("w1")),
+        ParentRecord((), (bound("w1"),), claim("w1")),
         {"statuses": {"w1": None}},
         [("bound_missing", "w1", "provision")],
         id="bound-gone-provisions-again",
     ),
     pytest.param(
         (),
-        Record((), (bound("w1", active=False),)),
+        ParentRecord((), (bound("w1", active=False),)),
         {"statuses": {"w1": None}},
         [("bound_missing", "w1", "none")],
         id="deactivated-bound-gone-left-alone",
     ),
     pytest.param(
         (),
-        Record((), (bound("w1"),)),
+        ParentRecord((), (bound("w1"),)),
         {"statuses": {"w1": "ready"}},
         [],
         id="bound-not-listed-but-answers",
     ),
     pytest.param(
         (member("w1"),),
-        Record((), (bound("w1"), bound("w1", "b2")), claim("w1")),
+        ParentRecord((), (bound("w1"), bound("w1", "b2")), claim("w1")),
         {},
         [("claimed_twice", "w1", "none")],
         id="bound-to-two-brands",
     ),
     pytest.param(
         (member("w1"),),
-        Record((), (bound("w1"),), claim("w1", "b9")),
+        ParentRecord((), (bound("w1"),), claim("w1", "b9")),
         {},
         [("claimed_twice", "w1", "none")],
         id="bound-claimed-by-another",
     ),
     pytest.param(
         (member("w1"),),
-        Record((attempt(created_ids=("w1",), released_ids=("w1",)),), (), claim("w1", None)),
+        ParentRecord((attempt(created_ids=("w1",), released_ids=("w1",)),), (), claim("w1", None)),
         {"projects": {"w1": 0}},
         [],
         id="released-and-empty",
     ),
     pytest.param(
         (member("w1"),),
-        Record((attempt(created_ids=("w1",), released_ids=("w1",)),), (), claim("w1", None)),
+        ParentRecord((attempt(created_ids=("w1",), released_ids=("w1",)),), (), claim("w1", None)),
         {"projects": {"w1": 2}},
         [("released_not_empty", "w1", "none")],
         id="released-not-empty",
     ),
     pytest.param(
         (member("w1"),),
-        Record((attempt(created_ids=("w1",), released_ids=("w1",)),), (), claim("w1", "b2")),
+        ParentRecord((attempt(created_ids=("w1",), released_ids=("w1",)),), (), claim("w1", "b2")),
         {"projects": {"w1": 2}},
         [],
         id="released-then-adopted-not-judged",
     ),
     pytest.param(
         (member("w1"),),
-        Record((), (BrandRecord("b1", P, T, False, None, ("w1",)),)),
+        ParentRecord((), (BrandRecord("b1", P, T, False, None, ("w1",)),)),
         {"projects": {"w1": 1}},
         [("released_not_empty", "w1", "none")],
         id="decommissioned-not-empty",
     ),
     pytest.param(
         (),
-        Record((attempt(created_ids=("w1",), owed=("w1",), state="failed"),)),
+        ParentRecord((attempt(created_ids=("w1",), owed=("w1",), state="failed"),)),
         {},
         [("release_owed", "w1", "release")],
         id="release-owed",
     ),
     pytest.param(
         (),
-        Record((attempt(created_ids=("w1",), owed=("w1",), pending=True),)),
+        ParentRecord((attempt(created_ids=("w1",), owed=("w1",), pending=True),)),
         {},
         [],
         id="pending-owes-nothing-yet",
     ),
     pytest.param(
         (member("w9"),),
-        Record((lost(),)),
+        ParentRecord((lost(),)),
         {},
         [("orphan", "w9", "release")],
         id="orphan-of-an-unresolved-create",
     ),
     pytest.param(
         (member("w9", "creation_failed"),),
-        Record((lost(),)),
+        ParentRecord((lost(),)),
         {},
         [("orphan", "w9", "release")],
         id="orphan-shell",
     ),
     pytest.param(
         (member("w9"),),
-        Record((lost(pending=True, state="pending"),)),
+        ParentRecord((lost(pending=True, state="pending"),)),
         {},
         [("in_flight", "w9", "none")],
         id="pending-create-in-flight",
     ),
     pytest.param(
         (member("w9"),),
-        Record((lost(baseline=frozenset({"w9"})),)),
+        ParentRecord((lost(baseline=frozenset({"w9"})),)),
         {"projects": {"w9": 3}},
         [("foreign", "w9", "none")],
         id="there-before-the-create",
     ),
     pytest.param(
         (member("w9"),),
-        Record((lost(baseline=frozenset({"w9"})),)),
+        ParentRecord((lost(baseline=frozenset({"w9"})),)),
         {},
         [("adoptable", "w9", "none")],
         id="there-before-the-create-ready-and-empty-adoptable",
     ),
     pytest.param(
         (member("w9"),),
-        Record((attempt(),)),
+        ParentRecord((attempt(),)),
         {"projects": {"w9": 2}},
         [("foreign", "w9", "none")],
         id="create-resolved-someone-elses",
     ),
     pytest.param(
         (member("w9"),),
-        Record((lost("a1", "b1"), lost("a2", "b2"))),
+        ParentRecord((lost("a1", "b1"), lost("a2", "b2"))),
         {},
         [("unclear", "w9", "none")],
         id="credited-to-two-attempts",
     ),
     pytest.param(
         (member("w8"), member("w9")),
-        Record((lost(),)),
+        ParentRecord((lost(),)),
         {},
         [("unclear", "w8", "none"), ("unclear", "w9", "none")],
         id="two-live-cannot-be-told-apart",
     ),
     pytest.param(
         (member("w8"), member("w9")),
-        Record((lost(), attempt("a2", "b2", created_ids=("w8",)))),
+        ParentRecord((lost(), attempt("a2", "b2", created_ids=("w8",)))),
         {},
         [("orphan", "w9", "release")],
         id="another-attempts-create-is-taken",
     ),
     pytest.param(
         (member("w9", title="Other Co"),),
-        Record((lost(),)),
+        ParentRecord((lost(),)),
         {},
         [],
         id="titles-we-never-provisioned-are-not-looked-at",
     ),
     pytest.param(
         (member(P, title=T), member(OTHER_PARENT)),
-        Record((lost(),)),
+        ParentRecord((lost(),)),
         {},
         [],
         id="a-parent-in-the-family-is-never-a-child",
     ),
     pytest.param(
         (),
-        Record((attempt(created_ids=(P,)),), (bound(P),), claim(P)),
+        ParentRecord((attempt(created_ids=(P,)),), (bound(P),), claim(P)),
         {},
         [("parent_on_record", P, "none")],
         id="a-parent-on-record",
@@ -252,7 +254,7 @@ CASES = [
 @pytest.mark.parametrize(("family", "record", "upstream", "expected"), CASES)
 def test_classification(
     family: tuple[FamilyMember, ...],
-    record: Record,
+    record: ParentRecord,
     upstream: dict[str, object],
     expected: list[tuple[str, str, str]],
 ) -> None:
@@ -263,7 +265,7 @@ def test_classification(
 
 
 def test_clean_counts_and_problems() -> None:
-    record = Record(
+    record = ParentRecord(
         (attempt(created_ids=("w1", "w2"), released_ids=("w2",), candidate_id="w1"),
          lost("a2", "b2", baseline=frozenset({"w1", "w2", "w3"}))),
         (bound("w1"),), {**claim("w1"), **claim("w2", None)},
@@ -279,14 +281,15 @@ def test_clean_counts_and_problems() -> None:
 
 
 def test_what_the_audit_reads_the_projects_of() -> None:
-    record = Record((replace(lost(), created_ids=("w1",), released_ids=("w1",)),))
+    record = ParentRecord((replace(lost(), created_ids=("w1",), released_ids=("w1",)),))
     family = [ROOT, member("w1"), member("w9"), member("w7", title="Other Co")]
     assert needs_projects(P, family, record) == {"w1", "w9"}
 
 
 def test_a_read_the_gateway_did_not_answer_is_asked_again_then_given_up() -> None:
     from domain.ports import TransientGatewayError
-    from infrastructure.usecases.upstream_audit import READ_TRIES, _asked
+    from domain.waits import AUDIT_READ_TRIES as READ_TRIES
+    from infrastructure.usecases.upstream_audit import _asked
 
     pauses: list[float] = []
     answers: list[object] = [TransientGatewayError("429", retry_after_s=3.0),
