@@ -75,7 +75,7 @@ def newest(beats: Iterable[Beat]) -> dict[str, Beat]:
 # -- what the deployment comes to ------------------------------------------------
 
 
-class Verdict(Enum):
+class FleetVerdict(Enum):
     OK = "ok"
     DEGRADED = "degraded"  # a warning: the work goes on, slower or by a backstop
     FAILING = "failing"
@@ -83,7 +83,7 @@ class Verdict(Enum):
 
 @dataclass(frozen=True, slots=True)
 class Judged:
-    verdict: Verdict
+    verdict: FleetVerdict
     detail: str
     since: float | None = None  # epoch seconds, when the verdict became true if known
 
@@ -111,7 +111,7 @@ def workers_verdict(
     if alive:
         threads = sum(b.concurrency or 0 for b in alive)
         busy = sum(b.in_flight or 0 for b in alive)
-        return Judged(Verdict.OK, f"{len(alive)} alive ({threads} threads, {busy} in flight)")
+        return Judged(FleetVerdict.OK, f"{len(alive)} alive ({threads} threads, {busy} in flight)")
     last = max(workers, key=lambda b: b.beat_at, default=None)
     seen = (
         "no worker has ever beaten in this database"
@@ -122,17 +122,17 @@ def workers_verdict(
     if queued:
         work.append(_count(queued, "message") + " queued")
     if not work:
-        return Judged(Verdict.OK, f"no worker alive, and no work waits ({seen})")
+        return Judged(FleetVerdict.OK, f"no worker alive, and no work waits ({seen})")
     since = None if last is None else last.beat_at + max_age_s
     return Judged(
-        Verdict.FAILING,
+        FleetVerdict.FAILING,
         f"no worker alive: {', '.join(work)}, {seen}; start `provisioner worker`",
         since,
     )
 
 
-def gateway_silence(ever_answered: bool) -> Verdict:
+def gateway_silence(ever_answered: bool) -> FleetVerdict:
     """A gateway that gives no answer: an outage (hops deferred, degraded) once any
     process of the deployment had an answer from it; until then a configuration error
     (a wrong PROVISIONER_GATEWAY_URL waits for nothing): failing."""
-    return Verdict.DEGRADED if ever_answered else Verdict.FAILING
+    return FleetVerdict.DEGRADED if ever_answered else FleetVerdict.FAILING

@@ -15,7 +15,7 @@ from urllib.parse import urlsplit
 
 import psycopg
 
-from domain.liveness import Liveness, Verdict, gateway_silence, liveness, newest
+from domain.liveness import FleetVerdict, Liveness, gateway_silence, liveness, newest
 from domain.pacing import PaceRules, PaceState, rate_now, shown
 from domain.ports import (
     CertificateRefused,
@@ -172,7 +172,7 @@ class GatewayCheck:
         except TransientGatewayError as exc:  # down or throttled: hops wait, commands go on
             self._since = self._since or utc_now()
             ever = self.answered is None or self.answered()
-            if gateway_silence(ever) is Verdict.FAILING:  # never reached: a setting is wrong
+            if gateway_silence(ever) is FleetVerdict.FAILING:  # never reached: a setting is wrong
                 return Unhealthy(
                     f"the gateway at {self.url} has never answered any process of this "
                     f"deployment, nor this check ({cause(str(exc))}): check "

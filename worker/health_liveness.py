@@ -19,7 +19,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from domain.liveness import Beat, Liveness, Verdict, age_s, liveness, workers_verdict
+from domain.liveness import Beat, FleetVerdict, Liveness, age_s, liveness, workers_verdict
 from worker.health_results import Check, Degraded, Unhealthy
 
 COMPONENTS = ("relay", "projections", "reconciler")
@@ -125,7 +125,7 @@ def workers_check(
             except Exception:  # noqa: BLE001 - the broker check says why; attempts still count
                 waiting = None
         judged = workers_verdict(workers, now, max_age_s, pending, waiting)
-        if judged.verdict is Verdict.FAILING:
+        if judged.verdict is FleetVerdict.FAILING:
             since = datetime.fromtimestamp(judged.since, UTC) if judged.since else None
             raise Unhealthy(judged.detail, since)
         return judged.detail

@@ -32,7 +32,7 @@ from infrastructure.messages import (
 )
 from infrastructure.origins import producer_of
 from infrastructure.outages import one_line
-from worker.retry_policy import Facts
+from worker.retry_policy import DeliveryFacts
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,8 +46,8 @@ class Delivery:
     waited_ms: int = 0
 
     @property
-    def facts(self) -> Facts:
-        return Facts(self.message.type, self.tries, self.waits, self.waited_ms)
+    def facts(self) -> DeliveryFacts:
+        return DeliveryFacts(self.message.type, self.tries, self.waits, self.waited_ms)
 
 
 def inspect(message: Any, queue: str, scopes: ProducerScopes | None = None) -> Delivery:

@@ -64,7 +64,7 @@ def is_bug(exc: BaseException) -> bool:
 
 
 @dataclass(frozen=True, slots=True)
-class Facts:
+class DeliveryFacts:
     """What a delivery says of itself: its type and its retry counts so far."""
 
     type: str
@@ -109,7 +109,7 @@ class RetryPolicy:
     refused_for_now: tuple[type[BaseException], ...] = REFUSED_FOR_NOW
     never_retried: tuple[type[BaseException], ...] = (DeadLetter,)
 
-    def decide(self, facts: Facts, failure: BaseException | None) -> Decision:
+    def decide(self, facts: DeliveryFacts, failure: BaseException | None) -> Decision:
         """What to do with a delivery whose handler returned (None) or raised `failure`."""
         if failure is None:
             return Ack()
@@ -122,7 +122,7 @@ class RetryPolicy:
             return Dead(reason, errors)
         return self.failed(facts, failure)
 
-    def failed(self, facts: Facts, exc: BaseException) -> Republish | Dead:
+    def failed(self, facts: DeliveryFacts, exc: BaseException) -> Republish | Dead:
         """A failure that may pass: re-published on its schedule, or dead once it is spent."""
         if isinstance(exc, self.refused_for_now):
             return self._wait(facts, exc)
@@ -133,11 +133,11 @@ class RetryPolicy:
             return Dead(Reason.RETRIES_EXHAUSTED, errors, give_up=give_up)
         return Republish(delay, _counts(facts, **{"x-retries": facts.tries + 1}))
 
-    def can_retry(self, facts: Facts) -> bool:
+    def can_retry(self, facts: DeliveryFacts) -> bool:
         """Whether an infrastructure failure of this delivery would be retried."""
         return retry_delay_s(facts.tries, self.retry_delays_s) is not None
 
-    def _wait(self, facts: Facts, exc: BaseException) -> Republish | Dead:
+    def _wait(self, facts: DeliveryFacts, exc: BaseException) -> Republish | Dead:
         """Refused for now: how long is domain/waits.py's (`release_wait_s`)."""
         schedule = self.wait_delays_s
         waited = waited_s(facts.waits, facts.waited_ms, schedule)
@@ -155,12 +155,14 @@ class RetryPolicy:
 DEFAULT = RetryPolicy()
 
 
-def decide(facts: Facts, failure: BaseException | None, policy: RetryPolicy = DEFAULT) -> Decision:
+def decide(
+    facts: DeliveryFacts, failure: BaseException | None, policy: RetryPolicy = DEFAULT
+) -> Decision:
     """`policy.decide`: the worker's decision for a delivery (see the module's text)."""
     return policy.decide(facts, failure)
 
 
-def _counts(facts: Facts, **counts: int) -> dict[str, int]:
+def _counts(facts: DeliveryFacts, **counts: int) -> dict[str, int]:
     """The delivery's counts as headers (x-waits only once there is one), updated."""
     headers = {"x-retries": facts.tries}
     if facts.waits:

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from domain.liveness import Beat, Verdict, gateway_silence, newest, workers_verdict
+from domain.liveness import Beat, FleetVerdict, gateway_silence, newest, workers_verdict
 from domain.ports import TransientGatewayError, WorkspaceGone
 from infrastructure.gateway_contact import GatewayContact, cause
 from infrastructure.heartbeats import Heartbeat, read_beats, read_processes
@@ -34,44 +34,46 @@ def worker(at: float, process: str = "w1:7", *, in_flight: int = 0) -> Beat:
     return Beat("worker", process, at - 100, at, "w1", 7, "0.1.0", 8, in_flight, 12)
 
 
-def verdict(state: dict[str, Any]) -> Verdict:
+def verdict(state: dict[str, Any]) -> FleetVerdict:
     """The deployment's verdict on its workers and its gateway, as `health` makes it:
     the worse of the two."""
     judged = workers_verdict(state["workers"], NOW, MAX_AGE, state["pending"], state["queued"])
-    gateway = Verdict.OK
+    gateway = FleetVerdict.OK
     if not state["gateway_answers_now"]:
         gateway = gateway_silence(state["gateway_ever_answered"])
-    order = [Verdict.OK, Verdict.DEGRADED, Verdict.FAILING]
+    order = [FleetVerdict.OK, FleetVerdict.DEGRADED, FleetVerdict.FAILING]
     return max(judged.verdict, gateway, key=order.index)
 
 
 GATEWAY_OK = {"gateway_answers_now": True, "gateway_ever_answered": True}
-TABLE: list[tuple[str, dict[str, Any], Verdict]] = [
+TABLE: list[tuple[str, dict[str, Any], FleetVerdict]] = [
     ("no work and no worker ever", {"workers": [], "pending": 0, "queued": 0, **GATEWAY_OK},
-     Verdict.OK),
+     FleetVerdict.OK),
     ("no work and the workers gone", {"workers": [worker(NOW - 600)], "pending": 0, "queued": 0,
-                                      **GATEWAY_OK}, Verdict.OK),
+                                      **GATEWAY_OK}, FleetVerdict.OK),
     ("attempts pending, a worker alive", {"workers": [worker(NOW - 3)], "pending": 5,
-                                          "queued": None, **GATEWAY_OK}, Verdict.OK),
+                                          "queued": None, **GATEWAY_OK}, FleetVerdict.OK),
     ("attempts pending, no worker beat", {"workers": [worker(NOW - 600)], "pending": 1,
-                                          "queued": 0, **GATEWAY_OK}, Verdict.FAILING),
+                                          "queued": 0, **GATEWAY_OK}, FleetVerdict.FAILING),
     ("commands queued, no worker ever", {"workers": [], "pending": 0, "queued": 3, **GATEWAY_OK},
-     Verdict.FAILING),
+     FleetVerdict.FAILING),
     ("attempts pending, the queues unknown, no worker", {"workers": [], "pending": 2,
                                                          "queued": None, **GATEWAY_OK},
-     Verdict.FAILING),
+     FleetVerdict.FAILING),
     ("gateway never answered", {"workers": [worker(NOW)], "pending": 0, "queued": 0,
                                 "gateway_answers_now": False, "gateway_ever_answered": False},
-     Verdict.FAILING),
+     FleetVerdict.FAILING),
     ("gateway answered once, now silent", {"workers": [worker(NOW)], "pending": 0, "queued": 0,
                                            "gateway_answers_now": False,
-                                           "gateway_ever_answered": True}, Verdict.DEGRADED),
+                                           "gateway_ever_answered": True}, FleetVerdict.DEGRADED),
 ]  # fmt: skip
 
 
 @pytest.mark.parametrize(("state", "expected"), [(s, v) for _, s, v in TABLE],
                          ids=[name for name, _, _ in TABLE])  # fmt: skip
-def test_the_deployments_verdict_in_every_state(state: dict[str, Any], expected: Verdict) -> None:
+def test_the_deployments_verdict_in_every_state(
+    state: dict[str, Any], expected: FleetVerdict
+) -> None:
     assert verdict(state) is expected
 
 

@@ -16,7 +16,7 @@ from worker.retry_policy import (
     Dead,
     DeadLetter,
     Decision,
-    Facts,
+    DeliveryFacts,
     Republish,
     RetryPolicy,
     decide,
@@ -46,76 +46,76 @@ def waited(exc: BaseException) -> Dead:
     ("facts", "failure", "decision"),
     [
         # Handled.
-        (Facts("hop"), None, Ack()),
-        (Facts("provision", 2, 2), None, Ack()),
+        (DeliveryFacts("hop"), None, Ack()),
+        (DeliveryFacts("provision", 2, 2), None, Ack()),
         # A DeadLetter: never retried, whatever the counts; its reason, or the name
         # of the refusal, read as a Reason, and a label that is none kept as it was.
-        (Facts("hop"), DeadLetter("UnknownAttempt", {"error": "no attempt"}),
+        (DeliveryFacts("hop"), DeadLetter("UnknownAttempt", {"error": "no attempt"}),
          Dead(Reason.UNKNOWN_ATTEMPT, {"error": "no attempt"})),
-        (Facts("provision", 9, 9), DeadLetter("InvalidRequest"),
+        (DeliveryFacts("provision", 9, 9), DeadLetter("InvalidRequest"),
          Dead(Reason.INVALID_REQUEST, {})),
-        (Facts("hop"), DeadLetter(Reason.SCHEMA_ERROR, {"fields": {}}),
+        (DeliveryFacts("hop"), DeadLetter(Reason.SCHEMA_ERROR, {"fields": {}}),
          Dead(Reason.SCHEMA_ERROR, {"fields": {}})),
-        (Facts("hop"), DeadLetter("no such thing", {"n": 1}),
+        (DeliveryFacts("hop"), DeadLetter("no such thing", {"n": 1}),
          Dead(Reason.OTHER, {"label": "no such thing", "n": 1})),
         # Infrastructure failures: x-retries on the retry schedule, x-waits kept.
-        (Facts("hop"), DB_DOWN, Republish(1.0, {"x-retries": 1})),
-        (Facts("release", 1), BUSY, Republish(5.0, {"x-retries": 2})),
-        (Facts("provision", 1, 3), DB_DOWN, Republish(5.0, {"x-retries": 2, "x-waits": 3})),
+        (DeliveryFacts("hop"), DB_DOWN, Republish(1.0, {"x-retries": 1})),
+        (DeliveryFacts("release", 1), BUSY, Republish(5.0, {"x-retries": 2})),
+        (DeliveryFacts("provision", 1, 3), DB_DOWN, Republish(5.0, {"x-retries": 2, "x-waits": 3})),
         # ... then dead once spent.
-        (Facts("hop", 2), DB_DOWN, exhausted(DB_DOWN)),
-        (Facts("hop", 2), BUSY, exhausted(BUSY)),
-        (Facts("deactivate", 2, 1), DB_DOWN, exhausted(DB_DOWN)),
+        (DeliveryFacts("hop", 2), DB_DOWN, exhausted(DB_DOWN)),
+        (DeliveryFacts("hop", 2), BUSY, exhausted(BUSY)),
+        (DeliveryFacts("deactivate", 2, 1), DB_DOWN, exhausted(DB_DOWN)),
         # A bug is retried like the rest (it may pass) ...
-        (Facts("hop", 1), BUG, Republish(5.0, {"x-retries": 2})),
+        (DeliveryFacts("hop", 1), BUG, Republish(5.0, {"x-retries": 2})),
         # ... and a hop that raised one every time fails its attempt before it goes.
-        (Facts("hop", 2), BUG, exhausted(BUG, give_up=True)),
-        (Facts("release", 2), BUG, exhausted(BUG)),
-        (Facts("provision", 2), AssertionError(), exhausted(AssertionError())),
+        (DeliveryFacts("hop", 2), BUG, exhausted(BUG, give_up=True)),
+        (DeliveryFacts("release", 2), BUG, exhausted(BUG)),
+        (DeliveryFacts("provision", 2), AssertionError(), exhausted(AssertionError())),
         # Refused for now: x-waits on the wait schedule, apart from x-retries.
-        (Facts("provision"), LATER,
+        (DeliveryFacts("provision"), LATER,
          Republish(10.0, {"x-retries": 0, "x-waits": 1, "x-waited-ms": 10_000}, waiting=True)),
-        (Facts("provision", 2, 1), LATER,
+        (DeliveryFacts("provision", 2, 1), LATER,
          Republish(20.0, {"x-retries": 2, "x-waits": 2, "x-waited-ms": 30_000}, waiting=True)),
-        (Facts("release", 2), UNANSWERED,
+        (DeliveryFacts("release", 2), UNANSWERED,
          Republish(10.0, {"x-retries": 2, "x-waits": 1, "x-waited-ms": 10_000}, waiting=True)),
-        (Facts("decommission", 0, 1), UNANSWERED,
+        (DeliveryFacts("decommission", 0, 1), UNANSWERED,
          Republish(20.0, {"x-retries": 0, "x-waits": 2, "x-waited-ms": 30_000}, waiting=True)),
         # Told when (Retry-After): not sooner, at least a short step, at most the
         # schedule's longest; the fleet's own turn (paced): that long, as a hop waits ...
-        (Facts("release", 0, 1, 10_000), HELD,
+        (DeliveryFacts("release", 0, 1, 10_000), HELD,
          Republish(5.0, {"x-retries": 0, "x-waits": 2, "x-waited-ms": 15_000}, waiting=True)),
-        (Facts("release", 0, 1, 10_000), PACED,
+        (DeliveryFacts("release", 0, 1, 10_000), PACED,
          Republish(2.0, {"x-retries": 0, "x-waits": 2, "x-waited-ms": 12_000}, waiting=True)),
-        (Facts("release", 0, 0), TOLD_15,
+        (DeliveryFacts("release", 0, 0), TOLD_15,
          Republish(15.0, {"x-retries": 0, "x-waits": 1, "x-waited-ms": 15_000}, waiting=True)),
-        (Facts("release", 0, 0), TOLD_AN_HOUR,
+        (DeliveryFacts("release", 0, 0), TOLD_AN_HOUR,
          Republish(20.0, {"x-retries": 0, "x-waits": 1, "x-waited-ms": 20_000}, waiting=True)),
         # ... and dead once the waits add up to the schedule, however many they were.
-        (Facts("release", 0, 5, 29_000), HELD,
+        (DeliveryFacts("release", 0, 5, 29_000), HELD,
          Republish(5.0, {"x-retries": 0, "x-waits": 6, "x-waited-ms": 34_000}, waiting=True)),
-        (Facts("release", 0, 6, 34_000), HELD,
+        (DeliveryFacts("release", 0, 6, 34_000), HELD,
          Dead(Reason.RETRIES_EXHAUSTED, {"error": repr(HELD), "waited_s": 34.0})),
         # ... then dead once spent, saying how long it waited.
-        (Facts("provision", 0, 2), LATER, waited(LATER)),
-        (Facts("hop", 0, 2), UNANSWERED, waited(UNANSWERED)),
+        (DeliveryFacts("provision", 0, 2), LATER, waited(LATER)),
+        (DeliveryFacts("hop", 0, 2), UNANSWERED, waited(UNANSWERED)),
     ],
 )  # fmt: skip
 def test_each_delivery_gets_its_decision(
-    facts: Facts, failure: BaseException | None, decision: Decision
+    facts: DeliveryFacts, failure: BaseException | None, decision: Decision
 ) -> None:
     assert POLICY.decide(facts, failure) == decision
 
 
 def test_the_default_schedules_are_the_workers() -> None:
-    assert decide(Facts("hop"), DB_DOWN) == Republish(RETRY_DELAYS_S[0], {"x-retries": 1})
-    assert decide(Facts("hop", len(RETRY_DELAYS_S)), BUG) == exhausted(BUG, give_up=True)
-    assert decide(Facts("provision"), LATER) == Republish(
+    assert decide(DeliveryFacts("hop"), DB_DOWN) == Republish(RETRY_DELAYS_S[0], {"x-retries": 1})
+    assert decide(DeliveryFacts("hop", len(RETRY_DELAYS_S)), BUG) == exhausted(BUG, give_up=True)
+    assert decide(DeliveryFacts("provision"), LATER) == Republish(
         WAIT_DELAYS_S[0],
         {"x-retries": 0, "x-waits": 1, "x-waited-ms": WAIT_DELAYS_S[0] * 1000},
         waiting=True,
     )
-    assert decide(Facts("provision", 0, len(WAIT_DELAYS_S)), LATER) == Dead(
+    assert decide(DeliveryFacts("provision", 0, len(WAIT_DELAYS_S)), LATER) == Dead(
         Reason.RETRIES_EXHAUSTED, {"error": repr(LATER), "waited_s": sum(WAIT_DELAYS_S)}
     )
 
@@ -123,7 +123,7 @@ def test_the_default_schedules_are_the_workers() -> None:
 def test_an_error_is_cut_to_what_a_header_holds() -> None:
     long = RuntimeError("x" * 1000)
 
-    decision = POLICY.decide(Facts("hop", 2), long)
+    decision = POLICY.decide(DeliveryFacts("hop", 2), long)
 
     assert isinstance(decision, Dead)
     assert len(decision.errors["error"]) == 300
@@ -131,6 +131,7 @@ def test_an_error_is_cut_to_what_a_header_holds() -> None:
 
 def test_what_may_be_retried_when_settling_fails() -> None:
     """The settler retries a delivery whose settling failed while it has retries left."""
-    assert POLICY.can_retry(Facts("hop", 1))
-    assert not POLICY.can_retry(Facts("hop", 2))
-    assert POLICY.failed(Facts("hop", 1), OSError("reset")) == Republish(5.0, {"x-retries": 2})
+    assert POLICY.can_retry(DeliveryFacts("hop", 1))
+    assert not POLICY.can_retry(DeliveryFacts("hop", 2))
+    reset = OSError("reset")
+    assert POLICY.failed(DeliveryFacts("hop", 1), reset) == Republish(5.0, {"x-retries": 2})
