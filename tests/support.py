@@ -178,13 +178,14 @@ def words(text: str) -> str:
     return " ".join(re.sub(r"[│─]", " ", text).split())
 
 
-def rabbitmqctl(*args: str, timeout: float = 60.0) -> str:
-    """Run the local RabbitMQ's rabbitmqctl; raises when it is missing or fails."""
+def rabbitmqctl(*args: str, timeout: float = 60.0, stdin: str | None = None) -> str:
+    """Run the local RabbitMQ's rabbitmqctl (`stdin` its input, as add_user reads a
+    password); raises when it is missing or fails."""
     exe = shutil.which("rabbitmqctl")
     if exe is None:
         raise FileNotFoundError("rabbitmqctl is not on PATH (vhosts, users, closing connections)")
     done = subprocess.run(
-        [exe, *args], capture_output=True, text=True, timeout=timeout, check=False
+        [exe, *args], input=stdin, capture_output=True, text=True, timeout=timeout, check=False
     )
     if done.returncode != 0:
         raise RuntimeError(f"rabbitmqctl {args[0]} failed: {done.stderr.strip()[-300:]}")

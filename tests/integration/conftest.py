@@ -21,9 +21,12 @@ otherwise land in the next test.
 from __future__ import annotations
 
 import os
+import secrets
+import shutil
 import subprocess
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from urllib.parse import quote
 
 import pytest
@@ -34,7 +37,17 @@ from infrastructure.eventstore import open_event_store
 from infrastructure.fake_gateway import FakeGateway
 from infrastructure.views import SqlViewStore
 from tests.conftest import unavailable
-from tests.integration.messaging_support import environment, list_queues
+from tests.integration.messaging_support import (
+    Vhost,
+    apply_permissions,
+    cli,
+    cli_env,
+    environment,
+    list_queues,
+    remove_vhost,
+    sqlite_url,
+    user_url,
+)
 from tests.readmodels import assert_projections_match
 from tests.support import rabbitmqctl
 
@@ -133,3 +146,31 @@ def projections_match_replay(request: pytest.FixtureRequest) -> Iterator[None]:
 def pg_env(pg_database: str, rabbit_url: str, fake: FakeGateway) -> dict[str, str]:
     """The settings of a test on the session's PostgreSQL and its RabbitMQ vhost."""
     return environment(pg_database, rabbit_url, fake)
+
+
+@pytest.fixture
+def vhost(tmp_path: Path, fake: FakeGateway) -> Iterator[Vhost]:
+    """A vhost of the test's own, with a service user and a producer user made by the
+    lines `provisioner broker init --print-permissions` prints, and the topology
+    declared by the service user; all removed at the end, whatever happened."""
+    if shutil.which("rabbitmqctl") is None:
+        unavailable("rabbitmqctl", FileNotFoundError("rabbitmqctl is not on PATH"))
+    tag = uuid.uuid4().hex[:10]
+    name, service, producer = f"perm_test_{tag}", f"perm_svc_{tag}", f"perm_producer_{tag}"
+    passwords = {user: secrets.token_hex(16) for user in (service, producer)}
+    env = cli_env(sqlite_url(tmp_path), "memory://", fake)
+    printed = cli(env, "broker", "init", "--print-permissions",
+                  "--producer", producer, "--service-user", service, "--vhost", name)  # fmt: skip
+    assert printed.returncode == 0, printed.stderr
+    try:
+        try:
+            apply_permissions(printed.stdout, passwords)
+        except (OSError, RuntimeError, subprocess.TimeoutExpired) as exc:
+            unavailable("RabbitMQ (rabbitmqctl)", exc)
+        service_url = user_url(service, passwords[service], name)
+        init = cli(cli_env(sqlite_url(tmp_path), service_url, fake), "broker", "init")
+        assert init.returncode == 0, init.stderr  # the service may declare its topology
+        yield Vhost(name, service_url, user_url(producer, passwords[producer], name))
+    finally:
+        left = remove_vhost(name, [service, producer])
+    assert not left, f"the clean-up left things behind: {left}"

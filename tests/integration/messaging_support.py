@@ -7,6 +7,7 @@ and the outages a test makes (`drop_connections`, `CrashOnSave`, `FixedPosition`
 
 from __future__ import annotations
 
+import shlex
 import subprocess
 import sys
 import threading
@@ -16,12 +17,13 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
-from urllib.parse import unquote, urlsplit
+from urllib.parse import quote, unquote, urlsplit
 from uuid import UUID
 
 from eventsourcing.persistence import Tracking, TrackingRecorder
 from kombu import Connection, Queue
 
+from domain.errors import UnknownBrand
 from domain.policies import AttemptState
 from infrastructure.broker import EXCHANGE
 from infrastructure.eventstore import is_postgres, open_position_store
@@ -121,18 +123,23 @@ def publish_raw(
     content_type: str = "application/json",
     content_encoding: str = "utf-8",
     headers: dict[str, Any] | None = None,
+    *,
+    exchange: str = EXCHANGE,
+    **properties: Any,
 ) -> None:
-    """Publish a body as is (no validation) to the work exchange, with confirms."""
-    with Connection(url, transport_options={"confirm_publish": True}) as conn:
+    """Publish a body as is (no validation) to the work exchange, or `exchange`, with
+    confirms and `mandatory` (unroutable raises); `properties` as kombu takes them."""
+    with Connection(url, connect_timeout=3, transport_options={"confirm_publish": True}) as conn:
         conn.Producer().publish(
             body,
-            exchange=EXCHANGE,
+            exchange=exchange,
             routing_key=routing_key,
             content_type=content_type,
             content_encoding=content_encoding,
             headers=headers,
             mandatory=True,
             retry=False,
+            **properties,
         )
 
 
@@ -346,3 +353,54 @@ def drop_connections(url: str) -> None:
         close_all_connections(url, "test")
     except (OSError, RuntimeError, subprocess.TimeoutExpired) as exc:
         unavailable("rabbitmqctl", exc)
+
+
+# --- A vhost of its own, with the broker permission model applied
+# (docs/operations.md, "Broker permissions"): the `vhost` fixture (conftest.py).
+
+BROKER_HOST = "127.0.0.1:5672"  # the broker the local rabbitmqctl manages
+
+
+@dataclass(frozen=True)
+class Vhost:
+    """The throwaway vhost, with the model applied and the topology declared."""
+
+    name: str
+    service_url: str
+    producer_url: str
+
+
+def apply_permissions(printed: str, passwords: dict[str, str]) -> None:
+    """Run the printed rabbitmqctl lines as they are; add_user reads its password on stdin."""
+    lines = [line for line in printed.splitlines() if line.strip() and not line.startswith("#")]
+    assert lines, printed
+    for line in lines:
+        argv = shlex.split(line)
+        assert argv[0] == "rabbitmqctl", line
+        stdin = passwords[argv[2]] + "\n" if argv[1] == "add_user" else None
+        rabbitmqctl(*argv[1:], stdin=stdin)
+
+
+def remove_vhost(vhost: str, users: list[str]) -> list[str]:
+    """Delete the vhost and the users, each tried whatever became of the others."""
+    failures = []
+    for argv in (["delete_vhost", vhost], *(["delete_user", user] for user in users)):
+        try:
+            rabbitmqctl(*argv)
+        except (OSError, RuntimeError, subprocess.TimeoutExpired) as exc:
+            failures.append(str(exc))
+    return failures
+
+
+def user_url(user: str, password: str, vhost: str) -> str:
+    """The AMQP URL of a user of `vhost` on the local broker."""
+    return f"amqp://{user}:{password}@{BROKER_HOST}/{quote(vhost, safe='')}"
+
+
+def bound_workspace(runtime: Runtime, brand_id: str) -> str | None:
+    """The brand's bound workspace; None while it has none, or is not registered yet."""
+    try:
+        workspace_id: str | None = runtime.service.brand(brand_id).workspace_id
+    except UnknownBrand:
+        return None
+    return workspace_id

@@ -19,22 +19,15 @@ failed when PROVISIONER_REQUIRE_SERVICES=1 or CI is set (tests/conftest.py).
 from __future__ import annotations
 
 import json
-import secrets
-import shlex
-import shutil
-import subprocess
 import uuid
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
 import amqp
 import pytest
 from kombu import Connection
 
-from domain.errors import UnknownBrand
 from infrastructure import messages
 from infrastructure.broker import (
     COMMAND_KEY,
@@ -51,13 +44,14 @@ from infrastructure.broker import (
 )
 from infrastructure.fake_gateway import FakeGateway
 from infrastructure.settings import Settings
-from tests.conftest import PARENT, unavailable
+from tests.conftest import PARENT
 from tests.integration.messaging_support import (
-    cli,
-    cli_env,
+    Vhost,
+    bound_workspace,
     components,
     environment,
     promoted,
+    publish_raw,
     queue_depth,
     sqlite_url,
     take,
@@ -68,88 +62,8 @@ from worker.runtime import build
 
 pytestmark = pytest.mark.rabbitmq
 
-HOST = "127.0.0.1:5672"  # the broker the local rabbitmqctl manages
 REFUSAL = "wrong_queue"  # an internal message on the commands queue
 WAIT_QUEUE = str(Topology().wait(wait_rung_ms(5)).name)
-
-
-@dataclass(frozen=True)
-class Vhost:
-    """The throwaway vhost, with the model applied and the topology declared."""
-
-    name: str
-    service_url: str
-    producer_url: str
-
-
-def _run(exe: str, argv: list[str], stdin: str | None = None) -> None:
-    done = subprocess.run(
-        [exe, *argv], input=stdin, capture_output=True, text=True, timeout=60, check=False
-    )
-    if done.returncode != 0:
-        raise RuntimeError(f"rabbitmqctl {shlex.join(argv)} failed: {done.stderr.strip()[-300:]}")
-
-
-def _apply(exe: str, printed: str, passwords: dict[str, str]) -> None:
-    """Run the printed rabbitmqctl lines as they are; add_user reads its password on stdin."""
-    lines = [line for line in printed.splitlines() if line.strip() and not line.startswith("#")]
-    assert lines, printed
-    for line in lines:
-        argv = shlex.split(line)
-        assert argv[0] == "rabbitmqctl", line
-        stdin = passwords[argv[2]] + "\n" if argv[1] == "add_user" else None
-        _run(exe, argv[1:], stdin)
-
-
-def _clean_up(exe: str, vhost: str, users: list[str]) -> list[str]:
-    """Delete the vhost and the users, each tried whatever became of the others."""
-    failures = []
-    for argv in (["delete_vhost", vhost], *(["delete_user", user] for user in users)):
-        try:
-            _run(exe, argv)
-        except (OSError, RuntimeError, subprocess.TimeoutExpired) as exc:
-            failures.append(str(exc))
-    return failures
-
-
-def _url(user: str, password: str, vhost: str) -> str:
-    return f"amqp://{user}:{password}@{HOST}/{quote(vhost, safe='')}"
-
-
-@pytest.fixture
-def vhost(tmp_path: Path, fake: FakeGateway) -> Iterator[Vhost]:
-    exe = shutil.which("rabbitmqctl")
-    if exe is None:
-        unavailable("rabbitmqctl", FileNotFoundError("rabbitmqctl is not on PATH"))
-    assert exe is not None
-    tag = uuid.uuid4().hex[:10]
-    name, service, producer = f"perm_test_{tag}", f"perm_svc_{tag}", f"perm_producer_{tag}"
-    passwords = {user: secrets.token_hex(16) for user in (service, producer)}
-    env = cli_env(sqlite_url(tmp_path), "memory://", fake)
-    printed = cli(env, "broker", "init", "--print-permissions",
-                  "--producer", producer, "--service-user", service, "--vhost", name)  # fmt: skip
-    assert printed.returncode == 0, printed.stderr
-    try:
-        try:
-            _apply(exe, printed.stdout, passwords)
-        except (OSError, RuntimeError, subprocess.TimeoutExpired) as exc:
-            unavailable("RabbitMQ (rabbitmqctl)", exc)
-        service_url = _url(service, passwords[service], name)
-        init = cli(cli_env(sqlite_url(tmp_path), service_url, fake), "broker", "init")
-        assert init.returncode == 0, init.stderr  # the service may declare its topology
-        yield Vhost(name, service_url, _url(producer, passwords[producer], name))
-    finally:
-        left = _clean_up(exe, name, [service, producer])
-    assert not left, f"the clean-up left things behind: {left}"
-
-
-def publish(url: str, body: bytes, exchange: str, routing_key: str) -> None:
-    """Publish a body as is, with confirms and `mandatory` (unroutable raises)."""
-    with Connection(url, connect_timeout=3, transport_options={"confirm_publish": True}) as conn:
-        conn.Producer().publish(
-            body, exchange=exchange, routing_key=routing_key, content_type="application/json",
-            content_encoding="utf-8", mandatory=True, retry=False,
-        )  # fmt: skip
 
 
 def refused(url: str, act: Callable[[Any], object]) -> str:
@@ -213,8 +127,8 @@ ROUTES_AROUND: list[tuple[str, Callable[[Any], object], str]] = [
 
 
 def test_a_producer_can_publish_commands_and_is_refused_everything_else(vhost: Vhost) -> None:
-    publish(vhost.producer_url, messages.deactivate("nobody").encode(), COMMANDS_EXCHANGE,
-            COMMAND_KEY)  # fmt: skip
+    publish_raw(vhost.producer_url, messages.deactivate("nobody").encode(), COMMAND_KEY,
+                exchange=COMMANDS_EXCHANGE)  # fmt: skip
 
     said = {what: refused(vhost.producer_url, act) for what, act, _ in ROUTES_AROUND}
 
@@ -228,14 +142,6 @@ def test_a_producer_can_publish_commands_and_is_refused_everything_else(vhost: V
     assert queue_depth(vhost.service_url, HOPS_QUEUE)[0] == 0  # nothing got in there
 
 
-def bound_workspace(runtime: Any, brand_id: str) -> str | None:
-    try:
-        workspace_id: str | None = runtime.service.brand(brand_id).workspace_id
-    except UnknownBrand:
-        return None
-    return workspace_id
-
-
 def test_a_producers_commands_are_carried_out_and_internal_bodies_dead_lettered_unhandled(
     vhost: Vhost, fake: FakeGateway, tmp_path: Path, brand_id: str
 ) -> None:
@@ -243,7 +149,7 @@ def test_a_producers_commands_are_carried_out_and_internal_bodies_dead_lettered_
     env = environment(sqlite_url(tmp_path), vhost.service_url, fake)
 
     def command(message: messages.Message) -> None:
-        publish(vhost.producer_url, message.encode(), COMMANDS_EXCHANGE, COMMAND_KEY)
+        publish_raw(vhost.producer_url, message.encode(), COMMAND_KEY, exchange=COMMANDS_EXCHANGE)
 
     with build(Settings.from_env(env)) as runtime, components(runtime, relay=True) as running:
         worker = running.worker

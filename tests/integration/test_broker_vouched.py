@@ -27,7 +27,6 @@ from urllib.parse import unquote, urlsplit
 
 import pytest
 from click.testing import CliRunner
-from kombu import Connection
 
 from infrastructure import messages
 from infrastructure.broker import (
@@ -44,21 +43,21 @@ from infrastructure.fake_gateway import FakeGateway
 from infrastructure.settings import Settings
 from tests.conftest import PARENT
 from tests.integration.messaging_support import (
+    Vhost,
+    bound_workspace,
     components,
     environment,
     promoted,
+    publish_raw,
     queue_depth,
     sqlite_url,
     wait_for,
 )
-from tests.integration.test_broker_permissions import Vhost, bound_workspace, vhost
 from tests.support import upstream
 from worker.cli import main
 from worker.runtime import Runtime, build
 
 pytestmark = pytest.mark.rabbitmq
-
-__all__ = ["vhost"]  # the fixture, used by name
 
 FORGED_ID = "forged0000000001"
 
@@ -75,12 +74,7 @@ def user_of(url: str) -> str:
 
 def publish(url: str, message: messages.Message, **properties: Any) -> None:
     """Publish a command as the producer does, with confirms and `mandatory`."""
-    with Connection(url, connect_timeout=3, transport_options={"confirm_publish": True}) as conn:
-        conn.Producer().publish(
-            message.encode(), exchange=COMMANDS_EXCHANGE, routing_key=COMMAND_KEY,
-            content_type="application/json", content_encoding="utf-8", mandatory=True,
-            retry=False, **properties,
-        )  # fmt: skip
+    publish_raw(url, message.encode(), COMMAND_KEY, exchange=COMMANDS_EXCHANGE, **properties)
 
 
 @dataclass(frozen=True)
