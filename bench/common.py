@@ -6,6 +6,7 @@ Imported by the scripts in bench/ (which put the project root on sys.path first)
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import re
@@ -147,6 +148,32 @@ def machine_busy_s() -> float:
     except OSError:
         return 0.0
     return (sum(ticks) - ticks[3] - ticks[4]) / CLK_TCK
+
+
+# --------------------------------------------------------------------------- the pipeline's flags
+
+# The flags of the pipeline's layout and size, shared by bench/pipeline.py and bench/peer.py
+# (which runs the pipeline as its "ours" side): each script adds its own --latency-ms.
+PIPELINE_FLAGS = ("brands", "concurrency", "workers", "brands_per_parent", "timeout")
+
+
+def add_pipeline_args(parser: argparse.ArgumentParser) -> None:
+    """--brands, --concurrency, --workers, --brands-per-parent, --timeout and --json."""
+    parser.add_argument("--brands", type=int, default=1000)
+    parser.add_argument("--concurrency", type=int, default=16, help="hop threads per worker")
+    parser.add_argument("--workers", type=int, default=2, help="worker processes (one a core)")
+    parser.add_argument("--brands-per-parent", type=int, default=100)
+    parser.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for brands")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def pipeline_args(
+    args: argparse.Namespace, latency_ms: float, profile: str | None = None
+) -> argparse.Namespace:
+    """The arguments of one bench/pipeline.py run, taken from `args` (parsed with
+    `add_pipeline_args`) at one latency."""
+    given = {name: getattr(args, name) for name in PIPELINE_FLAGS}
+    return argparse.Namespace(**given, latency_ms=latency_ms, profile=profile)
 
 
 def percentile(samples: Sequence[float], q: float) -> float:

@@ -51,6 +51,7 @@ import peer_rows
 import psycopg
 from celery import Celery
 from common import (
+    add_pipeline_args,
     cpu_by_name,
     delete_vhost,
     drop_database,
@@ -244,16 +245,7 @@ def ours_run(args: argparse.Namespace, latency_ms: float) -> dict[str, Any]:
         return fake, url
 
     pipeline.start_fake = start_fake_alike
-    given = argparse.Namespace(
-        brands=args.brands,
-        concurrency=args.concurrency,
-        workers=args.workers,
-        latency_ms=latency_ms,
-        brands_per_parent=args.brands_per_parent,
-        timeout=args.timeout,
-        profile=None,
-    )
-    result: dict[str, Any] = pipeline.run(given)
+    result: dict[str, Any] = pipeline.run(common.pipeline_args(args, latency_ms))
     if calls:
         result["gateway_calls_per_brand"] = round(calls[0] / max(args.brands, 1), 2)
     return {"side": "ours", "settle_polls": args.settle_polls, **result}
@@ -297,18 +289,13 @@ def line(r: dict[str, Any]) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--brands", type=int, default=1000)
+    add_pipeline_args(parser)  # the layout and size of both sides
     parser.add_argument("--latency-ms", type=float, nargs="+", default=[0.0, 100.0])
     parser.add_argument("--settle-polls", type=int, default=1, help="not-ready polls first")
-    parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--concurrency", type=int, default=16, help="threads per worker")
-    parser.add_argument("--brands-per-parent", type=int, default=100)
     parser.add_argument("--peer-poll-s", type=float, default=1.0, help="the peer's first re-poll")
     parser.add_argument("--repeat", type=int, default=1, help="runs of each side, alternating")
     parser.add_argument("--only", choices=("ours", "peer"), help="run one side only")
-    parser.add_argument("--timeout", type=float, default=300.0)
     parser.add_argument("--logs", metavar="DIR", help="keep the peer workers' logs here")
-    parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     if args.logs:
         Path(args.logs).mkdir(parents=True, exist_ok=True)

@@ -45,12 +45,14 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from common import (
+    add_pipeline_args,
     cpu_by_name,
     delete_vhost,
     drop_database,
     fresh_database,
     fresh_vhost,
     machine_busy_s,
+    pipeline_args,
     postgres_cpu,
     proc_cpu_s,
     start_fake,
@@ -370,13 +372,8 @@ def measure(args: argparse.Namespace, url: str, broker_url: str) -> dict[str, An
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--brands", type=int, default=1000)
-    parser.add_argument("--concurrency", type=int, default=16, help="hop threads per worker")
-    parser.add_argument("--workers", type=int, default=2, help="worker processes (one a core)")
+    add_pipeline_args(parser)
     parser.add_argument("--latency-ms", type=float, default=0.0)
-    parser.add_argument("--brands-per-parent", type=int, default=100)
-    parser.add_argument("--timeout", type=float, default=300.0)
-    parser.add_argument("--json", action="store_true")
     parser.add_argument(
         "--profile",
         metavar="DIR",
@@ -384,7 +381,7 @@ def main() -> int:
         "DIR/worker<N>.pstats: a diagnosis, its figures are not comparable",
     )
     args = parser.parse_args()
-    result = run(args)
+    result = run(pipeline_args(args, args.latency_ms, args.profile))
     if args.json:
         print(json.dumps(result))
     else:
