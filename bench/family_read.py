@@ -11,7 +11,9 @@ receiving and parsing), the fake's CPU per read, each as a ratio to the 0-member
 baseline measured in the same run, and the worker's peak memory during one read
 (tracemalloc) beside that of the way before (the body whole, then `json.loads`).
 
-    PYTHONPATH=. python bench/family_read.py [--members 0 10000 50000] [--reads 40] [--json]
+    .venv/bin/python bench/family_read.py [--members 0 10000 50000] [--reads 40] [--json]
+
+`--json` prints one object on one line: {"reads", "load_average", "sizes": [a row per size]}.
 """
 
 from __future__ import annotations
@@ -20,8 +22,13 @@ import argparse
 import json
 import os
 import statistics
+import sys
 import time
 import tracemalloc
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
 
 import httpx
 from common import fake_call, percentile, proc_cpu_s, start_fake
@@ -98,10 +105,12 @@ def main() -> None:
     for row in rows:
         for key in ("wall_p50_ms", "client_cpu_ms", "fake_cpu_ms"):
             row[key.removesuffix("_ms") + "_x"] = row[key] / base[key] if base[key] else 0.0
+    load_after = os.getloadavg()[0]
     if args.json:
-        print(json.dumps(rows, indent=2))
+        load_average = [round(load_before, 2), round(load_after, 2)]
+        print(json.dumps({"reads": args.reads, "load_average": load_average, "sizes": rows}))
         return
-    load = f"load average {load_before:.2f} before, {os.getloadavg()[0]:.2f} after"
+    load = f"load average {load_before:.2f} before, {load_after:.2f} after"
     print(f"family reads through HttpGateway over loopback, {args.reads} a size; {load}")
     print(
         "members |     bytes | share of bound | wall p50 (x) | wall p90 | "

@@ -13,7 +13,15 @@ Runs, one after another, each as a subprocess with `--json`:
 - `rollout-metered`: bench/rollout.py metered (300 brands against a gateway
   metered at 20 calls/s, the fleet's rate configured, then learned);
 - `rollout-outage`: bench/rollout.py outage (a 10-minute outage with 200
-  brands in flight; 30 s under `--quick`), run once whatever `--repeat`.
+  brands in flight; 30 s under `--quick`), run once whatever `--repeat`;
+- `peer`: bench/peer.py (ours beside a Celery + row compare-and-set peer, 1,000
+  brands at 0 and 100 ms per call, a workspace ready at its second poll);
+- `stray`: bench/stray.py (a 300-brand rollout with 3 % of calls answered 429 at
+  random, beside the same rollout without them);
+- `rollout-crowded`: bench/rollout.py crowded (300 brands into one parent holding
+  50,000 other children, beside the same into an empty parent);
+- `family-read`: bench/family_read.py (one hop's family read at 0, 10,000 and
+  50,000 other children, each beside the 0-member read).
 
 Around each run it samples the load average, the machine's busy CPU, the CPU
 of the run's own process tree, of the PostgreSQL server and of RabbitMQ
@@ -24,9 +32,9 @@ machine, commit, commands, figures, ratios and targets, other load. Nothing
 outside the markers changes. It refuses to write (and exits 1) when a
 benchmark failed or the markers are not there once each, in order.
 
-`--quick` runs small sizes (a smoke check; the targets are not judged and the
-region says it is a placeholder); `--no-write` and `--only` print the region
-without writing it.
+`--quick` runs small sizes, once each unless `--repeat` says otherwise (a smoke
+check; the targets are not judged and the region says it is a placeholder);
+`--no-write` and `--only` print the region without writing it.
 """
 
 from __future__ import annotations
@@ -125,6 +133,34 @@ BENCHES = (
         ("outage", "--brands", "40", "--outage-s", "30", "--json"),
         max_runs=1,
     ),
+    Bench(
+        "peer",
+        "ours beside a Celery + row compare-and-set peer, 2 x 16 a side",
+        "bench/peer.py",
+        ("--brands", "1000", "--json"),
+        ("--brands", "100", "--json"),
+    ),
+    Bench(
+        "stray",
+        "rollout with 3 % stray 429s beside one without, 2 x 16",
+        "bench/stray.py",
+        ("--json",),
+        ("--brands", "40", "--json"),
+    ),
+    Bench(
+        "rollout-crowded",
+        "rollout into a crowded parent beside an empty one, 2 x 16",
+        "bench/rollout.py",
+        ("crowded", "--json"),
+        ("crowded", "--brands", "40", "--others", "5000", "--json"),
+    ),
+    Bench(
+        "family-read",
+        "one hop's family read by the family's size",
+        "bench/family_read.py",
+        ("--reads", "60", "--json"),
+        ("--members", "0", "10000", "--reads", "10", "--json"),
+    ),
 )
 
 
@@ -199,6 +235,30 @@ def _calls_over_probes(r: dict[str, Any]) -> float:
     if r["calls_after_open"] is None:
         return float("inf")
     return float(r["calls_after_open"]) / max(int(r["allowed_after_open"]), 1)
+
+
+def _peer_ratio(latency_ms: float) -> Callable[[dict[str, Any]], float]:
+    """bench/peer.py's ratio at this latency (ours over the peer's, same run)."""
+
+    def value(r: dict[str, Any]) -> float:
+        found = [x["value"] for x in r["ratios"] if float(x["latency_ms"]) == latency_ms]
+        return float(found[0]) if found else float("nan")
+
+    return value
+
+
+def _stray_not_ready(r: dict[str, Any]) -> float:
+    runs = ("without", "with")
+    return sum(float(r["brands"] - r[run]["ready"]) for run in runs)
+
+
+def _crowded_not_ready(r: dict[str, Any]) -> float:
+    return sum(float(r["brands"] - r[run]["ready"]) for run in ("empty", "crowded"))
+
+
+def _largest_family(r: dict[str, Any]) -> dict[str, Any]:
+    largest: dict[str, Any] = max(r["sizes"], key=lambda row: row["members"])
+    return largest
 
 
 FIGURES = (
@@ -353,6 +413,68 @@ FIGURES = (
         ".0f",
         ("<=", 0),
     ),
+    Figure(
+        "peer, zero latency: ours / peer's provisions/s (same run)",
+        "peer",
+        _peer_ratio(0.0),
+        "",
+        ".2f",
+        (">=", 1.0),
+    ),
+    Figure(
+        "peer, 100 ms per call: our seconds / peer's (same run)",
+        "peer",
+        _peer_ratio(100.0),
+        "",
+        ".2f",
+        ("<=", 1.0),
+    ),
+    Figure(
+        "stray 429s: seconds with them / without (same run)",
+        "stray",
+        lambda r: float(r["ratio"]),
+        "",
+        ".2f",
+        ("<=", 1.3),
+    ),
+    Figure(
+        "stray 429s, brands not ready (both runs)",
+        "stray",
+        _stray_not_ready,
+        "",
+        ".0f",
+        ("<=", 0),
+    ),
+    Figure(
+        "crowded parent: seconds / empty parent's (same run)",
+        "rollout-crowded",
+        lambda r: float(r["seconds_ratio"]),
+        "",
+        ".2f",
+        ("<=", 1.5),
+    ),
+    Figure(
+        "crowded parent: gateway bytes per brand",
+        "rollout-crowded",
+        lambda r: float(r["crowded"]["gateway_bytes_per_brand"]),
+        "",
+        ",.0f",
+    ),
+    Figure(
+        "crowded parent, brands not ready (both runs)",
+        "rollout-crowded",
+        _crowded_not_ready,
+        "",
+        ".0f",
+        ("<=", 0),
+    ),
+    Figure(
+        "family read, largest family: worker CPU per read / 0-member read's",
+        "family-read",
+        lambda r: float(_largest_family(r)["client_cpu_x"]),
+        "",
+        ",.1f",
+    ),
 )
 
 
@@ -444,6 +566,10 @@ def render(machine: dict[str, str], runs: Sequence[Run], *, quick: bool) -> str:
     lines += _readmodels_table(by_bench.get("readmodels", []))
     lines += _rollout_table(by_bench.get("rollout-metered", []))
     lines += _outage_table(by_bench.get("rollout-outage", []))
+    lines += _peer_table(by_bench.get("peer", []))
+    lines += _stray_table(by_bench.get("stray", []))
+    lines += _crowded_table(by_bench.get("rollout-crowded", []))
+    lines += _family_table(by_bench.get("family-read", []))
     lines += _load_table(runs)
     return "\n".join(lines) + "\n"
 
@@ -607,6 +733,114 @@ def _outage_table(results: Sequence[dict[str, Any]]) -> list[str]:
             f"{r['recovery_s']:.1f} / {'-' if twice is None else f'{twice:.1f}'} "
             f"({r['created_twice']}) / {'-' if once is None else f'{once:.1f}'} | {_failures(r)} |"
         )
+    return lines
+
+
+def _peer_table(results: Sequence[dict[str, Any]]) -> list[str]:
+    if not results:
+        return []
+    lines = [
+        "",
+        "Against a conventional peer (`bench/peer.py`): each side's seconds to the last brand "
+        "bound, provisions/s, gateway calls a brand, CPU ms per provision of the workers and "
+        "of all processes; then ours over the peer's:",
+        "",
+        "| latency | side | brands | seconds | provisions/s | calls a brand "
+        "| CPU ms: workers, all | other |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        for x in r["runs"]:
+            cpu = x.get("cpu_ms_per_provision", {})
+            workers = sum(v for k, v in cpu.items() if k.startswith("worker"))
+            lines.append(
+                f"| {x['latency_ms']:g} ms | {x['side']} | {x['ready']:,} of {x['brands']:,} | "
+                f"{x['seconds']:.2f} | {_n(x['provisions_per_s'])} | "
+                f"{x.get('gateway_calls_per_brand', '-')} | {workers:.1f}, "
+                f"{sum(cpu.values()):.1f} | {x.get('other_share', 0.0):.2f} |"
+            )
+        for x in r["ratios"]:
+            lines.append(
+                f"| {x['latency_ms']:g} ms | {x['ratio']} = **{x['value']:.2f}** "
+                f"(target {x['target']}) | | | | | | |"
+            )
+    return lines
+
+
+def _stray_table(results: Sequence[dict[str, Any]]) -> list[str]:
+    if not results:
+        return []
+    lines = [
+        "",
+        "Stray 429s (`bench/stray.py`): the same rollout without them, then with a share of "
+        "GETs answered 429 at random; seconds to the last brand ready, calls answered 429, "
+        "whether the fleet's pace ever held, deferred hops:",
+        "",
+        "| brands | share | without: s | with: s | with / without | 429s (share of calls) "
+        "| fleet held | deferred hops | failed |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        clean, stray = r["without"], r["with"]
+        failed = [_failures({"brands": r["brands"], **x}) for x in (clean, stray)]
+        lines.append(
+            f"| {r['brands']:,} | {100 * r['share']:g} % | {clean['seconds']:.2f} | "
+            f"{stray['seconds']:.2f} | {r['ratio']:.2f} | {stray['answered_429']} "
+            f"({100 * stray['share_429']:.2f} %) | {'yes' if stray['fleet_held'] else 'never'} | "
+            f"{stray['hops_deferred']:,.0f} | {', '.join(failed)} |"
+        )
+    return lines
+
+
+def _crowded_table(results: Sequence[dict[str, Any]]) -> list[str]:
+    if not results:
+        return []
+    lines = [
+        "",
+        "A rollout into a crowded parent (`bench/rollout.py crowded`): every brand under one "
+        "parent, empty, then holding other children; seconds to the last brand ready, family "
+        "reads and gateway bytes per brand, the fake's and the workers' CPU seconds:",
+        "",
+        "| brands | other children | empty: s | crowded: s | crowded / empty "
+        "| family reads per brand | gateway bytes per brand | fake, workers CPU s | failed |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        empty, crowded = r["empty"], r["crowded"]
+        failed = [_failures({"brands": r["brands"], **x}) for x in (empty, crowded)]
+        lines.append(
+            f"| {r['brands']:,} | {r['others']:,} | {empty['seconds']:.1f} | "
+            f"{crowded['seconds']:.1f} | {r['seconds_ratio']:.2f} | "
+            f"{empty['family_calls_per_brand']}, {crowded['family_calls_per_brand']} | "
+            f"{empty['gateway_bytes_per_brand']:,}; {crowded['gateway_bytes_per_brand']:,} | "
+            f"{empty['fake_cpu_s']:.1f} → {crowded['fake_cpu_s']:.1f}; "
+            f"{empty['workers_cpu_s']:.1f} → {crowded['workers_cpu_s']:.1f} | "
+            f"{', '.join(failed)} |"
+        )
+    return lines
+
+
+def _family_table(results: Sequence[dict[str, Any]]) -> list[str]:
+    if not results:
+        return []
+    lines = [
+        "",
+        "A hop's family read by the family's size (`bench/family_read.py`), each beside the "
+        "0-member read of the same run (x); the worker's peak memory during one read, and in "
+        "brackets that of reading the body whole:",
+        "",
+        "| members | bytes | wall p50 ms (x) | worker CPU ms per read (x) "
+        "| fake CPU ms per read (x) | worker peak KiB (body whole) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        for x in r["sizes"]:
+            lines.append(
+                f"| {x['members']:,} | {x['bytes']:,} | {x['wall_p50_ms']:.1f} "
+                f"({x['wall_p50_x']:.1f}) | {x['client_cpu_ms']:.2f} ({x['client_cpu_x']:.1f}) | "
+                f"{x['fake_cpu_ms']:.1f} ({x['fake_cpu_x']:.1f}) | {x['peak_kib']:,.0f} "
+                f"({x['whole_peak_kib']:,.0f}) |"
+            )
     return lines
 
 
@@ -831,7 +1065,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small sizes: a smoke check")
     parser.add_argument(
-        "--repeat", type=int, default=2, help="runs of each benchmark (one varies by 10 %% here)"
+        "--repeat",
+        type=int,
+        default=None,
+        help="runs of each benchmark (one varies by 10 %% here): 2, or 1 with --quick",
     )
     parser.add_argument("--no-write", action="store_true", help="print the region only")
     parser.add_argument(
@@ -840,6 +1077,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         help=f"comma-separated subset of {', '.join(b.name for b in BENCHES)} (implies --no-write)",
     )
     args = parser.parse_args(argv)
+    if args.repeat is None:
+        args.repeat = 1 if args.quick else 2
     chosen = [b for b in BENCHES if not args.only or b.name in args.only.split(",")]
     unknown = set(filter(None, args.only.split(","))) - {b.name for b in BENCHES}
     if unknown or not chosen or args.repeat < 1:

@@ -89,7 +89,7 @@ def main() -> int:
     result = {"brands": args.brands, "share": args.share, "without": clean, "with": stray,
               "ratio": round(ratio, 3), "target": TARGET, "passed": passed}  # fmt: skip
     if args.json:
-        print(json.dumps(result, indent=2))
+        print(json.dumps(result))  # one line: bench/report.py reads the last JSON line
     else:
         say(f"with {args.share:.0%} stray 429s / without: {ratio:.2f} (target <= {TARGET}); "
             f"{'pass' if passed else 'FAIL'}")  # fmt: skip
