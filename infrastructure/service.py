@@ -9,7 +9,8 @@ Off the request path (what the worker runs, one short step at a time):
                                                deciding with `domain.hop`
     release(attempt_id)        the owed release of an attempt that ended unpromoted
     decommission(brand_id)     empty, unbind and unclaim a deactivated brand's workspace
-                               (those two: `infrastructure.usecases.releases`)
+        -> Decommissioned      (those two: `infrastructure.usecases.releases`,
+                               deciding with `domain.releases`)
     expire(attempt_id, t)      fail an attempt still pending past its deadline
     fail_internal(id, hop, e)  fail an attempt whose hop raised a bug on every retry
                                (those two: `infrastructure.usecases.endings`)
@@ -31,6 +32,7 @@ from uuid import UUID
 from domain.errors import ProvisionerError
 from domain.outcomes import HopOutcome, Outcome
 from domain.policies import FailureReason
+from domain.releases import Decommissioned
 from infrastructure.usecases import commands, endings, releases
 from infrastructure.usecases.commands import Deactivation
 from infrastructure.usecases.hop import HopRun
@@ -98,8 +100,9 @@ class ProvisioningService(ServiceReads):
         """Fail an attempt whose hop raised an unexpected `error` on every retry."""
         return endings.fail_internal(self, attempt_id, hop, error)
 
-    def decommission(self, brand_id: str) -> int | None:
-        """Empty a deactivated brand's workspace, then unbind it and release its claim."""
+    def decommission(self, brand_id: str) -> Decommissioned:
+        """Empty a deactivated brand's workspace, then unbind it and release its claim;
+        what it did, typed (emptied, nothing bound, not due, refused, unbound)."""
         return releases.decommission(self, brand_id)
 
 

@@ -25,6 +25,7 @@ from domain.errors import (
     UnknownAttempt,
     UnknownBrand,
 )
+from domain.releases import Decommissioned, DecommissionKind
 from infrastructure import messages
 from infrastructure.messages import (
     Body,
@@ -55,7 +56,26 @@ def release(service: ProvisioningService, message: Release) -> str:
 
 
 def decommission(service: ProvisioningService, message: Decommission) -> str:
-    return f"decommissioned ({service.decommission(message.brand_id)} projects)"
+    return said(service.decommission(message.brand_id))
+
+
+# What a decommission's outcome is said as, by its kind.
+DECOMMISSION_SAID: Mapping[DecommissionKind, str] = MappingProxyType(
+    {
+        DecommissionKind.EMPTIED: "decommissioned ({projects} projects)",
+        DecommissionKind.NOTHING_BOUND: "not decommissioned: nothing bound",
+        DecommissionKind.NOT_DUE: "not decommissioned yet: {why}",
+        DecommissionKind.REFUSED: "not decommissioned, refused: {why}",
+        DecommissionKind.UNBOUND_NOT_EMPTIED: "unbound, not emptied: {why}",
+    }
+)
+
+
+def said(outcome: Decommissioned) -> str:
+    """A decommission's outcome in words, for the log and the operator."""
+    return DECOMMISSION_SAID[outcome.kind].format(
+        projects=outcome.projects_deleted, why=outcome.why
+    )
 
 
 def provision(service: ProvisioningService, message: Provision) -> str:

@@ -7,6 +7,12 @@
 unresolved create, an adopted claim, its title slot); a hop that finds its
 attempt ended performs it too. What an unresolved create made is read by
 `recovery`, as for the hop.
+
+The decisions are `domain.releases`' pure functions of plain values (what to do
+about one owed workspace, what its emptying came to, whether a decommission is
+due and what it may empty); this module loads, observes through the gateway port,
+asks them and saves. Saves are version-checked, and a claim (or the brand) is
+marked `Releasing` in its own save before any delete.
 """
 
 from __future__ import annotations
@@ -19,11 +25,14 @@ from uuid import UUID
 from eventsourcing.domain import Aggregate
 
 from domain import ownership
+from domain import releases as rules
 from domain.attempt import ProvisioningAttempt
+from domain.brand import Brand
 from domain.claim import WorkspaceClaim
 from domain.errors import CommandRefused, NotOurs
 from domain.policies import AttemptState, FailureReason, Provenance
 from domain.ports import GatewayError, RequestRejected, TransientGatewayError, WorkspaceGone
+from domain.releases import Decommissioned, DecommissionKind, Released, ReleaseKind
 from infrastructure.usecases import recovery
 from infrastructure.usecases.reads import ServiceReads
 from infrastructure.usecases.retry import retry_on_conflict
@@ -45,71 +54,95 @@ def release(svc: ServiceReads, attempt_id: UUID) -> tuple[str, ...]:
     return retry_on_conflict(svc.settings.max_rounds, step, _attempt_contended(attempt_id))
 
 
-def decommission(svc: ServiceReads, brand_id: str) -> int | None:
+def decommission(svc: ServiceReads, brand_id: str) -> Decommissioned:
     """Empty a deactivated brand's workspace, then unbind it and release its claim.
 
-    Returns the number of projects deleted, or None when there was nothing
-    to do now (brand active again, no workspace bound, or its retention window
-    not over: the reconciler sends it again once it is) or the gateway refused
-    for good to empty it: that is recorded (`DecommissionRefused`), logged once,
-    and not retried until an operator deactivates the brand again. Safe to repeat.
+    Returns what it did (`domain.releases.Decommissioned`): emptied, with the
+    projects deleted; nothing bound; not due (active again, or its retention window
+    not over: the reconciler sends it again once it is); refused (the gateway, or a
+    parent not ours: recorded as `DecommissionRefused`, logged once, not retried
+    until an operator deactivates the brand again); or unbound, not emptied (not
+    provably ours). The decisions are `domain.releases`'; this loads, marks,
+    empties and saves. Safe to repeat.
     """
 
-    def step() -> int | None:
+    def step() -> Decommissioned:
         brand = svc.brand(brand_id)
-        if not brand.decommission_due(svc.clock.now()) or brand.workspace_id is None:
-            return None
+        ended = rules.decommission_gate(rules.BrandFacts(
+            brand_id, brand.workspace_id, brand.decommission_due(svc.clock.now()),
+            brand.is_active, brand.emptying_refused,
+        ))  # fmt: skip
+        if ended is not None:
+            return ended
         workspace_id = brand.workspace_id
-        if brand.decommissioning != workspace_id:
+        assert workspace_id is not None
+        claim = svc.claim(workspace_id)
+        plan = rules.plan_decommission(rules.BoundFacts(
+            brand_id, workspace_id, brand.parent_workspace_id, tuple(svc.parents),
+            brand.decommissioning, svc.parent_allowed(brand.parent_workspace_id),
+            svc.is_parent(workspace_id), claim is not None,
+            None if claim is None else claim.brand_id,
+        ))  # fmt: skip
+        if plan.mark:
             # On record before any delete: a reactivation now waits for us.
             brand.start_decommission()
             svc.app.save(brand)
-        if not svc.parent_allowed(brand.parent_workspace_id):
-            why = (f"parent {brand.parent_workspace_id} is not one the service acts under "
-                   "(PROVISIONER_PARENT_IDS)")  # fmt: skip
-            brand.refuse_decommission(f"not emptied: {why}")  # kept, bound; not retried
-            svc.app.save(brand)
-            log.error("decommission refused to empty brand=%s workspace=%s: %s",
-                      brand_id, workspace_id, why)  # fmt: skip
-            return None
-        claim = svc.claim(workspace_id)
-        if claim is None or claim.brand_id != brand_id or svc.is_parent(workspace_id):
-            # Bound without this brand's claim on record: not provably ours to empty.
-            holder = "no claim" if claim is None else f"claim held by {claim.brand_id}"
-            if svc.is_parent(workspace_id):
-                holder = "a parent the service acts under"
-            brand.unbind(f"not emptied: {holder}")
-            svc.app.save(brand)
-            log.error("decommission refused to empty brand=%s workspace=%s: %s",
-                      brand_id, workspace_id, holder)  # fmt: skip
-            return 0
-        bound = ownership.Facts(workspace_id, (brand.parent_workspace_id, *svc.parents),
-                                proven=True)  # we bound it, with this brand's claim: ours by proof
-        try:
-            deleted = empty_workspace(svc, bound)
-        except RequestRejected as exc:
-            brand.refuse_decommission(str(exc))  # the claim stays: still bound, still ours
-            svc.app.save(brand)
-            log.error(  # noqa: TRY400 - a decision on record; a traceback adds nothing
-                "decommission refused for good brand=%s workspace=%s: %s; its projects are "
-                "kept and it is not retried: fix it upstream, then `provisioner deactivate "
-                "%s --purge-now`", brand_id, workspace_id, brand.emptying_refused, brand_id,
-            )  # fmt: skip
-            return None
-        brand.unbind("decommissioned", deleted)
-        claim.release("decommissioned")
-        svc.app.save(brand, claim)
-        log.info(
-            "workspace decommissioned brand=%s workspace=%s projects_deleted=%d",
-            brand_id,
-            workspace_id,
-            deleted,
-        )
-        return deleted
+        match plan:
+            case rules.KeepBound():
+                brand.refuse_decommission(f"not emptied: {plan.why}")  # kept, bound; not retried
+                svc.app.save(brand)
+                log.error("decommission refused to empty brand=%s workspace=%s: %s",
+                          brand_id, workspace_id, plan.why)  # fmt: skip
+                return rules.decommission_refused(brand_id, workspace_id, plan)
+            case rules.UnbindUnemptied():
+                brand.unbind(f"not emptied: {plan.why}")
+                svc.app.save(brand)
+                log.error("decommission refused to empty brand=%s workspace=%s: %s",
+                          brand_id, workspace_id, plan.why)  # fmt: skip
+                return rules.decommission_unbound(brand_id, workspace_id, plan)
+            case rules.EmptyBound():
+                assert claim is not None
+                answer = _empty(svc, plan.facts)
+                return _record_decommission(
+                    svc, brand, claim, rules.decommission_answered(brand_id, workspace_id, answer)
+                )
 
     return retry_on_conflict(
         svc.settings.max_rounds, step, f"brand {brand_id} is being changed concurrently; retry"
     )
+
+
+def _record_decommission(
+    svc: ServiceReads, brand: Brand, claim: WorkspaceClaim, outcome: Decommissioned
+) -> Decommissioned:
+    """Emptied: unbound and unclaimed in one save. Refused for good: on record, the
+    claim kept (still bound, still ours), one ERROR line."""
+    if outcome.kind is DecommissionKind.EMPTIED:
+        brand.unbind("decommissioned", outcome.projects_deleted)
+        claim.release("decommissioned")
+        svc.app.save(brand, claim)
+        log.info("workspace decommissioned brand=%s workspace=%s projects_deleted=%d",
+                 outcome.brand_id, outcome.workspace_id, outcome.projects_deleted)  # fmt: skip
+        return outcome
+    brand.refuse_decommission(outcome.why)
+    svc.app.save(brand)
+    log.error(
+        "decommission refused for good brand=%s workspace=%s: %s; its projects are "
+        "kept and it is not retried: fix it upstream, then `provisioner deactivate "
+        "%s --purge-now`", outcome.brand_id, outcome.workspace_id, brand.emptying_refused,
+        outcome.brand_id,
+    )  # fmt: skip
+    return replace(outcome, why=brand.emptying_refused or outcome.why)
+
+
+def _empty(svc: ServiceReads, facts: ownership.Facts) -> rules.Emptying:
+    """Empty the workspace as ownership allows; what came back, as a value."""
+    try:
+        return rules.Emptied(empty_workspace(svc, facts))
+    except NotOurs as exc:
+        return rules.NotOursToEmpty(str(exc))
+    except RequestRejected as exc:
+        return rules.RejectedForGood(str(exc))
 
 
 # Shared steps.
@@ -142,87 +175,109 @@ def adopted_claim_to_release(
     lookup: Callable[[str], WorkspaceClaim | None] | None = None,
 ) -> WorkspaceClaim | None:
     """An adopted candidate's claim goes back when the attempt ends unpromoted."""
-    if attempt.provenance is not Provenance.ADOPTED or attempt.candidate_id is None:
+    workspace_id = rules.adopted_claim(
+        attempt.provenance is Provenance.ADOPTED, attempt.candidate_id
+    )
+    if workspace_id is None:
         return None
-    claim = (lookup or svc.claim)(attempt.candidate_id)
-    if claim is None or claim.attempt_id != attempt.id:
+    claim = (lookup or svc.claim)(workspace_id)
+    if claim is None or claim.attempt_id != attempt.id:  # not this attempt's to give back
         return None
     claim.release(f"attempt {attempt.state.value}")
     return claim
 
 
 def release_workspace(svc: ServiceReads, attempt: ProvisioningAttempt, workspace_id: str) -> bool:
+    """Empty one workspace the attempt owes a release of, and record it; True if it
+    was emptied. What it did is `release_one`'s typed outcome."""
+    return release_one(svc, attempt, workspace_id).emptied
+
+
+def release_one(svc: ServiceReads, attempt: ProvisioningAttempt, workspace_id: str) -> Released:
     """Empty one workspace the attempt owes a release of, and record it.
 
     The claim is marked `Releasing` in its own version-checked save before
     any delete, so nobody adopts the workspace while it is being emptied. If
     a later attempt already holds the claim, the workspace was handed over:
-    that is recorded and nothing is deleted. Returns True if it was emptied.
+    that is recorded and nothing is deleted. The decisions are
+    `domain.releases.plan_release` and `release_answered`.
     """
-    if workspace_id not in attempt.owed_releases:  # only what our creates made, on record
-        raise CommandRefused(f"attempt {attempt.id} owes no release of {workspace_id}")
-    if not svc.parent_allowed(attempt.parent_workspace_id):
-        why = (f"parent {attempt.parent_workspace_id} is not one the service acts under "
-               "(PROVISIONER_PARENT_IDS): not emptied")  # fmt: skip
-        return _left_for_a_person(svc, attempt, workspace_id, why, None)
-    claim = svc.claim(workspace_id)
-    if (
-        claim is not None
-        and claim.releasing_by != attempt.id
-        and claim.attempt_id not in (None, attempt.id)
-    ):
-        assert claim.attempt_id is not None
-        attempt.record_hand_over(workspace_id, claim.attempt_id)
-        svc.app.save(attempt)
-        return False
-    claim = claim or WorkspaceClaim.open(workspace_id)
-    if claim.releasing_by != attempt.id:
-        claim.begin_release(attempt.brand_id, attempt.id)
-        svc.app.save(claim)
-    facts = ownership.Facts(workspace_id, (attempt.parent_workspace_id,), proven=True)
-    if workspace_id in attempt.inferred_ids:  # a lost create's, by inference: must be empty
-        facts = ownership.Facts(workspace_id, (attempt.parent_workspace_id,), credited=True)
-    try:
-        deleted = empty_workspace(svc, facts)
-    except NotOurs as exc:
-        return _left_for_a_person(svc, attempt, workspace_id, str(exc), claim)
-    except RequestRejected as exc:
-        attempt.record_release_refused(workspace_id, str(exc))
-        claim.release("the gateway refused to empty it")
-        svc.app.save(attempt, claim)
-        log.error(  # noqa: TRY400 - a decision on record; a traceback adds nothing
-            "release refused for good brand=%s attempt=%s workspace=%s: %s; nothing more "
-            "is deleted: empty it by hand once the gateway allows it",
-            attempt.brand_id, attempt.id, workspace_id, exc,
-        )  # fmt: skip
-        return False
-    attempt.record_release(workspace_id, deleted)
+    parent_allowed = svc.parent_allowed(attempt.parent_workspace_id)
+    claim = svc.claim(workspace_id) if parent_allowed else None
+    plan = rules.plan_release(rules.ReleaseFacts(
+        workspace_id, attempt.id, attempt.parent_workspace_id,
+        owed=workspace_id in attempt.owed_releases, parent_allowed=parent_allowed,
+        inferred=workspace_id in attempt.inferred_ids,
+        claim_holder=None if claim is None else claim.attempt_id,
+        releasing_by=None if claim is None else claim.releasing_by,
+    ))  # fmt: skip
+    match plan:
+        case rules.NotOwed():
+            raise CommandRefused(plan.why)
+        case rules.LeaveForAPerson():
+            outcome = Released(ReleaseKind.LEFT_FOR_A_PERSON, workspace_id, why=plan.why)
+        case rules.HandOver():
+            attempt.record_hand_over(workspace_id, plan.to_attempt)
+            svc.app.save(attempt)
+            return Released(ReleaseKind.HANDED_OVER, workspace_id)
+        case rules.EmptyOwed():
+            claim = claim or WorkspaceClaim.open(workspace_id)
+            if plan.mark:
+                claim.begin_release(attempt.brand_id, attempt.id)
+                svc.app.save(claim)
+            outcome = rules.release_answered(workspace_id, _empty(svc, plan.facts))
+    RECORD_RELEASE[outcome.kind](svc, attempt, claim, outcome)
+    return outcome
+
+
+def _record_emptied(
+    svc: ServiceReads, attempt: ProvisioningAttempt, claim: WorkspaceClaim | None, r: Released
+) -> None:
+    assert claim is not None
+    attempt.record_release(r.workspace_id, r.projects_deleted)
     claim.release("emptied")
     svc.app.save(attempt, claim)
-    log.info(
-        "released brand=%s attempt=%s workspace=%s projects_deleted=%d",
-        attempt.brand_id,
-        attempt.id,
-        workspace_id,
-        deleted,
-    )
-    return True
+    log.info("released brand=%s attempt=%s workspace=%s projects_deleted=%d",
+             attempt.brand_id, attempt.id, r.workspace_id, r.projects_deleted)  # fmt: skip
 
 
-def _left_for_a_person(
-    svc: ServiceReads, attempt: ProvisioningAttempt, workspace_id: str, why: str,
-    claim: WorkspaceClaim | None,
-) -> bool:  # fmt: skip
+def _record_refused_for_good(
+    svc: ServiceReads, attempt: ProvisioningAttempt, claim: WorkspaceClaim | None, r: Released
+) -> None:
+    assert claim is not None
+    attempt.record_release_refused(r.workspace_id, r.why)
+    claim.release("the gateway refused to empty it")
+    svc.app.save(attempt, claim)
+    log.error(
+        "release refused for good brand=%s attempt=%s workspace=%s: %s; nothing more "
+        "is deleted: empty it by hand once the gateway allows it",
+        attempt.brand_id, attempt.id, r.workspace_id, r.why,
+    )  # fmt: skip
+
+
+def _record_left_for_a_person(
+    svc: ServiceReads, attempt: ProvisioningAttempt, claim: WorkspaceClaim | None, r: Released
+) -> None:
     """Ownership refused to empty what the attempt owes: on record (`ReleaseRefused`,
     no longer owed: never asked again), nothing deleted, one ERROR line."""
-    attempt.record_release_refused(workspace_id, why)
+    attempt.record_release_refused(r.workspace_id, r.why)
     if claim is not None:
         claim.release("not emptied: ownership refused")
     svc.app.save(attempt, *([claim] if claim is not None else []))
     log.error("release not performed brand=%s attempt=%s workspace=%s: %s; its projects are "
               "kept: a person decides (provisioner audit)",
-              attempt.brand_id, attempt.id, workspace_id, why)  # fmt: skip
-    return False
+              attempt.brand_id, attempt.id, r.workspace_id, r.why)  # fmt: skip
+
+
+# How each release's outcome is put on record (a handed-over one already is).
+RECORD_RELEASE: dict[
+    ReleaseKind,
+    Callable[[ServiceReads, ProvisioningAttempt, WorkspaceClaim | None, Released], None],
+] = {
+    ReleaseKind.EMPTIED: _record_emptied,
+    ReleaseKind.REFUSED_FOR_GOOD: _record_refused_for_good,
+    ReleaseKind.LEFT_FOR_A_PERSON: _record_left_for_a_person,
+}
 
 
 def release_owed(svc: ServiceReads, attempt: ProvisioningAttempt, released: list[str]) -> None:
@@ -246,35 +301,48 @@ def discharge(svc: ServiceReads, attempt: ProvisioningAttempt) -> tuple[str, ...
     """What an ended attempt still owes: releases, an unresolved create, claims, slot,
     and an exhausted attempt's shells re-checked."""
     released = [ws for ws in attempt.owed_releases if release_workspace(svc, attempt, ws)]
-    if attempt.failure_reason is FailureReason.EXHAUSTED:
-        earlier = [ws for ws in attempt.released_ids if ws not in (*released, *attempt.refused_ids)]
-        released += [ws for ws in earlier if empty_shell_again(svc, attempt, ws)]
+    earlier = rules.shells_to_recheck(
+        attempt.failure_reason is FailureReason.EXHAUSTED,
+        attempt.released_ids, released, attempt.refused_ids,
+    )  # fmt: skip
+    released += [ws for ws in earlier if empty_shell_again(svc, attempt, ws)]
     if attempt.orphan_search:
-        slot = svc.slot(attempt.parent_workspace_id, attempt.title)
-        made = recovery.made_by_unresolved_create(svc, attempt, slot)
-        if isinstance(made, ownership.Made):
-            for workspace_id, why in made.held:
-                log.warning("not credited to a lost create brand=%s attempt=%s workspace=%s: "
-                            "%s", attempt.brand_id, attempt.id, workspace_id, why)  # fmt: skip
-        if isinstance(made, ownership.Made) and made.ours:
-            for orphan in made.ours:
-                attempt.note_inferred(orphan, recovery.evidence(attempt, svc))
-                attempt.record_created(orphan, attempt.expected_hop)
-                slot.note_adoption(attempt.id, orphan)
-            svc.app.save(attempt, slot)
-            released += [ws for ws in made.ours if release_workspace(svc, attempt, ws)]
+        released += _release_orphans(svc, attempt)
     touched: list[Aggregate] = []
     if attempt.state is not AttemptState.PROMOTED:
         claim = adopted_claim_to_release(svc, attempt)
         if claim is not None:
             touched.append(claim)
     slot = svc.slot(attempt.parent_workspace_id, attempt.title)
-    if slot.holder == attempt.id and not attempt.create_unresolved:
+    if rules.frees_slot(slot.holder, attempt.id, attempt.create_unresolved):
         slot.free(attempt.id)
         touched.append(slot)
     if touched:
         svc.app.save(*touched)
     return tuple(released)
+
+
+def _release_orphans(svc: ServiceReads, attempt: ProvisioningAttempt) -> list[str]:
+    """What the ended attempt's unresolved create made, as ownership credits it: put
+    on record, then released; what it cannot credit is logged for a person. While
+    another attempt holds the title slot afresh (a wait), nothing is looked at."""
+    slot = svc.slot(attempt.parent_workspace_id, attempt.title)
+    match recovery.made_by_unresolved_create(svc, attempt, slot):
+        case ownership.Made() as made:
+            pass
+        case _:
+            return []
+    for workspace_id, why in made.held:
+        log.warning("not credited to a lost create brand=%s attempt=%s workspace=%s: "
+                    "%s", attempt.brand_id, attempt.id, workspace_id, why)  # fmt: skip
+    if not made.ours:
+        return []
+    for orphan in made.ours:
+        attempt.note_inferred(orphan, recovery.evidence(attempt, svc))
+        attempt.record_created(orphan, attempt.expected_hop)
+        slot.note_adoption(attempt.id, orphan)
+    svc.app.save(attempt, slot)
+    return [ws for ws in made.ours if release_workspace(svc, attempt, ws)]
 
 
 def empty_shell_again(svc: ServiceReads, attempt: ProvisioningAttempt, workspace_id: str) -> bool:
@@ -284,16 +352,17 @@ def empty_shell_again(svc: ServiceReads, attempt: ProvisioningAttempt, workspace
     Recorded on its claim (`Releasing`, then `Released`), marked before any
     delete in a version-checked save, so an adoption that raced it conflicts.
     """
-    if workspace_id in attempt.inferred_ids:  # never emptied of projects on inference
+    inferred = workspace_id in attempt.inferred_ids
+    claim = None if inferred else svc.claim(workspace_id)
+    held = claim is not None and claim.brand_id is not None  # adopted or claimed since
+    if not rules.may_recheck_shell(inferred, claim is not None, held):
         return False
-    claim = svc.claim(workspace_id)
-    if claim is None or claim.brand_id is not None:  # held: adopted or claimed since
-        return False
+    assert claim is not None
     try:
         project_ids = svc.gateway.list_projects(workspace_id)
     except WorkspaceGone:
         return False
-    if not project_ids:
+    if not rules.shell_to_empty_again(len(project_ids)):
         return False
     claim.begin_release(attempt.brand_id, attempt.id)
     svc.app.save(claim)

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from domain.outcomes import Outcome
+from domain.releases import DecommissionKind
 from infrastructure.audit import brand_history, brand_status
 from infrastructure.eventstore import ProvisionerApplication, open_event_store
 from infrastructure.fake_gateway import FakeGateway
@@ -183,7 +184,7 @@ def test_a_deactivated_brand_shows_when_its_workspace_is_to_be_emptied(
     )
     assert status["to_be_emptied_at"] == due.isoformat()
     assert deactivated["reason"] == f"to be emptied at {due.isoformat(timespec='seconds')}"
-    assert service.decommission(brand_id) is None  # not yet
+    assert service.decommission(brand_id).kind is DecommissionKind.NOT_DUE  # not yet
 
 
 def test_status_says_the_relay_is_silent_and_a_deactivated_brand_is_not_bound(

@@ -12,6 +12,7 @@ from domain.brand import ACTIVE, DEACTIVATED, Brand
 from domain.errors import StaleCommand, UnknownBrand
 from domain.outcomes import StandDown
 from domain.policies import AttemptState
+from domain.releases import DecommissionKind
 from infrastructure import messages
 from infrastructure.broker import DEAD_QUEUE, Broker
 from infrastructure.fake_gateway import FakeGateway
@@ -130,7 +131,8 @@ def test_a_provision_during_a_decommission_is_retried_and_then_applied(
                 publisher.publish(messages.provision(brand_id, title, PARENT, datetime.now(UTC)))
                 wait_for(lambda: worker.stats.retried >= 1, "the provision to be retried")
                 assert service.brand(brand_id).lifecycle == DEACTIVATED
-                assert service.decommission(brand_id) is not None  # the decommission ends
+                ended = service.decommission(brand_id)  # the decommission ends
+                assert ended.kind is DecommissionKind.EMPTIED
                 wait_for(
                     lambda: service.brand(brand_id).is_active, "the retried provision to apply"
                 )
@@ -170,7 +172,8 @@ def test_a_provision_moving_a_deactivated_brand_waits_for_its_decommission(
                 publisher.publish(messages.provision(brand_id, title, moved, datetime.now(UTC)))
                 wait_for(lambda: worker.stats.retried >= 3, "the provision to be retried")
                 assert service.brand(brand_id).lifecycle == DEACTIVATED
-                assert service.decommission(brand_id) is not None  # unbinds it
+                unbound = service.decommission(brand_id)  # unbinds it
+                assert unbound.kind is DecommissionKind.EMPTIED
                 wait_for(
                     lambda: service.brand(brand_id).is_active, "the retried provision to apply"
                 )

@@ -14,6 +14,7 @@ from domain.errors import AttemptInProgress, InvalidRequest
 from domain.outcomes import HopOutcome, Outcome, StandDown
 from domain.policies import AttemptState, FailureReason, Provenance
 from domain.ports import RequestRejected, TransientGatewayError, Unauthorized
+from domain.releases import DecommissionKind
 from infrastructure.fake_gateway import FakeGateway
 from infrastructure.service import ProvisioningService
 from tests.conftest import PARENT, TOKEN
@@ -794,14 +795,14 @@ def test_deactivate_empties_unbinds_and_releases_the_claim(
     service.deactivate(brand_id)
     deleted = service.decommission(brand_id)
 
-    assert deleted == 2
+    assert (deleted.kind, deleted.projects_deleted) == (DecommissionKind.EMPTIED, 2)
     brand = service.brand(brand_id)
     assert brand.workspace_id is None
     assert brand.lifecycle == "deactivated"
     assert service.claim(bound.workspace_id).brand_id is None  # type: ignore[union-attr]
     [shell] = upstream(fake, title)
     assert shell["projects"] == []  # emptied, never deleted
-    assert service.decommission(brand_id) is None  # repeatable
+    assert service.decommission(brand_id).kind is DecommissionKind.NOTHING_BOUND  # repeatable
     assert service.deactivate(brand_id).already_deactivated
 
 

@@ -17,6 +17,7 @@ from domain.brand import ACTIVE, DEACTIVATED, Brand
 from domain.errors import AttemptInProgress, RetryLater, StaleCommand
 from domain.outcomes import Outcome
 from domain.policies import AttemptState
+from domain.releases import DecommissionKind
 from domain.waits import WAIT_DELAYS_S
 from infrastructure import messages
 from infrastructure.outbox import OutboxMapper
@@ -403,8 +404,8 @@ def test_a_deactivated_brand_is_emptied_only_when_its_window_ends() -> None:
 
     assert result.to_be_emptied_at is not None
     assert abs((result.to_be_emptied_at - clock.now()).total_seconds()) < 5  # then + window
-    assert early is None
-    assert emptied == 2
+    assert early.kind is DecommissionKind.NOT_DUE
+    assert emptied.projects_deleted == 2
     assert gateway.deleted == [(workspace_id, "p1"), (workspace_id, "p2")]
     brand = service.brand("b1")
     assert (brand.lifecycle, brand.workspace_id, brand.to_be_emptied_at) == (
@@ -426,7 +427,7 @@ def test_a_provision_inside_the_window_reconfirms_the_workspace_and_creates_noth
     late = service.decommission("b1")  # the delayed message, after the reactivation
 
     assert outcomes[-1].outcome is Outcome.PROMOTED
-    assert late is None
+    assert late.kind is DecommissionKind.NOT_DUE  # active again
     brand = service.brand("b1")
     assert (brand.lifecycle, brand.workspace_id, brand.to_be_emptied_at) == (
         ACTIVE,
@@ -452,7 +453,7 @@ def test_an_older_window_does_not_empty_a_brand_deactivated_again_since() -> Non
     clock.advance(30)
     second = service.decommission("b1")
 
-    assert (first, second) == (None, 2)
+    assert (first.kind, second.projects_deleted) == (DecommissionKind.NOT_DUE, 2)
 
 
 def test_purge_now_empties_at_once_even_after_a_deactivation_with_a_window() -> None:
@@ -464,10 +465,10 @@ def test_purge_now_empties_at_once_even_after_a_deactivation_with_a_window() -> 
     waiting = service.decommission("b2")
     brought_forward = service.deactivate("b2", purge_now=True)
 
-    assert service.decommission("b1") == 2
-    assert waiting is None
+    assert service.decommission("b1").projects_deleted == 2
+    assert waiting.kind is DecommissionKind.NOT_DUE
     assert brought_forward.already_deactivated
-    assert service.decommission("b2") == 2
+    assert service.decommission("b2").projects_deleted == 2
 
 
 def test_a_later_deactivate_never_puts_the_emptying_off() -> None:
@@ -512,7 +513,8 @@ def test_either_order_inside_the_window_ends_as_the_newest_command_says(
 
     brand = service.brand("b1")
     assert brand.lifecycle == (DEACTIVATED if emptied else ACTIVE)
-    assert (deleted == 1) is emptied
+    assert (deleted.kind is DecommissionKind.EMPTIED) is emptied
+    assert deleted.projects_deleted == (1 if emptied else 0)
     assert (brand.workspace_id is None) is emptied
     assert len(gateway.made) == 1  # the reactivation re-confirmed, never created
 
@@ -532,7 +534,7 @@ def test_a_log_written_before_the_retention_window_empties_at_once() -> None:
 
     assert loaded.lifecycle == DEACTIVATED
     assert loaded.to_be_emptied_at == events[-1].timestamp  # emptied at once, as then
-    assert service.decommission("b1") == 2
+    assert service.decommission("b1").projects_deleted == 2
 
 
 def test_the_decommission_message_is_held_back_until_the_window_ends() -> None:

@@ -16,6 +16,7 @@ import pytest
 from domain.brand import Brand
 from domain.errors import CommandRefused
 from domain.ports import RequestRejected, TransientGatewayError
+from domain.releases import DecommissionKind
 from domain.stored import MAX_MESSAGE_CHARS
 from infrastructure.audit import brand_history, brand_status
 from infrastructure.eventstore import open_event_store
@@ -186,7 +187,8 @@ def test_a_decommission_refused_for_good_is_recorded_logged_once_and_not_raised(
     service.deactivate("b1", purge_now=True)
 
     with caplog.at_level(logging.INFO, logger="provisioner.engine"):
-        assert service.decommission("b1") is None  # no raise: no retry, no dead letter
+        outcome = service.decommission("b1")  # no raise: no retry, no dead letter
+        assert (outcome.kind, outcome.why) == (DecommissionKind.REFUSED, LOCKED)
 
     brand = service.brand("b1")
     assert brand.emptying_refused == LOCKED
@@ -212,7 +214,8 @@ def test_a_refused_decommission_asks_the_gateway_nothing_more(
     refused(service, gateway, "b1")
     asked = dict(gateway.calls)
 
-    assert service.decommission("b1") is None  # a redelivery, or a late reconciler's
+    again = service.decommission("b1")  # a redelivery, or a late reconciler's
+    assert again.kind is DecommissionKind.NOT_DUE
 
     assert dict(gateway.calls) == asked
     assert service.brand("b1").emptying_refused == LOCKED
@@ -225,7 +228,7 @@ def test_a_refused_listing_is_recorded_the_same_way(
     gateway.fail["list_projects"] = [RequestRejected("HTTP 422: workspace frozen")]
     service.deactivate("b1", purge_now=True)
 
-    assert service.decommission("b1") is None
+    assert service.decommission("b1").kind is DecommissionKind.REFUSED
 
     assert service.brand("b1").emptying_refused == "HTTP 422: workspace frozen"
     assert service.brand("b1").workspace_id == bound
@@ -242,7 +245,7 @@ def test_a_failure_for_now_still_propagates_and_records_no_refusal(
         service.decommission("b1")
 
     assert service.brand("b1").emptying_refused is None
-    assert service.decommission("b1") == 2  # the retry empties it
+    assert service.decommission("b1").projects_deleted == 2  # the retry empties it
 
 
 def test_after_a_fix_upstream_deactivate_purge_now_empties_and_unbinds_it(
@@ -253,7 +256,7 @@ def test_after_a_fix_upstream_deactivate_purge_now_empties_and_unbinds_it(
     again = service.deactivate("b1", purge_now=True)  # the operator's retry
 
     assert again.already_deactivated
-    assert service.decommission("b1") == 2
+    assert service.decommission("b1").projects_deleted == 2
     brand = service.brand("b1")
     assert (brand.workspace_id, brand.emptying_refused) == (None, None)
     assert gateway.workspaces[bound].projects == []
@@ -360,7 +363,7 @@ def test_a_copy_from_before_the_column_sends_it_and_the_decommission_does_nothin
         service.app.close()
 
     assert sent == ["b-refused"]  # the old rule, until its rebuild switches
-    assert again is None
+    assert again.kind is DecommissionKind.NOT_DUE  # its refusal on record
     assert dict(gateway.calls) == asked  # the decommission re-checks: nothing asked
 
 

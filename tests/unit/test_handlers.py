@@ -22,10 +22,11 @@ from domain.errors import (
     UnknownBrand,
 )
 from domain.outcomes import HopOutcome, Outcome
+from domain.releases import Decommissioned, DecommissionKind
 from infrastructure import messages
 from infrastructure.usecases.commands import Deactivation
 from tests.support import new_service
-from worker.handlers import HANDLERS, give_up, handle
+from worker.handlers import DECOMMISSION_SAID, HANDLERS, give_up, handle
 from worker.retry_policy import DeadLetter
 
 ATTEMPT = uuid4()
@@ -52,9 +53,9 @@ class Recording:
         self._called("release", attempt_id)
         return ("ws-1",)
 
-    def decommission(self, brand_id: str) -> int | None:
+    def decommission(self, brand_id: str) -> Decommissioned:
         self._called("decommission", brand_id)
-        return 2
+        return Decommissioned(DecommissionKind.EMPTIED, brand_id, "ws-1", 2)
 
     def request_provisioning(
         self, brand_id: str, title: str, parent: str, requested_at: datetime | None
@@ -175,3 +176,36 @@ def test_a_hop_naming_a_record_that_is_not_an_attempt_is_dead_lettered_unchanged
     assert "is not a provisioning attempt" in caught.value.errors["error"]
     assert service.app.recorder.max_notification_id() == before
     assert gateway.calls["status"] == 1  # only the first hop's poll
+
+
+@pytest.mark.parametrize(
+    ("outcome", "said"),
+    [
+        (Decommissioned(DecommissionKind.EMPTIED, "b1", "ws-1", 0), "decommissioned (0 projects)"),
+        (Decommissioned(DecommissionKind.NOTHING_BOUND, "b1"), "not decommissioned: nothing bound"),
+        (
+            Decommissioned(DecommissionKind.NOT_DUE, "b1", "ws-1", why="the brand is active again"),
+            "not decommissioned yet: the brand is active again",
+        ),
+        (
+            Decommissioned(DecommissionKind.REFUSED, "b1", "ws-1", why="HTTP 409: locked"),
+            "not decommissioned, refused: HTTP 409: locked",
+        ),
+        (
+            Decommissioned(DecommissionKind.UNBOUND_NOT_EMPTIED, "b1", "ws-1", why="no claim"),
+            "unbound, not emptied: no claim",
+        ),
+    ],
+)
+def test_a_decommission_says_what_it_did_in_words_never_none_projects(
+    outcome: Decommissioned, said: str
+) -> None:
+    class Deciding(Recording):
+        def decommission(self, brand_id: str) -> Decommissioned:
+            return outcome
+
+    assert handle(Deciding(), messages.decommission("b1")) == said  # type: ignore[arg-type]
+
+
+def test_every_kind_of_decommission_has_its_words() -> None:
+    assert set(DECOMMISSION_SAID) == set(DecommissionKind)

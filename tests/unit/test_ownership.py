@@ -15,6 +15,7 @@ from domain.errors import NotOurs
 from domain.outcomes import Outcome
 from domain.ownership import Creates, Facts, Owner, canonical, credit, is_parent, judge
 from domain.ports import FamilyMember
+from domain.releases import DecommissionKind
 from domain.upstream_audit import Kind, plan, still_true
 from domain.waits import Backoff
 from infrastructure.eventstore import open_event_store
@@ -248,7 +249,7 @@ def test_release_and_decommission_under_a_parent_no_longer_allowed_delete_nothin
     deleted = after.decommission("b1")
     found = audit_parent(after, OTHER_PARENT)
 
-    assert deleted is None
+    assert deleted.kind is DecommissionKind.REFUSED
     assert gateway.workspaces[bound].projects == ["p1", "p2", "p3", "p4"]
     assert after.brand("b1").emptying_refused
     assert [f.kind for f in found.findings] == [Kind.PARENT_NOT_ALLOWED]

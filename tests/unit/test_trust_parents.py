@@ -12,6 +12,7 @@ from domain import ownership
 from domain.errors import CommandRefused, ForeignParent, FutureCommand, UnknownBrand
 from domain.outcomes import Outcome
 from domain.policies import FailureReason
+from domain.releases import DecommissionKind
 from infrastructure.service import EngineSettings, ProvisioningService
 from infrastructure.usecases import releases
 from tests.memory_gateway import MemoryGateway, Workspace
@@ -101,7 +102,7 @@ def test_a_decommission_empties_only_a_workspace_whose_claim_the_brand_holds(
     service.app.save(claim)
     service.deactivate("b1")
 
-    assert service.decommission("b1") == 0
+    assert service.decommission("b1").kind is DecommissionKind.UNBOUND_NOT_EMPTIED
 
     assert gateway.workspaces[bound].projects == ["p1", "p2"]
     brand = service.brand("b1")
