@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 from urllib.parse import quote, unquote, urlsplit
 from uuid import UUID
 
+from click.testing import CliRunner, Result
 from eventsourcing.persistence import Tracking, TrackingRecorder
 from kombu import Connection, Queue
 
@@ -32,6 +33,7 @@ from infrastructure.outbox import load_position, save_position
 from tests.conftest import unavailable
 from tests.integration.cli_support import clean_env
 from tests.support import rabbitmqctl
+from worker.cli import main
 from worker.consumer import HopWorker
 from worker.relay import Relay
 from worker.runtime import Runtime
@@ -325,6 +327,13 @@ def cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
         check=False,
     )
 
+
+
+def dead_letters_cli(url: str, *args: str) -> Result:
+    """`provisioner dead-letters ARGS` in this process, on the broker at `url`."""
+    return CliRunner().invoke(
+        main, ["dead-letters", *args], env={"PROVISIONER_BROKER_URL": url}, catch_exceptions=False
+    )
 
 @contextmanager
 def worker_process(env: dict[str, str], log: Path) -> Iterator[subprocess.Popen[str]]:

@@ -26,7 +26,6 @@ from typing import Any
 from urllib.parse import unquote, urlsplit
 
 import pytest
-from click.testing import CliRunner
 
 from infrastructure import messages
 from infrastructure.broker import (
@@ -46,6 +45,7 @@ from tests.integration.messaging_support import (
     Vhost,
     bound_workspace,
     components,
+    dead_letters_cli,
     environment,
     promoted,
     publish_raw,
@@ -54,7 +54,6 @@ from tests.integration.messaging_support import (
     wait_for,
 )
 from tests.support import upstream
-from worker.cli import main
 from worker.runtime import Runtime, build
 
 pytestmark = pytest.mark.rabbitmq
@@ -118,10 +117,9 @@ def dead_letters(url: str) -> list[Any]:
         return letters.page().letters
 
 
-def cli(url: str, *args: str) -> str:
-    result = CliRunner().invoke(
-        main, ["dead-letters", *args], env={"PROVISIONER_BROKER_URL": url}, catch_exceptions=False
-    )
+def dead_letters_said(url: str, *args: str) -> str:
+    """What `provisioner dead-letters ARGS` printed, having succeeded."""
+    result = dead_letters_cli(url, *args)
     assert result.exit_code == 0, result.output
     return result.output
 
@@ -146,8 +144,8 @@ def test_a_forged_dead_letter_is_read_from_what_rabbitmq_set_and_replayed_to_its
         wait_for(lambda: queue_depth(vhost.service_url, DEAD_QUEUE)[0] == 1, "the expiry", 10)
 
         [letter] = dead_letters(vhost.service_url)
-        listed = cli(vhost.service_url, "list")
-        replayed = cli(vhost.service_url, "replay", "--all")
+        listed = dead_letters_said(vhost.service_url, "list")
+        replayed = dead_letters_said(vhost.service_url, "replay", "--all")
         on_commands = queue_depth(vhost.service_url, COMMANDS_QUEUE)[0]
         on_hops = queue_depth(vhost.service_url, HOPS_QUEUE)[0]
 
@@ -189,7 +187,8 @@ def test_a_scoped_producer_cannot_deactivate_another_producers_brand(
             refusals = dead_letters(vhost.service_url)
             at_refusal = runtime.app.recorder.max_notification_id()
 
-            cli(vhost.service_url, "replay", "--all")  # the scope holds through a replay
+            # The scope holds through a replay.
+            dead_letters_said(vhost.service_url, "replay", "--all")
             wait_for(lambda: worker.stats.dead_lettered == 4, "the refusals again", 10)
             again = dead_letters(vhost.service_url)
 

@@ -32,7 +32,7 @@ from infrastructure.broker import (
 from infrastructure.dead_letters import DeadLetters, NotReplayable
 from infrastructure.failures import EXIT_CONFIGURATION
 from infrastructure.messages import MAX_BODY_BYTES
-from tests.integration.messaging_support import publish_raw, raw, take_all
+from tests.integration.messaging_support import dead_letters_cli, publish_raw, raw, take_all
 from tests.support import settler
 from worker.cli import main
 
@@ -60,12 +60,6 @@ def seed(url: str) -> None:
         message.reject(requeue=False)  # the queue's own dead-lettering: x-death
 
 
-def cli(url: str, *args: str) -> Any:
-    return CliRunner().invoke(
-        main, ["dead-letters", *args], env={"PROVISIONER_BROKER_URL": url}, catch_exceptions=False
-    )
-
-
 def bodies(url: str, queue: str) -> list[tuple[bytes, dict[str, Any]]]:
     return [(raw(m.body), dict(m.headers or {})) for m in take_all(url, queue)]
 
@@ -89,14 +83,14 @@ def test_listing_consumes_nothing_keeps_the_order_and_the_ids(rabbit_url: str) -
     assert counts == {"schema_error": 2, "unknown_brand": 1, "rejected": 1}
     assert all(x.age_s(x.dead_at or 0) is not None for x in first)
 
-    listed = cli(rabbit_url, "list", "--json")
+    listed = dead_letters_cli(rabbit_url, "list", "--json")
     assert listed.exit_code == 0, listed.output
     assert [x["id"] for x in json.loads(listed.stdout)] == [x.id for x in first]
     counted = "4 dead letter(s) in all: 2 schema_error, 1 rejected, 1 unknown_brand"
     assert counted in listed.stderr
-    text = cli(rabbit_url, "list", "--limit", "1")
+    text = dead_letters_cli(rabbit_url, "list", "--limit", "1")
     assert text.output.splitlines()[0] == counted  # of the whole queue, not the page
-    text = cli(rabbit_url, "list")
+    text = dead_letters_cli(rabbit_url, "list")
     assert "unknown_brand (unknown brand)" in text.output
     assert "brand: b-2" in text.output
     assert "4 dead letter(s)" in text.output
@@ -108,20 +102,20 @@ def test_show_and_replay_one_then_all(rabbit_url: str) -> None:
     with DeadLetters(rabbit_url) as letters:
         ids = [x.id for x in letters.each()]
 
-    shown = cli(rabbit_url, "show", ids[1])
+    shown = dead_letters_cli(rabbit_url, "show", ids[1])
     assert shown.exit_code == 0, shown.output
     assert json.loads(shown.output)["reason"] == "unknown_brand"
-    assert cli(rabbit_url, "show", "nope").exit_code == 1
+    assert dead_letters_cli(rabbit_url, "show", "nope").exit_code == 1
 
-    one = cli(rabbit_url, "replay", ids[1])
+    one = dead_letters_cli(rabbit_url, "replay", ids[1])
     assert one.exit_code == 0, one.output
     assert f"replayed {ids[1]} to {EXCHANGE}/{COMMAND_KEY}" in one.output
     assert bodies(rabbit_url, COMMANDS_QUEUE) == [(b'{"n": 2}', {"x-dead-id": ids[1]})]
     with DeadLetters(rabbit_url) as letters:
         assert [x.id for x in letters.each()] == [ids[0], ids[2], ids[3]]
 
-    assert cli(rabbit_url, "replay").exit_code == 2  # an id or --all
-    every = cli(rabbit_url, "replay", "--all")
+    assert dead_letters_cli(rabbit_url, "replay").exit_code == 2  # an id or --all
+    every = dead_letters_cli(rabbit_url, "replay", "--all")
     assert "3 dead letter(s) replayed" in every.output
     assert bodies(rabbit_url, HOPS_QUEUE) == [
         (b'{"n": 1}', {"x-dead-id": ids[0]}), (b'{"n": 3}', {"x-dead-id": ids[2]}),
@@ -149,23 +143,23 @@ def test_purge_takes_ids_or_reasons_and_all_only_when_asked(rabbit_url: str) -> 
     for refused in (["purge"], ["purge", "--yes"], ["purge", ids[1]],
                     ["purge", "--all"], ["purge", "--all", ids[1], "--yes"],
                     ["purge", "--reason", "no_such_reason", "--yes"]):  # fmt: skip
-        result = cli(rabbit_url, *refused)
+        result = dead_letters_cli(rabbit_url, *refused)
         assert result.exit_code == 2, (refused, result.output)
-    assert "--reason" in cli(rabbit_url, "purge").output  # says how, deletes nothing
-    assert "--all" in cli(rabbit_url, "purge", "--yes").output
+    assert "--reason" in dead_letters_cli(rabbit_url, "purge").output  # says how, deletes nothing
+    assert "--all" in dead_letters_cli(rabbit_url, "purge", "--yes").output
     assert held(rabbit_url) == ids
 
-    one = cli(rabbit_url, "purge", unique_prefix(ids[1], ids), "--yes")
+    one = dead_letters_cli(rabbit_url, "purge", unique_prefix(ids[1], ids), "--yes")
     assert one.exit_code == 0, one.output
     assert f"purged {ids[1]} (unknown_brand, from {COMMANDS_QUEUE})" in one.output
     assert held(rabbit_url) == [ids[0], ids[2], ids[3]]
 
-    by_reason = cli(rabbit_url, "purge", "--reason", "schema_error", "--yes")
+    by_reason = dead_letters_cli(rabbit_url, "purge", "--reason", "schema_error", "--yes")
     assert by_reason.exit_code == 0, by_reason.output
     assert "2 dead letter(s) purged" in by_reason.output
     assert held(rabbit_url) == [ids[3]]  # the order of the rest is kept
 
-    every = cli(rabbit_url, "purge", "--all", "--yes")
+    every = dead_letters_cli(rabbit_url, "purge", "--all", "--yes")
     assert every.exit_code == 0, every.output
     assert "1 dead letter(s) purged" in every.output
     assert take_all(rabbit_url, DEAD_QUEUE) == []
@@ -182,13 +176,13 @@ def test_an_ambiguous_prefix_is_refused_naming_the_matches(rabbit_url: str) -> N
         broker.close()
 
     for command in (["show", "abc"], ["replay", "abc"], ["purge", "abc", "--yes"]):
-        result = cli(rabbit_url, *command)
+        result = dead_letters_cli(rabbit_url, *command)
         assert result.exit_code == 1, result.output
         assert "ambiguous" in result.output
         assert "abc111, abc222" in result.output
     assert held(rabbit_url) == ["abc111", "abc222"]  # nothing replayed or purged
-    assert json.loads(cli(rabbit_url, "show", "abc2").output)["id"] == "abc222"
-    assert "no dead letter abd" in cli(rabbit_url, "show", "abd").output
+    assert json.loads(dead_letters_cli(rabbit_url, "show", "abc2").output)["id"] == "abc222"
+    assert "no dead letter abd" in dead_letters_cli(rabbit_url, "show", "abd").output
 
 
 
@@ -219,7 +213,7 @@ def test_replay_keeps_the_content_type_and_encoding_and_the_id(rabbit_url: str) 
                 ("rejected", "application/xml", "binary"),
             ]
 
-            every = cli(rabbit_url, "replay", "--all")
+            every = dead_letters_cli(rabbit_url, "replay", "--all")
             assert every.exit_code == 0, every.output
             plain, xml = queue.get(no_ack=False), queue.get(no_ack=False)
             assert plain is not None
@@ -293,13 +287,13 @@ def test_a_large_body_is_dead_lettered_cut_with_its_length_and_hash(rabbit_url: 
         assert letter.body_sha256 == hashlib.sha256(body).hexdigest()
     assert (whole.truncated, whole.body, whole.body_bytes) == (False, small, len(small))
 
-    shown = cli(rabbit_url, "show", listed[0].id)
+    shown = dead_letters_cli(rabbit_url, "show", listed[0].id)
     assert json.loads(shown.output)["truncated"] is True
-    refused = cli(rabbit_url, "replay", listed[1].id)
+    refused = dead_letters_cli(rabbit_url, "replay", listed[1].id)
     assert refused.exit_code == 1
     assert "cannot be replayed" in refused.output
     assert "not the whole body" in refused.output
-    every = cli(rabbit_url, "replay", "--all")
+    every = dead_letters_cli(rabbit_url, "replay", "--all")
     assert every.exit_code == 0, every.output
     assert "1 dead letter(s) replayed; 4 kept, truncated" in every.output
     assert f"kept {listed[0].id}: its body is not whole" in every.output
@@ -354,17 +348,19 @@ def test_listing_pages_through_the_queue_holding_one_page(rabbit_url: str) -> No
     # never the 48 MiB of bodies the queue holds.
     assert peak < 3 * 8 * MIB, peak
 
-    first = cli(rabbit_url, "list", "--limit", "4")
+    first = dead_letters_cli(rabbit_url, "list", "--limit", "4")
     assert first.exit_code == 0, first.output
     assert f"4 dead letter(s); more after {listed[3].id}" in first.output
-    last = cli(rabbit_url, "list", "--limit", "4", "--after", listed[7].id)
+    last = dead_letters_cli(rabbit_url, "list", "--limit", "4", "--after", listed[7].id)
     assert "1 dead letter(s)" in last.output
     assert "more after" not in last.output
     assert "(cut to 8192 of 100000 bytes)" in last.output
-    as_json = cli(rabbit_url, "list", "--json", "--limit", "2", "--after", listed[1].id)
+    as_json = dead_letters_cli(
+        rabbit_url, "list", "--json", "--limit", "2", "--after", listed[1].id
+    )
     assert [x["id"] for x in json.loads(as_json.stdout)] == [listed[2].id, listed[3].id]
     assert f"--after {listed[3].id}" in as_json.stderr
-    gone = cli(rabbit_url, "list", "--after", "no-such-letter")
+    gone = dead_letters_cli(rabbit_url, "list", "--after", "no-such-letter")
     assert gone.exit_code == 1
     assert "no dead letter no-such-letter" in gone.output
 
@@ -420,7 +416,7 @@ def test_what_a_producer_put_in_a_dead_letter_is_listed_printable(rabbit_url: st
         broker.publish_dead(b"{}", "schema errors", {"\x1b[31mtitle\x07": ["Unknown"]}, WORK_KEY)
     finally:
         broker.close()
-    listed = cli(rabbit_url, "list")
+    listed = dead_letters_cli(rabbit_url, "list")
     assert listed.exit_code == 0, listed.output
     assert "\x1b" not in listed.output
     assert "\x07" not in listed.output
