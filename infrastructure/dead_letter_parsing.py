@@ -70,7 +70,7 @@ ROUTE_OF_QUEUE = {HOPS_QUEUE: (EXCHANGE, WORK_KEY), COMMANDS_QUEUE: (EXCHANGE, C
 class NotReplayable(Exception):
     """The dead letter keeps only the start of its body: replaying it would send a fragment."""
 
-    def __init__(self, letter: DeadLetter) -> None:
+    def __init__(self, letter: DeadLetterEntry) -> None:
         super().__init__(
             f"dead letter {letter.id} cannot be replayed: the dead-letter queue keeps only "
             f"the first {len(letter.body)} of its {letter.body_bytes} bytes, not the whole "
@@ -79,7 +79,7 @@ class NotReplayable(Exception):
 
 
 @dataclass(frozen=True, slots=True)
-class DeadLetter:
+class DeadLetterEntry:
     id: str
     reason: str  # a `Reason` value
     source_queue: str
@@ -111,7 +111,7 @@ class DeadLetter:
         }
         return {**own, ID_HEADER: self.id, **producer_header(self.producer)}
 
-    def scrubbed(self, secrets: Secrets) -> DeadLetter:
+    def scrubbed(self, secrets: Secrets) -> DeadLetterEntry:
         """This dead letter as shown to a person: its reason, errors (keys and
         values), body and headers without any secret. Never replayed: a replay
         sends the message as it came."""
@@ -152,7 +152,7 @@ class Page:
     """Dead letters in queue order; `more`: others follow the last one; `counts`:
     how many letters the whole queue holds by reason, the most first (when asked)."""
 
-    letters: list[DeadLetter]
+    letters: list[DeadLetterEntry]
     more: bool
     counts: list[tuple[str, int]] = field(default_factory=list)
 
@@ -260,7 +260,7 @@ def parse(
     content_encoding: str | None = None,
     user_id: str | None = None,
     service: str | None = None,
-) -> DeadLetter:
+) -> DeadLetterEntry:
     """A dead letter from a message of `provisioning.dead`, its body as the queue holds
     it, with its own content type, encoding and `user_id` (`service`: the service's
     user); the letter keeps the first `DEAD_BODY_KEPT` bytes (pure: no broker)."""
@@ -271,7 +271,7 @@ def parse(
                        publisher=publisher_of({"user_id": user_id}))  # fmt: skip
     if "x-dead-reason" in headers:
         key = _text(headers.get("x-dead-source", "?"))
-        return DeadLetter(
+        return DeadLetterEntry(
             id=_text(headers.get(ID_HEADER) or dead_letter_id(body, headers)),
             **_reason(headers["x-dead-reason"]),
             source_queue=_QUEUE_OF_KEY.get(key, key),
@@ -297,7 +297,7 @@ def _queues(
     *,
     vouched: bool,
     publisher: str | None,
-) -> DeadLetter:
+) -> DeadLetterEntry:
     """A letter a queue dead-lettered, read from what RabbitMQ set: the newest `x-death`
     entry's queue and reason (it updates an older entry of the same queue and reason,
     keeping that entry's other fields, so those may be a producer's). Its own `x-dead-id`
@@ -309,7 +309,7 @@ def _queues(
     exchange, key = ROUTE_OF_QUEUE.get(queue, ("", queue))
     given = _text(headers.get(ID_HEADER) or "") if vouched else ""  # a replay's
     named = vouched and PRODUCER_HEADER in headers
-    return DeadLetter(
+    return DeadLetterEntry(
         id=given if _ID.fullmatch(given) else dead_letter_id(body, headers),
         **_reason(newest.get("reason") or "?"),
         source_queue=queue,

@@ -6,7 +6,7 @@ Browsing takes the messages one at a time with `basic.get` without acking them
 (as many as the queue held when it began, so a walk ends however fast letters
 come in); the channel closes at the end, and RabbitMQ puts them back in their
 places, so order is kept and nothing is lost, whatever happens in between. Only
-the message at hand is in memory: a `DeadLetter` keeps the first
+the message at hand is in memory: a `DeadLetterEntry` keeps the first
 `DEAD_BODY_KEPT` bytes of its body, and a listing is a `Page` of at most
 `PAGE_MAX` of them (with the counts by reason of all, when asked). A message's
 id is its `x-dead-id`, or for a message the queue dead-lettered, a hash of its
@@ -49,14 +49,13 @@ from infrastructure.broker import (
     connect,
     is_memory,
 )
-from infrastructure.dead_letter_parsing import DeadLetter, NotReplayable, Page, parse
+from infrastructure.dead_letter_parsing import DeadLetterEntry, NotReplayable, Page, parse
 from infrastructure.failures import ConfigurationError
 
 __all__ = [
     "PAGE",
     "PAGE_MAX",
     "AmbiguousId",
-    "DeadLetter",
     "DeadLetters",
     "EmbeddedBroker",
     "NotFound",
@@ -139,7 +138,7 @@ class DeadLetters:
         has that id (it was replayed or purged meanwhile). `counted`: walk the whole
         queue for the counts by reason of every letter (`Page.counts`)."""
         limit = max(1, min(limit, PAGE_MAX))
-        letters: list[DeadLetter] = []
+        letters: list[DeadLetterEntry] = []
         reasons: list[str] = []
         more = False
         with self._walk() as (_, taken):
@@ -158,7 +157,7 @@ class DeadLetters:
             raise NotFound(f"no dead letter {after} in {DEAD_QUEUE}: list from the first")
         return Page(letters, more=more, counts=counts_by_reason(reasons) if counted else [])
 
-    def each(self) -> Iterator[DeadLetter]:
+    def each(self) -> Iterator[DeadLetterEntry]:
         """Every dead letter, in queue order, one at a time (nothing consumed)."""
         with self._walk() as (_, taken):
             for item in taken:
@@ -180,7 +179,7 @@ class DeadLetters:
         except NoSuchId:
             raise NotFound(f"no dead letter {wanted} in {DEAD_QUEUE}") from None
 
-    def show(self, letter_id: str) -> DeadLetter:
+    def show(self, letter_id: str) -> DeadLetterEntry:
         """The letter of this id, or of the one id it is a unique prefix of."""
         letter_id = self.resolve(letter_id)
         with self._walk() as (_, taken):
@@ -213,7 +212,7 @@ class DeadLetters:
             raise NotFound(f"no dead letter {wanted} in {DEAD_QUEUE}")
         return done
 
-    def _republish(self, letter: DeadLetter, body: bytes) -> None:
+    def _republish(self, letter: DeadLetterEntry, body: bytes) -> None:
         """Publish a copy, confirmed (the connection is in confirm mode) and routed."""
         returned: list[Any] = []
 
@@ -242,12 +241,14 @@ class DeadLetters:
                 f"dead letter {letter.id} kept"
             )
 
-    def purge(self, ids: tuple[str, ...] = (), reasons: tuple[str, ...] = ()) -> list[DeadLetter]:
+    def purge(
+        self, ids: tuple[str, ...] = (), reasons: tuple[str, ...] = ()
+    ) -> list[DeadLetterEntry]:
         """Delete for good the dead letters of these ids (or unique prefixes: each is
         resolved first, and an unknown or ambiguous one deletes nothing) and those of
         these reasons; the letters deleted, in queue order."""
         wanted = {self.resolve(letter_id) for letter_id in ids}
-        purged: list[DeadLetter] = []
+        purged: list[DeadLetterEntry] = []
         with self._walk() as (held, taken):
             for item in taken:
                 if item.letter.id in wanted or item.letter.reason in reasons:
@@ -266,7 +267,7 @@ class _Taken:
     (when asked for)."""
 
     tag: int
-    letter: DeadLetter
+    letter: DeadLetterEntry
     body: bytes = b""
 
 
@@ -291,8 +292,8 @@ def _take(channel: Any, *, whole: bool, service: str) -> _Taken | None:
 class Replayed:
     """What a replay did: the letters put back, and those kept (truncated)."""
 
-    replayed: list[DeadLetter]
-    kept: list[DeadLetter]
+    replayed: list[DeadLetterEntry]
+    kept: list[DeadLetterEntry]
 
 
 def now() -> float:

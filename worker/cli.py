@@ -24,7 +24,7 @@ from worker.cli_fleet import workers
 from worker.cli_rollout import retry, rollout
 from worker.cli_serve import projections, reconcile, relay, run, worker
 from worker.cli_setup import broker, db
-from worker.cli_support import Failed, echo, load_settings, service_only
+from worker.cli_support import CommandFailed, echo, load_settings, service_only
 from worker.logs import printable
 
 
@@ -56,7 +56,7 @@ class _Main(click.Group):
             from worker.edges import describe
 
             failure = describe(exc)
-            raise Failed(shown(str(failure)), failure.exit_code) from None
+            raise CommandFailed(shown(str(failure)), failure.exit_code) from None
 
 
 def _quiet_stdout() -> None:
@@ -193,7 +193,7 @@ def health(as_json: bool) -> None:
         echo(settings.secrets().scrub("\n".join(r.line() for r in results)))
     refused = refusal(results)
     if refused is not None:  # no outage to wait out: the deployment is broken
-        raise Failed(settings.secrets().scrub(refused.detail), EXIT_REFUSED)
+        raise CommandFailed(settings.secrets().scrub(refused.detail), EXIT_REFUSED)
     sys.exit(0 if healthy(results) else 1)
 
 

@@ -18,11 +18,11 @@ from typing import Any
 import click
 
 from domain.dead_letter_rules import Reason
+from infrastructure.dead_letter_parsing import DeadLetterEntry
 from infrastructure.dead_letters import (
     PAGE,
     PAGE_MAX,
     AmbiguousId,
-    DeadLetter,
     DeadLetters,
     NotFound,
     NotReplayable,
@@ -59,7 +59,7 @@ def _age(seconds: float | None) -> str:
     return f"{seconds:.0f}s"
 
 
-def _errors(letter: DeadLetter) -> str:
+def _errors(letter: DeadLetterEntry) -> str:
     return "; ".join(f"{k}: {v}" for k, v in letter.errors.items())
 
 
@@ -69,7 +69,7 @@ def _counts(counts: list[tuple[str, int]]) -> str:
     return f"{total} dead letter(s) in all: " + ", ".join(f"{n} {reason}" for reason, n in counts)
 
 
-def _reason(letter: DeadLetter) -> str:
+def _reason(letter: DeadLetterEntry) -> str:
     return letter.reason + (f" ({letter.stored_reason})" if letter.stored_reason else "")
 
 

@@ -11,7 +11,7 @@ from typing import Any
 import click
 
 from infrastructure.settings import Settings
-from worker.cli_support import Failed, load_settings
+from worker.cli_support import CommandFailed, load_settings
 
 IN_CHUNK = 500  # ids per `IN (...)` query (well under SQLite's limit on parameters)
 
@@ -73,7 +73,7 @@ def partial_sends(sent: Sequence[object], total: int, again: str) -> Iterator[No
         if click.get_current_context().find_root().params.get("debug") or not sent:
             raise
         failure = describe(exc)
-        raise Failed(
+        raise CommandFailed(
             f"{failure} ({len(sent)} of {total} sent before that; {again})", failure.exit_code
         ) from None
 

@@ -12,7 +12,7 @@ import click
 from infrastructure.settings_table import default_of, whole_range
 from worker import cli_read
 from worker.cli_support import (
-    Failed,
+    CommandFailed,
     cell,
     declared_broker,
     echo,
@@ -187,7 +187,7 @@ def _stopped(failures: dict[str, BaseException]) -> None:
     from worker.edges import describe
 
     failure = describe(exc)
-    raise Failed(f"{name} stopped: {failure}", failure.exit_code)
+    raise CommandFailed(f"{name} stopped: {failure}", failure.exit_code)
 
 
 @click.command()

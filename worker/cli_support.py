@@ -46,7 +46,7 @@ def echo(text: str, *, err: bool = False) -> None:
     click.echo(printable(text), err=err)
 
 
-class Failed(click.ClickException):
+class CommandFailed(click.ClickException):
     def __init__(self, message: str, exit_code: int) -> None:
         super().__init__(printable(message))
         self.exit_code = exit_code

@@ -41,7 +41,7 @@ from infrastructure.view_queries import (
     relay_position,
 )
 from infrastructure.views import LogSource, SqlViewStore
-from worker.health_results import Clock, Degraded, Refused, Unhealthy, describe, utc_now
+from worker.health_results import CheckRefused, Clock, Degraded, Unhealthy, describe, utc_now
 
 # The gateway check reads the status of a workspace that cannot exist: the cheapest
 # call of the contract (one GET, no listing, no workspace touched); the gateway
@@ -120,7 +120,7 @@ class StatusReader(Protocol):
 class GatewayCheck:
     """Reach and token of the gateway, through the process's own client; the answer is
     kept for `ttl_s` so that frequent probes cost the gateway one call a minute.
-    `handshake` first: a certificate that does not verify is `Refused`, even while the
+    `handshake` first: a certificate that does not verify is `CheckRefused`, even while the
     fleet's pace holds every call (the handshake sends no request). `answered`: has
     any process of the deployment (this one included) ever had an answer from it? A
     gateway that gives none fails the check until then (a wrong URL: `url` names it),
@@ -157,7 +157,7 @@ class GatewayCheck:
         refusal = self.handshake() if self.handshake is not None else None
         if refusal is not None:
             self._since = self._since or utc_now()
-            return Refused(str(refusal), self._since)
+            return CheckRefused(str(refusal), self._since)
         try:
             self.gateway.status(PROBE_WORKSPACE)
         except WorkspaceGone:
@@ -168,7 +168,7 @@ class GatewayCheck:
             return Unhealthy(f"the token is refused ({exc}): rotate it", self._since)
         except CertificateRefused as exc:  # no outage: only a setting or certificate fixes it
             self._since = self._since or utc_now()
-            return Refused(exc.reason, self._since)
+            return CheckRefused(exc.reason, self._since)
         except TransientGatewayError as exc:  # down or throttled: hops wait, commands go on
             self._since = self._since or utc_now()
             ever = self.answered is None or self.answered()

@@ -27,7 +27,7 @@ class Unhealthy(Exception):
         self.since = since
 
 
-class Refused(Unhealthy):
+class CheckRefused(Unhealthy):
     """Failing, and no outage: a peer refused us for good (the gateway's certificate does
     not verify). Only a change of setting or certificate fixes it; `health` exits 4."""
 
@@ -44,7 +44,7 @@ class CheckResult:
     detail: str
     since: datetime | None = None  # when a failing (or degraded) check started so
     degraded: bool = False  # ok, but not well (`Degraded`)
-    refused: bool = False  # failing for good (`Refused`): health's exit code 4
+    refused: bool = False  # failing for good (`CheckRefused`): health's exit code 4
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -88,7 +88,7 @@ class Health:
             with self._lock:
                 first = self._since.setdefault(name, since or self._clock())
             degraded = isinstance(exc, Degraded)
-            refused = isinstance(exc, Refused)
+            refused = isinstance(exc, CheckRefused)
             return CheckResult(name, degraded, describe(exc), since or first, degraded, refused)
         with self._lock:
             self._since.pop(name, None)
@@ -100,7 +100,7 @@ def healthy(results: Sequence[CheckResult]) -> bool:
 
 
 def refusal(results: Sequence[CheckResult]) -> CheckResult | None:
-    """The first check refused for good (`Refused`), if any."""
+    """The first check refused for good (`CheckRefused`), if any."""
     return next((r for r in results if r.refused), None)
 
 

@@ -59,7 +59,7 @@ def retry_after(wait_s: float) -> int:
 
 
 @dataclass
-class Outage:
+class ScriptedOutage:
     mode: str  # one of OUTAGE_MODES
     ends_at: float  # time.monotonic()
     calls: int = 0  # gateway calls answered 503 (a refused connection is not seen)
@@ -75,7 +75,7 @@ class Metering:
     faults: dict[str, int]
     bucket: TokenBucket
     throttled: int
-    outage: Outage | None
+    outage: ScriptedOutage | None
     outage_calls: int
 
     def _fault(self, kind: str) -> None:
@@ -110,7 +110,7 @@ class Metering:
         with self.lock:
             now = time.monotonic()
             if seconds > 0:
-                self.outage = Outage(str(mode), now + seconds)
+                self.outage = ScriptedOutage(str(mode), now + seconds)
             elif self.outage is not None:
                 self.outage.ends_at = min(self.outage.ends_at, now)
             return self._show_outage()

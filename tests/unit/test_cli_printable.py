@@ -17,7 +17,7 @@ from infrastructure.eventstore import init_database, open_event_store
 from infrastructure.service import ProvisioningService
 from tests.memory_gateway import MemoryGateway
 from worker.cli import main
-from worker.cli_support import Failed, cell, compact_table, echo, printable
+from worker.cli_support import CommandFailed, cell, compact_table, echo, printable
 
 HOSTILE = "ws-1\x1b[31m red\x07\x9b2J\x7f"
 RAW = ("\x1b", "\x07", "\x9b", "\x7f")
@@ -47,7 +47,7 @@ def test_echo_and_error_lines_are_printable(capsys: pytest.CaptureFixture[str]) 
     out, err = capsys.readouterr()
     assert_printable(out + err)
     assert "ws-1\\x1b[31m red" in out
-    assert_printable(Failed(f"failed: {HOSTILE}", 1).format_message())
+    assert_printable(CommandFailed(f"failed: {HOSTILE}", 1).format_message())
 
 
 def test_a_table_cell_is_printable_and_not_markup() -> None:

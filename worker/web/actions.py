@@ -47,7 +47,7 @@ MEMORY_BROKER = (
 )
 
 
-class Refused(Exception):
+class ActionRefused(Exception):
     """An action not taken: its status code and one line saying what to do."""
 
     def __init__(self, status_code: int, message: str) -> None:
@@ -63,12 +63,12 @@ class Actions:
     async def _form(self, request: Request) -> dict[str, str]:
         kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
         if kind != "application/x-www-form-urlencoded":
-            raise Refused(400, "an action is a form of this server's pages (urlencoded)")
+            raise ActionRefused(400, "an action is a form of this server's pages (urlencoded)")
         body = b""
         async for chunk in request.stream():
             body += chunk
             if len(body) > FORM_BYTES:
-                raise Refused(400, "this form is larger than any form of these pages")
+                raise ActionRefused(400, "this form is larger than any form of these pages")
         fields = parse_qs(body.decode("utf-8", "replace"), keep_blank_values=True)
         return {name: values[0] for name, values in fields.items()}
 
@@ -82,7 +82,7 @@ class Actions:
             form = await self._form(request)
             self._check(request, form)
             to, lines = await run_in_threadpool(action, form)
-        except Refused as refused:
+        except ActionRefused as refused:
             return self.show(request, refused.status_code, "Not done", str(refused))
         for line in lines:
             log.warning("web action %s: %s", request.url.path.rsplit("/", 1)[-1], line)
@@ -98,7 +98,7 @@ class Actions:
         why = csrf.refusal(self.settings.web_token, cookie, form.get(csrf.FIELD))
         if why is not None:
             log.warning("web action refused: %s %s", request.url.path, why)
-            raise Refused(403, why)
+            raise ActionRefused(403, why)
 
     async def retry(self, request: Request) -> Response:
         return await self._act(request, self._retry)
@@ -123,14 +123,14 @@ class Actions:
         brand_id = _field(form, "brand_id")
         url = self.settings.broker_url
         if is_memory(url):
-            raise Refused(409, MEMORY_BROKER)
+            raise ActionRefused(409, MEMORY_BROKER)
         done, skipped = select(self.settings, brand_ids=[brand_id])
         if not done:
             now = f"is {skipped[0]['status']} now" if skipped else "has no failed attempt"
-            raise Refused(409, f"brand {brand_id} {now}: there is no failure to retry")
+            raise ActionRefused(409, f"brand {brand_id} {now}: there is no failure to retry")
         [redrive] = done
         if redrive.error is not None:
-            raise Refused(409, redrive_line(redrive, "re-requested"))
+            raise ActionRefused(409, redrive_line(redrive, "re-requested"))
         publish(self.settings, done, url, [])
         return _brand_page(brand_id), [redrive_line(redrive, "re-requested")]
 
@@ -139,12 +139,12 @@ class Actions:
         brand_id = _field(form, "brand_id")
         retention = form.get("retention", "")
         if retention not in RETENTION:
-            raise Refused(400, "choose what becomes of the workspace: keep it for the "
+            raise ActionRefused(400, "choose what becomes of the workspace: keep it for the "
                           "retention window, or empty it now")  # fmt: skip
         try:
             said = actions.deactivate(self.settings, brand_id, purge_now=RETENTION[retention])
         except ProvisionerError as exc:
-            raise Refused(409, str(exc)) from None
+            raise ActionRefused(409, str(exc)) from None
         return _brand_page(brand_id), [said]
 
     def _replay(self, form: dict[str, str]) -> tuple[str, list[str]]:
@@ -165,7 +165,7 @@ class Actions:
         try:
             audits = actions.audit_now(self.settings, parent)
         except ConfigurationError as exc:
-            raise Refused(409, str(exc)) from None
+            raise ActionRefused(409, str(exc)) from None
         lines = [actions.audit_line(audit) for audit in audits]
         return "/audit", lines or ["no parent on record to audit: nothing was read"]
 
@@ -173,7 +173,8 @@ class Actions:
 def _field(form: dict[str, str], name: str) -> str:
     value = form.get(name, "")
     if not value:
-        raise Refused(400, f"the form names no {name.replace('_', ' ')}: use this server's page")
+        named = name.replace("_", " ")
+        raise ActionRefused(400, f"the form names no {named}: use this server's page")
     return value
 
 
@@ -188,8 +189,8 @@ def _on_letters(settings: Settings, act: Callable[[Any], T]) -> T:
         with actions.dead_letters(settings) as letters:
             return act(letters)
     except NotFound as missing:
-        raise Refused(404, f"{missing}: replayed or purged already? See the list") from None
+        raise ActionRefused(404, f"{missing}: replayed or purged already? See the list") from None
     except (AmbiguousId, NotReplayable) as refused:
-        raise Refused(409, str(refused)) from None
+        raise ActionRefused(409, str(refused)) from None
     except ConfigurationError as exc:  # the embedded broker keeps none
-        raise Refused(409, str(exc)) from None
+        raise ActionRefused(409, str(exc)) from None
