@@ -44,7 +44,10 @@ def test_a_pending_brand_is_not_started_again_and_wait_follows_it(
         assert running.worker is not None
         first = invoke(env, "rollout", str(csv_file(tmp_path / "one.csv", [stuck])))
         wait_for(lambda: status_of(pg_database, stuck) == "pending", f"{stuck} pending", 30)
-        provisions = running.worker.stats.by_type.get("provision", 0)
+        worker = running.worker
+        # Counted once acknowledged, which may come after the status shows it.
+        wait_for(lambda: worker.stats.by_type.get("provision", 0) > 0, "provision counted", 10)
+        provisions = worker.stats.by_type.get("provision", 0)
         every = csv_file(tmp_path / "every.csv", [stuck, *fresh])
         again = invoke(env, "rollout", str(every), "--wait", "--timeout", "8")
         after = running.worker.stats.by_type.get("provision", 0)
