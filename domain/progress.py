@@ -81,7 +81,7 @@ class AttemptFacts:
 
 
 @dataclass(frozen=True, slots=True)
-class BrandFacts:
+class BrandStanding:
     """What the brand's stream says that changes the advice: whether it is active,
     whether a workspace is bound, and a deactivated one's emptying."""
 
@@ -230,7 +230,7 @@ def _pending(
     )
 
 
-def _brand_advice(brand: BrandFacts, state: AttemptState, now: datetime) -> str | None:
+def _brand_advice(brand: BrandStanding, state: AttemptState, now: datetime) -> str | None:
     """What the brand's own state says, where it overrides the attempt's advice."""
     if not brand.active:
         if brand.bound and brand.emptying_refused:
@@ -255,7 +255,7 @@ def progress(
     facts: AttemptFacts,
     now: datetime,
     backoff: Backoff,
-    brand: BrandFacts | None = None,
+    brand: BrandStanding | None = None,
     fleet: Fleet | None = None,
 ) -> Progress:
     """Why the attempt is where it is and what comes next (`backoff`: the settle

@@ -10,7 +10,7 @@ from typing import Any
 from domain.attempt import ProvisioningAttempt
 from domain.brand import Brand
 from domain.liveness import Liveness, liveness
-from domain.progress import AttemptFacts, BrandFacts, Fleet, Progress, progress
+from domain.progress import AttemptFacts, BrandStanding, Fleet, Progress, progress
 from infrastructure.heartbeats import read_beats
 from infrastructure.service import EngineSettings
 from infrastructure.view_connection import ViewConnection
@@ -46,8 +46,8 @@ def facts(
     )
 
 
-def brand_facts(brand: Brand) -> BrandFacts:
-    return BrandFacts(brand.is_active, brand.workspace_id is not None, brand.to_be_emptied_at,
+def brand_facts(brand: Brand) -> BrandStanding:
+    return BrandStanding(brand.is_active, brand.workspace_id is not None, brand.to_be_emptied_at,
                       brand.emptying_refused)  # fmt: skip
 
 
@@ -72,7 +72,7 @@ def progress_of(
     now: datetime,
     parents: Collection[str] | None = None,
     *,
-    brand: BrandFacts | None = None,
+    brand: BrandStanding | None = None,
     deployment: Fleet | None = None,
 ) -> Progress:
     return progress(facts(attempt, engine, parents), now, engine.backoff, brand, deployment)
@@ -84,7 +84,7 @@ def progress_fields(
     now: datetime,
     parents: Collection[str] | None = None,
     *,
-    brand: BrandFacts | None = None,
+    brand: BrandStanding | None = None,
     deployment: Fleet | None = None,
 ) -> dict[str, Any]:
     """The FIELDS of an attempt (all None without one)."""

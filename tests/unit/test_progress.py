@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from domain.policies import AttemptState, FailureReason
-from domain.progress import AttemptFacts, BrandFacts, Fleet, clock, exhausted_at, progress
+from domain.progress import AttemptFacts, BrandStanding, Fleet, clock, exhausted_at, progress
 from domain.waits import Backoff
 
 NOW = datetime(2026, 12, 1, 10, 2, 0, tzinfo=UTC)
@@ -154,12 +154,12 @@ def test_times_carry_their_date_only_on_another_day() -> None:
 
 # Every state a brand and its current attempt can be in together, and what a person
 # is told: the brand's own state first, then the deployment's, then the attempt's.
-ACTIVE_BOUND = BrandFacts(active=True, bound=True)
-ACTIVE_UNBOUND = BrandFacts(active=True, bound=False)
-KEPT = BrandFacts(active=False, bound=True, to_be_emptied_at=NOW + timedelta(days=2))
-EMPTYING = BrandFacts(active=False, bound=True, to_be_emptied_at=NOW - timedelta(minutes=1))
-REFUSED = BrandFacts(active=False, bound=True, emptying_refused="HTTP 423 locked")
-GONE = BrandFacts(active=False, bound=False)
+ACTIVE_BOUND = BrandStanding(active=True, bound=True)
+ACTIVE_UNBOUND = BrandStanding(active=True, bound=False)
+KEPT = BrandStanding(active=False, bound=True, to_be_emptied_at=NOW + timedelta(days=2))
+EMPTYING = BrandStanding(active=False, bound=True, to_be_emptied_at=NOW - timedelta(minutes=1))
+REFUSED = BrandStanding(active=False, bound=True, emptying_refused="HTTP 423 locked")
+GONE = BrandStanding(active=False, bound=False)
 RELAY_DEAD = Fleet(relay_silent_since=NOW - timedelta(minutes=3))
 PROMOTED = replace(PENDING, state=AttemptState.PROMOTED, next_hop_at=None)
 CANCELLED = replace(PENDING, state=AttemptState.CANCELLED, next_hop_at=None)
@@ -204,7 +204,7 @@ ADVICE_TABLE = [
     [pytest.param(*row[1:], id=row[0]) for row in ADVICE_TABLE],
 )
 def test_the_advice_in_every_state_of_brand_and_attempt(
-    brand: BrandFacts, facts: AttemptFacts, deployment: Fleet | None, advice: str
+    brand: BrandStanding, facts: AttemptFacts, deployment: Fleet | None, advice: str
 ) -> None:
     said = progress(facts, NOW, BACKOFF, brand, deployment)
 

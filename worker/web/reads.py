@@ -14,7 +14,7 @@ from urllib.parse import urlsplit
 from uuid import UUID
 
 from domain.errors import UnknownAttempt
-from domain.progress import BrandFacts, Progress
+from domain.progress import BrandStanding, Progress
 from infrastructure.audit import attempt_story, brand_history, brand_status
 from infrastructure.audit_findings import read_audits
 from infrastructure.broker import Topology
@@ -208,7 +208,7 @@ class Reads:
         return {"bound": bound, "attempts": attempts, "claim": claimed}
 
     def _progress(
-        self, service: ProvisioningService, attempt_id: str, brand: BrandFacts | None = None
+        self, service: ProvisioningService, attempt_id: str, brand: BrandStanding | None = None
     ) -> Progress | None:
         try:
             attempt = service.attempt(UUID(attempt_id))
