@@ -217,7 +217,7 @@ def provisioner(args: Sequence[str], env: Mapping[str, str], log: Path) -> subpr
     """`provisioner ARGS...` in a subprocess, its stdout and stderr appended to `log`."""
     with log.open("ab") as out:
         return subprocess.Popen(
-            [sys.executable, "-m", "worker.cli", *args],
+            [sys.executable, "-m", "worker.cli.main", *args],
             cwd=ROOT,
             env=dict(env),
             stdin=subprocess.DEVNULL,

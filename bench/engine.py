@@ -71,9 +71,9 @@ from eventsourcing.domain import Aggregate, event
 from inprocess import InProcessEngine
 
 from domain.outcomes import Outcome
-from infrastructure.eventstore import init_database, open_event_store
-from infrastructure.gateway import HttpGateway
+from infrastructure.gateway.adapter import HttpGateway
 from infrastructure.service import ProvisioningService
+from infrastructure.store.eventstore import init_database, open_event_store
 
 TARGET_TX_PER_ATTEMPT = 4.0
 TARGET_RATIO = 0.8

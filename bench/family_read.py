@@ -33,8 +33,8 @@ sys.path.insert(0, str(ROOT))
 import httpx
 from common import fake_call, percentile, proc_cpu_s, start_fake
 
-from infrastructure.gateway import HttpGateway
-from infrastructure.gateway_family import FAMILY_ANSWER_MAX
+from infrastructure.gateway.adapter import HttpGateway
+from infrastructure.gateway.family import FAMILY_ANSWER_MAX
 
 PARENT = "org-parent"
 TITLE = "Brand under test"

@@ -37,10 +37,10 @@ sys.path.insert(0, str(ROOT))
 from common import drop_database, fresh_database, start_fake
 
 from domain.outcomes import Outcome
-from infrastructure.eventstore import init_database, open_event_store
-from infrastructure.gateway import HttpGateway
+from infrastructure.gateway.adapter import HttpGateway
 from infrastructure.service import ProvisioningService
-from worker import metrics
+from infrastructure.store.eventstore import init_database, open_event_store
+from worker.health import metrics
 
 
 def main() -> int:

@@ -62,10 +62,11 @@ from eventsourcing.domain import Aggregate
 from kombu.connection import Connection
 from kombu.entity import Exchange, Queue
 
-from infrastructure.broker import EVENTS_EXCHANGE, Broker, Topology
-from infrastructure.eventstore import init_database, open_event_store, persistence_env
-from infrastructure.gateway import HttpGateway
+from infrastructure.broker.publisher import Broker
+from infrastructure.broker.topology import EVENTS_EXCHANGE, Topology
+from infrastructure.gateway.adapter import HttpGateway
 from infrastructure.service import ProvisioningService
+from infrastructure.store.eventstore import init_database, open_event_store, persistence_env
 
 
 class Trivial(Aggregate):
@@ -275,9 +276,9 @@ def measure(args: argparse.Namespace, url: str, broker_url: str) -> dict[str, An
         }
     )
     ports = [9300 + n for n in range(args.workers)]
-    procs = [spawn(["-m", "worker.cli", "relay"], env)]
+    procs = [spawn(["-m", "worker.cli.main", "relay"], env)]
     for n, port in enumerate(ports):
-        worker = ["-m", "worker.cli", "worker"]
+        worker = ["-m", "worker.cli.main", "worker"]
         if args.profile:
             out = Path(args.profile).resolve() / f"worker{n}.pstats"
             worker = [str(ROOT / "bench" / "profiled.py"), str(out), *worker]

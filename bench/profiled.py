@@ -1,6 +1,6 @@
 """Run a module under cProfile in every thread, and write the merged profile at exit.
 
-    python bench/profiled.py OUT.pstats -m worker.cli worker
+    python bench/profiled.py OUT.pstats -m worker.cli.main worker
 
 cProfile follows only the thread that enabled it; this starts one profiler in
 each thread the program starts (the worker's hops run on a pool), timed by the

@@ -44,16 +44,12 @@ from common import drop_database, fresh_database, percentile
 from domain.attempt import ProvisioningAttempt
 from domain.brand import Brand
 from domain.policies import FailureReason, Provenance
-from infrastructure.audit import attempt_story, brand_history
-from infrastructure.eventstore import ProvisionerApplication, init_database, open_event_store
 from infrastructure.service import ProvisioningService
-from infrastructure.view_queries import list_attempts
-from infrastructure.views import (
-    PROJECTIONS,
-    LogSource,
-    SqlViewStore,
-    init_read_models,
-)
+from infrastructure.store.eventstore import ProvisionerApplication, init_database, open_event_store
+from infrastructure.views.audit import attempt_story, brand_history
+from infrastructure.views.log_source import LogSource
+from infrastructure.views.queries import list_attempts
+from infrastructure.views.store import PROJECTIONS, SqlViewStore, init_read_models
 from projections.core import rebuild
 
 EVENTS_PER_BRAND = 14  # 4 brand events, 6 of a failed attempt, 4 of a promoted one

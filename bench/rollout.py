@@ -196,7 +196,7 @@ class Deployment:
     def command(self, args: list[str]) -> str:
         """A one-shot `provisioner` command; its standard output. Fails loudly."""
         done = subprocess.run(
-            [sys.executable, "-m", "worker.cli", *args],
+            [sys.executable, "-m", "worker.cli.main", *args],
             cwd=ROOT,
             env=self.env,
             capture_output=True,

@@ -33,7 +33,7 @@ sent and reports what came of it to `observe`. Times are seconds on one clock
   circuit closed, nothing failing and no hold current (`free`), a call needs
   nothing from the shared state: a process admits it from its own copy of the
   state, refreshed every ~100 ms, and publishes how many it sent with the next
-  refresh (infrastructure/pacing.py).
+  refresh (infrastructure/gateway/pacing.py).
 - **A circuit.** `open_after` unreachable answers in a row (refused, timeout,
   dropped, 502, 503, 504) open it: calls are held without being sent, and one
   probe goes out every `probe_every_s`. Any answer closes it. "In a row" as

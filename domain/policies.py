@@ -103,3 +103,7 @@ def owed_releases(
         if workspace_id not in released_ids
         and not (workspace_id == candidate_id and keep_candidate)
     )
+
+
+# Deferred hops count too: a day's deadline over a 15 s shortest capped wait is 5,760.
+MAX_HOP = 1_000_000

@@ -1,7 +1,7 @@
 """Ports: what the domain needs from the outside world, as Protocols.
 
 The gateway port speaks in plain values and a small exception tree. Adapters
-(`infrastructure.gateway.HttpGateway`, the in-memory fakes of the tests) map
+(`infrastructure.gateway.adapter.HttpGateway`, the in-memory fakes of the tests) map
 their transport's failures onto it; the hop logic never sees HTTP.
 
 Exception tree::

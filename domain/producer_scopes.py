@@ -1,7 +1,7 @@
 """Which brands a producer may command (pure: no broker).
 
 A producer is the RabbitMQ user that published a command, as the broker vouches
-for it (`user_id`, infrastructure/origins.py). An operator may scope each
+for it (`user_id`, infrastructure/broker/origins.py). An operator may scope each
 producer to brand-id patterns (`ord-*`, shell-style) and, for a `provision`, to
 parents (PROVISIONER_PRODUCER_SCOPES). A `deactivate` names no parent, so its
 brand alone decides: a scope always lists brand patterns.

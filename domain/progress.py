@@ -179,9 +179,7 @@ def _throttled(status: str) -> bool:
     return any(word in said for word in ("429", "throttled", "paced at", "retry-after"))
 
 
-def _pending(
-    facts: AttemptFacts, now: datetime, backoff: Backoff, fleet: Fleet | None
-) -> Progress:
+def _pending(facts: AttemptFacts, now: datetime, backoff: Backoff, fleet: Fleet | None) -> Progress:
     left = max(facts.max_hop - facts.settle_hops, 0)
     parts = [f"hop {facts.settle_hops + 1} of {facts.max_hop + 1}"]
     if facts.hop != facts.settle_hops:

@@ -1,6 +1,6 @@
 """The upstream audit: the gateway's family of a parent against the log, as a pure
 function of plain values (`classify`). Not the audit trail of attempts
-(`infrastructure/audit.py`): this compares what is upstream with what is on record.
+(`infrastructure/views/audit.py`): this compares what is upstream with what is on record.
 
 What it classifies, under one parent:
 

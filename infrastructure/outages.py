@@ -6,8 +6,8 @@ loop that never ends on a failure retrying can fix: it backs off (`ReconnectPaus
 step), logs the outage once and the recovery once (`Outage`), and carries on.
 What retrying cannot fix (credentials refused, a vhost or database that does
 not exist) is raised as `ServiceRefused` instead: `refusal` tells the two
-apart, asking `infrastructure.broker` about broker errors and
-`infrastructure.pg_connect` about database errors.
+apart, asking `infrastructure.broker.publisher` about broker errors and
+`infrastructure.store.pg_connect` about database errors.
 """
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ import sqlite3
 import psycopg
 from eventsourcing import persistence
 
-from infrastructure.broker_failures import broker_refusal, is_broker_error
+from infrastructure.broker.failures import broker_refusal, is_broker_error
 from infrastructure.failures import ServiceRefused, causes
-from infrastructure.pg_connect import classify
 from infrastructure.redaction import redact
+from infrastructure.store.pg_connect import classify
 
 # What a database that is down, restarting or unreachable raises.
 _DATABASE_UNAVAILABLE = (

@@ -29,15 +29,13 @@ import logging
 from datetime import datetime
 from uuid import UUID
 
-from domain.errors import ProvisionerError
 from domain.outcomes import HopOutcome, Outcome
 from domain.policies import FailureReason
 from domain.releases import Decommissioned
 from infrastructure.usecases import commands, endings, releases
 from infrastructure.usecases.commands import Deactivation
 from infrastructure.usecases.hop import HopRun
-from infrastructure.usecases.reads import EngineSettings, ServiceReads, SystemClock
-from infrastructure.usecases.retry import ContentionError
+from infrastructure.usecases.reads import ServiceReads
 
 log = logging.getLogger("provisioner.engine")
 
@@ -107,12 +105,7 @@ class ProvisioningService(ServiceReads):
 
 
 __all__ = [
-    "ContentionError",
-    "Deactivation",
-    "EngineSettings",
-    "ProvisionerError",
     "ProvisioningService",
-    "SystemClock",
 ]
 
 

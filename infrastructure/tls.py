@@ -14,9 +14,9 @@ from collections.abc import Mapping
 
 from psycopg.conninfo import conninfo_to_dict
 
-from infrastructure.eventstore import is_postgres
 from infrastructure.failures import ServiceRefused, causes
-from infrastructure.settings import is_loopback
+from infrastructure.settings.parsing import is_loopback
+from infrastructure.store.eventstore import is_postgres
 
 log = logging.getLogger("provisioner.settings")
 

@@ -4,7 +4,7 @@ the two procedures every projection shares: `catch_up` (follow the log) and
 
 A projection never talks to a database. It says which rows a batch of events
 needs (`prefetch`), then changes those rows in a `RowCache` (`apply`). The
-storage port (`ViewStore`, implemented in `infrastructure.views`) runs each
+storage port (`ViewStore`, implemented in `infrastructure.views.store`) runs each
 batch in ONE transaction that writes the changed rows and moves the copy's
 tracked position forward with a compare-and-set: a batch applied twice is
 impossible, a crashed batch leaves nothing behind, and a second runner on the

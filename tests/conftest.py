@@ -19,11 +19,13 @@ from hypothesis import HealthCheck, Phase, settings
 
 from domain.ports import Gateway
 from domain.waits import Backoff, Deferral
-from infrastructure.eventstore import ProvisionerApplication, init_database, open_event_store
-from infrastructure.fake_gateway import FakeConfig, FakeGateway
-from infrastructure.gateway import HttpGateway
-from infrastructure.service import EngineSettings, ProvisioningService
-from infrastructure.views import init_read_models
+from infrastructure.fake_gateway.config import FakeConfig
+from infrastructure.fake_gateway.server import FakeGateway
+from infrastructure.gateway.adapter import HttpGateway
+from infrastructure.service import ProvisioningService
+from infrastructure.settings.engine import EngineSettings
+from infrastructure.store.eventstore import ProvisionerApplication, init_database, open_event_store
+from infrastructure.views.store import init_read_models
 from tests.support import ManualClock
 
 # Hypothesis: `default` (what `make test` runs) is deterministic, with no example

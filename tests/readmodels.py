@@ -19,8 +19,9 @@ from eventsourcing.utils import get_topic
 from domain.attempt import ProvisioningAttempt
 from domain.brand import Brand
 from domain.policies import AttemptState, FailureReason, Provenance
-from infrastructure.eventstore import ProvisionerApplication
-from infrastructure.views import PROJECTIONS, LogSource, SqlViewStore
+from infrastructure.store.eventstore import ProvisionerApplication
+from infrastructure.views.log_source import LogSource
+from infrastructure.views.store import PROJECTIONS, SqlViewStore
 from projections.brand_workspaces import brand_status
 from projections.core import RowCache, catch_up
 

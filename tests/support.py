@@ -19,13 +19,15 @@ from eventsourcing.persistence import StoredEvent
 from domain.outcomes import HopOutcome, Outcome
 from domain.pacing import PaceRules
 from domain.ports import Clock, FamilyMember, Gateway, TransientGatewayError
-from infrastructure import messages
-from infrastructure.eventstore import ProvisionerApplication, open_event_store
-from infrastructure.fake_gateway import FakeGateway
+from infrastructure.broker import messages
+from infrastructure.fake_gateway.server import FakeGateway
 from infrastructure.outages import Outage
-from infrastructure.service import EngineSettings, ProvisioningService
-from worker.consumer import DeadLetter, WorkerStats
+from infrastructure.service import ProvisioningService
+from infrastructure.settings.engine import EngineSettings
+from infrastructure.store.eventstore import ProvisionerApplication, open_event_store
+from worker.consumer import WorkerStats
 from worker.delivery import Settler
+from worker.retry_policy import DeadLetter
 
 
 class ManualClock:

@@ -11,15 +11,15 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from infrastructure.settings import Settings
+from infrastructure.settings.model import Settings
 
 
 def request_service(settings: Settings, *, read_only: bool = False) -> Any:
     """A service for the request path (no gateway call is made there) on one
     database connection at a time, opened per use. `read_only`: creates nothing."""
-    from infrastructure.eventstore import open_event_store
-    from infrastructure.gateway import HttpGateway
+    from infrastructure.gateway.adapter import HttpGateway
     from infrastructure.service import ProvisioningService
+    from infrastructure.store.eventstore import open_event_store
 
     app = open_event_store(
         settings.database_url, one_shot=True, read_only=read_only,
@@ -38,8 +38,6 @@ def deactivate(settings: Settings, brand_id: str, *, purge_now: bool) -> str:
     its workspace is emptied once the retention window ends, or at once with
     `purge_now`. What was done, as `provisioner deactivate` prints it; a
     `ProvisionerError` when it cannot be."""
-    from worker.cli_support import deactivation_sentence
-
     service = request_service(settings)
     try:
         result = service.deactivate(brand_id, purge_now=purge_now)
@@ -52,9 +50,9 @@ def deactivate(settings: Settings, brand_id: str, *, purge_now: bool) -> str:
 def dead_letters(settings: Settings, url: str | None = None) -> Iterator[Any]:
     """`provisioning.dead` on the broker (`url`, or the configured one): a broker that
     fails is one line (a `ServiceUnavailable` or `ServiceRefused`)."""
-    from infrastructure.broker import Topology
-    from infrastructure.broker_failures import broker_failure
-    from infrastructure.dead_letters import DeadLetters
+    from infrastructure.broker.dead_letters import DeadLetters
+    from infrastructure.broker.failures import broker_failure
+    from infrastructure.broker.topology import Topology
 
     url = url or settings.broker_url
     try:
@@ -94,12 +92,12 @@ def purge_lines(purged: Sequence[Any]) -> list[str]:
 def audit_service(settings: Settings) -> Iterator[Any]:
     """A service on the real gateway, paced by the fleet's limiter, and one database
     connection at a time."""
-    from infrastructure.eventstore import open_event_store
     from infrastructure.failures import ConfigurationError
-    from infrastructure.gateway import HttpGateway
-    from infrastructure.pacing import Pace
+    from infrastructure.gateway.adapter import HttpGateway
+    from infrastructure.gateway.pacing import Pace
     from infrastructure.service import ProvisioningService
-    from worker import metrics
+    from infrastructure.store.eventstore import open_event_store
+    from worker.health import metrics
     from worker.runtime import pace_store
 
     chosen = settings.gateway()
@@ -140,7 +138,7 @@ def audit_parents(svc: Any, parent: str | None) -> list[str]:
 
 def record_audits(settings: Settings, audits: Sequence[Any]) -> None:
     """Record the audits as the reconciler's are (the web view's /audit shows them)."""
-    from infrastructure.audit_findings import FindingsWriter
+    from infrastructure.views.audit_findings import FindingsWriter
 
     FindingsWriter(settings.database_url).write(audits)
 
@@ -181,3 +179,28 @@ def audit_line(audit: Any) -> str:
         f"{clean.get('released_empty', 0)} released and empty; {len(audit.problems)} findings, "
         f"{len(audit.findings) - len(audit.problems)} for information"
     )
+
+
+def deactivation_sentence(result: Any) -> str:
+    """What `deactivate` did (a `Deactivation`), as one or two sentences."""
+    brand = result.brand_id
+    at = getattr(result, "to_be_emptied_at", None)
+    when = f" at {at.isoformat(timespec='seconds')}" if at else ""
+    if result.already_deactivated:
+        if result.workspace_id:
+            return (
+                f"brand {brand} was already deactivated; workspace {result.workspace_id} "
+                f"is to be emptied{when}."
+            )
+        return f"brand {brand} was already deactivated; nothing changed."
+    done = f"brand {brand} deactivated"
+    if result.cancelled_attempt_id is not None:
+        done += f"; its pending attempt {result.cancelled_attempt_id} was cancelled"
+    else:
+        done += "; no attempt was pending"
+    if result.workspace_id:
+        return (
+            f"{done}. A worker will empty workspace {result.workspace_id}{when} and unbind "
+            "it; a provision of the same title and parent before then keeps it."
+        )
+    return f"{done}, and it has no workspace to empty."

@@ -11,9 +11,9 @@ from domain.attempt import ProvisioningAttempt
 from domain.brand import Brand
 from domain.liveness import Liveness, liveness
 from domain.progress import AttemptFacts, BrandStanding, Fleet, Progress, progress
-from infrastructure.heartbeats import read_beats
-from infrastructure.service import EngineSettings
-from infrastructure.view_connection import ViewConnection
+from infrastructure.settings.engine import EngineSettings
+from infrastructure.views.connection import ViewConnection
+from infrastructure.views.heartbeats import read_beats
 
 # What `progress_fields` adds to a record, in the order shown.
 FIELDS = ("reason", "advice", "parent", "progress", "deferral", "hop", "settle_hops", "max_hop",

@@ -10,7 +10,7 @@ from rich.console import Group
 from rich.padding import Padding
 from rich.text import Text
 
-from worker.cli_support import cell, compact_table
+from worker.console import cell, compact_table
 from worker.logs import printable
 
 ATTEMPT_COLUMNS = ("attempt_id", "brand_id", "state", "hops_used", "candidate_id",

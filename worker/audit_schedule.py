@@ -3,7 +3,7 @@ record, one after the other, every `every_s` (PROVISIONER_AUDIT_EVERY_S), on a
 thread of its own so that a long audit never holds back a sweep. Its gateway calls
 go through the service's gateway port, paced with the fleet. The findings of the
 last audit are counted in `provisioner_audit_findings{kind}` and, with `findings`,
-recorded per parent for the web view's `/audit` (infrastructure/audit_findings.py);
+recorded per parent for the web view's `/audit` (infrastructure/views/audit_findings.py);
 it fixes nothing (`provisioner audit --fix` does, run by an operator)."""
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ from collections import Counter
 from collections.abc import Callable
 
 from domain.upstream_audit import Audit, Kind
-from infrastructure.audit_findings import FindingsWriter
 from infrastructure.service import ProvisioningService
 from infrastructure.usecases.upstream_audit import audit_parent, parents_on_record
-from worker import metrics
+from infrastructure.views.audit_findings import FindingsWriter
+from worker.health import metrics
 
 log = logging.getLogger("provisioner.reconciler")
 FIRST_AFTER_S = 300.0  # after start: the first audit (not at once: a restart storm)

@@ -32,7 +32,7 @@ consuming thread empties between drains.
   "connected to ..." once; unacked messages are redelivered by the broker, and
   hops are idempotent. A broker that refuses the credentials or the vhost
   raises ServiceRefused out of `run` (retrying cannot fix it).
-- It beats (infrastructure/heartbeats.py) as its loop turns, while it waits for
+- It beats (infrastructure/views/heartbeats.py) as its loop turns, while it waits for
   the broker too: its threads, the deliveries in flight (received and not settled
   yet) and the count handled; the beat's write is at most one upsert every few
   seconds, on the consuming thread.
@@ -56,18 +56,24 @@ from kombu.messaging import Consumer
 
 from domain.producer_scopes import Scope
 from domain.waits import RETRY_DELAYS_S, WAIT_DELAYS_S
-from infrastructure.broker import Broker, BrokerTls, DelayScheduler, Topology, connect
-from infrastructure.broker_failures import BROKER_ERRORS, broker_refusal
+from infrastructure.broker.connection import connect
+from infrastructure.broker.delays import DelayScheduler
+from infrastructure.broker.failures import BROKER_ERRORS, broker_refusal
+from infrastructure.broker.publisher import Broker
+from infrastructure.broker.topology import Topology
 from infrastructure.failures import ReconnectPauses
-from infrastructure.heartbeats import Heartbeat
 from infrastructure.outages import Outage
 from infrastructure.service import ProvisioningService
-from infrastructure.settings import log_secrets
-from worker.delivery import Delivery, Settler
+from infrastructure.settings.model import BrokerTls, log_secrets
+from infrastructure.views.heartbeats import Heartbeat
+from worker.delivery import Settler
 from worker.handlers import give_up, handle
-from worker.retry_policy import DeadLetter
+from worker.reading import Delivery
 
-__all__ = ["DeadLetter", "HopWorker", "WorkerStats", "handle"]
+__all__ = [
+    "HopWorker",
+    "WorkerStats",
+]
 
 log = logging.getLogger("provisioner.worker")
 

@@ -16,7 +16,7 @@ message ends its thread:
   sends them back), and the body, the source and the errors lose every
   configured secret first.
 - What a message's headers say is believed only of a message the service
-  published (its `user_id`, infrastructure/origins.py): a producer's
+  published (its `user_id`, infrastructure/broker/origins.py): a producer's
   `x-dead-id` is not kept. A command's producer, as the broker vouches for
   it, goes with it through retries and into its dead letter (`x-producer`),
   so its scope applies when it is replayed.
@@ -37,13 +37,13 @@ from typing import Any
 from domain.dead_letter_rules import Reason, reason_of
 from domain.producer_scopes import ProducerScopes, Scope
 from domain.waits import RETRY_DELAYS_S, WAIT_DELAYS_S
-from infrastructure.broker import Broker
-from infrastructure.dead_letter_parsing import kept_id, kept_of
-from infrastructure.messages import InvalidMessage, Message
-from infrastructure.origins import producer_header, producer_of, vouched_headers
+from infrastructure.broker.dead_letter_parsing import kept_id, kept_of
+from infrastructure.broker.messages import InvalidMessage, Message
+from infrastructure.broker.origins import producer_header, producer_of, vouched_headers
+from infrastructure.broker.publisher import Broker
 from infrastructure.outages import Outage, is_database_error, one_line
 from infrastructure.redaction import Secrets
-from worker import metrics
+from worker.health import metrics
 from worker.reading import Delivery, inspect
 from worker.retry_policy import (
     Ack,
@@ -54,7 +54,9 @@ from worker.retry_policy import (
     RetryPolicy,
 )
 
-__all__ = ["Delivery", "Settler", "inspect"]
+__all__ = [
+    "Settler",
+]
 
 log = logging.getLogger("provisioner.worker")
 # What a dead letter keeps of the delivery, to be replayed as it came (and of its

@@ -22,12 +22,13 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from domain.attempt import ProvisioningAttempt
-from infrastructure.eventstore import persistence_env
-from infrastructure.fake_gateway import FakeConfig
+from infrastructure.fake_gateway.config import FakeConfig
 from infrastructure.service import ProvisioningService
-from infrastructure.settings import Settings
-from infrastructure.views import PROJECTIONS, LogSource, SqlViewStore
-from worker.cli_support import cell
+from infrastructure.settings.model import Settings
+from infrastructure.store.eventstore import persistence_env
+from infrastructure.views.log_source import LogSource
+from infrastructure.views.store import PROJECTIONS, SqlViewStore
+from worker.console import cell
 from worker.runtime import Runtime, build
 
 TIME_SCALE = 0.02  # 155 s of backoff pass in about 3 s

@@ -3,7 +3,7 @@
 `describe` turns any exception a command let escape into an `EdgeFailure`
 whose message says what failed (credentials redacted) and what to do, and
 whose `exit_code` is the command's (infrastructure/failures.py). The CLI's
-one wrapper (worker/cli.py) prints it; `--debug` shows the traceback instead.
+one wrapper (worker/cli/main.py) prints it; `--debug` shows the traceback instead.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import sqlite3
 import httpx
 from eventsourcing.persistence import PersistenceError
 
-from infrastructure.broker_failures import broker_failure
+from infrastructure.broker.failures import broker_failure
 from infrastructure.failures import (
     ConfigurationError,
     EdgeFailure,
@@ -22,9 +22,9 @@ from infrastructure.failures import (
     ServiceUnavailable,
     causes,
 )
-from infrastructure.pg_connect import classify
 from infrastructure.redaction import redact
-from infrastructure.settings import Settings
+from infrastructure.settings.model import Settings
+from infrastructure.store.pg_connect import classify
 
 
 def _urls() -> tuple[str, str, str]:

@@ -9,8 +9,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from domain.liveness import Beat, Liveness, age_s, liveness
-from infrastructure.heartbeats import read_processes
-from infrastructure.view_connection import ViewConnection
+from infrastructure.views.connection import ViewConnection
+from infrastructure.views.heartbeats import read_processes
 
 COLUMNS = ("kind", "host", "pid", "version", "concurrency", "in_flight", "handled",
            "last_beat_s", "state", "gateway_answered_s")  # fmt: skip

@@ -17,9 +17,9 @@ import logging
 import threading
 
 from domain.ports import TransientGatewayError
-from infrastructure.gateway_contact import GatewayContact, cause
+from infrastructure.gateway.contact import GatewayContact, cause
 from infrastructure.redaction import redact
-from worker.health_checks import PROBE_WORKSPACE, StatusReader
+from worker.health.checks import PROBE_WORKSPACE, StatusReader
 
 log = logging.getLogger("provisioner.gateway.lifecycle")
 EVERY_S = 30.0

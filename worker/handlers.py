@@ -26,8 +26,8 @@ from domain.errors import (
     UnknownBrand,
 )
 from domain.releases import Decommissioned, DecommissionKind
-from infrastructure import messages
-from infrastructure.messages import (
+from infrastructure.broker import messages
+from infrastructure.broker.messages import (
     Body,
     Deactivate,
     Decommission,
@@ -38,7 +38,7 @@ from infrastructure.messages import (
     Release,
 )
 from infrastructure.service import ProvisioningService
-from worker import metrics
+from worker.health import metrics
 from worker.retry_policy import DeadLetter
 
 # What the service refuses for good: the message is dead-lettered with the error's name.

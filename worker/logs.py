@@ -1,6 +1,6 @@
 """Log lines: plain text or one JSON object a line, never a secret.
 
-`PROVISIONER_LOG_FORMAT` (infrastructure/settings.py): `text`, `json`, or
+`PROVISIONER_LOG_FORMAT` (infrastructure/settings/model.py): `text`, `json`, or
 `auto` (the default: text on a terminal, JSON otherwise). A JSON line has
 `time`, `level`, `logger`, `brand`, `attempt`, `hop`, `outcome`, `reason` and
 `message` (the fields a line does not carry are null). The fields come from a

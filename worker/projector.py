@@ -14,11 +14,12 @@ from collections.abc import Sequence
 
 from prometheus_client import Counter, Gauge
 
-from infrastructure.eventstore import ProvisionerApplication, is_postgres
 from infrastructure.failures import ReconnectPauses
-from infrastructure.heartbeats import Heartbeat
 from infrastructure.outages import Outage, refusal
-from infrastructure.views import PROJECTIONS, LogSource, SqlViewStore
+from infrastructure.store.eventstore import ProvisionerApplication, is_postgres
+from infrastructure.views.heartbeats import Heartbeat
+from infrastructure.views.log_source import LogSource
+from infrastructure.views.store import PROJECTIONS, SqlViewStore
 from projections.core import Projection, catch_up, rebuild
 from worker.relay import _Poller, _PostgresListener
 

@@ -8,7 +8,7 @@ type its queue does not accept (`messages.QUEUE_RULES`: a hop, release or
 decommission on the producers' commands queue is an `internal message on the
 commands queue`), and on that queue a command its producer may not send
 (`foreign_producer`: domain/producer_scopes.py; the producer is the one the
-broker vouches for, infrastructure/origins.py) — by raising `InvalidMessage`
+broker vouches for, infrastructure/broker/origins.py) — by raising `InvalidMessage`
 with the reason. It reads; what becomes of a refused delivery is the
 settler's (worker/delivery.py).
 """
@@ -20,7 +20,7 @@ from typing import Any
 
 from domain.dead_letter_rules import Reason
 from domain.producer_scopes import ProducerScopes
-from infrastructure.messages import (
+from infrastructure.broker.messages import (
     COMMANDS_QUEUE,
     InvalidMessage,
     Message,
@@ -30,7 +30,7 @@ from infrastructure.messages import (
     waited_ms,
     waits,
 )
-from infrastructure.origins import producer_of
+from infrastructure.broker.origins import producer_of
 from infrastructure.outages import one_line
 from worker.retry_policy import DeliveryFacts
 

@@ -41,15 +41,15 @@ from uuid import UUID
 from prometheus_client import Counter
 
 from domain.liveness import Beat, Liveness, liveness
-from infrastructure import messages
-from infrastructure.broker import Broker
+from infrastructure.broker import messages
+from infrastructure.broker.publisher import Broker
 from infrastructure.failures import ReconnectPauses
-from infrastructure.heartbeats import Heartbeat, read_processes
 from infrastructure.outages import Outage, refusal, which_service
 from infrastructure.service import ProvisioningService
-from infrastructure.settings_table import default_of
-from infrastructure.view_queries import list_attempts
-from infrastructure.views import PROJECTIONS, SqlViewStore
+from infrastructure.settings.table import default_of
+from infrastructure.views.heartbeats import Heartbeat, read_processes
+from infrastructure.views.queries import list_attempts
+from infrastructure.views.store import PROJECTIONS, SqlViewStore
 from projections.attempts import OWING
 from projections.core import Row
 from worker.audit_schedule import AuditSchedule
@@ -209,7 +209,7 @@ class Reconciler:
                 f"{more}): {self._cause(store, now)}")  # fmt: skip
 
     def _cause(self, store: SqlViewStore, now: datetime) -> str:
-        """What the beats say of the relay and the workers (infrastructure/heartbeats.py)."""
+        """What the beats say of the relay and the workers (infrastructure/views/heartbeats.py)."""
         try:
             beats = read_processes(store)
         except Exception:

@@ -14,8 +14,8 @@ from datetime import UTC, datetime
 from typing import Any
 from uuid import UUID
 
-from infrastructure.settings import Settings
-from worker.cli_publish import IN_CHUNK, chunks, provision, publisher, rows_by
+from infrastructure.settings.model import Settings
+from worker.publish import IN_CHUNK, chunks, provision, publisher, rows_by
 from worker.rollout_input import BadLine, checked_line
 
 
@@ -44,7 +44,7 @@ def failed_attempts(
 ) -> list[dict[str, Any]]:
     """Failed attempts of the `attempts` projection, newest end first: by failure
     reason, finished at or after `since`, of these brands (all when empty)."""
-    from infrastructure.views import PROJECTIONS
+    from infrastructure.views.store import PROJECTIONS
     from projections.core import TS
 
     where, params = ["state = 'failed'"], []
@@ -122,7 +122,7 @@ def _checked(redrive: Redrive) -> Redrive:
 
 @contextmanager
 def _views(settings: Settings) -> Iterator[Any]:
-    from infrastructure.views import SqlViewStore
+    from infrastructure.views.store import SqlViewStore
 
     with SqlViewStore(
         settings.database_url, read_only=True, wait_s=settings.connect_wait_s

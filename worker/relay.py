@@ -24,16 +24,7 @@ from typing import Any
 import psycopg
 from eventsourcing.persistence import IntegrityError, TrackingRecorder
 
-from infrastructure.broker import Broker
-from infrastructure.eventstore import (
-    EVENTS_TABLE,
-    ProvisionerApplication,
-    postgres_conninfo,
-)
-from infrastructure.failures import ReconnectPauses
-from infrastructure.heartbeats import Heartbeat
-from infrastructure.outages import Outage, refusal, which_service
-from infrastructure.outbox import (
+from infrastructure.broker.outbox import (
     TOPICS,
     IntegrationEvent,
     OutboxMapper,
@@ -41,7 +32,16 @@ from infrastructure.outbox import (
     load_position,
     save_position,
 )
-from worker import metrics
+from infrastructure.broker.publisher import Broker
+from infrastructure.failures import ReconnectPauses
+from infrastructure.outages import Outage, refusal, which_service
+from infrastructure.store.eventstore import (
+    EVENTS_TABLE,
+    ProvisionerApplication,
+    postgres_conninfo,
+)
+from infrastructure.views.heartbeats import Heartbeat
+from worker.health import metrics
 
 log = logging.getLogger("provisioner.relay")
 

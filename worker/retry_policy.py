@@ -43,9 +43,9 @@ from domain.waits import (
     waited_s,
     waits_spent,
 )
-from infrastructure.messages import MAX_RETRIES_HEADER
+from infrastructure.broker.messages import MAX_RETRIES_HEADER
 from infrastructure.outages import is_database_error
-from infrastructure.service import ContentionError
+from infrastructure.usecases.retry import ContentionError
 
 
 class DeadLetter(Exception):

@@ -1,6 +1,6 @@
 """A rollout file's brands, as pure functions (no I/O): CSV with a header row
 (brand_id,title,parent) or JSON lines, each line checked as the worker checks a
-`provision` message. `provisioner rollout` (worker/cli_rollout.py) reads it."""
+`provision` message. `provisioner rollout` (worker/cli/rollout.py) reads it."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from infrastructure.messages import InvalidMessage, encode
+from infrastructure.broker.messages import InvalidMessage, encode
 
 COLUMNS = ("brand_id", "title", "parent")
 # The bytes of a rollout file read, a line at a time (docs/configuration.md): about

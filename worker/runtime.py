@@ -12,29 +12,33 @@ from urllib.parse import urlsplit
 
 from domain.liveness import beat_interval_s
 from domain.ports import Gateway
-from infrastructure.audit_findings import FindingsWriter
-from infrastructure.broker import Broker, DelayScheduler, Topology, is_memory
-from infrastructure.eventstore import (
+from infrastructure.broker.connection import is_memory
+from infrastructure.broker.delays import DelayScheduler
+from infrastructure.broker.publisher import Broker
+from infrastructure.broker.topology import Topology
+from infrastructure.failures import ConfigurationError
+from infrastructure.fake_gateway.config import FakeConfig
+from infrastructure.fake_gateway.server import FakeGateway
+from infrastructure.gateway.adapter import HttpGateway
+from infrastructure.gateway.contact import GatewayContact
+from infrastructure.gateway.family_reads import SharedFamilyReads
+from infrastructure.gateway.pacing import MemoryPaceStore, Pace, PaceStore, PgPaceStore
+from infrastructure.gateway.tls import refuse_unverified
+from infrastructure.service import ProvisioningService
+from infrastructure.settings.model import Settings
+from infrastructure.store.eventstore import (
     ProvisionerApplication,
     is_postgres,
     open_event_store,
     open_position_store,
 )
-from infrastructure.failures import ConfigurationError
-from infrastructure.fake_gateway import FakeConfig, FakeGateway
-from infrastructure.family_reads import SharedFamilyReads
-from infrastructure.gateway import HttpGateway
-from infrastructure.gateway_contact import GatewayContact
-from infrastructure.gateway_tls import refuse_unverified
-from infrastructure.heartbeats import Heartbeat
-from infrastructure.pacing import MemoryPaceStore, Pace, PaceStore, PgPaceStore
-from infrastructure.service import ProvisioningService
-from infrastructure.settings import Settings
-from infrastructure.views import SqlViewStore, memory_views_url
-from worker import metrics
+from infrastructure.views.audit_findings import FindingsWriter
+from infrastructure.views.heartbeats import Heartbeat
+from infrastructure.views.store import SqlViewStore, memory_views_url
 from worker.audit_schedule import AuditSchedule
 from worker.consumer import HopWorker
 from worker.gateway_watch import GatewayWatch
+from worker.health import metrics
 from worker.projector import Projector
 from worker.reconciler import GRACE_S, OVERDUE_S, Reconciler
 from worker.relay import Relay
@@ -251,7 +255,7 @@ def build(
         topology = Topology(queue_type=settings.queue_type)
         scheduler = None
         if is_memory(settings.broker_url):
-            scheduler = DelayScheduler(settings.broker_url, topology)
+            scheduler = DelayScheduler(Broker(settings.broker_url, topology, scheduler=None))
             stack.callback(scheduler.stop)
         # The configured token never reaches an event or a log through a producer's text.
         secrets = (settings.gateway_token,) if settings.gateway_token else ()

@@ -84,21 +84,3 @@ Behaviour worth knowing:
   each counts in ``calls`` and in ``faults["delete_refused"]``. The state shows it
   on the workspace as ``refuse_deletes`` (``{"status", "message"}`` or null).
 """
-
-from infrastructure.fake_gateway.config import (
-    KNOB_NAMES,
-    STATUS_CASES,
-    FakeConfig,
-    InvalidKnobError,
-    JsonObject,
-)
-from infrastructure.fake_gateway.server import FakeGateway
-
-__all__ = [
-    "KNOB_NAMES",
-    "STATUS_CASES",
-    "FakeConfig",
-    "FakeGateway",
-    "InvalidKnobError",
-    "JsonObject",
-]

@@ -7,16 +7,16 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from infrastructure.fake_gateway.state import (
+from infrastructure.fake_gateway.metering import refuses
+from infrastructure.fake_gateway.replies import (
     BadRequestError,
-    FakeState,
     Handler,
     NotFoundError,
     Reply,
     Request,
     error_reply,
-    refuses,
 )
+from infrastructure.fake_gateway.state import FakeState
 
 _WS = r"([^/]+)"
 GATEWAY_ROUTES: tuple[tuple[str, re.Pattern[str], str], ...] = (

@@ -20,8 +20,10 @@ from typing import Any, Self
 from urllib.parse import parse_qs, urlsplit
 
 from infrastructure.fake_gateway.config import FakeConfig, JsonObject
+from infrastructure.fake_gateway.metering import refuses
+from infrastructure.fake_gateway.replies import NotFoundError, Reply, Request
 from infrastructure.fake_gateway.routes import Dispatcher
-from infrastructure.fake_gateway.state import FakeState, NotFoundError, Reply, Request, refuses
+from infrastructure.fake_gateway.state import FakeState
 
 
 class _Server(ThreadingHTTPServer):

@@ -16,10 +16,9 @@ from datetime import UTC, datetime
 from typing import Literal
 
 from infrastructure.fake_gateway.config import FakeConfig, JsonObject
-from infrastructure.fake_gateway.metering import Metering, TokenBucket, refuses, retry_after
+from infrastructure.fake_gateway.metering import Metering, TokenBucket
 from infrastructure.fake_gateway.replies import (
     BadRequestError,
-    Handler,
     NotFoundError,
     Reply,
     Request,
@@ -27,16 +26,7 @@ from infrastructure.fake_gateway.replies import (
 )
 
 __all__ = [
-    "BadRequestError",
     "FakeState",
-    "Handler",
-    "NotFoundError",
-    "Reply",
-    "Request",
-    "TokenBucket",
-    "error_reply",
-    "refuses",
-    "retry_after",
 ]
 
 OPERATIONS = ("create", "status", "family", "list_projects", "delete_project")

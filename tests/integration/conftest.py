@@ -32,10 +32,16 @@ from urllib.parse import quote
 import pytest
 from kombu import Connection
 
-from infrastructure.broker import COMMANDS_QUEUE, DEAD_QUEUE, HOPS_QUEUE, WAIT_PREFIX, Topology
-from infrastructure.eventstore import open_event_store
-from infrastructure.fake_gateway import FakeGateway
-from infrastructure.views import SqlViewStore
+from infrastructure.broker.topology import (
+    COMMANDS_QUEUE,
+    DEAD_QUEUE,
+    HOPS_QUEUE,
+    WAIT_PREFIX,
+    Topology,
+)
+from infrastructure.fake_gateway.server import FakeGateway
+from infrastructure.store.eventstore import open_event_store
+from infrastructure.views.store import SqlViewStore
 from tests.conftest import unavailable
 from tests.integration.messaging_support import (
     Vhost,

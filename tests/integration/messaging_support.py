@@ -26,14 +26,14 @@ from kombu import Connection, Queue
 
 from domain.errors import UnknownBrand
 from domain.policies import AttemptState
-from infrastructure.broker import EXCHANGE
-from infrastructure.eventstore import is_postgres, open_position_store
-from infrastructure.fake_gateway import FakeGateway
-from infrastructure.outbox import load_position, save_position
+from infrastructure.broker.outbox import load_position, save_position
+from infrastructure.broker.topology import EXCHANGE
+from infrastructure.fake_gateway.server import FakeGateway
+from infrastructure.store.eventstore import is_postgres, open_position_store
 from tests.conftest import unavailable
 from tests.integration.cli_support import clean_env
 from tests.support import rabbitmqctl
-from worker.cli import main
+from worker.cli.main import main
 from worker.consumer import HopWorker
 from worker.relay import Relay
 from worker.runtime import Runtime
@@ -318,7 +318,7 @@ def cli_env(database_url: str, broker_url: str, fake: FakeGateway) -> dict[str, 
 
 def cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "worker.cli", *args],
+        [sys.executable, "-m", "worker.cli.main", *args],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -328,19 +328,19 @@ def cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-
 def dead_letters_cli(url: str, *args: str) -> Result:
     """`provisioner dead-letters ARGS` in this process, on the broker at `url`."""
     return CliRunner().invoke(
         main, ["dead-letters", *args], env={"PROVISIONER_BROKER_URL": url}, catch_exceptions=False
     )
 
+
 @contextmanager
 def worker_process(env: dict[str, str], log: Path) -> Iterator[subprocess.Popen[str]]:
     """`provisioner worker` in a subprocess; killed on exit if still running."""
     with log.open("w") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "worker.cli", "worker", "--concurrency", "2"],
+            [sys.executable, "-m", "worker.cli.main", "worker", "--concurrency", "2"],
             cwd=ROOT,
             env=env,
             stdout=out,

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from infrastructure.service import ProvisioningService
-from infrastructure.settings import Settings
+from infrastructure.settings.model import Settings
 from worker.runtime import build
 
 

@@ -7,15 +7,16 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
-from infrastructure.eventstore import open_event_store
-from infrastructure.fake_gateway import FakeGateway
-from infrastructure.gateway import HttpGateway
+from infrastructure.fake_gateway.server import FakeGateway
+from infrastructure.gateway.adapter import HttpGateway
 from infrastructure.service import ProvisioningService
-from infrastructure.views import PROJECTIONS, LogSource, SqlViewStore
+from infrastructure.store.eventstore import open_event_store
+from infrastructure.views.log_source import LogSource
+from infrastructure.views.store import PROJECTIONS, SqlViewStore
 from projections.core import catch_up
 from tests.conftest import PARENT
 from tests.support import ManualClock
-from worker.cli import main
+from worker.cli.main import main
 
 
 def test_status_history_and_attempt_tell_a_brands_story(

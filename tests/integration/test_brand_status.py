@@ -13,18 +13,15 @@ import pytest
 
 from domain.outcomes import Outcome
 from domain.releases import DecommissionKind
-from infrastructure.audit import brand_history, brand_status
-from infrastructure.eventstore import ProvisionerApplication, open_event_store
-from infrastructure.fake_gateway import FakeGateway
-from infrastructure.gateway import HttpGateway
-from infrastructure.service import EngineSettings, ProvisioningService
-from infrastructure.view_queries import brand_workspace, count_degraded
-from infrastructure.views import (
-    PROJECTIONS,
-    VERSIONS,
-    LogSource,
-    SqlViewStore,
-)
+from infrastructure.fake_gateway.server import FakeGateway
+from infrastructure.gateway.adapter import HttpGateway
+from infrastructure.service import ProvisioningService
+from infrastructure.settings.engine import EngineSettings
+from infrastructure.store.eventstore import ProvisionerApplication, open_event_store
+from infrastructure.views.audit import brand_history, brand_status
+from infrastructure.views.log_source import LogSource
+from infrastructure.views.queries import brand_workspace, count_degraded
+from infrastructure.views.store import PROJECTIONS, VERSIONS, SqlViewStore
 from projections.core import catch_up, rebuild
 from tests.conftest import PARENT
 from tests.support import ManualClock
@@ -198,9 +195,9 @@ def test_status_says_the_relay_is_silent_and_a_deactivated_brand_is_not_bound(
     from click.testing import CliRunner
 
     from domain.liveness import Beat
-    from infrastructure.heartbeats import _create, record
-    from infrastructure.view_connection import ViewConnection
-    from worker.cli import main
+    from infrastructure.views.connection import ViewConnection
+    from infrastructure.views.heartbeats import _create, record
+    from worker.cli.main import main
 
     url = f"sqlite:///{tmp_path / 'events.sqlite'}"
     settings = EngineSettings(decommission_delay_s=86_400.0)

@@ -28,8 +28,8 @@ import amqp
 import pytest
 from kombu import Connection
 
-from infrastructure import messages
-from infrastructure.broker import (
+from infrastructure.broker import messages
+from infrastructure.broker.topology import (
     COMMAND_KEY,
     COMMANDS_EXCHANGE,
     COMMANDS_QUEUE,
@@ -42,8 +42,8 @@ from infrastructure.broker import (
     Topology,
     wait_rung_ms,
 )
-from infrastructure.fake_gateway import FakeGateway
-from infrastructure.settings import Settings
+from infrastructure.fake_gateway.server import FakeGateway
+from infrastructure.settings.model import Settings
 from tests.conftest import PARENT
 from tests.integration.messaging_support import (
     Vhost,

@@ -27,8 +27,9 @@ from urllib.parse import unquote, urlsplit
 
 import pytest
 
-from infrastructure import messages
-from infrastructure.broker import (
+from infrastructure.broker import messages
+from infrastructure.broker.dead_letters import DeadLetters
+from infrastructure.broker.topology import (
     COMMAND_KEY,
     COMMANDS_EXCHANGE,
     COMMANDS_QUEUE,
@@ -37,9 +38,8 @@ from infrastructure.broker import (
     HOPS_QUEUE,
     WORK_KEY,
 )
-from infrastructure.dead_letters import DeadLetters
-from infrastructure.fake_gateway import FakeGateway
-from infrastructure.settings import Settings
+from infrastructure.fake_gateway.server import FakeGateway
+from infrastructure.settings.model import Settings
 from tests.conftest import PARENT
 from tests.integration.messaging_support import (
     Vhost,

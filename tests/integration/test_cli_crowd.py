@@ -25,7 +25,8 @@ from pathlib import Path
 
 import pytest
 
-from infrastructure.fake_gateway import FakeConfig, FakeGateway
+from infrastructure.fake_gateway.config import FakeConfig
+from infrastructure.fake_gateway.server import FakeGateway
 from tests.conftest import unavailable
 from tests.services import free_port
 

@@ -17,17 +17,17 @@ import psycopg
 import pytest
 from click.testing import CliRunner
 
-from infrastructure.eventstore import open_event_store
 from infrastructure.failures import (
     EXIT_CONFIGURATION,
     EXIT_REFUSED,
     EXIT_UNAVAILABLE,
     ServiceRefused,
 )
-from infrastructure.fake_gateway import FakeGateway
-from infrastructure.gateway import HttpGateway
+from infrastructure.fake_gateway.server import FakeGateway
+from infrastructure.gateway.adapter import HttpGateway
 from infrastructure.service import ProvisioningService
-from infrastructure.views import SqlViewStore
+from infrastructure.store.eventstore import open_event_store
+from infrastructure.views.store import SqlViewStore
 from tests.conftest import PARENT, PG_ADMIN
 from tests.integration.cli_support import (
     PROVISIONER,
@@ -40,7 +40,7 @@ from tests.integration.cli_support import (
 from tests.readmodels import catch_up_all
 from tests.services import free_port
 from worker import runtime
-from worker.cli import main
+from worker.cli.main import main
 
 READ_COMMANDS = [
     ["status", "b1"],

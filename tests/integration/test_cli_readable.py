@@ -13,16 +13,17 @@ from uuid import UUID
 import pytest
 from click.testing import CliRunner, Result
 
-from infrastructure.eventstore import open_event_store
-from infrastructure.fake_gateway import FakeGateway
-from infrastructure.gateway import HttpGateway
-from infrastructure.service import EngineSettings, ProvisioningService
-from infrastructure.views import SqlViewStore
+from infrastructure.fake_gateway.server import FakeGateway
+from infrastructure.gateway.adapter import HttpGateway
+from infrastructure.service import ProvisioningService
+from infrastructure.settings.engine import EngineSettings
+from infrastructure.store.eventstore import open_event_store
+from infrastructure.views.store import SqlViewStore
 from tests.conftest import PARENT
 from tests.readmodels import catch_up_all
 from tests.support import ManualClock, words
 from worker.attempt_progress import FIELDS
-from worker.cli import _wait_for, main
+from worker.cli.main import _wait_for, main
 
 LONG_BRAND = "b-" + "long-brand-name-" * 4
 

@@ -11,8 +11,8 @@ from click.testing import CliRunner
 from domain.attempt import ProvisioningAttempt
 from domain.brand import ACTIVE, Brand
 from domain.policies import Provenance
-from infrastructure.eventstore import open_event_store
-from worker.cli import main
+from infrastructure.store.eventstore import open_event_store
+from worker.cli.main import main
 
 
 def test_a_provision_while_the_workspace_is_emptied_says_retry_in_a_moment(

@@ -13,11 +13,12 @@ from domain.errors import StaleCommand, UnknownBrand
 from domain.outcomes import StandDown
 from domain.policies import AttemptState
 from domain.releases import DecommissionKind
-from infrastructure import messages
-from infrastructure.broker import DEAD_QUEUE, Broker
-from infrastructure.fake_gateway import FakeGateway
+from infrastructure.broker import messages
+from infrastructure.broker.publisher import Broker
+from infrastructure.broker.topology import DEAD_QUEUE
+from infrastructure.fake_gateway.server import FakeGateway
 from infrastructure.service import ProvisioningService
-from infrastructure.settings import Settings
+from infrastructure.settings.model import Settings
 from tests.conftest import PARENT
 from tests.integration.messaging_support import (
     components,

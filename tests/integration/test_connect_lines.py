@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from infrastructure.eventstore import init_database, open_event_store
+from infrastructure.store.eventstore import init_database, open_event_store
 
 pytestmark = pytest.mark.postgres
 

@@ -17,11 +17,11 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from infrastructure.eventstore import init_database
 from infrastructure.failures import ServiceUnavailable
-from infrastructure.fake_gateway import FakeGateway
-from infrastructure.pacing import PgPaceStore
-from infrastructure.views import init_read_models
+from infrastructure.fake_gateway.server import FakeGateway
+from infrastructure.gateway.pacing import PgPaceStore
+from infrastructure.store.eventstore import init_database
+from infrastructure.views.store import init_read_models
 from tests.integration.test_messaging import wait_for
 from tests.integration.test_outages import env_of, process, provision_all, ready
 from tests.services import PgCluster, _private

@@ -18,23 +18,23 @@ import pytest
 from click.testing import CliRunner
 from kombu import Connection, Queue
 
-from infrastructure.broker import (
+from infrastructure.broker.dead_letter_parsing import NotReplayable
+from infrastructure.broker.dead_letters import DeadLetters
+from infrastructure.broker.messages import MAX_BODY_BYTES
+from infrastructure.broker.publisher import DEAD_BODY_KEPT, Broker
+from infrastructure.broker.topology import (
     COMMAND_KEY,
     COMMANDS_QUEUE,
-    DEAD_BODY_KEPT,
     DEAD_QUEUE,
     EXCHANGE,
     HOPS_QUEUE,
     WORK_KEY,
-    Broker,
     Topology,
 )
-from infrastructure.dead_letters import DeadLetters, NotReplayable
 from infrastructure.failures import EXIT_CONFIGURATION
-from infrastructure.messages import MAX_BODY_BYTES
 from tests.integration.messaging_support import dead_letters_cli, publish_raw, raw, take_all
 from tests.support import settler
-from worker.cli import main
+from worker.cli.main import main
 
 MIB = 1024 * 1024
 
@@ -183,8 +183,6 @@ def test_an_ambiguous_prefix_is_refused_naming_the_matches(rabbit_url: str) -> N
     assert held(rabbit_url) == ["abc111", "abc222"]  # nothing replayed or purged
     assert json.loads(dead_letters_cli(rabbit_url, "show", "abc2").output)["id"] == "abc222"
     assert "no dead letter abd" in dead_letters_cli(rabbit_url, "show", "abd").output
-
-
 
 
 def test_replay_keeps_the_content_type_and_encoding_and_the_id(rabbit_url: str) -> None:
@@ -371,8 +369,8 @@ def test_listing_pages_through_the_queue_holding_one_page(rabbit_url: str) -> No
 def test_the_web_page_shows_one_page_and_links_the_next(rabbit_url: str, tmp_path: Any) -> None:
     from starlette.testclient import TestClient
 
-    from infrastructure.dead_letters import PAGE
-    from infrastructure.settings import Settings
+    from infrastructure.broker.dead_letters import PAGE
+    from infrastructure.settings.model import Settings
     from worker.web.app import create_app
 
     broker = Broker(rabbit_url, Topology(), scheduler=None)

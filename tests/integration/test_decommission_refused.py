@@ -17,14 +17,14 @@ from click.testing import CliRunner
 
 from domain.brand import Brand
 from domain.ids import brand_aggregate_id
-from infrastructure.fake_gateway import FakeGateway
-from infrastructure.settings import Settings
-from infrastructure.views import SqlViewStore
+from infrastructure.fake_gateway.server import FakeGateway
+from infrastructure.settings.model import Settings
+from infrastructure.views.store import SqlViewStore
 from tests.conftest import PARENT
 from tests.integration.messaging_support import components, environment, wait_for
 from tests.readmodels import catch_up_all
 from tests.support import RecordingBroker, upstream_workspace
-from worker.cli import main
+from worker.cli.main import main
 from worker.reconciler import Reconciler
 from worker.runtime import Runtime, build
 

@@ -7,10 +7,10 @@ from pathlib import Path
 from click.testing import CliRunner
 
 from domain.policies import AttemptState, FailureReason, Provenance
-from infrastructure.eventstore import open_event_store
-from infrastructure.gateway import HttpGateway
+from infrastructure.gateway.adapter import HttpGateway
 from infrastructure.service import ProvisioningService
-from worker.cli import main
+from infrastructure.store.eventstore import open_event_store
+from worker.cli.main import main
 
 
 def test_the_demo_provisions_every_brand_to_its_scripted_end(tmp_path: Path) -> None:

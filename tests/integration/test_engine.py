@@ -15,7 +15,7 @@ from domain.outcomes import HopOutcome, Outcome, StandDown
 from domain.policies import AttemptState, FailureReason, Provenance
 from domain.ports import RequestRejected, TransientGatewayError, Unauthorized
 from domain.releases import DecommissionKind
-from infrastructure.fake_gateway import FakeGateway
+from infrastructure.fake_gateway.server import FakeGateway
 from infrastructure.service import ProvisioningService
 from tests.conftest import PARENT, TOKEN
 from tests.support import Intercepting, ManualClock, creates, drive, event_names, upstream

@@ -16,7 +16,8 @@ from typing import Any
 import httpx
 import pytest
 
-from infrastructure.fake_gateway import KNOB_NAMES, FakeConfig, FakeGateway
+from infrastructure.fake_gateway.config import KNOB_NAMES, FakeConfig
+from infrastructure.fake_gateway.server import FakeGateway
 
 PARENT = "org-parent"
 AUTH = {"Authorization": "Bearer test-token"}
@@ -513,8 +514,8 @@ def test_scripted_terminal_statuses_of_each_kind_and_the_faults_played_are_count
 def test_provisioner_fake_gateway_takes_every_knob_and_refuses_a_bad_one() -> None:
     from click.testing import CliRunner
 
-    from infrastructure.fake_gateway import KNOB_NAMES
-    from worker.cli import main
+    from infrastructure.fake_gateway.config import KNOB_NAMES
+    from worker.cli.main import main
 
     runner = CliRunner()
     shown = runner.invoke(main, ["fake-gateway", "--help"])

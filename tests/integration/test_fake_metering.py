@@ -10,7 +10,7 @@ import httpx
 import pytest
 from click.testing import CliRunner
 
-from infrastructure.fake_gateway import FakeGateway
+from infrastructure.fake_gateway.server import FakeGateway
 from tests.integration.test_fake_gateway import (
     AUTH,
     PARENT,
@@ -117,7 +117,7 @@ def test_rate_limit_and_burst_are_checked_knobs(fake: FakeGateway) -> None:
 
 
 def test_the_command_takes_the_new_knobs_and_names_the_admin_endpoints() -> None:
-    from worker.cli import main
+    from worker.cli.main import main
 
     runner = CliRunner()
     shown = runner.invoke(main, ["fake-gateway", "--help"])

@@ -22,19 +22,20 @@ import psycopg
 import pytest
 from click.testing import CliRunner
 
-from infrastructure.eventstore import init_database, open_event_store
-from infrastructure.fake_gateway import FakeGateway
-from infrastructure.gateway import HttpGateway
-from infrastructure.heartbeats import Heartbeat
+from infrastructure.fake_gateway.server import FakeGateway
+from infrastructure.gateway.adapter import HttpGateway
 from infrastructure.service import ProvisioningService
-from infrastructure.settings import Settings
-from infrastructure.views import SqlViewStore, init_read_models
+from infrastructure.settings.model import Settings
+from infrastructure.store.eventstore import init_database, open_event_store
+from infrastructure.views.heartbeats import Heartbeat
+from infrastructure.views.store import SqlViewStore, init_read_models
 from tests.conftest import PARENT, PG_ADMIN, unavailable
 from tests.integration.test_cli_edges import PROVISIONER, clean_env, free_port
 from tests.readmodels import FATES, seed_histories
 from tests.support import RecordingBroker
-from worker.cli import main
-from worker.health import CheckResult, Health, checks_for
+from worker.cli.main import main
+from worker.health.report import checks_for
+from worker.health.results import CheckResult, Health
 from worker.projector import Projector
 from worker.reconciler import Reconciler
 from worker.runtime import build

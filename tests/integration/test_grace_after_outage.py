@@ -14,7 +14,7 @@ import pytest
 
 from domain.attempt import ProvisioningAttempt
 from domain.outcomes import HopOutcome, Outcome
-from infrastructure.fake_gateway import FakeGateway
+from infrastructure.fake_gateway.server import FakeGateway
 from infrastructure.service import ProvisioningService
 from tests.conftest import PARENT
 from tests.support import ManualClock

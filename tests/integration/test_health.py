@@ -19,14 +19,15 @@ import psycopg
 import pytest
 
 from domain.pacing import PaceState
-from infrastructure.fake_gateway import FakeGateway
-from infrastructure.heartbeats import Heartbeat
-from infrastructure.pacing import PgPaceStore
-from infrastructure.settings import Settings
+from infrastructure.fake_gateway.server import FakeGateway
+from infrastructure.gateway.pacing import PgPaceStore
+from infrastructure.settings.model import Settings
+from infrastructure.views.heartbeats import Heartbeat
 from tests.integration.test_cli_edges import PROVISIONER, clean_env, forwarder, free_port, pg_url
 from tests.support import rabbitmqctl
-from worker.health import Health, checks_for
-from worker.probes import Probes, serve
+from worker.health.probes import Probes, serve
+from worker.health.report import checks_for
+from worker.health.results import Health
 
 TOKEN = "t0ken-web-health"  # PROVISIONER_WEB_TOKEN: /readyz shows its details to it
 

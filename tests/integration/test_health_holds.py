@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from domain.pacing import PaceState
-from infrastructure.fake_gateway import FakeGateway
-from infrastructure.pacing import PgPaceStore
+from infrastructure.fake_gateway.server import FakeGateway
+from infrastructure.gateway.pacing import PgPaceStore
 from tests.conftest import PARENT
 from tests.integration.test_cli_edges import clean_env, run_cli
 from tests.integration.test_health import a_worker_alive

@@ -21,10 +21,11 @@ from bench.inprocess import InProcessEngine
 from domain.policies import AttemptState, FailureReason
 from domain.ports import TransientGatewayError
 from domain.waits import Backoff, Deferral
-from infrastructure.eventstore import ProvisionerApplication
-from infrastructure.fake_gateway import FakeGateway
-from infrastructure.gateway import HttpGateway
-from infrastructure.service import EngineSettings, ProvisioningService
+from infrastructure.fake_gateway.server import FakeGateway
+from infrastructure.gateway.adapter import HttpGateway
+from infrastructure.service import ProvisioningService
+from infrastructure.settings.engine import EngineSettings
+from infrastructure.store.eventstore import ProvisionerApplication
 from tests.conftest import PARENT, TOKEN
 
 FAULTS = {

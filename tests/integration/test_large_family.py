@@ -8,8 +8,8 @@ import httpx
 
 from domain.outcomes import Outcome
 from domain.ports import FamilyMember
-from infrastructure.fake_gateway import FakeGateway
-from infrastructure.gateway import HttpGateway
+from infrastructure.fake_gateway.server import FakeGateway
+from infrastructure.gateway.adapter import HttpGateway
 from infrastructure.service import ProvisioningService
 from tests.conftest import PARENT, TOKEN
 from tests.support import ManualClock, drive

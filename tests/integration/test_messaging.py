@@ -27,8 +27,12 @@ from kombu import Connection, Consumer, Exchange, Queue
 from domain.errors import UnknownBrand
 from domain.outcomes import Outcome
 from domain.policies import AttemptState, Provenance
-from infrastructure import messages
-from infrastructure.broker import (
+from infrastructure.broker import messages
+from infrastructure.broker.delays import DelayScheduler
+from infrastructure.broker.messages import decode
+from infrastructure.broker.outbox import load_position
+from infrastructure.broker.publisher import Broker
+from infrastructure.broker.topology import (
     COMMAND_KEY,
     COMMANDS_QUEUE,
     DEAD_QUEUE,
@@ -36,15 +40,11 @@ from infrastructure.broker import (
     HOPS_QUEUE,
     WAIT_PREFIX,
     WORK_KEY,
-    Broker,
-    DelayScheduler,
     Topology,
 )
-from infrastructure.eventstore import open_position_store
-from infrastructure.fake_gateway import FakeGateway
-from infrastructure.messages import decode
-from infrastructure.outbox import load_position
-from infrastructure.settings import Settings
+from infrastructure.fake_gateway.server import FakeGateway
+from infrastructure.settings.model import Settings
+from infrastructure.store.eventstore import open_position_store
 from tests.conftest import PARENT, PG_ADMIN
 from tests.integration.messaging_support import (
     CrashOnSave,
@@ -764,7 +764,7 @@ def test_memory_broker_retries_an_infrastructure_failure_with_a_count_then_dead_
     memory_broker: str,
 ) -> None:
     service = Unavailable()
-    scheduler = DelayScheduler(memory_broker, Topology())
+    scheduler = DelayScheduler(Broker(memory_broker, Topology(), scheduler=None))
     worker = HopWorker(service, memory_broker, scheduler=scheduler, retry_delays_s=(0.05, 0.1))  # type: ignore[arg-type]
     try:
         with consuming(worker):

@@ -20,12 +20,12 @@ from pathlib import Path
 import httpx
 import pytest
 
-from infrastructure import messages
-from infrastructure.broker import Broker
-from infrastructure.eventstore import init_database
+from infrastructure.broker import messages
+from infrastructure.broker.publisher import Broker
 from infrastructure.failures import ServiceRefused
-from infrastructure.fake_gateway import FakeGateway
-from infrastructure.views import PROJECTIONS, SqlViewStore, init_read_models
+from infrastructure.fake_gateway.server import FakeGateway
+from infrastructure.store.eventstore import init_database
+from infrastructure.views.store import PROJECTIONS, SqlViewStore, init_read_models
 from tests.conftest import PARENT, TOKEN
 from tests.integration.messaging_support import wait_for
 from tests.services import PgCluster, RabbitNode, pg_cluster, rabbit_node
@@ -61,7 +61,7 @@ def env_of(database_url: str, broker_url: str, fake: FakeGateway) -> dict[str, s
 def command() -> list[str]:
     if PROVISIONER.exists():
         return [str(PROVISIONER)]
-    return [sys.executable, "-m", "worker.cli"]
+    return [sys.executable, "-m", "worker.cli.main"]
 
 
 @contextmanager

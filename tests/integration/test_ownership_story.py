@@ -17,17 +17,19 @@ import pytest
 from click.testing import CliRunner
 
 from domain.upstream_audit import Kind
-from infrastructure.eventstore import open_event_store
-from infrastructure.fake_gateway import FakeConfig, FakeGateway
-from infrastructure.gateway import HttpGateway
-from infrastructure.service import EngineSettings, ProvisioningService
-from infrastructure.settings import Settings
+from infrastructure.fake_gateway.config import FakeConfig
+from infrastructure.fake_gateway.server import FakeGateway
+from infrastructure.gateway.adapter import HttpGateway
+from infrastructure.service import ProvisioningService
+from infrastructure.settings.engine import EngineSettings
+from infrastructure.settings.model import Settings
+from infrastructure.store.eventstore import open_event_store
 from infrastructure.usecases.upstream_audit import audit_parent, fix
-from infrastructure.views import init_read_models
+from infrastructure.views.store import init_read_models
 from tests.conftest import TOKEN
 from tests.integration.running import drained, running
 from tests.support import ManualClock
-from worker.cli import main
+from worker.cli.main import main
 
 pytestmark = [pytest.mark.postgres, pytest.mark.rabbitmq]
 

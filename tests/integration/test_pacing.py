@@ -12,9 +12,9 @@ import pytest
 
 from domain.pacing import PaceRules
 from domain.ports import TransientGatewayError, WorkspaceGone
-from infrastructure.fake_gateway import FakeGateway
-from infrastructure.gateway import HttpGateway
-from infrastructure.pacing import Pace, PgPaceStore, read_pace
+from infrastructure.fake_gateway.server import FakeGateway
+from infrastructure.gateway.adapter import HttpGateway
+from infrastructure.gateway.pacing import Pace, PgPaceStore, read_pace
 from tests.conftest import TOKEN
 from tests.support import pace_rules
 from tests.unit.test_pacing import EVERY_429

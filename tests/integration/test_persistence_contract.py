@@ -20,15 +20,15 @@ from domain.attempt import ProvisioningAttempt
 from domain.brand import Brand
 from domain.claim import WorkspaceClaim
 from domain.policies import AttemptState, FailureReason, Provenance
-from infrastructure.eventstore import (
+from infrastructure.settings.table import DEFAULT_DATABASE_URL
+from infrastructure.store.eventstore import (
     DatabaseNotInitialised,
     ProvisionerApplication,
     open_event_store,
 )
-from infrastructure.settings import DEFAULT_DATABASE_URL
-from infrastructure.views import SqlViewStore
+from infrastructure.views.store import SqlViewStore
 from tests.conftest import PG_ADMIN
-from worker.cli import main
+from worker.cli.main import main
 
 # Storage contract tests save hand-made aggregates (brands begin attempts that never
 # start); the projections-equal-replay check is for engine and messaging scenarios.
@@ -37,7 +37,7 @@ pytestmark = pytest.mark.raw_events
 ROOT = Path(__file__).resolve().parents[2]
 SYNCHRONISED_INIT = """
 import sys, time
-from infrastructure.eventstore import init_database
+from infrastructure.store.eventstore import init_database
 time.sleep(max(0.0, float(sys.argv[2]) - time.time()))
 init_database(sys.argv[1])
 """
@@ -207,7 +207,7 @@ def test_four_concurrent_db_inits_on_an_empty_database_all_succeed(pg_database: 
         assert app.repository.get(brand.id).brand_id == brand.brand_id
         app.close()
         cli = subprocess.run(
-            [sys.executable, "-m", "worker.cli", "db", "init", "--database-url", url],
+            [sys.executable, "-m", "worker.cli.main", "db", "init", "--database-url", url],
             cwd=ROOT,
             capture_output=True,
             text=True,

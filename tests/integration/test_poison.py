@@ -13,10 +13,11 @@ from uuid import uuid4
 import pytest
 
 from domain.errors import UnknownBrand
-from infrastructure import messages
-from infrastructure.broker import COMMAND_KEY, DEAD_QUEUE, WORK_KEY, Broker
-from infrastructure.fake_gateway import FakeGateway
-from infrastructure.settings import Settings
+from infrastructure.broker import messages
+from infrastructure.broker.publisher import Broker
+from infrastructure.broker.topology import COMMAND_KEY, DEAD_QUEUE, WORK_KEY
+from infrastructure.fake_gateway.server import FakeGateway
+from infrastructure.settings.model import Settings
 from tests.integration.messaging_support import publish_raw, take_all, wait_for
 from worker.runtime import build
 

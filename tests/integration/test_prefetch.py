@@ -9,8 +9,9 @@ from typing import Any
 
 import pytest
 
-from infrastructure import messages
-from infrastructure.broker import Broker, Topology
+from infrastructure.broker import messages
+from infrastructure.broker.publisher import Broker
+from infrastructure.broker.topology import Topology
 from worker.consumer import HopWorker
 
 

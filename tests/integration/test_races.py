@@ -12,7 +12,7 @@ from typing import Any
 from domain.outcomes import Outcome, StandDown
 from domain.policies import AttemptState, Provenance
 from domain.ports import AmbiguousCreate, TransientGatewayError
-from infrastructure.fake_gateway import FakeGateway
+from infrastructure.fake_gateway.server import FakeGateway
 from infrastructure.service import ProvisioningService
 from tests.conftest import PARENT
 from tests.support import Intercepting, ManualClock

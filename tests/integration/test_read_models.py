@@ -26,24 +26,20 @@ from click.testing import CliRunner
 from domain.attempt import ProvisioningAttempt
 from domain.brand import Brand
 from domain.policies import Provenance
-from infrastructure.eventstore import ProvisionerApplication, open_event_store
-from infrastructure.fake_gateway import FakeGateway
-from infrastructure.gateway import HttpGateway
-from infrastructure.service import EngineSettings, ProvisioningService
-from infrastructure.view_queries import brand_workspace, list_attempts
-from infrastructure.view_sql import all_rows, one
-from infrastructure.views import (
-    POSITIONS,
-    PROJECTIONS,
-    REGISTRY,
-    LogSource,
-    SqlViewStore,
-)
+from infrastructure.fake_gateway.server import FakeGateway
+from infrastructure.gateway.adapter import HttpGateway
+from infrastructure.service import ProvisioningService
+from infrastructure.settings.engine import EngineSettings
+from infrastructure.store.eventstore import ProvisionerApplication, open_event_store
+from infrastructure.views.log_source import LogSource
+from infrastructure.views.queries import brand_workspace, list_attempts
+from infrastructure.views.sql import POSITIONS, all_rows, one
+from infrastructure.views.store import PROJECTIONS, REGISTRY, SqlViewStore
 from projections.core import PositionConflict, catch_up, rebuild
 from tests.conftest import PARENT
 from tests.readmodels import assert_projections_match, catch_up_all, live_rows, seed_histories
 from tests.support import ManualClock
-from worker.cli import main
+from worker.cli.main import main
 from worker.projector import Projector
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -257,7 +253,7 @@ def test_a_projection_process_killed_mid_batch_resumes_without_double_applying(
     seed_histories(app, 600)
     target = app.recorder.max_notification_id()
     env = {**os.environ, "PROVISIONER_DATABASE_URL": pg_database, "PYTHONPATH": str(ROOT)}
-    command = [sys.executable, "-m", "worker.cli", "projections", "run", "--batch", "5"]
+    command = [sys.executable, "-m", "worker.cli.main", "projections", "run", "--batch", "5"]
 
     def positions() -> dict[str, int]:
         with SqlViewStore(pg_database) as views, views._tx(immediate=False) as cur:

@@ -13,12 +13,13 @@ import pytest
 
 from domain.attempt import ProvisioningAttempt
 from domain.policies import AttemptState, FailureReason, Provenance
-from infrastructure.eventstore import open_event_store
-from infrastructure.fake_gateway import FakeGateway
-from infrastructure.service import EngineSettings, ProvisioningService
-from infrastructure.settings import Settings
-from infrastructure.view_queries import list_attempts
-from infrastructure.views import VERSIONS, SqlViewStore
+from infrastructure.fake_gateway.server import FakeGateway
+from infrastructure.service import ProvisioningService
+from infrastructure.settings.engine import EngineSettings
+from infrastructure.settings.model import Settings
+from infrastructure.store.eventstore import open_event_store
+from infrastructure.views.queries import list_attempts
+from infrastructure.views.store import VERSIONS, SqlViewStore
 from tests.conftest import PARENT
 from tests.readmodels import FATES, catch_up_all, seed_histories
 from tests.support import RecordingBroker

@@ -15,17 +15,17 @@ from click.testing import CliRunner
 
 from domain.attempt import ProvisioningAttempt
 from domain.policies import AttemptState
-from infrastructure import messages
-from infrastructure.broker import Broker
-from infrastructure.fake_gateway import FakeGateway
-from infrastructure.settings import Settings
-from infrastructure.view_queries import list_attempts
-from infrastructure.views import SqlViewStore
+from infrastructure.broker import messages
+from infrastructure.broker.publisher import Broker
+from infrastructure.fake_gateway.server import FakeGateway
+from infrastructure.settings.model import Settings
+from infrastructure.views.queries import list_attempts
+from infrastructure.views.store import SqlViewStore
 from tests.conftest import PARENT
 from tests.integration.messaging_support import components, environment, wait_for
 from tests.readmodels import catch_up_all
 from tests.support import RecordingBroker, upstream_workspace
-from worker.cli import main
+from worker.cli.main import main
 from worker.reconciler import Reconciler
 from worker.runtime import Runtime, build
 

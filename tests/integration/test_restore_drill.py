@@ -23,17 +23,19 @@ from domain.attempt import ProvisioningAttempt
 from domain.brand import Brand
 from domain.ids import brand_aggregate_id
 from domain.policies import StatusClass, classify_status
-from infrastructure.eventstore import ProvisionerApplication, init_database, open_event_store
-from infrastructure.fake_gateway import FakeConfig, FakeGateway
-from infrastructure.gateway import HttpGateway
-from infrastructure.service import EngineSettings, ProvisioningService
-from infrastructure.settings import Settings
-from infrastructure.views import init_read_models
+from infrastructure.fake_gateway.config import FakeConfig
+from infrastructure.fake_gateway.server import FakeGateway
+from infrastructure.gateway.adapter import HttpGateway
+from infrastructure.service import ProvisioningService
+from infrastructure.settings.engine import EngineSettings
+from infrastructure.settings.model import Settings
+from infrastructure.store.eventstore import ProvisionerApplication, init_database, open_event_store
+from infrastructure.views.store import init_read_models
 from tests.audit_support import lose_a_create
 from tests.conftest import PG_ADMIN, TOKEN, unavailable
 from tests.integration.running import drained, running
 from tests.support import drive
-from worker.cli import main
+from worker.cli.main import main
 
 pytestmark = [pytest.mark.postgres, pytest.mark.rabbitmq]
 

@@ -7,10 +7,11 @@ from pathlib import Path
 
 from starlette.testclient import TestClient
 
-from infrastructure.eventstore import open_event_store
-from infrastructure.service import EngineSettings, ProvisioningService
-from infrastructure.settings import Settings
-from infrastructure.views import SqlViewStore
+from infrastructure.service import ProvisioningService
+from infrastructure.settings.engine import EngineSettings
+from infrastructure.settings.model import Settings
+from infrastructure.store.eventstore import open_event_store
+from infrastructure.views.store import SqlViewStore
 from tests.conftest import PARENT
 from worker.projector import Projector
 from worker.web.app import create_app

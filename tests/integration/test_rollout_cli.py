@@ -22,12 +22,12 @@ from typing import Any
 import pytest
 from click.testing import CliRunner, Result
 
-from infrastructure.broker import COMMANDS_QUEUE
-from infrastructure.fake_gateway import FakeGateway
-from infrastructure.messages import decode
-from infrastructure.settings import Settings
-from infrastructure.view_queries import brand_workspace, list_attempts
-from infrastructure.views import SqlViewStore
+from infrastructure.broker.messages import decode
+from infrastructure.broker.topology import COMMANDS_QUEUE
+from infrastructure.fake_gateway.server import FakeGateway
+from infrastructure.settings.model import Settings
+from infrastructure.views.queries import brand_workspace, list_attempts
+from infrastructure.views.store import SqlViewStore
 from tests.conftest import PARENT
 from tests.integration.messaging_support import (
     Running,
@@ -39,7 +39,7 @@ from tests.integration.messaging_support import (
     title_of,
     wait_for,
 )
-from worker.cli import main
+from worker.cli.main import main
 from worker.rollout_input import ROLLOUT_MAX_BYTES
 from worker.runtime import Runtime, build
 

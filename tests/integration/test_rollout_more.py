@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from infrastructure.broker import COMMANDS_QUEUE
-from infrastructure.fake_gateway import FakeGateway
-from infrastructure.messages import decode
+from infrastructure.broker.messages import decode
+from infrastructure.broker.topology import COMMANDS_QUEUE
+from infrastructure.fake_gateway.server import FakeGateway
 from tests.integration.messaging_support import environment, raw, take, title_of, wait_for
 from tests.integration.test_rollout_cli import (
     attempts_of,

@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from infrastructure.eventstore import open_event_store
-from infrastructure.views import SqlViewStore
+from infrastructure.store.eventstore import open_event_store
+from infrastructure.views.store import SqlViewStore
 from worker.relay import _PostgresListener
 
 pytestmark = pytest.mark.postgres

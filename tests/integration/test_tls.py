@@ -19,7 +19,7 @@ import pytest
 
 from domain.ports import TransientGatewayError, WorkspaceGone
 from infrastructure.failures import EXIT_REFUSED, EXIT_UNAVAILABLE
-from infrastructure.gateway import HttpGateway
+from infrastructure.gateway.adapter import HttpGateway
 from tests.conftest import TOKEN, unavailable
 from tests.integration.cli_support import clean_env, one_line, run_cli
 
@@ -161,9 +161,7 @@ def _broker_init(server: TlsPeer, **settings: str) -> subprocess.CompletedProces
 # -- AMQP -------------------------------------------------------------------------------
 
 
-def test_broker_init_refuses_a_certificate_for_another_name(
-    pki: Pki, serve: Serve
-) -> None:
+def test_broker_init_refuses_a_certificate_for_another_name(pki: Pki, serve: Serve) -> None:
     server = serve(pki.evil)
     result = _broker_init(server, PROVISIONER_BROKER_CA_FILE=str(pki.ca))
     assert result.returncode == EXIT_REFUSED, result.stderr
@@ -176,9 +174,7 @@ def test_broker_init_refuses_a_certificate_for_another_name(
     assert bytes(server.received) == b""  # no AMQP header, no credentials
 
 
-def test_broker_init_refuses_a_certificate_from_an_unknown_ca(
-    pki: Pki, serve: Serve
-) -> None:
+def test_broker_init_refuses_a_certificate_from_an_unknown_ca(pki: Pki, serve: Serve) -> None:
     """Without PROVISIONER_BROKER_CA_FILE the system's CAs decide: the test CA is not one."""
     server = serve(pki.local)
     result = _broker_init(server)
@@ -190,9 +186,7 @@ def test_broker_init_refuses_a_certificate_from_an_unknown_ca(
     assert bytes(server.received) == b""
 
 
-def test_a_certificate_for_the_urls_host_passes_the_tls_layer(
-    pki: Pki, serve: Serve
-) -> None:
+def test_a_certificate_for_the_urls_host_passes_the_tls_layer(pki: Pki, serve: Serve) -> None:
     """The server speaks no AMQP after the header: the command fails past TLS."""
     server = serve(pki.local)
     result = _broker_init(server, PROVISIONER_BROKER_CA_FILE=str(pki.ca))
@@ -208,9 +202,7 @@ def _gateway(server: TlsPeer, ca: Path) -> HttpGateway:
     return HttpGateway(f"https://127.0.0.1:{server.port}", TOKEN, ca_file=str(ca), retries=0)
 
 
-def test_the_gateway_refuses_a_certificate_for_another_name(
-    pki: Pki, serve: Serve
-) -> None:
+def test_the_gateway_refuses_a_certificate_for_another_name(pki: Pki, serve: Serve) -> None:
     server = serve(pki.evil, NOT_FOUND)
     with _gateway(server, pki.ca) as gateway, pytest.raises(TransientGatewayError) as raised:
         gateway.status("ws-1")
@@ -232,7 +224,7 @@ def test_the_gateway_ca_setting_reaches_the_workers_client(
     pki: Pki, serve: Serve, tmp_path: Path
 ) -> None:
     """PROVISIONER_GATEWAY_CA_FILE through Settings and the composition root."""
-    from infrastructure.settings import Settings
+    from infrastructure.settings.model import Settings
     from worker.runtime import build
 
     server = serve(pki.local, NOT_FOUND)

@@ -18,18 +18,20 @@ from prometheus_client import REGISTRY
 
 from domain.ports import FamilyMember, WorkspaceGone
 from domain.upstream_audit import Action, Kind
-from infrastructure.audit_findings import read_audits
-from infrastructure.eventstore import init_database
-from infrastructure.fake_gateway import FakeConfig, FakeGateway
-from infrastructure.service import EngineSettings, ProvisioningService
-from infrastructure.settings import Settings
+from infrastructure.fake_gateway.config import FakeConfig
+from infrastructure.fake_gateway.server import FakeGateway
+from infrastructure.service import ProvisioningService
+from infrastructure.settings.engine import EngineSettings
+from infrastructure.settings.model import Settings
+from infrastructure.store.eventstore import init_database
 from infrastructure.usecases.upstream_audit import audit_parent, fix, parents_on_record
-from infrastructure.view_connection import ViewConnection
-from infrastructure.views import init_read_models
+from infrastructure.views.audit_findings import read_audits
+from infrastructure.views.connection import ViewConnection
+from infrastructure.views.store import init_read_models
 from tests.audit_support import lose_a_create
 from tests.conftest import TOKEN
 from tests.support import Intercepting, drive, upstream
-from worker.cli import main
+from worker.cli.main import main
 from worker.runtime import build
 
 

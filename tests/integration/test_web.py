@@ -17,11 +17,13 @@ from click.testing import CliRunner
 from starlette.testclient import TestClient
 
 from domain.upstream_audit import Action, Audit, Finding, Kind
-from infrastructure.audit_findings import FindingsWriter
-from infrastructure.broker import WORK_KEY, Broker, Topology
-from infrastructure.settings import Settings, SettingsError, log_secrets
+from infrastructure.broker.publisher import Broker
+from infrastructure.broker.topology import WORK_KEY, Topology
+from infrastructure.settings.model import Settings, log_secrets
+from infrastructure.settings.parsing import SettingsError
+from infrastructure.views.audit_findings import FindingsWriter
 from tests.integration.web_fixture import DEFERRED_ID, HOSTILE_ID, HOSTILE_TITLE, filled_store
-from worker.cli import main
+from worker.cli.main import main
 from worker.web.app import create_app
 from worker.web.guard import check_bind
 

@@ -16,9 +16,9 @@ import pytest
 from starlette.testclient import TestClient
 
 from domain.errors import UnknownBrand
-from infrastructure.eventstore import init_database
-from infrastructure.settings import Settings
-from infrastructure.views import init_read_models
+from infrastructure.settings.model import Settings
+from infrastructure.store.eventstore import init_database
+from infrastructure.views.store import init_read_models
 from worker.actions import request_service
 from worker.web import csrf
 from worker.web.app import create_app

@@ -31,12 +31,20 @@ from selenium.webdriver.support import expected_conditions
 from selenium.webdriver.support.ui import Select, WebDriverWait
 
 from domain.brand import DEACTIVATED
-from infrastructure.broker import COMMANDS_QUEUE, DEAD_QUEUE, HOPS_QUEUE, WORK_KEY, Broker, Topology
-from infrastructure.eventstore import open_event_store
-from infrastructure.fake_gateway import FakeConfig, FakeGateway
-from infrastructure.gateway import HttpGateway
+from infrastructure.broker.publisher import Broker
+from infrastructure.broker.topology import (
+    COMMANDS_QUEUE,
+    DEAD_QUEUE,
+    HOPS_QUEUE,
+    WORK_KEY,
+    Topology,
+)
+from infrastructure.fake_gateway.config import FakeConfig
+from infrastructure.fake_gateway.server import FakeGateway
+from infrastructure.gateway.adapter import HttpGateway
 from infrastructure.service import ProvisioningService
-from infrastructure.views import SqlViewStore
+from infrastructure.store.eventstore import open_event_store
+from infrastructure.views.store import SqlViewStore
 from tests.conftest import PARENT, TOKEN
 from tests.integration.web_fixture import chromium
 from tests.support import drive
@@ -106,7 +114,7 @@ def site(
         log = tmp_path_factory.mktemp("web-actions") / "web.log"
         with log.open("w") as err:
             server = subprocess.Popen(
-                [sys.executable, "-m", "worker.cli", "web", "--port", str(port)],
+                [sys.executable, "-m", "worker.cli.main", "web", "--port", str(port)],
                 env=env, cwd=ROOT, stderr=err,
             )  # fmt: skip
             base = f"http://127.0.0.1:{port}"

@@ -18,10 +18,10 @@ from selenium.webdriver.support import expected_conditions
 from selenium.webdriver.support.ui import Select, WebDriverWait
 
 from domain.upstream_audit import Action, Audit, Finding, Kind
-from infrastructure.audit_findings import FindingsWriter
-from infrastructure.heartbeats import TABLE as PROCESSES
-from infrastructure.heartbeats import Heartbeat
-from infrastructure.view_connection import ViewConnection
+from infrastructure.views.audit_findings import FindingsWriter
+from infrastructure.views.connection import ViewConnection
+from infrastructure.views.heartbeats import TABLE as PROCESSES
+from infrastructure.views.heartbeats import Heartbeat
 from tests.integration.web_fixture import HOSTILE_ID, chromium, filled_store, web_server
 
 ROOT = Path(__file__).resolve().parents[2]

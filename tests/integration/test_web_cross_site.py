@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from starlette.testclient import TestClient
 
-from infrastructure.fake_gateway import FakeGateway
-from infrastructure.settings import Settings
+from infrastructure.fake_gateway.server import FakeGateway
+from infrastructure.settings.model import Settings
 from tests.integration.web_fixture import filled_store
 from worker.web.app import create_app
 

@@ -20,7 +20,7 @@ import pytest
 from selenium import webdriver
 from selenium.webdriver.common.by import By
 
-from infrastructure.fake_gateway import FakeGateway
+from infrastructure.fake_gateway.server import FakeGateway
 from tests.integration.web_fixture import chromium, filled_store, web_server
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -21,10 +21,11 @@ from selenium.webdriver.chrome.options import Options
 from selenium.webdriver.chrome.service import Service
 
 from domain.waits import Deferral
-from infrastructure.eventstore import open_event_store
-from infrastructure.gateway import HttpGateway
-from infrastructure.service import EngineSettings, ProvisioningService
-from infrastructure.views import SqlViewStore
+from infrastructure.gateway.adapter import HttpGateway
+from infrastructure.service import ProvisioningService
+from infrastructure.settings.engine import EngineSettings
+from infrastructure.store.eventstore import open_event_store
+from infrastructure.views.store import SqlViewStore
 from tests.conftest import unavailable
 from worker.demo import run_demo
 from worker.projector import Projector
@@ -42,9 +43,11 @@ def filled_store(directory: Path) -> str:
     try:
         # Nothing listens on port 9: every call is refused. Deferred 10 minutes ahead,
         # so the brand is never overdue while the tests look.
-        settings = EngineSettings(deferral=Deferral(
-            base_s=600.0, max_s=600.0, deadline_s=86_400.0, retry_after_max_s=300.0
-        ))
+        settings = EngineSettings(
+            deferral=Deferral(
+                base_s=600.0, max_s=600.0, deadline_s=86_400.0, retry_after_max_s=300.0
+            )
+        )
         gateway = HttpGateway("http://127.0.0.1:9", "unused", retry_backoff_s=0.0)
         service = ProvisioningService(app, gateway, settings=settings)
         service.request_provisioning(HOSTILE_ID, HOSTILE_TITLE, "org-parent")
@@ -63,7 +66,7 @@ def web_server(env: dict[str, str], port: int, cwd: Path) -> Iterator[str]:
     """`provisioner web` on `port` in a subprocess with `env`, once it answers: its
     base URL; stopped on exit."""
     server = subprocess.Popen(
-        [sys.executable, "-m", "worker.cli", "web", "--port", str(port)], env=env, cwd=cwd
+        [sys.executable, "-m", "worker.cli.main", "web", "--port", str(port)], env=env, cwd=cwd
     )
     base = f"http://127.0.0.1:{port}"
     try:

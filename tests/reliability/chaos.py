@@ -28,8 +28,8 @@ from urllib.request import Request, urlopen
 import psycopg
 from kombu import Connection, Exchange, Queue
 
-from infrastructure import messages
-from infrastructure.broker import COMMAND_KEY, EXCHANGE, WORK_KEY
+from infrastructure.broker import messages
+from infrastructure.broker.topology import COMMAND_KEY, EXCHANGE, WORK_KEY
 from tests.reliability.plan import OutagePlan
 from tests.reliability.processes import Fleet, rabbitmqctl
 
@@ -250,11 +250,24 @@ def poison_bodies(rng: random.Random, count: int) -> list[tuple[str, str, bytes]
             pad = "x" * (70 * 1024)
             body = json.dumps({"type": "hop", "version": 1, "nonce": nonce, "pad": pad}).encode()
         elif kind == "foreign_parent":
-            body = json.dumps({"type": "provision", "version": 1, "brand_id": nonce,
-                               "title": "Poison", "parent_workspace_id": "not-ours"}).encode()
+            body = json.dumps(
+                {
+                    "type": "provision",
+                    "version": 1,
+                    "brand_id": nonce,
+                    "title": "Poison",
+                    "parent_workspace_id": "not-ours",
+                }
+            ).encode()
         elif kind == "far_future":
-            body = json.dumps({"type": "deactivate", "version": 1, "brand_id": nonce,
-                               "requested_at": "9999-12-31T23:59:59.999999+00:00"}).encode()
+            body = json.dumps(
+                {
+                    "type": "deactivate",
+                    "version": 1,
+                    "brand_id": nonce,
+                    "requested_at": "9999-12-31T23:59:59.999999+00:00",
+                }
+            ).encode()
         else:
             body = json.dumps({"type": "explode", "version": 1, "nonce": nonce}).encode()
         out.append((kind, key, body))

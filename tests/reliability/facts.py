@@ -16,9 +16,10 @@ from eventsourcing.application import project_aggregate
 from domain.attempt import ProvisioningAttempt
 from domain.brand import Brand
 from domain.ids import brand_aggregate_id, claim_aggregate_id
-from infrastructure.dead_letters import DeadLetters
-from infrastructure.eventstore import ProvisionerApplication, open_event_store
-from infrastructure.views import PROJECTIONS, LogSource, SqlViewStore
+from infrastructure.broker.dead_letters import DeadLetters
+from infrastructure.store.eventstore import ProvisionerApplication, open_event_store
+from infrastructure.views.log_source import LogSource
+from infrastructure.views.store import PROJECTIONS, SqlViewStore
 from tests.readmodels import mismatches
 from tests.reliability.checks import AttemptFacts, BrandFacts
 

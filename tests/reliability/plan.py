@@ -10,7 +10,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
-from infrastructure import messages
+from infrastructure.broker import messages
 
 TERMINAL_KINDS = ("creation_failed", "failed", "error", "invalid subscription")
 BRANDS_PER_PARENT = 250

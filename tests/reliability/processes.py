@@ -32,7 +32,7 @@ PROVISIONER = ROOT / ".venv" / "bin" / "provisioner"
 def provisioner() -> list[str]:
     if PROVISIONER.exists():
         return [str(PROVISIONER)]
-    return [sys.executable, "-m", "worker.cli"]
+    return [sys.executable, "-m", "worker.cli.main"]
 
 
 @dataclass

@@ -16,11 +16,11 @@ from urllib.request import Request, urlopen
 import psycopg
 
 from domain.waits import Backoff
-from infrastructure import messages
-from infrastructure.broker import COMMAND_KEY
-from infrastructure.eventstore import open_event_store
+from infrastructure.broker import messages
+from infrastructure.broker.topology import COMMAND_KEY
 from infrastructure.failures import EXIT_UNAVAILABLE, ServiceUnavailable
-from infrastructure.views import SqlViewStore
+from infrastructure.store.eventstore import open_event_store
+from infrastructure.views.store import SqlViewStore
 from tests.reliability import chaos, checks, facts
 from tests.reliability.plan import Plan, draw, draw_metering, draw_outages
 from tests.reliability.processes import Fleet, Isolation, environment, rabbitmqctl, start_fake

@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 
 from domain.waits import Backoff
-from infrastructure.eventstore import ProvisionerApplication, open_event_store
-from infrastructure.service import EngineSettings
+from infrastructure.settings.engine import EngineSettings
+from infrastructure.store.eventstore import ProvisionerApplication, open_event_store
 from tests.memory_gateway import PARENT, MemoryGateway
 
 

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from domain.upstream_audit import Action, Audit, Finding, Kind
-from infrastructure.audit_findings import FindingsWriter, RecordedFinding, read_audits
-from infrastructure.view_connection import ViewConnection
+from infrastructure.views.audit_findings import FindingsWriter, RecordedFinding, read_audits
+from infrastructure.views.connection import ViewConnection
 from worker import audit_schedule
 from worker.audit_schedule import AuditSchedule
 
@@ -62,7 +62,7 @@ def test_the_schedule_records_what_it_audited_and_a_failed_write_never_stops_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     monkeypatch.setattr(audit_schedule, "parents_on_record", lambda _svc: ["org-a", "org-x"])
-    monkeypatch.setattr("worker.metrics.observe_audit", lambda _counts: None)
+    monkeypatch.setattr("worker.health.metrics.observe_audit", lambda _counts: None)
 
     def audit(_svc: Any, parent: str) -> Audit:
         if parent == "org-x":

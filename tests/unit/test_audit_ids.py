@@ -9,8 +9,8 @@ from datetime import UTC, datetime
 import pytest
 
 from domain.errors import UnknownBrand
-from infrastructure import audit
 from infrastructure.service import ProvisioningService
+from infrastructure.views import audit
 
 
 @pytest.fixture(autouse=True)

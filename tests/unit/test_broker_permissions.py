@@ -1,4 +1,4 @@
-"""The broker permission model (infrastructure/broker_permissions.py) against the
+"""The broker permission model (infrastructure/broker/permissions.py) against the
 topology's names, and what `provisioner broker init --print-permissions` prints.
 Applied to a real RabbitMQ: tests/integration/test_broker_permissions.py."""
 
@@ -10,20 +10,20 @@ import shlex
 import pytest
 from click.testing import CliRunner
 
-from infrastructure.broker import (
+from infrastructure.broker.permissions import (
+    DEFAULT_EXCHANGE,
+    producer_grant,
+    rabbitmqctl_lines,
+    service_grant,
+)
+from infrastructure.broker.topology import (
     COMMANDS_EXCHANGE,
     EVENTS_EXCHANGE,
     EXCHANGE,
     Topology,
     wait_rung_ms,
 )
-from infrastructure.broker_permissions import (
-    DEFAULT_EXCHANGE,
-    producer_grant,
-    rabbitmqctl_lines,
-    service_grant,
-)
-from worker.cli import main
+from worker.cli.main import main
 
 TOPOLOGY = Topology()
 EXCHANGES = [EXCHANGE, EVENTS_EXCHANGE, COMMANDS_EXCHANGE]

@@ -12,8 +12,8 @@ import pytest
 from click.testing import CliRunner
 
 from infrastructure.failures import EXIT_CONFIGURATION
-from worker.cli import main
-from worker.cli_config import hide_query_values
+from worker.cli.config import hide_query_values
+from worker.cli.main import main
 
 PROVISION = ["provision", "b1", "--title", "T", "--parent", "org-parent"]
 TOKEN = "tok-s3cret-9f2d41"
@@ -209,7 +209,7 @@ def test_config_never_breaks_a_value_at_80_columns(here: Path) -> None:
 
 
 def test_the_config_table_keeps_short_values_in_their_column() -> None:
-    from worker.cli_config import table_lines
+    from worker.cli.config import table_lines
 
     rows: list[dict[str, Any]] = [
         {"name": "PROVISIONER_A", "value": "postgresql://u@h:5432/db", "source": "default"},

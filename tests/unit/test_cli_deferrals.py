@@ -14,11 +14,12 @@ from click.testing import CliRunner
 
 from domain.ports import TransientGatewayError
 from domain.waits import Backoff, Deferral
-from infrastructure.eventstore import init_database, open_event_store
-from infrastructure.service import EngineSettings, ProvisioningService
+from infrastructure.service import ProvisioningService
+from infrastructure.settings.engine import EngineSettings
+from infrastructure.store.eventstore import init_database, open_event_store
 from tests.memory_gateway import MemoryGateway
 from tests.support import ManualClock, words
-from worker.cli import main
+from worker.cli.main import main
 
 PARENT = "parent-1"
 

@@ -9,9 +9,9 @@ import psycopg
 import pytest
 from click.testing import CliRunner
 
-from infrastructure import eventstore
 from infrastructure.failures import ServiceUnavailable
-from worker.cli import main
+from infrastructure.store import eventstore
+from worker.cli.main import main
 
 # A broker URL the settings refuse (exit 3): the command body never gets far.
 ENV = {"PROVISIONER_BROKER_URL": "bogus://x", "PROVISIONER_DATABASE_URL": "memory://"}
@@ -73,7 +73,7 @@ def test_a_closed_pipe_ends_a_command_quietly() -> None:
     import click
     from click.testing import CliRunner
 
-    from worker.cli import _Main
+    from worker.cli.main import _Main
 
     @click.group(cls=_Main)
     def group() -> None:

@@ -13,11 +13,12 @@ from click.testing import CliRunner
 from rich.console import Console
 
 from domain.ports import RequestRejected
-from infrastructure.eventstore import init_database, open_event_store
 from infrastructure.service import ProvisioningService
+from infrastructure.store.eventstore import init_database, open_event_store
 from tests.memory_gateway import MemoryGateway
-from worker.cli import main
-from worker.cli_support import CommandFailed, cell, compact_table, echo, printable
+from worker.cli.main import main
+from worker.console import CommandFailed, cell, compact_table, echo
+from worker.logs import printable
 
 HOSTILE = "ws-1\x1b[31m red\x07\x9b2J\x7f"
 RAW = ("\x1b", "\x07", "\x9b", "\x7f")

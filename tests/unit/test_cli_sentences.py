@@ -7,7 +7,8 @@ from typing import Any
 from uuid import UUID
 
 from infrastructure.usecases.commands import Deactivation
-from worker.cli_support import deactivation_sentence, outcome_sentence
+from worker.actions import deactivation_sentence
+from worker.console import outcome_sentence
 
 ATTEMPT = "5aa9d005-f08a-4bf0-b6c2-93cc97ec6dc2"
 

@@ -19,9 +19,10 @@ from domain.outcomes import Outcome
 from domain.policies import AttemptState
 from domain.releases import DecommissionKind
 from domain.waits import WAIT_DELAYS_S
-from infrastructure import messages
-from infrastructure.outbox import OutboxMapper
-from infrastructure.service import EngineSettings, ProvisioningService
+from infrastructure.broker import messages
+from infrastructure.broker.outbox import OutboxMapper
+from infrastructure.service import ProvisioningService
+from infrastructure.settings.engine import EngineSettings
 from tests.memory_gateway import MemoryGateway
 from tests.support import (
     FakeMessage,
@@ -33,7 +34,7 @@ from tests.support import (
     new_service,
     settler,
 )
-from worker.delivery import Delivery
+from worker.reading import Delivery
 
 T0 = datetime(2020, 1, 1, tzinfo=UTC)
 P, D = "provision", "deactivate"

@@ -1,11 +1,14 @@
 """What a dead letter is read as, believing only the service and RabbitMQ
-(infrastructure/dead_letter_parsing.py; docs/decisions/030-broker-vouched-origins.md)."""
+(infrastructure/broker/dead_letter_parsing.py; docs/decisions/030-broker-vouched-origins.md)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from infrastructure.broker import (
+from infrastructure.broker.dead_letter_parsing import parse
+from infrastructure.broker.messages import decommission
+from infrastructure.broker.origins import PRODUCER_HEADER
+from infrastructure.broker.topology import (
     COMMAND_KEY,
     COMMANDS_QUEUE,
     DEAD_QUEUE,
@@ -13,9 +16,6 @@ from infrastructure.broker import (
     HOPS_QUEUE,
     WORK_KEY,
 )
-from infrastructure.dead_letter_parsing import parse
-from infrastructure.messages import decommission
-from infrastructure.origins import PRODUCER_HEADER
 
 SERVICE = "provisioner"
 BODY = decommission("brand-1").encode()

@@ -1,6 +1,6 @@
 """Dead letters' pure parts: one vocabulary of reasons (domain/dead_letter_rules.py),
 an id or a unique prefix of one, counts by reason, and what a dead letter keeps of
-its message to be replayed as it came (infrastructure/dead_letter_parsing.py)."""
+its message to be replayed as it came (infrastructure/broker/dead_letter_parsing.py)."""
 
 from __future__ import annotations
 
@@ -19,8 +19,8 @@ from domain.dead_letter_rules import (
     match_id,
     reason_of,
 )
-from infrastructure.dead_letter_parsing import kept_of, parse
-from infrastructure.messages import QUEUE_RULES
+from infrastructure.broker.dead_letter_parsing import kept_of, parse
+from infrastructure.broker.messages import QUEUE_RULES
 from worker.handlers import REFUSED
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -63,7 +63,7 @@ def test_a_label_reads_as_one_reason(label: str, reason: Reason) -> None:
 def _invalid_message_labels() -> set[str]:
     """Every literal reason infrastructure/ and worker/ raise InvalidMessage with."""
     labels: set[str] = set()
-    for path in [*(ROOT / "infrastructure").glob("*.py"), *(ROOT / "worker").glob("*.py")]:
+    for path in [*(ROOT / "infrastructure").rglob("*.py"), *(ROOT / "worker").rglob("*.py")]:
         for node in ast.walk(ast.parse(path.read_text())):
             if (
                 isinstance(node, ast.Call)

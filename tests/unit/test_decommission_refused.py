@@ -18,10 +18,11 @@ from domain.errors import CommandRefused
 from domain.ports import RequestRejected, TransientGatewayError
 from domain.releases import DecommissionKind
 from domain.stored import MAX_MESSAGE_CHARS
-from infrastructure.audit import brand_history, brand_status
-from infrastructure.eventstore import open_event_store
-from infrastructure.service import EngineSettings, ProvisioningService
-from infrastructure.views import VERSIONS, SqlViewStore
+from infrastructure.service import ProvisioningService
+from infrastructure.settings.engine import EngineSettings
+from infrastructure.store.eventstore import open_event_store
+from infrastructure.views.audit import brand_history, brand_status
+from infrastructure.views.store import VERSIONS, SqlViewStore
 from projections.brand_workspaces import BrandWorkspaces
 from tests.memory_gateway import PARENT, MemoryGateway
 from tests.readmodels import catch_up_all, project
@@ -378,7 +379,7 @@ def test_the_brand_page_shows_the_refusal_and_what_to_do(
 ) -> None:
     from starlette.testclient import TestClient
 
-    from infrastructure.settings import Settings
+    from infrastructure.settings.model import Settings
     from worker.projector import Projector
     from worker.web.app import create_app
 

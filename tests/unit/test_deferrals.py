@@ -18,9 +18,10 @@ from domain.outcomes import Outcome
 from domain.policies import AttemptState, FailureReason
 from domain.ports import AmbiguousCreate, TransientGatewayError
 from domain.waits import Deferral
-from infrastructure.audit import attempt_story
-from infrastructure.broker import wait_rung_ms
-from infrastructure.service import EngineSettings, ProvisioningService
+from infrastructure.broker.topology import wait_rung_ms
+from infrastructure.service import ProvisioningService
+from infrastructure.settings.engine import EngineSettings
+from infrastructure.views.audit import attempt_story
 from tests.memory_gateway import PARENT, MemoryGateway
 from tests.support import ManualClock, as_stored_before
 
@@ -40,7 +41,6 @@ def settings(settings: EngineSettings) -> EngineSettings:
 def jitter() -> Callable[[], float]:
     """Every deferred hop at the middle of its spread: waits the tests can name."""
     return lambda: 0.5
-
 
 
 def down(gateway: MemoryGateway, call: str, times: int, **kw: Any) -> None:

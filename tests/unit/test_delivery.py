@@ -14,13 +14,15 @@ import pytest
 from kombu import Connection
 
 from domain.ports import TransientGatewayError
-from infrastructure import messages
-from infrastructure.broker import COMMANDS_QUEUE, DEAD_QUEUE, HOPS_QUEUE, Broker, Topology
-from infrastructure.service import ContentionError
+from infrastructure.broker import messages
+from infrastructure.broker.publisher import Broker
+from infrastructure.broker.topology import COMMANDS_QUEUE, DEAD_QUEUE, HOPS_QUEUE, Topology
+from infrastructure.usecases.retry import ContentionError
 from tests.support import GOOD, BrokerDown, FakeMessage, RecordingBroker, finished, settler
-from worker.consumer import DeadLetter, HopWorker
-from worker.delivery import Delivery, subject
-from worker.retry_policy import is_bug
+from worker.consumer import HopWorker
+from worker.delivery import subject
+from worker.reading import Delivery
+from worker.retry_policy import DeadLetter, is_bug
 
 POISON: list[tuple[FakeMessage, str]] = [
     (FakeMessage(b"[" * 1000 + b"]" * 1000), "too_deeply_nested"),

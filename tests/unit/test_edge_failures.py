@@ -11,7 +11,7 @@ import pytest
 from eventsourcing.persistence import OperationalError
 
 from infrastructure.failures import EdgeFailure, ServiceRefused, ServiceUnavailable
-from infrastructure.pg_connect import _Wait, classify, retrying, waiting_line
+from infrastructure.store.pg_connect import _Wait, classify, retrying, waiting_line
 from worker.edges import describe
 
 WHERE = "postgresql://app:***@db.example/events"

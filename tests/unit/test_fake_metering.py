@@ -5,14 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from infrastructure.fake_gateway import FakeConfig, InvalidKnobError
-from infrastructure.fake_gateway.state import (
-    BadRequestError,
-    FakeState,
-    Request,
-    TokenBucket,
-    retry_after,
-)
+from infrastructure.fake_gateway.config import FakeConfig, InvalidKnobError
+from infrastructure.fake_gateway.metering import TokenBucket, retry_after
+from infrastructure.fake_gateway.replies import BadRequestError, Request
+from infrastructure.fake_gateway.state import FakeState
 from tests.support import ManualClock
 
 

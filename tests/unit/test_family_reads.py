@@ -1,4 +1,4 @@
-"""Family reads shared by a process's hops, never stale (infrastructure/family_reads.py):
+"""Family reads shared by a process's hops, never stale (infrastructure/gateway/family_reads.py):
 threads against a fake gateway port whose reads the test starts and ends by hand.
 
 No assertion depends on timing: the test waits for a read to start, or for a caller
@@ -17,8 +17,8 @@ import pytest
 from prometheus_client import REGISTRY
 
 from domain.ports import FamilyMember, GatewayError, TransientGatewayError, WorkspaceGone
-from infrastructure.family_reads import SharedFamilyReads
-from worker import metrics
+from infrastructure.gateway.family_reads import SharedFamilyReads
+from worker.health import metrics
 
 P = "org-1"
 

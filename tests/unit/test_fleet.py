@@ -16,15 +16,16 @@ import pytest
 
 from domain.liveness import Beat, FleetVerdict, gateway_silence, newest, workers_verdict
 from domain.ports import TransientGatewayError, WorkspaceGone
-from infrastructure.gateway_contact import GatewayContact, cause
-from infrastructure.heartbeats import Heartbeat, read_beats, read_processes
-from infrastructure.settings import Settings
-from infrastructure.view_connection import ViewConnection
+from infrastructure.gateway.contact import GatewayContact, cause
+from infrastructure.settings.model import Settings
+from infrastructure.views.connection import ViewConnection
+from infrastructure.views.heartbeats import Heartbeat, read_beats, read_processes
 from worker.fleet import fleet_rows
 from worker.gateway_watch import GatewayWatch
-from worker.health import Degraded, Unhealthy, gateway_check
-from worker.health_checks import GatewayCheck, stuck_check
-from worker.health_liveness import as_warning, fleet_checks, heartbeat_check, workers_check
+from worker.health.checks import GatewayCheck, stuck_check
+from worker.health.liveness import as_warning, fleet_checks, heartbeat_check, workers_check
+from worker.health.report import gateway_check
+from worker.health.results import Degraded, Unhealthy
 
 NOW = 1_900_000_000.0
 MAX_AGE = 60.0

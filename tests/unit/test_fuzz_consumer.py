@@ -31,14 +31,17 @@ from hypothesis import strategies as st
 from domain.dead_letter_rules import Reason, reason_of
 from domain.errors import RetryLater
 from domain.ports import GatewayError
-from infrastructure import messages
-from infrastructure.messages import COMMANDS_QUEUE, HOPS_QUEUE
-from infrastructure.service import EngineSettings, ProvisioningService
+from infrastructure.broker import messages
+from infrastructure.broker.messages import COMMANDS_QUEUE, HOPS_QUEUE
+from infrastructure.service import ProvisioningService
+from infrastructure.settings.engine import EngineSettings
 from tests.memory_gateway import MemoryGateway
 from tests.strategies import scaled
 from tests.support import FakeMessage, ManualClock, RecordingBroker, new_service, settler
-from worker.consumer import DeadLetter, handle
-from worker.delivery import Delivery, Settler
+from worker.delivery import Settler
+from worker.handlers import handle
+from worker.reading import Delivery
+from worker.retry_policy import DeadLetter
 
 PARENT = "parent-1"
 TYPES = ("hop", "release", "decommission", "provision", "deactivate")

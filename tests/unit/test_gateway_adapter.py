@@ -28,9 +28,9 @@ from domain.ports import (
     Unauthorized,
     WorkspaceGone,
 )
-from infrastructure import gateway as gateway_module
-from infrastructure import gateway_answers
-from infrastructure.gateway import HttpGateway
+from infrastructure.gateway import adapter as gateway_module
+from infrastructure.gateway import answers as gateway_answers
+from infrastructure.gateway.adapter import HttpGateway
 
 TOKEN = "tok-SECRET-5f3a9c"  # a fake token whose leaks we hunt for
 BASE = "http://gateway.test/api"

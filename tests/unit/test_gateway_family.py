@@ -1,4 +1,4 @@
-"""A family listing read as it arrives (infrastructure/gateway_family.py, decision 032):
+"""A family listing read as it arrives (infrastructure/gateway/family.py, decision 032):
 through `HttpGateway` over httpx.MockTransport, and the parser alone."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import httpx
 import pytest
 
 from domain.ports import FamilyMember, MalformedAnswer
-from infrastructure.gateway import HttpGateway
-from infrastructure.gateway_answers import Unreadable
-from infrastructure.gateway_family import (
+from infrastructure.gateway.adapter import HttpGateway
+from infrastructure.gateway.answers import Unreadable
+from infrastructure.gateway.family import (
     ENTRY_MAX,
     FAMILY_ANSWER_MAX,
     FamilyWatch,
@@ -161,7 +161,7 @@ def test_the_parser_agrees_with_json_loads() -> None:
 def test_a_long_entry_is_tried_a_few_times_not_once_a_chunk(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from infrastructure import gateway_family
+    from infrastructure.gateway import family as gateway_family
 
     tries = 0
     real = gateway_family._DECODER.raw_decode
@@ -184,7 +184,7 @@ def test_titles_holding_braces_cost_a_few_decodings_a_chunk(
 ) -> None:
     from types import SimpleNamespace
 
-    from infrastructure import gateway_family
+    from infrastructure.gateway import family as gateway_family
 
     decoded = 0  # characters handed to the decoder, batches and single entries alike
 
@@ -217,7 +217,7 @@ def test_a_family_near_its_bound_is_warned_about_hourly_and_gauged(
     shares: list[float] = []
     clock = ManualClock()
     watch = FamilyWatch(1000, shares.append, clock)
-    with caplog.at_level(logging.WARNING, "infrastructure.gateway_family"):
+    with caplog.at_level(logging.WARNING, "infrastructure.gateway.family"):
         watch.seen("p-small", Listing([], 10, 100))
         watch.seen("p-big", Listing([], 90, 850))
         watch.seen("p-big", Listing([], 91, 860))  # within the hour: not again
@@ -244,7 +244,7 @@ def test_the_gateway_reports_the_share_of_each_listing() -> None:
 def test_the_share_is_a_gauge_in_metrics() -> None:
     from prometheus_client import REGISTRY, generate_latest
 
-    from worker import metrics
+    from worker.health import metrics
 
     body = json.dumps(listing(100)).encode()
     with gateway_for(

@@ -15,13 +15,14 @@ from prometheus_client.parser import text_string_to_metric_families
 from domain.pacing import PaceRules
 from domain.ports import TransientGatewayError
 from domain.waits import Backoff, Deferral
-from infrastructure.gateway import HttpGateway
-from infrastructure.messages import Hop
-from infrastructure.pacing import MemoryPaceStore, Pace
-from infrastructure.service import EngineSettings
+from infrastructure.broker.messages import Hop
+from infrastructure.gateway.adapter import HttpGateway
+from infrastructure.gateway.pacing import MemoryPaceStore, Pace
+from infrastructure.settings.engine import EngineSettings
 from tests.memory_gateway import MemoryGateway
 from tests.support import ManualClock, new_service, pace_rules
-from worker import handlers, metrics
+from worker import handlers
+from worker.health import metrics
 
 
 def scraped(name: str, **labels: str) -> float:

@@ -12,9 +12,9 @@ import pytest
 
 from domain.ports import CertificateRefused, FaultKind, TransientGatewayError, fault_of
 from infrastructure.failures import ServiceRefused
-from infrastructure.gateway import HttpGateway
-from worker.health import GatewayCheck, Health, report
-from worker.health_results import refusal
+from infrastructure.gateway.adapter import HttpGateway
+from worker.health.checks import GatewayCheck
+from worker.health.results import Health, refusal, report
 
 REASON = (
     "TLS: the gateway presented a certificate that is not valid for gw.test (hostname "

@@ -23,7 +23,7 @@ from domain.errors import (
 )
 from domain.outcomes import HopOutcome, Outcome
 from domain.releases import Decommissioned, DecommissionKind
-from infrastructure import messages
+from infrastructure.broker import messages
 from infrastructure.usecases.commands import Deactivation
 from tests.support import new_service
 from worker.handlers import DECOMMISSION_SAID, HANDLERS, give_up, handle

@@ -15,24 +15,20 @@ from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
 from domain.attempt import ProvisioningAttempt
 from domain.pacing import PaceState
 from domain.ports import TransientGatewayError, Unauthorized, WorkspaceGone
-from infrastructure.gateway import HttpGateway
+from infrastructure.gateway.adapter import HttpGateway
 from tests.support import ManualClock, pace_rules
-from worker import metrics
-from worker.health import (
+from worker.health import metrics
+from worker.health.checks import (
     PROBE_WORKSPACE,
-    Degraded,
     GatewayCheck,
-    Health,
-    Unhealthy,
     circuit_check,
-    healthy,
     projection_lag_check,
     relay_lag_check,
-    report,
     stuck_check,
     stuck_releases_check,
 )
-from worker.probes import Probes
+from worker.health.probes import Probes
+from worker.health.results import Degraded, Health, Unhealthy, healthy, report
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
 
@@ -431,7 +427,7 @@ def test_a_metrics_port_another_process_holds_names_the_port_and_the_variable() 
     import socket
 
     from infrastructure.failures import EXIT_CONFIGURATION, ConfigurationError
-    from worker.probes import serve
+    from worker.health.probes import serve
 
     held = socket.socket()
     held.bind(("127.0.0.1", 0))

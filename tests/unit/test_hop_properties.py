@@ -45,8 +45,9 @@ from domain.ports import (
     WorkspaceGone,
 )
 from domain.waits import Backoff, Deferral
-from infrastructure.eventstore import open_event_store
-from infrastructure.service import EngineSettings, ProvisioningService
+from infrastructure.service import ProvisioningService
+from infrastructure.settings.engine import EngineSettings
+from infrastructure.store.eventstore import open_event_store
 from tests.memory_gateway import MemoryGateway
 from tests.strategies import (
     BRAND,

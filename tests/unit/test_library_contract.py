@@ -1,6 +1,6 @@
 """The eventsourcing library's API that our one adapter relies on.
 
-`OneTripPostgresRecorder` (infrastructure/pg_recorder.py) renders the
+`OneTripPostgresRecorder` (infrastructure/store/pg_recorder.py) renders the
 library's insert transaction from its recorder's attributes, which buys about
 a fifth of the workers' CPU per provision (docs/benchmarks.md, "Save path");
 saves go through the library's own `Application.save`. An upgrade of the
@@ -20,8 +20,8 @@ from eventsourcing.postgres import (
     PostgresFactory,
 )
 
-from infrastructure.eventstore import persistence_env
-from infrastructure.pg_recorder import OneTripPostgresRecorder
+from infrastructure.store.eventstore import persistence_env
+from infrastructure.store.pg_recorder import OneTripPostgresRecorder
 
 
 def params(func: object) -> list[str]:
@@ -56,4 +56,4 @@ def test_the_factory_still_picks_the_recorder_by_topic() -> None:
     assert "APPLICATION_RECORDER_TOPIC" in inspect.getsource(PostgresFactory.application_recorder)
     env = persistence_env("postgresql://user@localhost:5432/db")
     topic = env[PostgresFactory.APPLICATION_RECORDER_TOPIC]
-    assert topic == "infrastructure.pg_recorder:OneTripPostgresRecorder"
+    assert topic == "infrastructure.store.pg_recorder:OneTripPostgresRecorder"

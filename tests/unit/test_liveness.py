@@ -12,12 +12,13 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from domain.liveness import Beat, Liveness, beat_interval_s, liveness
-from infrastructure.heartbeats import Heartbeat, read_beats
-from infrastructure.settings import Settings
-from infrastructure.view_connection import ViewConnection
-from worker.health import Degraded, Health, Unhealthy, checks_for
-from worker.health_liveness import heartbeat_check
-from worker.metrics import StateCollector
+from infrastructure.settings.model import Settings
+from infrastructure.views.connection import ViewConnection
+from infrastructure.views.heartbeats import Heartbeat, read_beats
+from worker.health.liveness import heartbeat_check
+from worker.health.metrics import StateCollector
+from worker.health.report import checks_for
+from worker.health.results import Degraded, Health, Unhealthy
 
 NOW = 1_900_000_000.0
 

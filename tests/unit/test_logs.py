@@ -16,10 +16,11 @@ from domain.outcomes import HopOutcome, Outcome, StandDown
 from domain.policies import FailureReason
 from domain.ports import TransientGatewayError, Unauthorized
 from infrastructure.failures import ConfigurationError
-from infrastructure.gateway import HttpGateway
+from infrastructure.gateway.adapter import HttpGateway
 from infrastructure.outages import Outage
 from infrastructure.service import hop_line
-from infrastructure.settings import Settings, SettingsError, log_format, log_secrets
+from infrastructure.settings.model import Settings, log_format, log_secrets
+from infrastructure.settings.parsing import SettingsError
 from tests.memory_gateway import MemoryGateway
 from tests.support import FakeMessage, RecordingBroker, new_service, pace_rules, settler
 from worker import logs
@@ -168,8 +169,8 @@ def test_a_known_secret_never_reaches_a_line(captured: io.StringIO) -> None:
     assert PASSWORD not in text
     assert "guest:***@rabbit" in text
     loggers = {line["logger"] for line in got}
-    assert {"infrastructure.gateway", "provisioner", "provisioner.connect", "provisioner.worker",
-            "provisioner.engine"} <= loggers  # fmt: skip
+    assert {"infrastructure.gateway.adapter", "provisioner", "provisioner.connect",
+            "provisioner.worker", "provisioner.engine"} <= loggers  # fmt: skip
     dead = [x for x in got if "dead-lettered" in str(x["message"])]
     assert dead[0]["level"] == "ERROR"
     assert dead[0]["reason"] == "internal_error"
@@ -217,8 +218,8 @@ def test_each_lifecycle_edge_shows_once_at_the_default_level(
     """Without -v (root at WARNING): a promotion, and the gateway's circuit closing
     after an outage, each show one line; a hop's routine lines do not."""
     from domain.pacing import Result
-    from infrastructure.pacing import MemoryPaceStore, Pace
-    from worker.cli_serve import SHOWN_AT_INFO, show_lifecycle
+    from infrastructure.gateway.pacing import MemoryPaceStore, Pace
+    from worker.cli.serve import SHOWN_AT_INFO, show_lifecycle
 
     root = logging.getLogger()
     monkeypatch.setattr(root, "handlers", [])

@@ -9,8 +9,8 @@ from uuid import uuid4
 
 import pytest
 
-from infrastructure import messages
-from infrastructure.messages import InvalidMessage, decode
+from infrastructure.broker import messages
+from infrastructure.broker.messages import InvalidMessage, decode
 
 
 def test_every_message_round_trips_through_json() -> None:
@@ -270,7 +270,7 @@ def test_the_commands_queue_accepts_commands_alone_the_hops_queue_every_type() -
 
 
 def test_the_rules_cover_exactly_the_queues_the_worker_consumes() -> None:
-    from infrastructure.broker import Topology
+    from infrastructure.broker.topology import Topology
 
     topology = Topology()
     assert {topology.hops.name, topology.commands.name} == set(messages.QUEUE_RULES)

@@ -11,8 +11,8 @@ import pytest
 from eventsourcing import persistence
 from kombu.exceptions import OperationalError
 
-from infrastructure import messages
-from infrastructure.broker_failures import broker_refusal, is_broker_error
+from infrastructure.broker import messages
+from infrastructure.broker.failures import broker_refusal, is_broker_error
 from infrastructure.failures import ReconnectPauses, ServiceRefused
 from infrastructure.outages import (
     Outage,

@@ -1,4 +1,4 @@
-"""The outbox's rules, chosen by the event's class (infrastructure/outbox.py): every
+"""The outbox's rules, chosen by the event's class (infrastructure/broker/outbox.py): every
 event the relay reads has one, and an event without one is refused by name."""
 
 from __future__ import annotations
@@ -11,7 +11,13 @@ import pytest
 
 from domain.attempt import ProvisioningAttempt
 from domain.brand import Brand
-from infrastructure.outbox import ENDED_KINDS, PUBLISH, TOPICS, OutboxMapper, UnpublishedEvent
+from infrastructure.broker.outbox import (
+    ENDED_KINDS,
+    PUBLISH,
+    TOPICS,
+    OutboxMapper,
+    UnpublishedEvent,
+)
 
 # Every event the relay must publish something for (docs/messaging.md).
 MUST_PUBLISH = (

@@ -18,8 +18,9 @@ from domain.ports import FamilyMember
 from domain.releases import DecommissionKind
 from domain.upstream_audit import Kind, plan, still_true
 from domain.waits import Backoff
-from infrastructure.eventstore import open_event_store
-from infrastructure.service import EngineSettings, ProvisioningService
+from infrastructure.service import ProvisioningService
+from infrastructure.settings.engine import EngineSettings
+from infrastructure.store.eventstore import open_event_store
 from infrastructure.usecases import releases
 from infrastructure.usecases.upstream_audit import audit_parent, fix
 from tests.memory_gateway import MemoryGateway

@@ -18,7 +18,7 @@ from domain.pacing import (
     observe,
     rate_signal,
 )
-from infrastructure.pacing import Pace
+from infrastructure.gateway.pacing import Pace
 from tests.support import pace_rules
 
 RULES = pace_rules()  # no rate configured: learned
@@ -90,7 +90,7 @@ def test_calls_published_later_count_as_the_calls_admitted_one_by_one() -> None:
     assert at_once.calls_score == one_by_one.calls_score
 
 
-# The local copy (infrastructure/pacing.py): what a call costs of the shared store.
+# The local copy (infrastructure/gateway/pacing.py): what a call costs of the shared store.
 
 
 class SharedStore:

@@ -9,7 +9,7 @@ import threading
 import time
 from typing import Any
 
-from infrastructure.pacing import MemoryPaceStore, Pace
+from infrastructure.gateway.pacing import MemoryPaceStore, Pace
 from tests.support import pace_rules
 
 

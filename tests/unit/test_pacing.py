@@ -19,8 +19,8 @@ from domain.pacing import (
     rate_now,
 )
 from domain.ports import TransientGatewayError
-from infrastructure.gateway import HttpGateway
-from infrastructure.pacing import MemoryPaceStore, Pace
+from infrastructure.gateway.adapter import HttpGateway
+from infrastructure.gateway.pacing import MemoryPaceStore, Pace
 from tests.support import ManualClock, pace_rules
 
 # Every 429 a rate signal: for the tests of what a fleet-wide hold does (the evidence

@@ -6,7 +6,7 @@ from domain.ownership import Facts, Owner, judge, same_title
 from domain.policies import StatusClass, classify_status
 from domain.ports import FamilyMember
 from domain.waits import Backoff
-from infrastructure.settings import Settings
+from infrastructure.settings.model import Settings
 
 PARENT = "p"
 

@@ -1,5 +1,5 @@
 """Producers scoped to their brands: the pure rule (domain/producer_scopes.py), the
-setting that configures it, whose command a delivery is (infrastructure/origins.py),
+setting that configures it, whose command a delivery is (infrastructure/broker/origins.py),
 and the worker's reading and settling of a command on the commands queue."""
 
 from __future__ import annotations
@@ -10,12 +10,13 @@ from uuid import uuid4
 import pytest
 
 from domain.producer_scopes import ProducerScopes, Scope
-from infrastructure import messages
-from infrastructure.broker import COMMANDS_QUEUE, HOPS_QUEUE, Broker
-from infrastructure.messages import InvalidMessage
-from infrastructure.origins import PRODUCER_HEADER, producer_of, vouched_headers
-from infrastructure.settings import Settings, SettingsError
-from infrastructure.settings_parsing import producer_scopes
+from infrastructure.broker import messages
+from infrastructure.broker.messages import InvalidMessage
+from infrastructure.broker.origins import PRODUCER_HEADER, producer_of, vouched_headers
+from infrastructure.broker.publisher import Broker
+from infrastructure.broker.topology import COMMANDS_QUEUE, HOPS_QUEUE
+from infrastructure.settings.model import Settings
+from infrastructure.settings.parsing import SettingsError, producer_scopes
 from tests.support import FakeMessage, RecordingBroker, settler
 from worker.delivery import Settler
 from worker.reading import inspect

@@ -124,9 +124,7 @@ def test_deferrals_in_a_row_say_since_when_the_gateway_is_silent() -> None:
         next_hop_at=NOW + timedelta(seconds=30),
     )
     said = progress(silent, NOW + timedelta(seconds=5), BACKOFF)
-    unknown_since = progress(
-        replace(silent, unavailable_since=None, last_status=""), NOW, BACKOFF
-    )
+    unknown_since = progress(replace(silent, unavailable_since=None, last_status=""), NOW, BACKOFF)
 
     assert said.reason == "deferred"
     assert said.deferral == "deferred ×7: gateway unavailable: family: HTTP 503 since 10:02:00"

@@ -15,7 +15,7 @@ from projections.attempts import Attempts
 from projections.brand_workspaces import BrandWorkspaces, brand_status
 from projections.core import ReadAhead
 from tests.readmodels import project
-from worker.cli_read import _Time
+from worker.console import TimeParam
 
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 
@@ -141,15 +141,15 @@ def test_read_ahead_serves_the_prefetched_batch_and_reads_anew_otherwise() -> No
     ("text", "seconds_ago"), [("90s", 90), ("15m", 900), ("2h", 7200), ("1.5d", 129600)]
 )
 def test_times_may_be_ages(text: str, seconds_ago: float) -> None:
-    parsed = _Time().convert(text, None, None)
+    parsed = TimeParam().convert(text, None, None)
     assert abs((datetime.now(UTC) - parsed).total_seconds() - seconds_ago) < 5
 
 
 def test_times_may_be_iso_and_naive_ones_are_utc() -> None:
-    assert _Time().convert("2026-11-30T12:00:00", None, None) == NOW
-    assert _Time().convert("2026-11-30T13:00:00+01:00", None, None) == NOW
+    assert TimeParam().convert("2026-11-30T12:00:00", None, None) == NOW
+    assert TimeParam().convert("2026-11-30T13:00:00+01:00", None, None) == NOW
 
 
 def test_a_bad_time_says_what_is_accepted() -> None:
     with pytest.raises(click.BadParameter, match="ISO 8601"):
-        _Time().convert("yesterday-ish", None, None)
+        TimeParam().convert("yesterday-ish", None, None)

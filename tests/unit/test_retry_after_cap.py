@@ -10,10 +10,12 @@ import pytest
 from domain.pacing import Go, Hold, PaceState, Result, admit, observe
 from domain.ports import TransientGatewayError
 from domain.waits import Deferral
-from infrastructure.settings import Settings, SettingsError
+from infrastructure.settings.model import Settings
+from infrastructure.settings.parsing import SettingsError
 from tests.support import ManualClock, pace_rules
 from tests.unit.test_pacing import EVERY_429, Upstream, adapter
-from worker.health import Degraded, circuit_check
+from worker.health.checks import circuit_check
+from worker.health.results import Degraded
 
 HOUR = 3600.0
 

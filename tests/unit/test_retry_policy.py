@@ -10,7 +10,7 @@ from domain.dead_letter_rules import Reason
 from domain.errors import RetryLater
 from domain.ports import TransientGatewayError
 from domain.waits import RETRY_DELAYS_S, WAIT_DELAYS_S
-from infrastructure.service import ContentionError
+from infrastructure.usecases.retry import ContentionError
 from worker.retry_policy import (
     Ack,
     Dead,

@@ -10,8 +10,9 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from worker.cli import main
-from worker.cli_rollout import Watched, choose, read_bounded, wait_state
+from worker.cli.main import main
+from worker.cli.rollout import Watched, read_bounded, wait_state
+from worker.redrive import choose
 from worker.rollout_input import ROLLOUT_MAX_BYTES, BadLine, Line, parse_rollout
 
 HEADER = "brand_id,title,parent\n"

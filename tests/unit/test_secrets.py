@@ -20,24 +20,29 @@ from starlette.testclient import TestClient
 
 from domain.errors import InvalidRequest
 from domain.ports import Unauthorized
-from infrastructure import messages
-from infrastructure.eventstore import check_database_url, init_database, open_event_store
+from infrastructure.broker import messages
 from infrastructure.failures import ConfigurationError
 from infrastructure.outages import Outage
 from infrastructure.redaction import redact
 from infrastructure.service import ProvisioningService
-from infrastructure.settings import Settings, SettingsError, log_secrets
-from infrastructure.views import SqlViewStore
+from infrastructure.settings.model import Settings, log_secrets
+from infrastructure.settings.parsing import SettingsError
+from infrastructure.store.eventstore import check_database_url, init_database, open_event_store
+from infrastructure.views.store import SqlViewStore
 from tests.memory_gateway import MemoryGateway
 from tests.support import FakeMessage, RecordingBroker, new_service, settler
-from worker import cli_read, logs, runtime
-from worker.cli import main
-from worker.consumer import DeadLetter, WorkerStats, handle
-from worker.delivery import Delivery, Settler
+from worker import logs, runtime
+from worker.cli import read as cli_read
+from worker.cli.main import main
+from worker.consumer import WorkerStats
+from worker.delivery import Settler
 from worker.edges import describe
-from worker.health import Health
-from worker.probes import Probes
+from worker.handlers import handle
+from worker.health.probes import Probes
+from worker.health.results import Health
 from worker.projector import Projector
+from worker.reading import Delivery
+from worker.retry_policy import DeadLetter
 from worker.web.app import create_app
 
 TOKEN = "tok-SECRET-5f3a9c"
@@ -431,7 +436,7 @@ def test_a_dead_lettered_body_loses_a_u_escaped_token(title: str) -> None:
 def test_a_dead_letter_is_shown_without_the_token() -> None:
     """What `dead-letters list/show` and the web page show of one the queue
     dead-lettered itself (nobody scrubbed it), and what a replay still sends."""
-    from infrastructure.dead_letters import parse
+    from infrastructure.broker.dead_letter_parsing import parse
 
     body = json.dumps({"title": f"x{TOKEN}x"}).encode()
     headers = {"x-dead-reason": "InvalidRequest", "x-dead-errors": json.dumps({TOKEN: TOKEN}),

@@ -13,8 +13,8 @@ from eventsourcing.persistence import IntegrityError
 from domain.outcomes import Outcome, StandDown
 from domain.policies import AttemptState, FailureReason, Provenance
 from domain.ports import RequestRejected, TransientGatewayError, Unauthorized
-from infrastructure.service import ContentionError, ProvisioningService
-from infrastructure.usecases.retry import retry_on_conflict
+from infrastructure.service import ProvisioningService
+from infrastructure.usecases.retry import ContentionError, retry_on_conflict
 from tests.memory_gateway import PARENT, MemoryGateway
 from tests.support import ManualClock
 

@@ -66,9 +66,11 @@ from domain.ports import (
     WorkspaceGone,
 )
 from domain.waits import Backoff
-from infrastructure.eventstore import open_event_store
-from infrastructure.service import EngineSettings, ProvisioningService
-from infrastructure.views import PROJECTIONS, LogSource, SqlViewStore, memory_views_url
+from infrastructure.service import ProvisioningService
+from infrastructure.settings.engine import EngineSettings
+from infrastructure.store.eventstore import open_event_store
+from infrastructure.views.log_source import LogSource
+from infrastructure.views.store import PROJECTIONS, SqlViewStore, memory_views_url
 from projections.core import catch_up
 from tests.memory_gateway import MemoryGateway
 from tests.readmodels import mismatches

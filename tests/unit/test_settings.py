@@ -6,10 +6,12 @@ from dataclasses import replace
 import pytest
 from psycopg.conninfo import conninfo_to_dict
 
-from infrastructure.eventstore import persistence_env, postgres_conninfo
 from infrastructure.failures import ConfigurationError
 from infrastructure.redaction import redact
-from infrastructure.settings import DEFAULT_DATABASE_URL, Settings, SettingsError
+from infrastructure.settings.model import Settings
+from infrastructure.settings.parsing import SettingsError
+from infrastructure.settings.table import DEFAULT_DATABASE_URL
+from infrastructure.store.eventstore import persistence_env, postgres_conninfo
 
 
 def test_defaults_are_the_embedded_ones() -> None:

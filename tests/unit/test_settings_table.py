@@ -1,4 +1,4 @@
-"""Settings are declared once, in infrastructure/settings_table.py: `Settings`' fields
+"""Settings are declared once, in infrastructure/settings/table.py: `Settings`' fields
 and defaults, the engine's defaults and docs/configuration.md's tables all come from
 it, and none holds a value of its own."""
 
@@ -10,10 +10,11 @@ import typing
 
 import pytest
 
-from infrastructure.service import EngineSettings
-from infrastructure.settings import Settings, SettingsError
-from infrastructure.settings_docs import COMMAND, PAGE, updated
-from infrastructure.settings_table import (
+from infrastructure.settings.docs import COMMAND, PAGE, updated
+from infrastructure.settings.engine import EngineSettings
+from infrastructure.settings.model import Settings
+from infrastructure.settings.parsing import SettingsError
+from infrastructure.settings.table import (
     BY_NAME,
     DEFAULTS,
     SETTINGS,
@@ -82,5 +83,5 @@ def test_the_configuration_page_shows_the_table() -> None:
     page = PAGE.read_text()
     assert updated(page) == page, (
         f"docs/configuration.md's settings tables differ from "
-        f"infrastructure/settings_table.py: run `{COMMAND}` to write them again"
+        f"infrastructure/settings/table.py: run `{COMMAND}` to write them again"
     )

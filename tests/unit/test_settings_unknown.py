@@ -10,8 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from infrastructure.settings import VARIABLES, Settings, SettingsError
-from infrastructure.settings_checks import (
+from infrastructure.settings.checks import (
     ELSEWHERE,
     PREFIX,
     check_environment,
@@ -19,7 +18,9 @@ from infrastructure.settings_checks import (
     closest,
     embedded_mix,
 )
-from infrastructure.settings_table import SETTINGS
+from infrastructure.settings.model import Settings
+from infrastructure.settings.parsing import SettingsError
+from infrastructure.settings.table import SETTINGS, VARIABLES
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGURATION = (ROOT / "docs" / "configuration.md").read_text()

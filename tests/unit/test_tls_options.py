@@ -15,11 +15,11 @@ from amqp.transport import SSLTransport
 from kombu.exceptions import OperationalError
 
 from infrastructure import tls
-from infrastructure.broker import BrokerTls, connection
-from infrastructure.broker_failures import broker_failure
+from infrastructure.broker.connection import connection
+from infrastructure.broker.failures import broker_failure
 from infrastructure.failures import ConfigurationError, ServiceRefused
-from infrastructure.settings import Settings
-from worker.cli_support import load_settings
+from infrastructure.settings.model import BrokerTls, Settings
+from worker.console import load_settings
 
 URL = "amqps://guest:s3cret@broker.example:5671/provisioning"
 

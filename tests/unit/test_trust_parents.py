@@ -13,7 +13,8 @@ from domain.errors import CommandRefused, ForeignParent, FutureCommand, UnknownB
 from domain.outcomes import Outcome
 from domain.policies import FailureReason
 from domain.releases import DecommissionKind
-from infrastructure.service import EngineSettings, ProvisioningService
+from infrastructure.service import ProvisioningService
+from infrastructure.settings.engine import EngineSettings
 from infrastructure.usecases import releases
 from tests.memory_gateway import MemoryGateway, Workspace
 
@@ -116,6 +117,7 @@ def test_a_command_from_beyond_the_skew_is_refused_and_nothing_is_stored(
 ) -> None:
     far = datetime(9999, 12, 31, 23, 59, 59, 999999, tzinfo=UTC)
     soon = datetime.now(UTC) + timedelta(seconds=90)  # past the 60 s allowed
+
     def send(when: datetime) -> object:
         if command == "provision":
             return service.request_provisioning("b1", TITLE, PARENT, when)

@@ -10,7 +10,7 @@ import click
 import pytest
 
 from worker import logs
-from worker.cli import main
+from worker.cli.main import main
 
 
 @pytest.fixture

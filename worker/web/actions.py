@@ -24,11 +24,13 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
+from domain.dead_letter_rules import AmbiguousId
 from domain.errors import ProvisionerError
-from infrastructure.broker import is_memory
-from infrastructure.dead_letters import AmbiguousId, NotFound, NotReplayable
+from infrastructure.broker.connection import is_memory
+from infrastructure.broker.dead_letter_parsing import NotReplayable
+from infrastructure.broker.dead_letters import NotFound
 from infrastructure.failures import ConfigurationError
-from infrastructure.settings import Settings
+from infrastructure.settings.model import Settings
 from worker import actions
 from worker.redrive import publish, redrive_line, select
 from worker.web import csrf

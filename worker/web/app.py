@@ -29,7 +29,7 @@ from starlette.types import ASGIApp
 
 from domain.progress import clock
 from infrastructure.redaction import Secrets
-from infrastructure.settings import Settings
+from infrastructure.settings.model import Settings
 from worker.web.actions import Actions
 from worker.web.guard import Guard, HostCheck, check_bind
 from worker.web.pages import Pages

@@ -24,7 +24,8 @@ from starlette.responses import PlainTextResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from infrastructure.failures import ConfigurationError
-from infrastructure.settings import Settings, is_loopback, split_host
+from infrastructure.settings.model import Settings
+from infrastructure.settings.parsing import is_loopback, split_host
 
 log = logging.getLogger("provisioner.web")
 

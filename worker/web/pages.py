@@ -16,11 +16,11 @@ from starlette.templating import Jinja2Templates
 
 from domain.errors import UnknownAttempt, UnknownBrand
 from domain.policies import FailureReason
-from infrastructure.dead_letters import PAGE
-from infrastructure.settings import Settings
-from worker.cli_read import _Time
+from infrastructure.broker.dead_letters import PAGE
+from infrastructure.settings.model import Settings
+from worker.console import TimeParam
 from worker.edges import describe
-from worker.health import healthy
+from worker.health.results import healthy
 from worker.web import csrf
 from worker.web.reads import BRANDS_SHOWN, STATUSES, GatewayProbe, Reads
 
@@ -34,7 +34,7 @@ def _time(name: str, text: str) -> datetime | None:
     if not text:
         return None
     try:
-        found: datetime = _Time().convert(text[:60], None, None)
+        found: datetime = TimeParam().convert(text[:60], None, None)
     except click.BadParameter as exc:
         raise ValueError(f"?{name}={text[:60]!r}: {exc.message}") from None
     return found

@@ -15,22 +15,24 @@ from uuid import UUID
 
 from domain.errors import UnknownAttempt
 from domain.progress import BrandStanding, Progress
-from infrastructure.audit import attempt_story, brand_history, brand_status
-from infrastructure.audit_findings import read_audits
-from infrastructure.broker import Topology
-from infrastructure.broker_failures import broker_failure
-from infrastructure.dead_letters import PAGE, DeadLetters, EmbeddedBroker, NotFound, now
-from infrastructure.eventstore import open_event_store
-from infrastructure.gateway import HttpGateway
-from infrastructure.outbox import TOPICS
+from infrastructure.broker.dead_letters import PAGE, DeadLetters, EmbeddedBroker, NotFound, now
+from infrastructure.broker.failures import broker_failure
+from infrastructure.broker.outbox import TOPICS
+from infrastructure.broker.topology import Topology
+from infrastructure.gateway.adapter import HttpGateway
 from infrastructure.service import ProvisioningService
-from infrastructure.settings import Settings
+from infrastructure.settings.model import Settings
+from infrastructure.store.eventstore import open_event_store
 from infrastructure.usecases.reads import is_unicode_text
-from infrastructure.view_queries import list_attempts, relay_position
-from infrastructure.views import PROJECTIONS, LogSource, SqlViewStore
+from infrastructure.views.audit import attempt_story, brand_history, brand_status
+from infrastructure.views.audit_findings import read_audits
+from infrastructure.views.log_source import LogSource
+from infrastructure.views.queries import list_attempts, relay_position
+from infrastructure.views.store import PROJECTIONS, SqlViewStore
 from projections.core import TS
 from worker.attempt_progress import brand_facts, fleet, progress_of
-from worker.health import CheckResult, check_once, gateway_check
+from worker.health.report import check_once, gateway_check
+from worker.health.results import CheckResult
 from worker.web.timeline import hop_strip, with_durations
 
 STATUSES = ("ready", "degraded", "pending", "failed", "cancelled", "none", "deactivated")

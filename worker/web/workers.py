@@ -10,7 +10,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import Response
 
-from infrastructure.settings import Settings
+from infrastructure.settings.model import Settings
 from worker.fleet import ago, read_fleet
 
 

@@ -1,0 +1,398 @@
+"""Where the fleet's pace lives, and the pace a gateway adapter asks before each call.
+
+`Pace.before()` is asked before every request: it sleeps a short wait itself
+(never inside a database transaction) or answers a `Hold` (the request is not
+sent; the hop is deferred). `Pace.after()` reports what came back. The rules
+are `domain.pacing`'s; the state is shared through a store:
+
+- `PgPaceStore`: one row of `provisioner_gateway_pace` per gateway, read and
+  written under `SELECT ... FOR UPDATE` in one short transaction, on the
+  database's clock. Every worker process of a deployment shares it.
+- `MemoryPaceStore`: the same in one process (SQLite and memory:// deployments,
+  where `provisioner run` is the only process that calls the gateway).
+
+While no limit is in force (`domain.pacing.free`: no rate configured or learned,
+the circuit closed, nothing failing, no hold), a call costs no database round
+trip: the process admits it from its own copy of the shared state, which a
+background thread reads again every `refresh_s` (100 ms), publishing in the
+same short transaction how many calls the process sent since (for the learned
+rate and the 429 evidence). A 429 or an unreachable answer is written at once
+by the process that got it, so a hold, a cut or an opened circuit reaches every
+process within `refresh_s` plus one read (about 200 ms); a copy older than
+`stale_s` is not trusted. With a limit in force, each call is admitted in one
+transaction, as the rate requires. An answered call changes nothing while the
+circuit is closed and nothing failed, so it writes nothing.
+The pace never stops a call for its own sake: a store that cannot be read
+(the database down) holds the call back unsent, and a report it cannot take
+is dropped (both logged once an outage).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, fields
+from datetime import UTC, datetime
+from typing import Any, TypeVar
+
+import psycopg
+from psycopg_pool import ConnectionPool
+
+from domain.pacing import (
+    Change,
+    Go,
+    Hold,
+    PaceRules,
+    PaceState,
+    Result,
+    admit,
+    count_calls,
+    free,
+    observe,
+    shown,
+)
+from infrastructure.redaction import redact
+from infrastructure.store.eventstore import postgres_conninfo
+from infrastructure.store.pg_connect import connect
+
+log = logging.getLogger("provisioner.gateway")
+lifecycle = logging.getLogger("provisioner.gateway.lifecycle")  # shown without -v
+
+T = TypeVar("T")
+Update = Callable[[PaceState, float], tuple[PaceState, T]]
+_FIELDS = frozenset(f.name for f in fields(PaceState))
+
+
+def _state(raw: Any) -> PaceState:
+    data = raw if isinstance(raw, dict) else json.loads(raw or "{}")
+    return PaceState(**{k: v for k, v in data.items() if k in _FIELDS})
+
+
+class MemoryPaceStore:
+    """The pace of one process."""
+
+    shared = False  # an update is a lock, not a round trip: no local copy needed
+
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._state = PaceState()
+
+    def update(self, fn: Update[T]) -> T:
+        with self._lock:
+            self._state, out = fn(self._state, self._clock())
+            return out
+
+    def read(self) -> tuple[PaceState, float]:
+        with self._lock:
+            return self._state, self._clock()
+
+    def close(self) -> None:
+        pass
+
+
+_LOCKED = (
+    "SELECT state, extract(epoch FROM clock_timestamp())::float8 "
+    "FROM provisioner_gateway_pace WHERE key = %s FOR UPDATE"
+)
+_INSERT = (
+    "INSERT INTO provisioner_gateway_pace (key, state) VALUES (%s, '{}') "
+    "ON CONFLICT (key) DO NOTHING"
+)
+
+
+class PgPaceStore:
+    """The pace of every process that shares this database, in one row per gateway."""
+
+    shared = True
+
+    def __init__(
+        self,
+        url: str,
+        key: str,
+        *,
+        max_size: int = 4,
+        timeout_s: float = 10.0,
+        stop: threading.Event | None = None,
+    ) -> None:
+        """`stop` (a long-running process): the table and the row are made on a
+        connection of their own first, waited for while the database is full or
+        unreachable, until `stop` (infrastructure/store/pg_connect.py); a refusal is raised
+        at once. Without it, the pool's first connection is waited for `timeout_s`."""
+        self.key = key
+        if stop is not None:
+            conninfo, where = postgres_conninfo(url), redact(url)
+            with connect(conninfo, where, wait_s=None, stop=stop, autocommit=True) as conn:
+                create_table(conn)
+                conn.execute(_INSERT, (key,))
+        self._pool: ConnectionPool[Any] = ConnectionPool(
+            postgres_conninfo(url),
+            min_size=1,
+            max_size=max_size,
+            kwargs={"autocommit": True},
+            timeout=timeout_s,
+            open=True,
+        )
+        if stop is not None:
+            return  # the pool fills in the background; a hop waits `timeout_s` at most
+        try:
+            with self._pool.connection() as conn:
+                create_table(conn)
+                conn.execute(_INSERT, (key,))
+        except BaseException:
+            self._pool.close()  # its threads with it
+            raise
+
+    def update(self, fn: Update[T]) -> T:
+        with self._pool.connection() as conn, conn.transaction():
+            row = conn.execute(_LOCKED, (self.key,)).fetchone()
+            if row is None:  # deleted under us: put it back, then lock it
+                conn.execute(_INSERT, (self.key,))
+                row = conn.execute(_LOCKED, (self.key,)).fetchone()
+            raw, now = row
+            before = _state(raw)
+            after, out = fn(before, now)
+            if after != before:
+                conn.execute(
+                    "UPDATE provisioner_gateway_pace SET state = %s WHERE key = %s",
+                    (json.dumps(asdict(after)), self.key),
+                )
+            return out
+
+    def read(self) -> tuple[PaceState, float]:
+        with self._pool.connection() as conn:
+            raw, now = conn.execute(
+                "SELECT state, extract(epoch FROM clock_timestamp())::float8 "
+                "FROM provisioner_gateway_pace WHERE key = %s",
+                (self.key,),
+            ).fetchone() or ({}, time.time())
+            return _state(raw), now
+
+    def close(self) -> None:
+        self._pool.close()
+
+
+def create_table(conn: Any) -> None:
+    """Idempotent; concurrent creators may race on the catalogue, so a loser retries."""
+    for _ in range(3):
+        try:
+            conn.execute(
+                "CREATE TABLE IF NOT EXISTS provisioner_gateway_pace "
+                "(key text PRIMARY KEY, state jsonb NOT NULL)"
+            )
+        except psycopg.errors.UniqueViolation:  # "... pg_type": another creator won the race
+            time.sleep(0.05)
+        else:
+            return
+    conn.execute("SELECT 1 FROM provisioner_gateway_pace LIMIT 0")  # exists now, or the error
+
+
+PaceStore = MemoryPaceStore | PgPaceStore
+
+
+def read_pace(url: str, key: str, *, timeout_s: float = 3.0) -> tuple[PaceState, float] | None:
+    """The shared pace as stored (one short connection; nothing created); None when no
+    process has called the gateway yet."""
+    conninfo = postgres_conninfo(url)
+    with psycopg.connect(conninfo, connect_timeout=max(1, round(timeout_s))) as conn:
+        exists = conn.execute("SELECT to_regclass('provisioner_gateway_pace')").fetchone()
+        if not exists or exists[0] is None:
+            return None
+        row = conn.execute(
+            "SELECT state, extract(epoch FROM clock_timestamp())::float8 "
+            "FROM provisioner_gateway_pace WHERE key = %s",
+            (key,),
+        ).fetchone()
+    return None if row is None else (_state(row[0]), row[1])
+
+
+def _ignore(_kind: str, _value: float) -> None:
+    pass
+
+
+class Pace:
+    """The pace one gateway adapter keeps; thread-safe.
+
+    `on_event(kind, value)` is told of: ("waited", seconds slept before a call),
+    ("held", 1 per call held back), ("circuit", 1.0 open / 0.0 closed), as metrics.
+    """
+
+    def __init__(
+        self,
+        store: PaceStore,
+        rules: PaceRules,
+        *,
+        sleep: Callable[[float], None] = time.sleep,
+        on_event: Callable[[str, float], None] | None = None,
+        refresh_s: float = 0.1,
+        stale_s: float = 0.5,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.store = store
+        self.rules = rules
+        self._sleep = sleep
+        self._on_event = on_event or _ignore
+        # Per thread: whether its call was admitted with the circuit closed and nothing
+        # failing; then an answer to it changes nothing and is not written.
+        self._admitted = threading.local()
+        self._store_down = False
+        # The local copy of a shared state: (state, the store's time, monotonic then).
+        self.refresh_s, self.stale_s, self._monotonic = refresh_s, stale_s, monotonic
+        self._copy: tuple[PaceState, float, float] | None = None
+        self._sent = 0  # calls admitted on the copy, not yet published
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._refresher: threading.Thread | None = None
+
+    def before(self, *, create: bool = False) -> Hold | None:
+        """Wait for this call's turn (a short wait, slept here; a create waits longer);
+        a Hold when it must not be sent now (the store unreadable too: a call is never
+        sent unpaced)."""
+
+        if self._free_here():
+            with self._lock:
+                self._sent += 1
+            self._admitted.clean, self._admitted.probe = True, False
+            return None
+
+        def step(state: PaceState, now: float) -> tuple[PaceState, Go | Hold]:
+            new, decision = admit(self.rules, state, now, create=create)
+            self._admitted.clean = new.open_since is None and new.unreachable == 0
+            self._admitted.probe = isinstance(decision, Go) and decision.probe
+            self._on_event("circuit", 0.0 if new.open_since is None else 1.0)
+            self._keep(new, now)
+            return new, decision
+
+        try:
+            decision = self.store.update(step)
+        except Exception as exc:  # noqa: BLE001 - the database down: hold, never send unpaced
+            self._down(exc)
+            self._admitted.clean = False
+            return Hold(5.0, f"the pace's database is unavailable ({type(exc).__name__})")
+        self._up()
+        if isinstance(decision, Hold):
+            self._on_event("held", 1.0)
+            return decision
+        if decision.wait_s > 0:
+            self._on_event("waited", decision.wait_s)
+            self._sleep(decision.wait_s)
+        return None
+
+    def after(self, result: Result, *, retry_after_s: float = 0.0, error: str = "") -> None:
+        """Report what the admitted call got; never raises (a report lost is logged)."""
+        if result is Result.ANSWERED and getattr(self._admitted, "clean", False):
+            return
+
+        probe = getattr(self._admitted, "probe", False)
+
+        def step(state: PaceState, now: float) -> tuple[PaceState, Change | None]:
+            new, change = observe(self.rules, state, now, result, retry_after_s=retry_after_s,
+                                  error=error, probe=probe)  # fmt: skip
+            self._keep(new, now)
+            if new.learned_at != state.learned_at and new.learned is not None:
+                held = max(0.0, new.paused_until - now)
+                lifecycle.info("gateway pace %s: %s calls/s, after 429s dense enough to be "
+                               "its rate limit; the fleet holds %.0f s (Retry-After)",
+                               "learned" if state.learned is None else "cut",
+                               shown(new.learned), held)  # fmt: skip
+            return new, change
+
+        try:
+            change = self.store.update(step)
+        except Exception as exc:  # noqa: BLE001 - what the call got stands; the report is lost
+            self._down(exc)
+            return
+        self._up()
+        if change is not None:
+            self._announce(change)
+
+    # The local copy of a shared state (the module's docstring).
+
+    def _free_here(self) -> bool:
+        """Whether this call may go on the local copy: a shared store, a copy fresh
+        enough, and no limit in force in it."""
+        if not getattr(self.store, "shared", False):
+            return False
+        self._start_refresher()
+        copy = self._copy
+        if copy is None:
+            return False
+        state, at, read = copy
+        age = self._monotonic() - read
+        return age <= self.stale_s and free(self.rules, state, at + age)
+
+    def _keep(self, state: PaceState, now: float) -> None:
+        if getattr(self.store, "shared", False):
+            self._copy = (state, now, self._monotonic())
+
+    def _start_refresher(self) -> None:
+        if self._refresher is None:
+            with self._lock:
+                if self._refresher is None and not self._stop.is_set():
+                    self._refresher = threading.Thread(
+                        target=self._refresh_every, name="gateway-pace", daemon=True
+                    )
+                    self._refresher.start()
+
+    def _refresh_every(self) -> None:
+        while not self._stop.wait(self.refresh_s):
+            self.refresh()
+
+    def refresh(self) -> None:
+        """Read the shared state again, publishing the calls sent on the copy since."""
+        with self._lock:
+            sent, self._sent = self._sent, 0
+
+        def publish(state: PaceState, now: float) -> tuple[PaceState, tuple[PaceState, float]]:
+            new = count_calls(self.rules, state, now, sent)
+            return new, (new, now)
+
+        try:
+            state, now = self.store.update(publish) if sent else self.store.read()
+        except Exception as exc:  # noqa: BLE001 - no copy: calls take the slow path, held
+            with self._lock:
+                self._sent += sent
+            self._copy = None
+            self._down(exc)
+            return
+        self._up()
+        self._copy = (state, now, self._monotonic())
+
+    def _down(self, exc: Exception) -> None:
+        if not self._store_down:
+            self._store_down = True
+            log.warning("the gateway pace cannot be read or written (%s): calls are held "
+                        "until the database answers", " ".join(str(exc).split())[:200])  # fmt: skip
+
+    def _up(self) -> None:
+        if self._store_down:
+            self._store_down = False
+            log.info("the gateway pace is readable again")
+
+    def _announce(self, change: Change) -> None:
+        since = datetime.fromtimestamp(change.since, UTC).isoformat(timespec="seconds")
+        self._on_event("circuit", 1.0 if change.opened else 0.0)
+        if change.opened:
+            log.warning(
+                "gateway circuit open: %d calls in a row got no answer since %s (last: %s); "
+                "calls are held and hops deferred, one probe every %.0f s",
+                self.rules.open_after, since, change.error, self.rules.probe_every_s,
+            )  # fmt: skip
+        else:
+            lifecycle.info("gateway circuit closed: the gateway answers again (down since %s)",
+                           since)  # fmt: skip
+
+    def state(self) -> tuple[PaceState, float]:
+        """The shared state and the store's time now (for health and metrics)."""
+        return self.store.read()
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._refresher is not None:
+            self._refresher.join(5)
+            if self._sent:
+                self.refresh()  # what was sent on the copy, published
+        self.store.close()
