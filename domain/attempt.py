@@ -105,8 +105,14 @@ class ProvisioningAttempt(Aggregate):
         workspace_id: str
         evidence: str
 
-    def __init__(self, brand_id: str, title: str, parent_workspace_id: str,
-                 existing_workspace_id: str | None, max_hop: int) -> None:  # fmt: skip
+    def __init__(
+        self,
+        brand_id: str,
+        title: str,
+        parent_workspace_id: str,
+        existing_workspace_id: str | None,
+        max_hop: int,
+    ) -> None:
         self.brand_id = brand_id
         self.title = title
         self.parent_workspace_id = parent_workspace_id
@@ -147,11 +153,22 @@ class ProvisioningAttempt(Aggregate):
         return uuid4()
 
     @classmethod
-    def start(cls, brand_id: str, title: str, parent_workspace_id: str,
-              existing_workspace_id: str | None, max_hop: int) -> ProvisioningAttempt:  # fmt: skip
-        return cls._create(cls.Started, brand_id=brand_id, title=title, max_hop=max_hop,
-                           parent_workspace_id=parent_workspace_id,
-                           existing_workspace_id=existing_workspace_id)  # fmt: skip
+    def start(
+        cls,
+        brand_id: str,
+        title: str,
+        parent_workspace_id: str,
+        existing_workspace_id: str | None,
+        max_hop: int,
+    ) -> ProvisioningAttempt:
+        return cls._create(
+            cls.Started,
+            brand_id=brand_id,
+            title=title,
+            max_hop=max_hop,
+            parent_workspace_id=parent_workspace_id,
+            existing_workspace_id=existing_workspace_id,
+        )
 
     # Queries.
 
@@ -176,8 +193,13 @@ class ProvisioningAttempt(Aggregate):
         on_record = frozenset((*self.created_ids, *candidate))
         at = self.create_requested_at
         since = None if at is None else grace_start(at, self.deferred_until, self.create_answered)
-        return Creates(frozenset(self.create_known_ids), on_record, self.creates_lost, since,
-                       frozenset(self.inferred_ids))  # fmt: skip
+        return Creates(
+            frozenset(self.create_known_ids),
+            on_record,
+            self.creates_lost,
+            since,
+            frozenset(self.inferred_ids),
+        )
 
     @property
     def orphan_search(self) -> bool:

@@ -231,8 +231,14 @@ def recover(v: HopView, made: Made) -> TakeCandidate | Wait | Fail | None:
     if v.create_requested_at is not None:
         since = creates.grace_start(v.create_requested_at, v.deferred_until, v.create_answered)
         waited_s = (v.now - since).total_seconds()
-    step = creates.recover(made, v.title, requested_hop=v.create_requested_hop, hop=v.hop,
-                           waited_s=waited_s, grace_s=v.grace_s)  # fmt: skip
+    step = creates.recover(
+        made,
+        v.title,
+        requested_hop=v.create_requested_hop,
+        hop=v.hop,
+        waited_s=waited_s,
+        grace_s=v.grace_s,
+    )
     if isinstance(step, Accept):
         return TakeCandidate(step.workspace_id, step.provenance, made.ours, made.ours)
     return step

@@ -203,9 +203,12 @@ class Made:
 
 
 def new_children(
-    family: Iterable[FamilyMember], title: str, parent_id: str, creates: Creates,
+    family: Iterable[FamilyMember],
+    title: str,
+    parent_id: str,
+    creates: Creates,
     parents: Collection[str] = (),
-) -> list[FamilyMember]:  # fmt: skip
+) -> list[FamilyMember]:
     """Same-title children new since the baseline and not on record: what a lost create
     of ours may have made, unless taken elsewhere."""
     gone = creates.baseline | creates.on_record
@@ -237,9 +240,16 @@ def credit(
     found: list[FamilyMember] = []
     held: list[tuple[str, str]] = []
     for m in new_children(family, title, parent_id, creates, parents):
-        facts = Facts(m.id, (parent_id, *parents), taken=whose.get(m.id), new=True,
-                      window_open=window_open, same_title=True, status=m.status,
-                      projects=counts.get(m.id))  # fmt: skip
+        facts = Facts(
+            m.id,
+            (parent_id, *parents),
+            taken=whose.get(m.id),
+            new=True,
+            window_open=window_open,
+            same_title=True,
+            status=m.status,
+            projects=counts.get(m.id),
+        )
         verdict = judge(facts)
         if verdict.owner is Owner.INFERENCE:
             found.append(m)

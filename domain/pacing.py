@@ -194,8 +194,12 @@ def _scored(
     rules: PaceRules, state: PaceState, now: float, *, calls: int = 0, throttled: int = 0
 ) -> PaceState:
     decay = math.exp(-max(0.0, now - state.scored_at) / rules.evidence_tau_s)
-    return replace(state, scored_at=now, calls_score=state.calls_score * decay + calls,
-                   throttled_score=state.throttled_score * decay + throttled)  # fmt: skip
+    return replace(
+        state,
+        scored_at=now,
+        calls_score=state.calls_score * decay + calls,
+        throttled_score=state.throttled_score * decay + throttled,
+    )
 
 
 def rate_signal(rules: PaceRules, state: PaceState) -> bool:

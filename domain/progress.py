@@ -232,20 +232,28 @@ def _brand_advice(brand: BrandStanding, state: AttemptState, now: datetime) -> s
     """What the brand's own state says, where it overrides the attempt's advice."""
     if not brand.active:
         if brand.bound and brand.emptying_refused:
-            return (f"the brand is deactivated; the gateway refused to empty its workspace "
-                    f"({brand.emptying_refused}): it is kept, not retried: fix it upstream, "
-                    "then `provisioner deactivate BRAND --purge-now`")  # fmt: skip
+            return (
+                f"the brand is deactivated; the gateway refused to empty its workspace "
+                f"({brand.emptying_refused}): it is kept, not retried: fix it upstream, "
+                "then `provisioner deactivate BRAND --purge-now`"
+            )
         if brand.bound and brand.to_be_emptied_at is not None and brand.to_be_emptied_at > now:
-            return (f"the brand is deactivated: its workspace is kept until "
-                    f"{clock(brand.to_be_emptied_at, now)}, then emptied; provision the brand "
-                    "again before then to keep it")  # fmt: skip
+            return (
+                f"the brand is deactivated: its workspace is kept until "
+                f"{clock(brand.to_be_emptied_at, now)}, then emptied; provision the brand "
+                "again before then to keep it"
+            )
         if brand.bound:
             return "the brand is deactivated: its workspace is being emptied"
-        return ("the brand is deactivated and holds no workspace: nothing to do; provision "
-                "it again to give it one")  # fmt: skip
+        return (
+            "the brand is deactivated and holds no workspace: nothing to do; provision "
+            "it again to give it one"
+        )
     if state is AttemptState.PROMOTED and not brand.bound:
-        return ("the brand's workspace was unbound since its attempt (see `provisioner "
-                "history`): provision it again to give it another")  # fmt: skip
+        return (
+            "the brand's workspace was unbound since its attempt (see `provisioner "
+            "history`): provision it again to give it another"
+        )
     return None
 
 

@@ -298,12 +298,23 @@ class _Scope:
             if status_class is None:
                 act = Action.PROVISION if brand.active and len(brands) == 1 else Action.NONE
                 why = "bound, gone upstream"
-                found.append(Finding(Kind.BOUND_MISSING, self.parent_id, ws, why, brand.title,
-                                     names, action=act))  # fmt: skip
+                found.append(
+                    Finding(
+                        Kind.BOUND_MISSING, self.parent_id, ws, why, brand.title, names, action=act
+                    )
+                )
             elif status_class.is_terminal:
-                found.append(Finding(Kind.BOUND_TERMINAL, self.parent_id, ws,
-                                     "bound, terminal upstream", brand.title, names,
-                                     status=status))  # fmt: skip
+                found.append(
+                    Finding(
+                        Kind.BOUND_TERMINAL,
+                        self.parent_id,
+                        ws,
+                        "bound, terminal upstream",
+                        brand.title,
+                        names,
+                        status=status,
+                    )
+                )
             elif status_class is StatusClass.READY:
                 self.clean["bound_ready"] += 1
             else:
@@ -323,10 +334,19 @@ class _Scope:
                 by = [a for a in self.record.attempts if ws in a.released_ids]
                 brands = {a.brand_id for a in by}
                 brands |= {b.brand_id for b in self.record.brands if ws in b.emptied_ids}
-                found.append(Finding(Kind.RELEASED_NOT_EMPTY, self.parent_id, ws,
-                                     f"released, {projects} projects upstream", member.title,
-                                     tuple(sorted(brands)), by[-1].attempt_id if by else None,
-                                     status=member.status, projects=projects))  # fmt: skip
+                found.append(
+                    Finding(
+                        Kind.RELEASED_NOT_EMPTY,
+                        self.parent_id,
+                        ws,
+                        f"released, {projects} projects upstream",
+                        member.title,
+                        tuple(sorted(brands)),
+                        by[-1].attempt_id if by else None,
+                        status=member.status,
+                        projects=projects,
+                    )
+                )
             else:
                 self.clean["released_empty"] += 1
         return found
@@ -341,22 +361,44 @@ class _Scope:
                 facts = Facts(ws, self.never, credited=True, projects=projects)
                 if ws in a.inferred_ids and (verdict := judge(facts)).owner is Owner.UNCLEAR:
                     why = f"owed by attempt {a.attempt_id}, on record by inference; {verdict.why}"
-                    found.append(Finding(Kind.UNCLEAR, self.parent_id, ws, why, a.title,
-                                         (a.brand_id,), a.attempt_id,
-                                         projects=projects))  # fmt: skip
+                    found.append(
+                        Finding(
+                            Kind.UNCLEAR,
+                            self.parent_id,
+                            ws,
+                            why,
+                            a.title,
+                            (a.brand_id,),
+                            a.attempt_id,
+                            projects=projects,
+                        )
+                    )
                     continue
                 why = f"attempt {a.state}; its release of {ws} is owed"
-                found.append(Finding(Kind.RELEASE_OWED, self.parent_id, ws, why, a.title,
-                                     (a.brand_id,), a.attempt_id, projects=projects,
-                                     action=Action.RELEASE))  # fmt: skip
+                found.append(
+                    Finding(
+                        Kind.RELEASE_OWED,
+                        self.parent_id,
+                        ws,
+                        why,
+                        a.title,
+                        (a.brand_id,),
+                        a.attempt_id,
+                        projects=projects,
+                        action=Action.RELEASE,
+                    )
+                )
         return found
 
     def unexplained(self) -> list[Finding]:
         known = on_record(self.record)
         found: list[Finding] = []
         for title in sorted({a.title for a in self.record.attempts}):
-            children = [m for m in same_title(self.family, title, self.parent_id, self.never)
-                        if m.id not in known]  # fmt: skip
+            children = [
+                m
+                for m in same_title(self.family, title, self.parent_id, self.never)
+                if m.id not in known
+            ]
             if not children:
                 continue
             attempts = [a for a in self.record.attempts if a.title == title and a.orphan_search]
@@ -370,31 +412,57 @@ class _Scope:
         window = at is not None and a.creates.window_open(at, self.upstream.window_s)
         new = new_children(self.family, title, self.parent_id, a.creates, self.never)
         taken = taken_for(a, self.record, (m.id for m in new))
-        return credit(self.family, title, self.parent_id, a.creates, taken=taken,
-                      projects=self.upstream.projects, window_open=window,
-                      parents=self.never)  # fmt: skip
+        return credit(
+            self.family,
+            title,
+            self.parent_id,
+            a.creates,
+            taken=taken,
+            projects=self.upstream.projects,
+            window_open=window,
+            parents=self.never,
+        )
 
     def child(
         self, member: FamilyMember, title: str, attempts: list[AttemptRecord], made: dict[str, Made]
     ) -> Finding:
         projects = self.upstream.projects.get(member.id)
-        foreign = Finding(Kind.FOREIGN, self.parent_id, member.id, "same title, nothing on "
-                          "record: someone else's", title, status=member.status,
-                          projects=projects)  # fmt: skip
+        foreign = Finding(
+            Kind.FOREIGN,
+            self.parent_id,
+            member.id,
+            "same title, nothing on record: someone else's",
+            title,
+            status=member.status,
+            projects=projects,
+        )
         busy = [a for a in attempts if a.pending]
         if busy:
             ids = ", ".join(a.attempt_id for a in busy)
             why = f"attempt {ids} has a create of this title unresolved: its hop decides"
             brands = tuple(sorted({a.brand_id for a in busy}))
-            return replace(foreign, kind=Kind.IN_FLIGHT, detail=why, brand_ids=brands,
-                           attempt_id=busy[0].attempt_id)  # fmt: skip
+            return replace(
+                foreign,
+                kind=Kind.IN_FLIGHT,
+                detail=why,
+                brand_ids=brands,
+                attempt_id=busy[0].attempt_id,
+            )
         credited = [a for a in attempts if member.id in made[a.attempt_id].ours]
         if len(credited) == 1:
             a = credited[0]
-            why = (f"made by attempt {a.attempt_id}'s lost create (ours by inference: new "
-                   "beside it, within its window, empty), not on record")  # fmt: skip
-            return replace(foreign, kind=Kind.ORPHAN, detail=why, brand_ids=(a.brand_id,),
-                           attempt_id=a.attempt_id, action=Action.RELEASE)  # fmt: skip
+            why = (
+                f"made by attempt {a.attempt_id}'s lost create (ours by inference: new "
+                "beside it, within its window, empty), not on record"
+            )
+            return replace(
+                foreign,
+                kind=Kind.ORPHAN,
+                detail=why,
+                brand_ids=(a.brand_id,),
+                attempt_id=a.attempt_id,
+                action=Action.RELEASE,
+            )
         if credited:
             why = f"credited to several attempts: {', '.join(a.attempt_id for a in credited)}"
             brands = tuple(sorted({a.brand_id for a in credited}))
@@ -403,19 +471,35 @@ class _Scope:
             held = dict(made[a.attempt_id].held)
             if member.id in held:
                 why = f"attempt {a.attempt_id}'s lost create: {held[member.id]}"
-                return replace(foreign, kind=Kind.UNCLEAR, detail=why,
-                               brand_ids=(a.brand_id,), attempt_id=a.attempt_id)  # fmt: skip
+                return replace(
+                    foreign,
+                    kind=Kind.UNCLEAR,
+                    detail=why,
+                    brand_ids=(a.brand_id,),
+                    attempt_id=a.attempt_id,
+                )
         if not classify_status(member.status).is_terminal:
             for a in attempts:
                 new = {m.id for m in new_children((member,), title, self.parent_id, a.creates)}
                 if made[a.attempt_id].unclear and member.id in new:
                     why = f"one of several new workspaces after attempt {a.attempt_id}'s create"
-                    return replace(foreign, kind=Kind.UNCLEAR, detail=why,
-                                   brand_ids=(a.brand_id,), attempt_id=a.attempt_id)  # fmt: skip
+                    return replace(
+                        foreign,
+                        kind=Kind.UNCLEAR,
+                        detail=why,
+                        brand_ids=(a.brand_id,),
+                        attempt_id=a.attempt_id,
+                    )
         claim = self.record.claims.get(member.id)
         holder = claim.brand_id if claim else None
-        facts = Facts(member.id, self.never, taken=holder and f"claimed by brand {holder}",
-                      same_title=True, status=member.status, projects=projects)  # fmt: skip
+        facts = Facts(
+            member.id,
+            self.never,
+            taken=holder and f"claimed by brand {holder}",
+            same_title=True,
+            status=member.status,
+            projects=projects,
+        )
         verdict = judge(facts)
         if verdict.owner is Owner.ADOPTABLE:
             return replace(foreign, kind=Kind.ADOPTABLE, detail=verdict.why)
@@ -442,15 +526,30 @@ class PlanStep:
 
     @classmethod
     def of(cls, finding: Finding) -> PlanStep:
-        return cls(finding.parent_id, finding.workspace_id, finding.kind.value,
-                   finding.action.value, finding.attempt_id, finding.brand_ids,
-                   finding.title, finding.projects, finding.detail)  # fmt: skip
+        return cls(
+            finding.parent_id,
+            finding.workspace_id,
+            finding.kind.value,
+            finding.action.value,
+            finding.attempt_id,
+            finding.brand_ids,
+            finding.title,
+            finding.projects,
+            finding.detail,
+        )
 
     @property
     def key(self) -> tuple[object, ...]:
         """What must be the same again for the step to be taken: not the prose."""
-        return (self.parent_id, self.workspace_id, self.kind, self.action, self.attempt_id,
-                self.brand_ids, self.projects)  # fmt: skip
+        return (
+            self.parent_id,
+            self.workspace_id,
+            self.kind,
+            self.action,
+            self.attempt_id,
+            self.brand_ids,
+            self.projects,
+        )
 
 
 def plan(audits: Iterable[Audit]) -> list[PlanStep]:

@@ -60,8 +60,12 @@ class Outage:
                 one_line(exc),
             )
         else:
-            self.log.debug("%s: still unavailable (%s); next try in %.1fs",
-                           self.component, one_line(exc), pause or 0.0)  # fmt: skip
+            self.log.debug(
+                "%s: still unavailable (%s); next try in %.1fs",
+                self.component,
+                one_line(exc),
+                pause or 0.0,
+            )
 
     def up(self) -> None:
         """A try succeeded: log the recovery (or the first connection) once."""

@@ -69,8 +69,9 @@ def url_passwords(url: str | None) -> tuple[str, ...]:
     try:
         parts = urlsplit(url)
         found.append(parts.password or "")
-        found += [v for k, v in parse_qsl(parts.query, keep_blank_values=True)
-                  if "password" in k.lower()]  # fmt: skip
+        found += [
+            v for k, v in parse_qsl(parts.query, keep_blank_values=True) if "password" in k.lower()
+        ]
         shown |= {parts.username or "", parts.hostname or "", parts.path.strip("/")}
     except ValueError:
         pass  # not even a URL: what the pattern reads below is all there is
@@ -124,8 +125,9 @@ class Secrets:
 
     def __post_init__(self) -> None:
         kept = tuple(dict.fromkeys(v for v in self.values if len(v) >= MIN_CHARS))
-        forms = sorted({form for value in kept for form in _forms(value)},
-                       key=lambda form: (-len(form), form))  # fmt: skip
+        forms = sorted(
+            {form for value in kept for form in _forms(value)}, key=lambda form: (-len(form), form)
+        )
         object.__setattr__(self, "values", kept)
         object.__setattr__(self, "forms", tuple(forms))
         object.__setattr__(self, "_bytes", tuple(dict.fromkeys(map(_encoded, forms))))

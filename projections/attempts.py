@@ -47,9 +47,17 @@ _EVENTS = (
 
 # Only these can change what is owed (the rest leave every input of the rule alone).
 _CHANGES_OWED = frozenset(
-    {A.Started, A.SurplusCreated, A.CandidateAccepted, A.CandidateDropped, *_TERMINAL,
-     A.CandidateReleased, A.CandidateHandedOver, A.ReleaseRefused}
-)  # fmt: skip
+    {
+        A.Started,
+        A.SurplusCreated,
+        A.CandidateAccepted,
+        A.CandidateDropped,
+        *_TERMINAL,
+        A.CandidateReleased,
+        A.CandidateHandedOver,
+        A.ReleaseRefused,
+    }
+)
 
 
 # Rows the reconciler may send a release for (it also bounds all but the first

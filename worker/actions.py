@@ -22,9 +22,11 @@ def request_service(settings: Settings, *, read_only: bool = False) -> Any:
     from infrastructure.store.eventstore import open_event_store
 
     app = open_event_store(
-        settings.database_url, one_shot=True, read_only=read_only,
+        settings.database_url,
+        one_shot=True,
+        read_only=read_only,
         wait_s=settings.connect_wait_s,
-    )  # fmt: skip
+    )
     gateway = HttpGateway("http://127.0.0.1:9", "request-path")
     # As on the message path (worker/runtime.py): a text holding the token is refused.
     token = (settings.gateway_token,) if settings.gateway_token else ()
@@ -73,18 +75,23 @@ def cut(letter: Any) -> str:
 
 def replay_lines(done: Any) -> list[str]:
     """What a replay did (a `Replayed`), a line a letter and the count."""
-    lines = [f"replayed {letter.id} to {letter.exchange}/{letter.routing_key}"
-             for letter in done.replayed]  # fmt: skip
-    lines += [f"kept {letter.id}: its body is not whole{cut(letter)}, it cannot be replayed"
-              for letter in done.kept]  # fmt: skip
+    lines = [
+        f"replayed {letter.id} to {letter.exchange}/{letter.routing_key}"
+        for letter in done.replayed
+    ]
+    lines += [
+        f"kept {letter.id}: its body is not whole{cut(letter)}, it cannot be replayed"
+        for letter in done.kept
+    ]
     kept = f"; {len(done.kept)} kept, truncated" if done.kept else ""
     return [*lines, f"{len(done.replayed)} dead letter(s) replayed{kept}"]
 
 
 def purge_lines(purged: Sequence[Any]) -> list[str]:
     """What a purge by id or reason deleted, a line a letter and the count."""
-    lines = [f"purged {letter.id} ({letter.reason}, from {letter.source_queue})"
-             for letter in purged]  # fmt: skip
+    lines = [
+        f"purged {letter.id} ({letter.reason}, from {letter.source_queue})" for letter in purged
+    ]
     return [*lines, f"{len(purged)} dead letter(s) purged"]
 
 
@@ -112,8 +119,13 @@ def audit_service(settings: Settings) -> Iterator[Any]:
         pace_store(settings, url, calls=True), settings.pace(), on_event=metrics.observe_pace
     )
     try:
-        with HttpGateway(url, token, read_timeout=settings.gateway_timeout_s, pace=pace,
-                         ca_file=settings.gateway_ca_file) as gateway:  # fmt: skip
+        with HttpGateway(
+            url,
+            token,
+            read_timeout=settings.gateway_timeout_s,
+            pace=pace,
+            ca_file=settings.gateway_ca_file,
+        ) as gateway:
             yield ProvisioningService(
                 app, gateway, settings=settings.engine(acting=True), secrets=(token,)
             )

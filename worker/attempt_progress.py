@@ -16,8 +16,21 @@ from infrastructure.views.connection import ViewConnection
 from infrastructure.views.heartbeats import read_beats
 
 # What `progress_fields` adds to a record, in the order shown.
-FIELDS = ("reason", "advice", "parent", "progress", "deferral", "hop", "settle_hops", "max_hop",
-          "budget_left", "next_hop_at", "fails_after", "deferred_row", "down_since")  # fmt: skip
+FIELDS = (
+    "reason",
+    "advice",
+    "parent",
+    "progress",
+    "deferral",
+    "hop",
+    "settle_hops",
+    "max_hop",
+    "budget_left",
+    "next_hop_at",
+    "fails_after",
+    "deferred_row",
+    "down_since",
+)
 
 
 def facts(
@@ -47,8 +60,12 @@ def facts(
 
 
 def brand_facts(brand: Brand) -> BrandStanding:
-    return BrandStanding(brand.is_active, brand.workspace_id is not None, brand.to_be_emptied_at,
-                      brand.emptying_refused)  # fmt: skip
+    return BrandStanding(
+        brand.is_active,
+        brand.workspace_id is not None,
+        brand.to_be_emptied_at,
+        brand.emptying_refused,
+    )
 
 
 def fleet(database_url: str, max_age_s: float, now: datetime) -> Fleet | None:

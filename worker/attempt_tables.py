@@ -13,8 +13,17 @@ from rich.text import Text
 from worker.console import cell, compact_table
 from worker.logs import printable
 
-ATTEMPT_COLUMNS = ("attempt_id", "brand_id", "state", "hops_used", "candidate_id",
-                   "provenance", "started_at", "next_hop_due", "last_error")  # fmt: skip
+ATTEMPT_COLUMNS = (
+    "attempt_id",
+    "brand_id",
+    "state",
+    "hops_used",
+    "candidate_id",
+    "provenance",
+    "started_at",
+    "next_hop_due",
+    "last_error",
+)
 
 
 def table_value(value: Any) -> str:
@@ -54,8 +63,13 @@ def attempts_table(found: list[dict[str, Any]]) -> Any:
         if _last_error(row):
             error = Text(printable(str(_last_error(row))), style="dim", overflow="fold")
             first = Group(first, Padding(error, (0, 0, 0, 2)))
-        table.add_row(first, cell(row["brand_id"]), cell(row["state"]), cell(row["hops_used"]),
-                      cell(_age(row["started_at"], now)))  # fmt: skip
+        table.add_row(
+            first,
+            cell(row["brand_id"]),
+            cell(row["state"]),
+            cell(row["hops_used"]),
+            cell(_age(row["started_at"], now)),
+        )
     return table
 
 

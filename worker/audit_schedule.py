@@ -68,7 +68,12 @@ class AuditSchedule:
         problems = sum(len(a.problems) for a in audits)
         level = logging.WARNING if problems else logging.INFO
         summary = ", ".join(f"{n} {kind}" for kind, n in sorted(kinds.items())) or "nothing"
-        log.log(level, "upstream audit of %d of %d parents: %s (provisioner audit shows "
-                "them)", len(audits), len(parents), summary)  # fmt: skip
+        log.log(
+            level,
+            "upstream audit of %d of %d parents: %s (provisioner audit shows them)",
+            len(audits),
+            len(parents),
+            summary,
+        )
         self.runs += 1
         return len(audits) == len(parents)

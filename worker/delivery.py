@@ -174,12 +174,16 @@ class Settler:
         elif is_database_error(exc):
             self.database.failed(self.database.url, exc, delay)  # logged once per outage
         else:
-            log.warning("%s failed (%s); retry %d in %.0fs",
-                        kind, one_line(exc), decision.headers["x-retries"], delay)  # fmt: skip
+            log.warning(
+                "%s failed (%s); retry %d in %.0fs",
+                kind,
+                one_line(exc),
+                decision.headers["x-retries"],
+                delay,
+            )
         # A replayed message keeps its dead letter's id through retries, so it is
         # dead-lettered again under the same id; a command keeps its producer.
-        headers = {**kept_id(self._vouched(message)), **self._producer(message),
-                   **decision.headers}  # fmt: skip
+        headers = {**kept_id(self._vouched(message)), **self._producer(message), **decision.headers}
         self.publisher.publish(delivery.message, delay_s=delay, headers=headers)
         message.ack()
         metrics.RETRIED.inc()
@@ -202,8 +206,13 @@ class Settler:
         message.ack()
         metrics.DEAD_LETTERED.labels(reason).inc()
         self.stats.dead_lettered += 1
-        log.error("dead-lettered a message from %s: %s %s", source, reason, str(errors)[:300],
-                  extra={"reason": reason})  # fmt: skip
+        log.error(
+            "dead-lettered a message from %s: %s %s",
+            source,
+            reason,
+            str(errors)[:300],
+            extra={"reason": reason},
+        )
 
     def _vouched(self, message: Any) -> dict[str, Any]:
         """The message's headers if the service published it; else none."""

@@ -12,8 +12,18 @@ from domain.liveness import Beat, Liveness, age_s, liveness
 from infrastructure.views.connection import ViewConnection
 from infrastructure.views.heartbeats import read_processes
 
-COLUMNS = ("kind", "host", "pid", "version", "concurrency", "in_flight", "handled",
-           "last_beat_s", "state", "gateway_answered_s")  # fmt: skip
+COLUMNS = (
+    "kind",
+    "host",
+    "pid",
+    "version",
+    "concurrency",
+    "in_flight",
+    "handled",
+    "last_beat_s",
+    "state",
+    "gateway_answered_s",
+)
 
 
 def _at(seconds: float | None) -> str | None:
@@ -28,14 +38,23 @@ def fleet_rows(beats: Sequence[Beat], now: float, max_age_s: float) -> list[dict
     for beat in sorted(beats, key=lambda b: (b.component, -b.beat_at)):
         answered = beat.gateway_answered_at
         alive = liveness(beat, now, max_age_s) is Liveness.ALIVE
-        rows.append({
-            "kind": beat.component, "process": beat.process, "host": beat.host,
-            "pid": beat.pid, "version": beat.version, "concurrency": beat.concurrency,
-            "in_flight": beat.in_flight, "handled": beat.handled,
-            "last_beat_s": round(age_s(beat, now)), "state": "alive" if alive else "silent",
-            "started_at": _at(beat.started_at), "beat_at": _at(beat.beat_at),
-            "gateway_answered_s": None if answered is None else round(max(0.0, now - answered)),
-        })  # fmt: skip
+        rows.append(
+            {
+                "kind": beat.component,
+                "process": beat.process,
+                "host": beat.host,
+                "pid": beat.pid,
+                "version": beat.version,
+                "concurrency": beat.concurrency,
+                "in_flight": beat.in_flight,
+                "handled": beat.handled,
+                "last_beat_s": round(age_s(beat, now)),
+                "state": "alive" if alive else "silent",
+                "started_at": _at(beat.started_at),
+                "beat_at": _at(beat.beat_at),
+                "gateway_answered_s": None if answered is None else round(max(0.0, now - answered)),
+            }
+        )
     return rows
 
 

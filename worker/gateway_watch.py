@@ -43,8 +43,10 @@ class GatewayWatch:
                 break
             log.error(
                 "the gateway at %s has never answered since this process started (%s); "
-                "check PROVISIONER_GATEWAY_URL", self.url, why,
-            )  # fmt: skip
+                "check PROVISIONER_GATEWAY_URL",
+                self.url,
+                why,
+            )
             told = True
             self._pause(stop)
         if self.contact.answered_at is not None:

@@ -172,10 +172,13 @@ class Reconciler:
                     log.warning(
                         "release still owed %.0f s after the attempt ended brand=%s attempt=%s "
                         "owed=%d; re-published (`provisioner history %s` says what failed)",
-                        (now - finished).total_seconds(), row["brand_id"], row["attempt_id"],
-                        row["release_owed"], row["brand_id"],
+                        (now - finished).total_seconds(),
+                        row["brand_id"],
+                        row["attempt_id"],
+                        row["release_owed"],
+                        row["brand_id"],
                         extra={"brand": row["brand_id"], "attempt": row["attempt_id"]},
-                    )  # fmt: skip
+                    )
         before = store.dialect.to_db("ts", now - timedelta(seconds=self.grace_s))
         bound = self._due(store, before)
         for row in bound:
@@ -183,19 +186,28 @@ class Reconciler:
                 message = messages.decommission(row["brand_id"])
                 self._send(broker, message, ("decommission", row["brand_id"], 0))
                 report.decommissions += 1
-        for kind, count in (("hop", report.hops), ("release", report.releases),
-                            ("recheck", report.rechecks), ("decommission", report.decommissions),
-                            ("expired", report.expired)):  # fmt: skip
+        for kind, count in (
+            ("hop", report.hops),
+            ("release", report.releases),
+            ("recheck", report.rechecks),
+            ("decommission", report.decommissions),
+            ("expired", report.expired),
+        ):
             if count:
                 REPUBLISHED.labels(kind).inc(count)
         if report.total:
             log.warning(
                 "re-published %d hops, %d owed releases (%d stuck), %d orphan re-checks, "
                 "%d decommissions; %d attempts expired%s",
-                report.hops, report.releases, report.stuck, report.rechecks,
-                report.decommissions, report.expired, self._why(report, store, now),
+                report.hops,
+                report.releases,
+                report.stuck,
+                report.rechecks,
+                report.decommissions,
+                report.expired,
+                self._why(report, store, now),
                 extra={"brand": report.hop_brands[0]} if len(report.hop_brands) == 1 else {},
-            )  # fmt: skip
+            )
         return report
 
     def _why(self, report: SweepReport, store: SqlViewStore, now: datetime) -> str:
@@ -205,8 +217,10 @@ class Reconciler:
             return ""
         shown = ", ".join(report.hop_brands[:5])
         more = f" (+{len(report.hop_brands) - 5} more)" if len(report.hop_brands) > 5 else ""
-        return (f"; the hops were overdue by more than {self.overdue_s:g} s (brands {shown}"
-                f"{more}): {self._cause(store, now)}")  # fmt: skip
+        return (
+            f"; the hops were overdue by more than {self.overdue_s:g} s (brands {shown}"
+            f"{more}): {self._cause(store, now)}"
+        )
 
     def _cause(self, store: SqlViewStore, now: datetime) -> str:
         """What the beats say of the relay and the workers (infrastructure/views/heartbeats.py)."""
@@ -227,11 +241,14 @@ class Reconciler:
                 said.append(f"no {name} has ever beaten in this database")
             elif liveness(last, at, max_age) is Liveness.SILENT:
                 whom = "the relay is" if name == "relay" else "every worker is"
-                said.append(f"{whom} silent since {_since(last, max_age)} (last beat in "
-                            f"{last.process})")  # fmt: skip
+                said.append(
+                    f"{whom} silent since {_since(last, max_age)} (last beat in {last.process})"
+                )
         if not said:
-            return ("the relay and a worker are alive: the hops' messages were lost (a purged "
-                    "queue, a broker that lost them) or the workers are behind")  # fmt: skip
+            return (
+                "the relay and a worker are alive: the hops' messages were lost (a purged "
+                "queue, a broker that lost them) or the workers are behind"
+            )
         return "; ".join(said)
 
     def _due(self, store: SqlViewStore, before: object) -> list[Row]:

@@ -55,8 +55,11 @@ def failed_attempts(
         where.append("finished_at >= ?")
         params.append(store.dialect.to_db(TS, since))
     if not brand_ids:
-        return list(store.rows(PROJECTIONS["attempts"], " AND ".join(where), params,
-                               order="finished_at DESC"))  # fmt: skip
+        return list(
+            store.rows(
+                PROJECTIONS["attempts"], " AND ".join(where), params, order="finished_at DESC"
+            )
+        )
     found: list[dict[str, Any]] = []
     for chunk in chunks(list(dict.fromkeys(brand_ids))):
         clause = " AND ".join([*where, f"brand_id IN ({', '.join('?' * len(chunk))})"])
@@ -79,12 +82,19 @@ def choose(
         status = current["status"] if current is not None else "unknown"
         mine = next((r for r in rows if current and r["attempt_id"] == current["attempt_id"]), None)
         if status == "failed" and mine is not None:
-            chosen.append(Redrive(brand_id, mine["attempt_id"], mine["failure_reason"],
-                                  mine["finished_at"]))  # fmt: skip
+            chosen.append(
+                Redrive(brand_id, mine["attempt_id"], mine["failure_reason"], mine["finished_at"])
+            )
         else:
             why = status if status != "failed" else "its latest failure not selected"
-            skipped.append({"brand_id": brand_id, "status": status, "why": why,
-                            "attempt_id": current["attempt_id"] if current else None})  # fmt: skip
+            skipped.append(
+                {
+                    "brand_id": brand_id,
+                    "status": status,
+                    "why": why,
+                    "attempt_id": current["attempt_id"] if current else None,
+                }
+            )
     return chosen, skipped
 
 
@@ -102,8 +112,9 @@ def _with_title_and_parent(settings: Settings, chosen: Sequence[Redrive]) -> lis
             loaded = service.load(*(UUID(r.attempt_id) for r in part))
             for redrive, attempt in zip(part, loaded, strict=True):
                 if isinstance(attempt, ProvisioningAttempt):
-                    done.append(replace(redrive, title=attempt.title,
-                                        parent=attempt.parent_workspace_id))  # fmt: skip
+                    done.append(
+                        replace(redrive, title=attempt.title, parent=attempt.parent_workspace_id)
+                    )
                 else:
                     done.append(replace(redrive, error="attempt not in the event store"))
     finally:
@@ -115,8 +126,9 @@ def _checked(redrive: Redrive) -> Redrive:
     """`redrive`, or with the reason the message schema refuses its values."""
     if redrive.error is not None or redrive.title is None or redrive.parent is None:
         return redrive
-    line = checked_line(0, {"brand_id": redrive.brand_id, "title": redrive.title,
-                     "parent": redrive.parent})  # fmt: skip
+    line = checked_line(
+        0, {"brand_id": redrive.brand_id, "title": redrive.title, "parent": redrive.parent}
+    )
     return replace(redrive, error=line.error) if isinstance(line, BadLine) else redrive
 
 

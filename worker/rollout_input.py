@@ -136,9 +136,13 @@ def checked_line(number: int, values: dict[str, Any]) -> Line | BadLine:
         checked[column] = value
     try:
         encode(
-            "provision", 1, brand_id=checked["brand_id"], title=checked["title"],
-            parent_workspace_id=checked["parent"], requested_at=_SOME_TIME,
-        )  # fmt: skip
+            "provision",
+            1,
+            brand_id=checked["brand_id"],
+            title=checked["title"],
+            parent_workspace_id=checked["parent"],
+            requested_at=_SOME_TIME,
+        )
     except InvalidMessage as exc:
         return BadLine(number, _schema_errors(exc.errors))
     return Line(number, checked["brand_id"], checked["title"], checked["parent"])

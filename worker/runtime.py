@@ -151,9 +151,12 @@ class Runtime(_Threads):
 
     def projector(self, batch: int = 2000) -> Projector:
         return Projector(
-            self.app, self.views_url, database_url=self.settings.database_url, batch=batch,
+            self.app,
+            self.views_url,
+            database_url=self.settings.database_url,
+            batch=batch,
             heartbeat=self.beats("projections"),
-        )  # fmt: skip
+        )
 
     def reconciler(
         self,
@@ -165,13 +168,17 @@ class Runtime(_Threads):
     ) -> tuple[Reconciler, Broker]:
         broker = self._broker()
         reconciler = Reconciler(
-            self.views_url, overdue_s=overdue_s, grace_s=grace_s, interval_s=interval_s,
-            deadline_s=deadline_s or self.settings.attempt_deadline_s, service=self.service,
+            self.views_url,
+            overdue_s=overdue_s,
+            grace_s=grace_s,
+            interval_s=interval_s,
+            deadline_s=deadline_s or self.settings.attempt_deadline_s,
+            service=self.service,
             stuck_after_s=self.settings.health_stuck_after_s,
             orphan_window_s=self.settings.inference_window_s,
             heartbeat=self.beats("reconciler"),
             heartbeat_max_age_s=self.settings.heartbeat_max_age_s,
-        )  # fmt: skip
+        )
         if self.audits:
             every, findings = self.settings.audit_every_s, FindingsWriter(self.views_url)
             reconciler.audit = AuditSchedule(self.service, every, findings=findings)
@@ -241,17 +248,23 @@ def build(
         observe = contact.observing(metrics.observe_gateway) if contact else metrics.observe_gateway
         gateway = stack.enter_context(
             HttpGateway(
-                url, token, read_timeout=settings.gateway_timeout_s,
-                observe=observe, pace=pace, ca_file=settings.gateway_ca_file,
-                on_family_share=metrics.observe_family_share, on_bytes=metrics.observe_bytes,
+                url,
+                token,
+                read_timeout=settings.gateway_timeout_s,
+                observe=observe,
+                pace=pace,
+                ca_file=settings.gateway_ca_file,
+                on_family_share=metrics.observe_family_share,
+                on_bytes=metrics.observe_bytes,
             )
-        )  # fmt: skip
+        )
         # The hop threads share their family reads, per parent, each never staler than
         # its own; a caller waits at most for the read in flight and the next one.
         shared = SharedFamilyReads(
-            gateway, wait_s=family_wait_s(settings.gateway_timeout_s),
+            gateway,
+            wait_s=family_wait_s(settings.gateway_timeout_s),
             on_ask=metrics.observe_family_ask,
-        )  # fmt: skip
+        )
         topology = Topology(queue_type=settings.queue_type)
         scheduler = None
         if is_memory(settings.broker_url):
@@ -267,9 +280,19 @@ def build(
             # An in-process database lives while one connection to it is open.
             stack.enter_context(SqlViewStore(views_url)).setup()
         yield Runtime(
-            settings, app, gateway, service, topology, scheduler, views_url, fake, pace, audits,
-            contact, url,
-        )  # fmt: skip
+            settings,
+            app,
+            gateway,
+            service,
+            topology,
+            scheduler,
+            views_url,
+            fake,
+            pace,
+            audits,
+            contact,
+            url,
+        )
 
 
 @dataclass

@@ -266,9 +266,15 @@ def parse(
     user); the letter keeps the first `DEAD_BODY_KEPT` bytes (pure: no broker)."""
     headers = dict(headers or {})
     if "x-death" in headers:
-        return _queues(body, headers, timestamp, content_type, content_encoding,
-                       vouched=service is not None and user_id == service,
-                       publisher=publisher_of({"user_id": user_id}))  # fmt: skip
+        return _queues(
+            body,
+            headers,
+            timestamp,
+            content_type,
+            content_encoding,
+            vouched=service is not None and user_id == service,
+            publisher=publisher_of({"user_id": user_id}),
+        )
     if "x-dead-reason" in headers:
         key = _text(headers.get("x-dead-source", "?"))
         return DeadLetterEntry(
@@ -284,8 +290,9 @@ def parse(
             **_content(headers),
             **_whole(body, headers),
         )
-    return _queues(body, headers, timestamp, content_type, content_encoding,
-                   vouched=False, publisher=None)  # fmt: skip
+    return _queues(
+        body, headers, timestamp, content_type, content_encoding, vouched=False, publisher=None
+    )
 
 
 def _queues(

@@ -272,11 +272,14 @@ def _take(channel: Any, *, whole: bool, service: str) -> _Taken | None:
     headers = properties.get("application_headers") or {}
     body = raw.body if isinstance(raw.body, bytes) else str(raw.body).encode()
     letter = parse(
-        body, headers, properties.get("timestamp"),
+        body,
+        headers,
+        properties.get("timestamp"),
         content_type=properties.get("content_type"),
         content_encoding=properties.get("content_encoding"),
-        user_id=properties.get("user_id"), service=service,
-    )  # fmt: skip
+        user_id=properties.get("user_id"),
+        service=service,
+    )
     return _Taken(raw.delivery_tag, letter, body if whole else b"")
 
 

@@ -49,9 +49,12 @@ def broker_failure(exc: BaseException, url: str) -> EdgeFailure | None:
     not verify is refused (infrastructure/tls.py)."""
     if is_broker_error(exc):  # not an httpx error whose cause is a certificate
         tls = certificate_refusal(
-            exc, peer=f"RabbitMQ at {redact(url)}", host=urlsplit(url).hostname,
-            url_key="PROVISIONER_BROKER_URL", ca_key="PROVISIONER_BROKER_CA_FILE",
-        )  # fmt: skip
+            exc,
+            peer=f"RabbitMQ at {redact(url)}",
+            host=urlsplit(url).hostname,
+            url_key="PROVISIONER_BROKER_URL",
+            ca_key="PROVISIONER_BROKER_CA_FILE",
+        )
         if tls is not None:
             return tls
     for cause in causes(exc):

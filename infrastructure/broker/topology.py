@@ -80,8 +80,9 @@ class Topology:
         """A queue bound to `provisioning` with `key`, and to `also` with it too."""
         arguments = self._arguments(dead_letter=dead_letter)
         if also is None:
-            return Queue(name, self.exchange, routing_key=key, durable=True,
-                         queue_arguments=arguments)  # fmt: skip
+            return Queue(
+                name, self.exchange, routing_key=key, durable=True, queue_arguments=arguments
+            )
         # kombu binds a queue given `bindings` to those alone, so both are listed.
         bindings = [binding(exchange, routing_key=key) for exchange in (self.exchange, also)]
         return Queue(name, bindings=bindings, durable=True, queue_arguments=arguments)

@@ -211,8 +211,9 @@ class HttpGateway:
             if outcome.kind in ("not_sent", "held"):
                 raise TransientGatewayError(
                     f"{op}: not sent ({outcome.summary})",
-                    retry_after_s=outcome.retry_after_s, paced=outcome.paced,
-                )  # fmt: skip
+                    retry_after_s=outcome.retry_after_s,
+                    paced=outcome.paced,
+                )
             raise AmbiguousCreate(
                 f"{op}: outcome unknown ({outcome.summary})",
                 answered=outcome.kind == "unreadable",
@@ -321,8 +322,9 @@ class HttpGateway:
                 if outcome.kind == "held":
                     raise TransientGatewayError(
                         f"{op}: not sent ({outcome.summary})",
-                        retry_after_s=outcome.retry_after_s, paced=outcome.paced,
-                    )  # fmt: skip
+                        retry_after_s=outcome.retry_after_s,
+                        paced=outcome.paced,
+                    )
                 last = outcome.summary
             else:
                 code = outcome.status_code
@@ -373,9 +375,16 @@ class HttpGateway:
             return Failure("held", held.why, held.wait_s, held.paced)
         started = time.monotonic()
         outcome = exchange(
-            self._client, method, path, params=params, content=content, headers=headers,
-            limit=limit or _ANSWER_MAX, scrub=self._answers.scrub, read=read,
-        )  # fmt: skip
+            self._client,
+            method,
+            path,
+            params=params,
+            content=content,
+            headers=headers,
+            limit=limit or _ANSWER_MAX,
+            scrub=self._answers.scrub,
+            read=read,
+        )
         code = outcome.status_code if isinstance(outcome, Answer) else None
         if self._observe is not None:
             self._observe(op, code, time.monotonic() - started)

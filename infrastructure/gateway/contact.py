@@ -52,17 +52,34 @@ class GatewayContact:
 
 # What a request's failure text says, in a person's words (first match wins).
 _CAUSES = (
-    (("wrong_version_number", "wrong version number", "record layer failure",
-      "unknown protocol", "http_request"),
-     "the TLS handshake failed: is it a plain http:// server?"),
+    (
+        (
+            "wrong_version_number",
+            "wrong version number",
+            "record layer failure",
+            "unknown protocol",
+            "http_request",
+        ),
+        "the TLS handshake failed: is it a plain http:// server?",
+    ),
     (("connection refused", "errno 111", "errno 61"), "connection refused"),
-    (("name or service not known", "nodename nor servname", "name resolution",
-      "getaddrinfo", "no address associated"), "the name does not resolve (DNS)"),
+    (
+        (
+            "name or service not known",
+            "nodename nor servname",
+            "name resolution",
+            "getaddrinfo",
+            "no address associated",
+        ),
+        "the name does not resolve (DNS)",
+    ),
     (("timed out", "timeout"), "timed out"),
     (("network is unreachable", "no route to host"), "no route to the host"),
-    (("connection reset", "server disconnected", "remoteprotocolerror"),
-     "the connection was dropped without an answer"),
-)  # fmt: skip
+    (
+        ("connection reset", "server disconnected", "remoteprotocolerror"),
+        "the connection was dropped without an answer",
+    ),
+)
 
 
 def cause(text: str) -> str:

@@ -60,9 +60,13 @@ def exchange(
             else:
                 body = read_capped(got, limit)
         return Answer(
-            got.status_code, body, got.headers.get("Retry-After", ""),
-            got.charset_encoding or "utf-8", got.headers.get("Date", ""), parsed,
-        )  # fmt: skip
+            got.status_code,
+            body,
+            got.headers.get("Retry-After", ""),
+            got.charset_encoding or "utf-8",
+            got.headers.get("Date", ""),
+            parsed,
+        )
     except Unreadable as exc:
         return Failure("unreadable", str(exc))
     except NOT_SENT as exc:
@@ -86,9 +90,12 @@ def describe(exc: httpx.HTTPError, host: str, scrub: Callable[[str], str]) -> st
 def _refusal(exc: BaseException, host: str) -> ServiceRefused | None:
     """One line when the gateway's certificate did not verify; None for any other failure."""
     return certificate_refusal(
-        exc, peer="the gateway", host=host,
-        url_key="PROVISIONER_GATEWAY_URL", ca_key="PROVISIONER_GATEWAY_CA_FILE",
-    )  # fmt: skip
+        exc,
+        peer="the gateway",
+        host=host,
+        url_key="PROVISIONER_GATEWAY_URL",
+        ca_key="PROVISIONER_GATEWAY_CA_FILE",
+    )
 
 
 def seg(value: str) -> str:

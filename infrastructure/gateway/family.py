@@ -221,7 +221,11 @@ class FamilyWatch:
             log.warning(
                 "the family of parent %s nears its listing's bound: %d entries, %d bytes, "
                 "%.0f%% of %d; past it every hop and audit of this parent fails (decision 032)",
-                parent_id, listing.entries, listing.size, 100 * share, self._limit,
-            )  # fmt: skip
+                parent_id,
+                listing.entries,
+                listing.size,
+                100 * share,
+                self._limit,
+            )
         if self._on_share is not None:
             self._on_share(largest)

@@ -289,15 +289,25 @@ class Pace:
         probe = getattr(self._admitted, "probe", False)
 
         def step(state: PaceState, now: float) -> tuple[PaceState, Change | None]:
-            new, change = observe(self.rules, state, now, result, retry_after_s=retry_after_s,
-                                  error=error, probe=probe)  # fmt: skip
+            new, change = observe(
+                self.rules,
+                state,
+                now,
+                result,
+                retry_after_s=retry_after_s,
+                error=error,
+                probe=probe,
+            )
             self._keep(new, now)
             if new.learned_at != state.learned_at and new.learned is not None:
                 held = max(0.0, new.paused_until - now)
-                lifecycle.info("gateway pace %s: %s calls/s, after 429s dense enough to be "
-                               "its rate limit; the fleet holds %.0f s (Retry-After)",
-                               "learned" if state.learned is None else "cut",
-                               shown(new.learned), held)  # fmt: skip
+                lifecycle.info(
+                    "gateway pace %s: %s calls/s, after 429s dense enough to be "
+                    "its rate limit; the fleet holds %.0f s (Retry-After)",
+                    "learned" if state.learned is None else "cut",
+                    shown(new.learned),
+                    held,
+                )
             return new, change
 
         try:
@@ -364,8 +374,11 @@ class Pace:
     def _down(self, exc: Exception) -> None:
         if not self._store_down:
             self._store_down = True
-            log.warning("the gateway pace cannot be read or written (%s): calls are held "
-                        "until the database answers", " ".join(str(exc).split())[:200])  # fmt: skip
+            log.warning(
+                "the gateway pace cannot be read or written (%s): calls are held "
+                "until the database answers",
+                " ".join(str(exc).split())[:200],
+            )
 
     def _up(self) -> None:
         if self._store_down:
@@ -379,11 +392,15 @@ class Pace:
             log.warning(
                 "gateway circuit open: %d calls in a row got no answer since %s (last: %s); "
                 "calls are held and hops deferred, one probe every %.0f s",
-                self.rules.open_after, since, change.error, self.rules.probe_every_s,
-            )  # fmt: skip
+                self.rules.open_after,
+                since,
+                change.error,
+                self.rules.probe_every_s,
+            )
         else:
-            lifecycle.info("gateway circuit closed: the gateway answers again (down since %s)",
-                           since)  # fmt: skip
+            lifecycle.info(
+                "gateway circuit closed: the gateway answers again (down since %s)", since
+            )
 
     def state(self) -> tuple[PaceState, float]:
         """The shared state and the store's time now (for health and metrics)."""

@@ -49,9 +49,12 @@ def certificate_refused(
             return None
     except ssl.SSLCertVerificationError as exc:
         return certificate_refusal(
-            exc, peer="the gateway", host=host,
-            url_key="PROVISIONER_GATEWAY_URL", ca_key="PROVISIONER_GATEWAY_CA_FILE",
-        )  # fmt: skip
+            exc,
+            peer="the gateway",
+            host=host,
+            url_key="PROVISIONER_GATEWAY_URL",
+            ca_key="PROVISIONER_GATEWAY_CA_FILE",
+        )
     except OSError as exc:  # unreachable, or TLS failing otherwise: the calls will say
         log.debug("gateway TLS handshake not completed: %s", exc)
         return None

@@ -53,21 +53,50 @@ _WAIT_TODO = {
 # (pattern in the server's or libpq's message, sqlstate, refused for good?, what to do,
 #  what the database is while we wait for it: the wait's log line says it)
 _KNOWN: tuple[tuple[str, str, bool, str, str], ...] = (
-    ("password authentication failed", "28P01", True,
-     "check the user and password in PROVISIONER_DATABASE_URL", ""),
-    (r"role .* does not exist|no pg_hba\.conf entry|authentication", "28000", True,
-     "check the user in PROVISIONER_DATABASE_URL and the server's pg_hba.conf", ""),
-    (r"database .* does not exist", "3D000", True,
-     "create the database, or correct its name in PROVISIONER_DATABASE_URL", ""),
+    (
+        "password authentication failed",
+        "28P01",
+        True,
+        "check the user and password in PROVISIONER_DATABASE_URL",
+        "",
+    ),
+    (
+        r"role .* does not exist|no pg_hba\.conf entry|authentication",
+        "28000",
+        True,
+        "check the user in PROVISIONER_DATABASE_URL and the server's pg_hba.conf",
+        "",
+    ),
+    (
+        r"database .* does not exist",
+        "3D000",
+        True,
+        "create the database, or correct its name in PROVISIONER_DATABASE_URL",
+        "",
+    ),
     ("permission denied", "42501", True, "grant the database user the privileges it needs", ""),
-    (r"does not support SSL|certificate|sslmode|sslrootcert|sslcert|sslkey", "", True,
-     "check the sslmode/sslrootcert options of PROVISIONER_DATABASE_URL and the server's TLS",
-     ""),
-    (r"too many clients|remaining connection slots", "53300", False,
-     "retry later, or raise max_connections (see docs/configuration.md)", FULL),
-    (r"starting up|shutting down|in recovery", "57P03", False, "retry when the server is up",
-     "not accepting connections (starting up or shutting down)"),
-)  # fmt: skip
+    (
+        r"does not support SSL|certificate|sslmode|sslrootcert|sslcert|sslkey",
+        "",
+        True,
+        "check the sslmode/sslrootcert options of PROVISIONER_DATABASE_URL and the server's TLS",
+        "",
+    ),
+    (
+        r"too many clients|remaining connection slots",
+        "53300",
+        False,
+        "retry later, or raise max_connections (see docs/configuration.md)",
+        FULL,
+    ),
+    (
+        r"starting up|shutting down|in recovery",
+        "57P03",
+        False,
+        "retry when the server is up",
+        "not accepting connections (starting up or shutting down)",
+    ),
+)
 _UNKNOWN_TODO = "check that the server is running and reachable"
 # A long-running process waiting for the database says so again this often (seconds).
 REMIND_S = 60.0

@@ -229,6 +229,10 @@ def _deactivate(
             cancelled = current.id
     svc.app.save(*touched)
     emptied_at = brand.to_be_emptied_at
-    log.info("brand deactivated brand=%s cancelled=%s to_be_emptied_at=%s",
-             brand_id, cancelled, emptied_at.isoformat() if emptied_at else None)  # fmt: skip
+    log.info(
+        "brand deactivated brand=%s cancelled=%s to_be_emptied_at=%s",
+        brand_id,
+        cancelled,
+        emptied_at.isoformat() if emptied_at else None,
+    )
     return Deactivation(brand_id, already, cancelled, brand.workspace_id, emptied_at)

@@ -64,8 +64,13 @@ def _give_up(
         attempt.fail(reason, message, attempt.expected_hop)
         svc.app.save(attempt)
         fields = {"attempt": str(attempt_id), "outcome": "failed", "reason": reason.value}
-        log.error("attempt failed attempt=%s reason=%s: %s", attempt_id, reason.value, message,
-                  extra=fields)  # fmt: skip
+        log.error(
+            "attempt failed attempt=%s reason=%s: %s",
+            attempt_id,
+            reason.value,
+            message,
+            extra=fields,
+        )
         return True
 
     return retry_on_conflict(svc.settings.max_rounds, step, _attempt_contended(attempt_id))

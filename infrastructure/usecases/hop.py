@@ -62,8 +62,13 @@ class HopRun(HopEffects):
         )
         if outcome.stand_down is not None and self.observed is not None:
             why = outcome.stand_down.value
-            log.info("hop stood down after a race attempt=%s hop=%d: %s; it had observed: %s",
-                     self.attempt_id, self.hop, why, self.observed)  # fmt: skip
+            log.info(
+                "hop stood down after a race attempt=%s hop=%d: %s; it had observed: %s",
+                self.attempt_id,
+                self.hop,
+                why,
+                self.observed,
+            )
         return outcome
 
     def _round(self) -> HopOutcome:
@@ -83,5 +88,9 @@ class HopRun(HopEffects):
 
     def _raced(self) -> None:
         seen = f" (it had observed: {self.observed})" if self.observed else ""
-        log.info("hop raced another writer; deciding again attempt=%s hop=%d%s",
-                 self.attempt_id, self.hop, seen)  # fmt: skip
+        log.info(
+            "hop raced another writer; deciding again attempt=%s hop=%d%s",
+            self.attempt_id,
+            self.hop,
+            seen,
+        )

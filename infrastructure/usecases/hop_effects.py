@@ -65,17 +65,25 @@ class HopEffects:
             return self._view
         self._view_key = key
         self._view = decide.HopView(
-            hop=self.hop, now=svc.clock.now(), state=a.state, expected_hop=a.expected_hop,
-            title=a.title, parent_id=a.parent_workspace_id,
-            parents=self._parents, candidate_id=a.candidate_id,
+            hop=self.hop,
+            now=svc.clock.now(),
+            state=a.state,
+            expected_hop=a.expected_hop,
+            title=a.title,
+            parent_id=a.parent_workspace_id,
+            parents=self._parents,
+            candidate_id=a.candidate_id,
             provenance=a.provenance,
             late_created=None if self.created in a.created_ids else self.created,
             created_ids=tuple(a.created_ids),
-            create_unresolved=a.create_unresolved, create_requested_hop=a.create_requested_hop,
-            create_requested_at=a.create_requested_at, create_answered=a.create_answered,
-            deferred_until=a.deferred_until, creates_given_up=a.creates_given_up,
+            create_unresolved=a.create_unresolved,
+            create_requested_hop=a.create_requested_hop,
+            create_requested_at=a.create_requested_at,
+            create_answered=a.create_answered,
+            deferred_until=a.deferred_until,
+            creates_given_up=a.creates_given_up,
             grace_s=svc.settings.create_grace_s,
-        )  # fmt: skip
+        )
         return self._view
 
     # Effects: each notes what it saw.
@@ -99,14 +107,19 @@ class HopEffects:
     def credit_lost_creates(self, _e: decide.CreditLostCreates, seen: decide.Seen) -> None:
         made = recovery.credit_lost_creates(self.svc, self.attempt, self.unit.family())
         for workspace_id, why in made.held:
-            log.warning("not credited to a lost create attempt=%s workspace=%s: %s",
-                        self.attempt.id, workspace_id, why)  # fmt: skip
+            log.warning(
+                "not credited to a lost create attempt=%s workspace=%s: %s",
+                self.attempt.id,
+                workspace_id,
+                why,
+            )
         seen.made = made
 
     def find_adoptable(self, _e: decide.FindAdoptable, seen: decide.Seen) -> None:
         attempt = self.attempt
-        titled = ownership.same_title(self.unit.family(), attempt.title,
-                                      attempt.parent_workspace_id, self.svc.parents)  # fmt: skip
+        titled = ownership.same_title(
+            self.unit.family(), attempt.title, attempt.parent_workspace_id, self.svc.parents
+        )
         eligible = tuple(m.id for m in titled if self._adoptable(m))
         seen.eligible, seen.known = eligible, tuple(m.id for m in titled)
 
@@ -177,9 +190,13 @@ class HopEffects:
             return False
         if recovery.claimed_by_other(self.svc, member.id, attempt.brand_id):
             return False
-        facts = ownership.Facts(member.id, (attempt.parent_workspace_id, *self.svc.parents),
-                                same_title=True, status=member.status,
-                                projects=recovery.project_count(self.svc, member.id))  # fmt: skip
+        facts = ownership.Facts(
+            member.id,
+            (attempt.parent_workspace_id, *self.svc.parents),
+            same_title=True,
+            status=member.status,
+            projects=recovery.project_count(self.svc, member.id),
+        )
         return ownership.judge(facts).owner is ownership.Owner.ADOPTABLE
 
     def _record_created(self) -> Fail | None:
@@ -216,8 +233,11 @@ class HopEffects:
         attempt.record_created(workspace_id, self.hop)
         self.unit.touch(slot, *claimed)
         if not takes_candidate:
-            log.warning("a create lost its race; releasing it attempt=%s workspace=%s",
-                        attempt.id, workspace_id)  # fmt: skip
+            log.warning(
+                "a create lost its race; releasing it attempt=%s workspace=%s",
+                attempt.id,
+                workspace_id,
+            )
         return None
 
     # Endings: each returns the hop's outcome.
@@ -239,9 +259,14 @@ class HopEffects:
         ending: Schedule | Fail
         if isinstance(step, Wait):
             ending = waits.schedule_or_exhaust(
-                self.hop, attempt.max_hop, settings.backoff, now, step.status,
-                settled=attempt.settle_hops, spends=step.spends,
-            )  # fmt: skip
+                self.hop,
+                attempt.max_hop,
+                settings.backoff,
+                now,
+                step.status,
+                settled=attempt.settle_hops,
+                spends=step.spends,
+            )
         elif isinstance(step, DeferStep):
             ending = waits.defer_or_expire(
                 self.hop,
@@ -260,8 +285,13 @@ class HopEffects:
         if isinstance(ending, Fail):
             return self.fail(ending)
         self.observed = f"{'deferred' if ending.deferred else 'waiting'}: {ending.status}"
-        attempt.schedule_hop(ending.hop, ending.not_before, ending.status,
-                             deferred=ending.deferred, spends=ending.spends)  # fmt: skip
+        attempt.schedule_hop(
+            ending.hop,
+            ending.not_before,
+            ending.status,
+            deferred=ending.deferred,
+            spends=ending.spends,
+        )
         self._save()
         outcome, detail = decide.ended(ending)
         return self._outcome(outcome, detail, next_hop=ending.hop, delay_s=ending.delay_s)
@@ -305,9 +335,14 @@ class HopEffects:
         attempt.promote(self.hop)
         self.unit.touch(brand)
         self._save()
-        lifecycle.info("brand promoted brand=%s attempt=%s workspace=%s hop=%d (%s)",
-                       attempt.brand_id, attempt.id, workspace_id, self.hop,
-                       attempt.provenance.value if attempt.provenance else "bound")  # fmt: skip
+        lifecycle.info(
+            "brand promoted brand=%s attempt=%s workspace=%s hop=%d (%s)",
+            attempt.brand_id,
+            attempt.id,
+            workspace_id,
+            self.hop,
+            attempt.provenance.value if attempt.provenance else "bound",
+        )
         return self._outcome(Outcome.PROMOTED, "ready")
 
     def drop_existing(self, step: DropExisting) -> HopOutcome:
@@ -346,8 +381,15 @@ class HopEffects:
     ) -> HopOutcome:
         attempt = self.attempt
         return HopOutcome(
-            outcome=outcome, attempt_id=attempt.id, brand_id=attempt.brand_id, hop=self.hop,
-            detail=detail, workspace_id=attempt.candidate_id, next_hop=next_hop,
-            delay_s=delay_s, stand_down=stand_down, failure=failure,
+            outcome=outcome,
+            attempt_id=attempt.id,
+            brand_id=attempt.brand_id,
+            hop=self.hop,
+            detail=detail,
+            workspace_id=attempt.candidate_id,
+            next_hop=next_hop,
+            delay_s=delay_s,
+            stand_down=stand_down,
+            failure=failure,
             released=tuple(self.released),
-        )  # fmt: skip
+        )

@@ -88,9 +88,15 @@ def credit_lost_creates(
     counts = {m.id: project_count(svc, m.id) for m in new if window and m.id not in taken}
     gone = {ws for ws, n in counts.items() if n is None}  # listed, then gone: not a child
     return ownership.credit(
-        [m for m in family if m.id not in gone], title, parent, creates,
-        taken=taken, projects=counts, window_open=window, parents=svc.parents,
-    )  # fmt: skip
+        [m for m in family if m.id not in gone],
+        title,
+        parent,
+        creates,
+        taken=taken,
+        projects=counts,
+        window_open=window,
+        parents=svc.parents,
+    )
 
 
 def evidence(attempt: ProvisioningAttempt, svc: ServiceReads) -> str:

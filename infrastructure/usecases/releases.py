@@ -68,21 +68,33 @@ def decommission(svc: ServiceReads, brand_id: str) -> Decommissioned:
 
     def step() -> Decommissioned:
         brand = svc.brand(brand_id)
-        ended = rules.decommission_gate(rules.BrandFacts(
-            brand_id, brand.workspace_id, brand.decommission_due(svc.clock.now()),
-            brand.is_active, brand.emptying_refused,
-        ))  # fmt: skip
+        ended = rules.decommission_gate(
+            rules.BrandFacts(
+                brand_id,
+                brand.workspace_id,
+                brand.decommission_due(svc.clock.now()),
+                brand.is_active,
+                brand.emptying_refused,
+            )
+        )
         if ended is not None:
             return ended
         workspace_id = brand.workspace_id
         assert workspace_id is not None
         claim = svc.claim(workspace_id)
-        plan = rules.plan_decommission(rules.BoundFacts(
-            brand_id, workspace_id, brand.parent_workspace_id, tuple(svc.parents),
-            brand.decommissioning, svc.parent_allowed(brand.parent_workspace_id),
-            svc.is_parent(workspace_id), claim is not None,
-            None if claim is None else claim.brand_id,
-        ))  # fmt: skip
+        plan = rules.plan_decommission(
+            rules.BoundFacts(
+                brand_id,
+                workspace_id,
+                brand.parent_workspace_id,
+                tuple(svc.parents),
+                brand.decommissioning,
+                svc.parent_allowed(brand.parent_workspace_id),
+                svc.is_parent(workspace_id),
+                claim is not None,
+                None if claim is None else claim.brand_id,
+            )
+        )
         if plan.mark:
             # On record before any delete: a reactivation now waits for us.
             brand.start_decommission()
@@ -91,14 +103,22 @@ def decommission(svc: ServiceReads, brand_id: str) -> Decommissioned:
             case rules.KeepBound():
                 brand.refuse_decommission(f"not emptied: {plan.why}")  # kept, bound; not retried
                 svc.app.save(brand)
-                log.error("decommission refused to empty brand=%s workspace=%s: %s",
-                          brand_id, workspace_id, plan.why)  # fmt: skip
+                log.error(
+                    "decommission refused to empty brand=%s workspace=%s: %s",
+                    brand_id,
+                    workspace_id,
+                    plan.why,
+                )
                 return rules.decommission_refused(brand_id, workspace_id, plan)
             case rules.UnbindUnemptied():
                 brand.unbind(f"not emptied: {plan.why}")
                 svc.app.save(brand)
-                log.error("decommission refused to empty brand=%s workspace=%s: %s",
-                          brand_id, workspace_id, plan.why)  # fmt: skip
+                log.error(
+                    "decommission refused to empty brand=%s workspace=%s: %s",
+                    brand_id,
+                    workspace_id,
+                    plan.why,
+                )
                 return rules.decommission_unbound(brand_id, workspace_id, plan)
             case rules.EmptyBound():
                 assert claim is not None
@@ -121,17 +141,24 @@ def _record_decommission(
         brand.unbind("decommissioned", outcome.projects_deleted)
         claim.release("decommissioned")
         svc.app.save(brand, claim)
-        log.info("workspace decommissioned brand=%s workspace=%s projects_deleted=%d",
-                 outcome.brand_id, outcome.workspace_id, outcome.projects_deleted)  # fmt: skip
+        log.info(
+            "workspace decommissioned brand=%s workspace=%s projects_deleted=%d",
+            outcome.brand_id,
+            outcome.workspace_id,
+            outcome.projects_deleted,
+        )
         return outcome
     brand.refuse_decommission(outcome.why)
     svc.app.save(brand)
     log.error(
         "decommission refused for good brand=%s workspace=%s: %s; its projects are "
         "kept and it is not retried: fix it upstream, then `provisioner deactivate "
-        "%s --purge-now`", outcome.brand_id, outcome.workspace_id, brand.emptying_refused,
+        "%s --purge-now`",
         outcome.brand_id,
-    )  # fmt: skip
+        outcome.workspace_id,
+        brand.emptying_refused,
+        outcome.brand_id,
+    )
     return replace(outcome, why=brand.emptying_refused or outcome.why)
 
 
@@ -204,13 +231,18 @@ def release_one(svc: ServiceReads, attempt: ProvisioningAttempt, workspace_id: s
     """
     parent_allowed = svc.parent_allowed(attempt.parent_workspace_id)
     claim = svc.claim(workspace_id) if parent_allowed else None
-    plan = rules.plan_release(rules.ReleaseFacts(
-        workspace_id, attempt.id, attempt.parent_workspace_id,
-        owed=workspace_id in attempt.owed_releases, parent_allowed=parent_allowed,
-        inferred=workspace_id in attempt.inferred_ids,
-        claim_holder=None if claim is None else claim.attempt_id,
-        releasing_by=None if claim is None else claim.releasing_by,
-    ))  # fmt: skip
+    plan = rules.plan_release(
+        rules.ReleaseFacts(
+            workspace_id,
+            attempt.id,
+            attempt.parent_workspace_id,
+            owed=workspace_id in attempt.owed_releases,
+            parent_allowed=parent_allowed,
+            inferred=workspace_id in attempt.inferred_ids,
+            claim_holder=None if claim is None else claim.attempt_id,
+            releasing_by=None if claim is None else claim.releasing_by,
+        )
+    )
     match plan:
         case rules.NotOwed():
             raise CommandRefused(plan.why)
@@ -237,8 +269,13 @@ def _record_emptied(
     attempt.record_release(r.workspace_id, r.projects_deleted)
     claim.release("emptied")
     svc.app.save(attempt, claim)
-    log.info("released brand=%s attempt=%s workspace=%s projects_deleted=%d",
-             attempt.brand_id, attempt.id, r.workspace_id, r.projects_deleted)  # fmt: skip
+    log.info(
+        "released brand=%s attempt=%s workspace=%s projects_deleted=%d",
+        attempt.brand_id,
+        attempt.id,
+        r.workspace_id,
+        r.projects_deleted,
+    )
 
 
 def _record_refused_for_good(
@@ -251,8 +288,11 @@ def _record_refused_for_good(
     log.error(
         "release refused for good brand=%s attempt=%s workspace=%s: %s; nothing more "
         "is deleted: empty it by hand once the gateway allows it",
-        attempt.brand_id, attempt.id, r.workspace_id, r.why,
-    )  # fmt: skip
+        attempt.brand_id,
+        attempt.id,
+        r.workspace_id,
+        r.why,
+    )
 
 
 def _record_left_for_a_person(
@@ -264,9 +304,14 @@ def _record_left_for_a_person(
     if claim is not None:
         claim.release("not emptied: ownership refused")
     svc.app.save(attempt, *([claim] if claim is not None else []))
-    log.error("release not performed brand=%s attempt=%s workspace=%s: %s; its projects are "
-              "kept: a person decides (provisioner audit)",
-              attempt.brand_id, attempt.id, r.workspace_id, r.why)  # fmt: skip
+    log.error(
+        "release not performed brand=%s attempt=%s workspace=%s: %s; its projects are "
+        "kept: a person decides (provisioner audit)",
+        attempt.brand_id,
+        attempt.id,
+        r.workspace_id,
+        r.why,
+    )
 
 
 # How each release's outcome is put on record (a handed-over one already is).
@@ -303,8 +348,10 @@ def discharge(svc: ServiceReads, attempt: ProvisioningAttempt) -> tuple[str, ...
     released = [ws for ws in attempt.owed_releases if release_workspace(svc, attempt, ws)]
     earlier = rules.shells_to_recheck(
         attempt.failure_reason is FailureReason.EXHAUSTED,
-        attempt.released_ids, released, attempt.refused_ids,
-    )  # fmt: skip
+        attempt.released_ids,
+        released,
+        attempt.refused_ids,
+    )
     released += [ws for ws in earlier if empty_shell_again(svc, attempt, ws)]
     if attempt.orphan_search:
         released += _release_orphans(svc, attempt)
@@ -333,8 +380,13 @@ def _release_orphans(svc: ServiceReads, attempt: ProvisioningAttempt) -> list[st
         case _:
             return []
     for workspace_id, why in made.held:
-        log.warning("not credited to a lost create brand=%s attempt=%s workspace=%s: "
-                    "%s", attempt.brand_id, attempt.id, workspace_id, why)  # fmt: skip
+        log.warning(
+            "not credited to a lost create brand=%s attempt=%s workspace=%s: %s",
+            attempt.brand_id,
+            attempt.id,
+            workspace_id,
+            why,
+        )
     if not made.ours:
         return []
     for orphan in made.ours:

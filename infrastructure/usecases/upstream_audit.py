@@ -101,12 +101,20 @@ def _streams(svc: ServiceReads, ids: Iterable[UUID]) -> dict[UUID, list[Any]]:
 
 def _attempt(a: ProvisioningAttempt) -> AttemptRecord:
     return AttemptRecord(
-        attempt_id=str(a.id), brand_id=a.brand_id, parent_id=a.parent_workspace_id,
-        title=a.title, pending=not a.is_terminal, creates=a.creates,
-        orphan_search=a.orphan_search, created_ids=tuple(a.created_ids),
-        released_ids=tuple(a.released_ids), owed=a.owed_releases,
-        candidate_id=a.candidate_id, state=a.state.value, inferred_ids=tuple(a.inferred_ids),
-    )  # fmt: skip
+        attempt_id=str(a.id),
+        brand_id=a.brand_id,
+        parent_id=a.parent_workspace_id,
+        title=a.title,
+        pending=not a.is_terminal,
+        creates=a.creates,
+        orphan_search=a.orphan_search,
+        created_ids=tuple(a.created_ids),
+        released_ids=tuple(a.released_ids),
+        owed=a.owed_releases,
+        candidate_id=a.candidate_id,
+        state=a.state.value,
+        inferred_ids=tuple(a.inferred_ids),
+    )
 
 
 def _brand(events: list[Any]) -> BrandRecord:
@@ -116,8 +124,9 @@ def _brand(events: list[Any]) -> BrandRecord:
         for e in events
         if isinstance(e, Brand.WorkspaceUnbound) and e.reason == "decommissioned"
     )
-    return BrandRecord(b.brand_id, b.parent_workspace_id, b.title, b.is_active,
-                       b.workspace_id, emptied)  # fmt: skip
+    return BrandRecord(
+        b.brand_id, b.parent_workspace_id, b.title, b.is_active, b.workspace_id, emptied
+    )
 
 
 def read_record(
@@ -145,10 +154,15 @@ def read_record(
 
 def not_allowed(parent_id: str) -> Audit:
     """A parent on record that the service does not act under: not read, not touched."""
-    why = ("attempts on record name this parent, which is not one the service acts under "
-           "(PROVISIONER_PARENT_IDS): not audited, nothing touched")  # fmt: skip
-    return Audit(parent_id, (Finding(Kind.PARENT_NOT_ALLOWED, parent_id, parent_id, why),),
-                 {"bound_ready": 0, "bound_settling": 0, "released_empty": 0})  # fmt: skip
+    why = (
+        "attempts on record name this parent, which is not one the service acts under "
+        "(PROVISIONER_PARENT_IDS): not audited, nothing touched"
+    )
+    return Audit(
+        parent_id,
+        (Finding(Kind.PARENT_NOT_ALLOWED, parent_id, parent_id, why),),
+        {"bound_ready": 0, "bound_settling": 0, "released_empty": 0},
+    )
 
 
 def audit_parent(svc: ServiceReads, parent_id: str) -> Audit:
@@ -174,8 +188,9 @@ def audit_parent(svc: ServiceReads, parent_id: str) -> Audit:
         count = _projects(svc, ws)
         if count is not None:
             projects[ws] = count
-    upstream = Upstream(tuple(family), statuses, projects, read_at,
-                        window_s=svc.settings.inference_window_s)  # fmt: skip
+    upstream = Upstream(
+        tuple(family), statuses, projects, read_at, window_s=svc.settings.inference_window_s
+    )
     return classify(parent_id, upstream, record, svc.parents)
 
 
@@ -246,8 +261,12 @@ def _provision(svc: ServiceReads, finding: Finding) -> str:
         )
     except (GatewayError, ProvisionerError) as exc:
         return f"not requested: {exc}"
-    log.warning("audit provisions again brand=%s attempt=%s: %s gone upstream",
-                brand_id, attempt_id, finding.workspace_id)  # fmt: skip
+    log.warning(
+        "audit provisions again brand=%s attempt=%s: %s gone upstream",
+        brand_id,
+        attempt_id,
+        finding.workspace_id,
+    )
     return f"unbound; provisioned again: attempt {attempt_id}"
 
 

@@ -139,8 +139,14 @@ def _fold_deferral(events: list[dict[str, Any]], event: Any) -> None:
     """A deferred hop: a new entry, or one more of the deferrals just before it."""
     last = events[-1] if events else None
     if last is None or not last["deferred"]:
-        last = {"at": event.timestamp.isoformat(), "type": "HopScheduled", "workspace_id": None,
-                "provenance": None, "message": None, "deferred": 0}  # fmt: skip
+        last = {
+            "at": event.timestamp.isoformat(),
+            "type": "HopScheduled",
+            "workspace_id": None,
+            "provenance": None,
+            "message": None,
+            "deferred": 0,
+        }
         events.append(last)
     last["deferred"] += 1
     last["hop"] = event.hop
@@ -159,8 +165,11 @@ def _brand_event(event: Any, bound: bool = False) -> dict[str, Any]:
         reason = "the emptying is cancelled: the workspace is kept"
     elif isinstance(event, Brand.DecommissionRefused):
         refused = event.message.startswith("not emptied:")  # ownership's, not the gateway's
-        reason = f"kept, {event.message}" if refused else (
-            f"the gateway refused to empty it, kept: {event.message}")  # fmt: skip
+        reason = (
+            f"kept, {event.message}"
+            if refused
+            else (f"the gateway refused to empty it, kept: {event.message}")
+        )
     elif isinstance(event, Brand.CommandIgnored):
         reason = f"{event.command}: {event.reason}"
     elif isinstance(event, Brand.WorkspaceUnbound) and event.projects_deleted:

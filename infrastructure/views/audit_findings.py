@@ -60,9 +60,13 @@ class RecordedAudit:
 
 
 def _evidence(finding: Finding) -> str:
-    shown = {"title": finding.title, "status": finding.status, "projects": finding.projects,
-             "action": None if finding.action is Action.NONE else finding.action.value,
-             "to do": finding.advice if finding.is_problem else None}  # fmt: skip
+    shown = {
+        "title": finding.title,
+        "status": finding.status,
+        "projects": finding.projects,
+        "action": None if finding.action is Action.NONE else finding.action.value,
+        "to do": finding.advice if finding.is_problem else None,
+    }
     return json.dumps({k: v for k, v in shown.items() if v is not None})
 
 
@@ -98,9 +102,17 @@ def record(conn: ViewConnection, audit: Audit, audited_at: float) -> None:
         for ordinal, f in enumerate(audit.findings):
             cur.execute(
                 f"INSERT INTO {FINDINGS} ({COLUMNS}) VALUES ({marks})",
-                (audit.parent_id, ordinal, f.kind.value, f.workspace_id,
-                 json.dumps(list(f.brand_ids)), f.attempt_id, f.detail, _evidence(f)),
-            )  # fmt: skip
+                (
+                    audit.parent_id,
+                    ordinal,
+                    f.kind.value,
+                    f.workspace_id,
+                    json.dumps(list(f.brand_ids)),
+                    f.attempt_id,
+                    f.detail,
+                    _evidence(f),
+                ),
+            )
 
 
 def _exists(cur: Any, postgres: bool, table: str) -> bool:
@@ -125,8 +137,14 @@ def read_audits(conn: ViewConnection) -> list[RecordedAudit]:
     found: dict[str, list[RecordedFinding]] = {}
     for row in map(dict, rows):
         brands, evidence = json.loads(row["brand_ids"]), json.loads(row["evidence"])
-        finding = RecordedFinding(row["kind"], row["workspace_id"], row["detail"],
-                                  tuple(brands), row["attempt_id"], evidence)  # fmt: skip
+        finding = RecordedFinding(
+            row["kind"],
+            row["workspace_id"],
+            row["detail"],
+            tuple(brands),
+            row["attempt_id"],
+            evidence,
+        )
         found.setdefault(row["parent_id"], []).append(finding)
     return [
         RecordedAudit(a["parent_id"], float(a["audited_at"]), tuple(found.get(a["parent_id"], ())))

@@ -31,8 +31,19 @@ from infrastructure.views.connection import ViewConnection
 log = logging.getLogger("provisioner.heartbeat")
 TABLE = "provisioner_processes"
 PRUNE_AFTER_S = 86_400.0  # a row not beaten for this long goes at a process's start
-COLUMNS = ("component", "process", "host", "pid", "version", "concurrency", "in_flight",
-           "handled", "started_at", "beat_at", "gateway_answered_at")  # fmt: skip
+COLUMNS = (
+    "component",
+    "process",
+    "host",
+    "pid",
+    "version",
+    "concurrency",
+    "in_flight",
+    "handled",
+    "started_at",
+    "beat_at",
+    "gateway_answered_at",
+)
 # What a component says of its work at each beat: (concurrency, in flight, handled).
 Gauges = Callable[[], tuple[int | None, int | None, int | None]]
 
@@ -101,10 +112,18 @@ def _beat(row: dict[str, Any]) -> Beat:
         return None if row[key] is None else int(row[key])
 
     return Beat(
-        str(row["component"]), str(row["process"]), float(row["started_at"]),
-        float(row["beat_at"]), str(row["host"]), int(row["pid"]), str(row["version"]),
-        count("concurrency"), count("in_flight"), count("handled"), number("gateway_answered_at"),
-    )  # fmt: skip
+        str(row["component"]),
+        str(row["process"]),
+        float(row["started_at"]),
+        float(row["beat_at"]),
+        str(row["host"]),
+        int(row["pid"]),
+        str(row["version"]),
+        count("concurrency"),
+        count("in_flight"),
+        count("handled"),
+        number("gateway_answered_at"),
+    )
 
 
 def read_beats(conn: ViewConnection) -> dict[str, Beat]:
@@ -200,8 +219,19 @@ class Heartbeat:
         """The beat this process would record now."""
         threads, in_flight, handled = self.gauges() if self.gauges else (None, None, None)
         answered = self.answered_at() if self.answered_at else None
-        return Beat(self.component, self.process, self.started_at, now, self.host, self.pid,
-                    self.version, threads, in_flight, handled, answered)  # fmt: skip
+        return Beat(
+            self.component,
+            self.process,
+            self.started_at,
+            now,
+            self.host,
+            self.pid,
+            self.version,
+            threads,
+            in_flight,
+            handled,
+            answered,
+        )
 
     def _drop(self) -> None:
         if self._conn is not None:

@@ -45,8 +45,11 @@ def _read_plan(path: str) -> list[Any]:
         with open(path, encoding="utf-8") as handle:
             data = json.load(handle)
         ours = isinstance(data, dict) and data.get("format") == PLAN_FORMAT
-        steps = [PlanStep(**{**step, "brand_ids": tuple(step["brand_ids"])})
-                 for step in data["steps"]] if ours else None  # fmt: skip
+        steps = (
+            [PlanStep(**{**step, "brand_ids": tuple(step["brand_ids"])}) for step in data["steps"]]
+            if ours
+            else None
+        )
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         raise ConfigurationError(f"--apply {path}: cannot use this plan: {exc}") from None
     if steps is None:
@@ -69,23 +72,36 @@ def _write_plan(path: str, steps: list[Any]) -> None:
 )
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object per finding.")
 @click.option(
-    "--fix", "do_fix", is_flag=True,
+    "--fix",
+    "do_fix",
+    is_flag=True,
     help="Plan what would be fixed: release orphans of ours and owed workspaces; provision "
     "again brands whose workspace is gone. Nothing is done without --yes (or --apply).",
-)  # fmt: skip
+)
 @click.option("--yes", is_flag=True, help="With --fix: do what the plan says, now.")
 @click.option(
-    "--plan", "plan_file", default=None, metavar="FILE",
+    "--plan",
+    "plan_file",
+    default=None,
+    metavar="FILE",
     help="With --fix: write the plan to FILE, to read, then to --apply.",
-)  # fmt: skip
+)
 @click.option(
-    "--apply", "apply_file", default=None, metavar="FILE",
+    "--apply",
+    "apply_file",
+    default=None,
+    metavar="FILE",
     help="Do what the plan in FILE says, each step only if the audit finds it still true.",
-)  # fmt: skip
+)
 def audit(
-    parent: str | None, as_json: bool, *, do_fix: bool, yes: bool, plan_file: str | None,
+    parent: str | None,
+    as_json: bool,
+    *,
+    do_fix: bool,
+    yes: bool,
+    plan_file: str | None,
     apply_file: str | None,
-) -> None:  # fmt: skip
+) -> None:
     """Compare each parent's family in the gateway with the log: every workspace on
     record, every unexplained child of a title we provisioned. Exit 0 when clean,
     1 on findings (`foreign`, `adoptable` and `in_flight` are information only), 3 for
@@ -130,8 +146,13 @@ def audit(
         echo(json.dumps(secrets().scrub_value(data), indent=2, default=jsonable))
     else:
         _table(audits, rows, bool(done) or steps is not None)
-        _plan_text(planned, stale, acted=bool(yes or steps is not None), plan_file=plan_file,
-                   asked=do_fix or steps is not None)  # fmt: skip
+        _plan_text(
+            planned,
+            stale,
+            acted=bool(yes or steps is not None),
+            plan_file=plan_file,
+            asked=do_fix or steps is not None,
+        )
     sys.exit(1 if any(result.problems for result in audits) else 0)
 
 
@@ -143,8 +164,9 @@ def _stale(steps: list[Any], audits: list[Any]) -> list[Any]:
     return [step for step in steps if step.key not in now]
 
 
-def _plan_text(steps: list[Any], stale: list[Any], *, acted: bool, plan_file: str | None,
-               asked: bool) -> None:  # fmt: skip
+def _plan_text(
+    steps: list[Any], stale: list[Any], *, acted: bool, plan_file: str | None, asked: bool
+) -> None:
     if not asked:
         return
     scrub = secrets().scrub
@@ -155,8 +177,12 @@ def _plan_text(steps: list[Any], stale: list[Any], *, acted: bool, plan_file: st
     for step in steps:
         brands = ", ".join(step.brand_ids) or "-"
         projects = "?" if step.projects is None else str(step.projects)
-        echo(scrub(f"  {step.action} {step.workspace_id} title {step.title!r} brand {brands} "
-                   f"({step.kind}, {projects} projects): {step.why}"))  # fmt: skip
+        echo(
+            scrub(
+                f"  {step.action} {step.workspace_id} title {step.title!r} brand {brands} "
+                f"({step.kind}, {projects} projects): {step.why}"
+            )
+        )
     for step in stale:
         echo(scrub(f"  skipped {step.workspace_id}: no longer as planned"))
     if not acted:
@@ -194,6 +220,7 @@ def _table(audits: list[Any], rows: list[tuple[Any, str | None]], fixed: bool) -
         if finding.advice and finding.is_problem:
             parts.append(f"to do: {finding.advice}")
         title = cell(scrub(finding.title or ""))
-        table.add_row(cell(kind), cell(scrub(finding.workspace_id)), title,
-                      cell(scrub("; ".join(parts))))  # fmt: skip
+        table.add_row(
+            cell(kind), cell(scrub(finding.workspace_id)), title, cell(scrub("; ".join(parts)))
+        )
     console.print(table)

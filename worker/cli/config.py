@@ -24,9 +24,15 @@ SECRET_FIELDS = frozenset({"gateway_token", "web_token"})
 # Query keys of a URL that say how to connect, never who connects: their values are
 # shown. Any other key's value is hidden (`?api_key=`, `?token=`, a key we never heard of).
 HARMLESS_QUERY_KEYS = frozenset(
-    {"sslmode", "sslrootcert", "connect_timeout", "application_name", "target_session_attrs",
-     "heartbeat"}
-)  # fmt: skip
+    {
+        "sslmode",
+        "sslrootcert",
+        "connect_timeout",
+        "application_name",
+        "target_session_attrs",
+        "heartbeat",
+    }
+)
 
 
 def hide_query_values(text: str) -> str:

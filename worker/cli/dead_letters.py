@@ -76,8 +76,13 @@ def dead_letters() -> None:
 
 @dead_letters.command("list")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per dead letter.")
-@click.option("--limit", default=PAGE, show_default=True, type=click.IntRange(1, PAGE_MAX),
-              help="Dead letters on this page.")  # fmt: skip
+@click.option(
+    "--limit",
+    default=PAGE,
+    show_default=True,
+    type=click.IntRange(1, PAGE_MAX),
+    help="Dead letters on this page.",
+)
 @click.option("--after", metavar="ID", help="Start after this dead letter (where a page ended).")
 @BROKER_URL
 def list_(as_json: bool, limit: int, after: str | None, broker_url: str | None) -> None:
@@ -149,8 +154,13 @@ PURGE_FORMS = (
 
 @dead_letters.command("purge")
 @click.argument("letter_ids", nargs=-1, metavar="[LETTER_ID]...")
-@click.option("--reason", "reasons", multiple=True, type=click.Choice(REASONS),
-              help="Delete the dead letters of this reason (repeatable).")  # fmt: skip
+@click.option(
+    "--reason",
+    "reasons",
+    multiple=True,
+    type=click.Choice(REASONS),
+    help="Delete the dead letters of this reason (repeatable).",
+)
 @click.option("--all", "every", is_flag=True, help="Delete every dead letter.")
 @click.option("--yes", is_flag=True, help="Confirm: the dead letters are deleted for good.")
 @BROKER_URL
@@ -166,8 +176,9 @@ def purge(
     if every == bool(letter_ids or reasons):
         raise click.UsageError(
             "--all deletes every dead letter: give it without ids or --reason"
-            if every else PURGE_FORMS
-        )  # fmt: skip
+            if every
+            else PURGE_FORMS
+        )
     if not yes:
         raise click.UsageError(PURGE_FORMS)
     with _dead_letters(broker_url) as letters:

@@ -27,8 +27,9 @@ def workers(as_json: bool) -> None:
             "memory:// keeps the beats in its one process: its /readyz and the web view "
             "of that process show them"
         )
-    rows = read_fleet(settings.database_url, settings.heartbeat_max_age_s,
-                      wait_s=settings.connect_wait_s)  # fmt: skip
+    rows = read_fleet(
+        settings.database_url, settings.heartbeat_max_age_s, wait_s=settings.connect_wait_s
+    )
     if as_json:
         echo(json.dumps(rows, indent=2))
         return
@@ -36,9 +37,15 @@ def workers(as_json: bool) -> None:
 
 
 # At 80 columns: host and pid as one "process" (host:pid), and in flight of the threads.
-HEADERS = (("kind", "kind"), ("process", "process"), ("version", "version"),
-           ("in_flight", "in flight"), ("handled", "handled"), ("last_beat_s", "beat ago"),
-           ("state", "state"))  # fmt: skip
+HEADERS = (
+    ("kind", "kind"),
+    ("process", "process"),
+    ("version", "version"),
+    ("in_flight", "in flight"),
+    ("handled", "handled"),
+    ("last_beat_s", "beat ago"),
+    ("state", "state"),
+)
 
 
 def _shown(row: dict[str, Any], key: str) -> str:
@@ -55,15 +62,21 @@ def _table(rows: list[dict[str, Any]], max_age_s: float) -> None:
     from rich.console import Console
 
     alive = sum(1 for r in rows if r["state"] == "alive")
-    caption = (f"{alive} of {len(rows)} alive; silent: no beat for more than {max_age_s:g} s "
-               "(PROVISIONER_HEARTBEAT_MAX_AGE_S); in flight: deliveries/threads")  # fmt: skip
+    caption = (
+        f"{alive} of {len(rows)} alive; silent: no beat for more than {max_age_s:g} s "
+        "(PROVISIONER_HEARTBEAT_MAX_AGE_S); in flight: deliveries/threads"
+    )
     if not rows:
         caption = "no process has beaten in this database yet"
     table = compact_table(None, caption)
     for key, header in HEADERS:
         numeric = key in ("in_flight", "handled", "last_beat_s")
-        table.add_column(header, justify="right" if numeric else "left", overflow="fold",
-                         no_wrap=key != "process")  # fmt: skip
+        table.add_column(
+            header,
+            justify="right" if numeric else "left",
+            overflow="fold",
+            no_wrap=key != "process",
+        )
     for row in rows:
         table.add_row(*(cell(_shown(row, key)) for key, _ in HEADERS))
     Console().print(table)

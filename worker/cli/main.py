@@ -73,14 +73,18 @@ def _quiet_stdout() -> None:
 @click.group(cls=_Main, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="workspace-provisioner", prog_name="provisioner")
 @click.option(
-    "-v", "--verbose", count=True,
+    "-v",
+    "--verbose",
+    count=True,
     help="-v: the project's debug lines, every hop among them; -vv: the libraries' too.",
-)  # fmt: skip
+)
 @click.option("--debug", is_flag=True, help="Show the traceback of a failure.")
 @click.option(
-    "--i-know-this-is-a-test", "fake_is_test", is_flag=True,
+    "--i-know-this-is-a-test",
+    "fake_is_test",
+    is_flag=True,
     help="Let PROVISIONER_FAKE_GATEWAY=1 run with PostgreSQL or RabbitMQ (as =test does).",
-)  # fmt: skip
+)
 def main(verbose: int, debug: bool, fake_is_test: bool) -> None:  # noqa: ARG001 - load_settings reads it
     """Event-sourced provisioning of brand sub-workspaces in the workspace gateway."""
     from infrastructure.settings.checks import check_environment
@@ -166,9 +170,26 @@ def deactivate(brand_id: str, purge_now: bool) -> None:
     echo(done)
 
 
-for command in (cli_read.status, cli_read.history, cli_read.attempt, cli_read.pointer,
-                cli_read.attempts, cli_read.brands, db, broker, projections, worker, relay,
-                run, reconcile, rollout, retry, dead_letters, audit, workers):  # fmt: skip
+for command in (
+    cli_read.status,
+    cli_read.history,
+    cli_read.attempt,
+    cli_read.pointer,
+    cli_read.attempts,
+    cli_read.brands,
+    db,
+    broker,
+    projections,
+    worker,
+    relay,
+    run,
+    reconcile,
+    rollout,
+    retry,
+    dead_letters,
+    audit,
+    workers,
+):
     main.add_command(command)
 main.add_command(serve_fake_gateway, "fake-gateway")
 main.add_command(config)

@@ -71,8 +71,12 @@ def _events_table(story: dict[str, Any]) -> Any:
     table.add_column("detail", overflow="fold", ratio=1)
     for e in story["events"]:
         hop = e.get("hop")
-        table.add_row(cell(_when(e["at"], day)), cell(e["type"]),
-                      cell("" if hop is None else hop), cell(_detail(e)))  # fmt: skip
+        table.add_row(
+            cell(_when(e["at"], day)),
+            cell(e["type"]),
+            cell("" if hop is None else hop),
+            cell(_detail(e)),
+        )
     return table
 
 
@@ -135,9 +139,14 @@ def _status(service: Any, brand_id: str) -> dict[str, Any]:
     attempt = service.attempt(UUID(data["attempt_id"])) if data.get("attempt_id") else None
     settings, now = load_settings(), datetime.now(UTC)
     deployment = fleet(settings.database_url, settings.heartbeat_max_age_s, now)
-    said = progress_fields(attempt, service.settings, now, settings.parent_ids,
-                           brand=brand_facts(service.brand(brand_id)),
-                           deployment=deployment)  # fmt: skip
+    said = progress_fields(
+        attempt,
+        service.settings,
+        now,
+        settings.parent_ids,
+        brand=brand_facts(service.brand(brand_id)),
+        deployment=deployment,
+    )
     # The reason and its advice right under the status; the attempt's figures after it.
     ordered: dict[str, Any] = {}
     for key, value in data.items():
@@ -302,9 +311,14 @@ def attempts(
         raise click.UsageError("--stuck lists pending attempts; drop --state or use pending")
     with views() as store:
         rows = list_attempts(
-            store, state=state, stuck=stuck, overdue_s=overdue, since=since,
-            brand_id=brand_id, limit=limit,
-        )  # fmt: skip
+            store,
+            state=state,
+            stuck=stuck,
+            overdue_s=overdue,
+            since=since,
+            brand_id=brand_id,
+            limit=limit,
+        )
 
     def render(found: list[dict[str, Any]]) -> None:
         from rich.console import Console
@@ -322,9 +336,10 @@ BRAND_STATUSES = ("ready", "degraded", "pending", "failed", "cancelled", "none",
 @click.command()
 @click.option("--status", type=click.Choice(BRAND_STATUSES), help="Only brands in this status.")
 @click.option(
-    "--reason", type=click.Choice([r.value for r in FailureReason]),
+    "--reason",
+    type=click.Choice([r.value for r in FailureReason]),
     help="Only brands whose current attempt failed for this reason.",
-)  # fmt: skip
+)
 @click.option("--after", metavar="BRAND", help="Start after this brand id (the next page).")
 @click.option("--limit", default=100, show_default=True, type=click.IntRange(1, 100_000))
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
@@ -350,8 +365,9 @@ def brands(
             table.add_row(*(cell(row.get(column)) for column in shown))
         Console().print(table)
 
-    _print([{k: r.get(k) for k in (*shown, "lifecycle", "attempt_id")} for r in rows],
-           as_json, render)  # fmt: skip
+    _print(
+        [{k: r.get(k) for k in (*shown, "lifecycle", "attempt_id")} for r in rows], as_json, render
+    )
 
 
 NUMBERS = ("position", "behind", "rows")
@@ -387,12 +403,17 @@ def projections_status(as_json: bool) -> None:
         from rich.console import Console
 
         head = report[0]["head"] if report else 0
-        table = compact_table(f"read models; the event log's head is at {head}",
-                              caption=PROJECTION_COLUMNS_EXPLAINED)  # fmt: skip
+        table = compact_table(
+            f"read models; the event log's head is at {head}", caption=PROJECTION_COLUMNS_EXPLAINED
+        )
         columns = ("projection", "copy", "position", "behind", "rows", "rebuilding")
         for column in columns:
-            table.add_column(column, overflow="fold", no_wrap=column != "rebuilding",
-                             justify="right" if column in NUMBERS else "left")  # fmt: skip
+            table.add_column(
+                column,
+                overflow="fold",
+                no_wrap=column != "rebuilding",
+                justify="right" if column in NUMBERS else "left",
+            )
         for item in report:
             table.add_row(*(cell("" if item[c] is None else item[c]) for c in columns))
         Console().print(table)

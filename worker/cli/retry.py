@@ -26,8 +26,11 @@ __all__ = [
 
 def _retry_counts(done: Sequence[Redrive], skipped: Sequence[dict[str, Any]], dry_run: bool) -> str:
     good = sum(1 for r in done if r.error is None)
-    line = (f"dry run: {plural(good, 'brand')} would be re-requested, nothing was published"
-            if dry_run else f"{plural(good, 'brand')} re-requested")  # fmt: skip
+    line = (
+        f"dry run: {plural(good, 'brand')} would be re-requested, nothing was published"
+        if dry_run
+        else f"{plural(good, 'brand')} re-requested"
+    )
     bad = len(done) - good
     if bad:
         line += f"; {bad} could not be (see above)"
@@ -91,9 +94,14 @@ def _retry_report(
     done: Sequence[Redrive], skipped: Sequence[dict[str, Any]], dry_run: bool
 ) -> dict[str, Any]:
     def item(r: Redrive) -> dict[str, Any]:
-        return {"brand_id": r.brand_id, "title": r.title, "parent": r.parent,
-                "failed_attempt_id": r.attempt_id, "failure_reason": r.failure_reason,
-                "finished_at": r.finished_at}  # fmt: skip
+        return {
+            "brand_id": r.brand_id,
+            "title": r.title,
+            "parent": r.parent,
+            "failed_attempt_id": r.attempt_id,
+            "failure_reason": r.failure_reason,
+            "finished_at": r.finished_at,
+        }
 
     good = [item(r) for r in done if r.error is None]
     refused = [item(r) | {"error": r.error} for r in done if r.error is not None]

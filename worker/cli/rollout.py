@@ -116,8 +116,9 @@ def _wait(watch: Sequence[Watched], timeout: float, console: Any) -> WaitResult:
             states, rows = _wait_states(watch)
             counts = _tally(states)
             if bar is not None:
-                bar[0].update(bar[1], completed=len(watch) - counts["pending"],
-                              counts=_counts_line(counts))  # fmt: skip
+                bar[0].update(
+                    bar[1], completed=len(watch) - counts["pending"], counts=_counts_line(counts)
+                )
             elif counts != shown:
                 echo(f"waiting: {_counts_line(counts)}", err=True)
             shown = counts
@@ -134,9 +135,14 @@ def _wait(watch: Sequence[Watched], timeout: float, console: Any) -> WaitResult:
 def _wait_bar(console: Any, total: int) -> tuple[Any, Any]:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    bar = Progress(TextColumn("ended"), BarColumn(), MofNCompleteColumn(),
-                   TextColumn("{task.fields[counts]}"), TimeElapsedColumn(),
-                   console=console)  # fmt: skip
+    bar = Progress(
+        TextColumn("ended"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[counts]}"),
+        TimeElapsedColumn(),
+        console=console,
+    )
     task = bar.add_task("ended", total=total, counts="")
     bar.start()
     return bar, task
@@ -218,18 +224,20 @@ def rollout_report(
             if state == "failed":
                 attempt_id = waited.rows[brand_id]["attempt_id"]
                 row = failures.get(str(attempt_id), {})
-                by["failed"].append({
-                    "brand_id": brand_id, "attempt_id": attempt_id,
-                    "reason": row.get("failure_reason"), "message": row.get("last_error"),
-                })  # fmt: skip
+                by["failed"].append(
+                    {
+                        "brand_id": brand_id,
+                        "attempt_id": attempt_id,
+                        "reason": row.get("failure_reason"),
+                        "message": row.get("last_error"),
+                    }
+                )
             elif state in ("ready", "pending"):
                 by[state].append(brand_id)
             else:
                 by["other"].append({"brand_id": brand_id, "status": state})
         report["counts"] |= {key: len(items) for key, items in by.items()}
-        report["wait"] = {
-            "seconds": round(waited.seconds, 1), "timed_out": waited.timed_out, **by
-        }  # fmt: skip
+        report["wait"] = {"seconds": round(waited.seconds, 1), "timed_out": waited.timed_out, **by}
     return report
 
 
@@ -258,10 +266,12 @@ def rollout_summary(report: dict[str, Any]) -> str:
     elif wait is not None:
         failed = [f"{f['brand_id']}: {f['reason'] or 'failed'}" for f in wait["failed"]]
         other = [f"{o['brand_id']}: {o['status']}" for o in wait["other"]]
-        said = [f"{len(wait['ready'])} ready",
-                f"{len(wait['failed'])} failed" + (f" ({_some(failed)})" if failed else ""),
-                f"{len(wait['pending'])} pending" + (
-                    f" ({_some(wait['pending'])})" if wait["pending"] else "")]  # fmt: skip
+        said = [
+            f"{len(wait['ready'])} ready",
+            f"{len(wait['failed'])} failed" + (f" ({_some(failed)})" if failed else ""),
+            f"{len(wait['pending'])} pending"
+            + (f" ({_some(wait['pending'])})" if wait["pending"] else ""),
+        ]
         if other:
             said.append(f"{len(other)} ended otherwise ({_some(other)})")
         text += f" After {wait['seconds']:.0f}s: {', '.join(said)}."
@@ -329,8 +339,11 @@ def rollout(file: BinaryIO, wait: bool, timeout: float, as_json: bool) -> None:
     waited, failures = None, {}
     if wait:
         watch = [Watched(line.brand_id, _attempt_of(rows.get(line.brand_id))) for line in to_send]
-        watch += [Watched(line.brand_id, None, any_attempt=True)
-                  for line, status in skipped if status == "pending"]  # fmt: skip
+        watch += [
+            Watched(line.brand_id, None, any_attempt=True)
+            for line, status in skipped
+            if status == "pending"
+        ]
         waited = _wait(watch, timeout, console) if watch else WaitResult({}, {}, 0.0, False)
         failures = _failures(waited)
     report = rollout_report(

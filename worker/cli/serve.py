@@ -25,8 +25,15 @@ from worker.console import (
 # ...", a recovery), and each lifecycle edge once (a brand promoted, the gateway's
 # circuit closed, its pace learned or cut; failures and an opened circuit are WARNING
 # or ERROR anyway). They say nothing else at INFO (hops log on provisioner.engine).
-SHOWN_AT_INFO = ("connect", "worker", "relay", "projections", "reconciler",
-                 "engine.lifecycle", "gateway.lifecycle")  # fmt: skip
+SHOWN_AT_INFO = (
+    "connect",
+    "worker",
+    "relay",
+    "projections",
+    "reconciler",
+    "engine.lifecycle",
+    "gateway.lifecycle",
+)
 
 
 def show_lifecycle() -> None:
@@ -91,10 +98,17 @@ def projections_rebuild(name: str | None, batch: int) -> None:
     except UnknownProjection as exc:
         raise click.ClickException(str(exc)) from None
     settings = load_settings()
-    with views(read_only=False) as store, Progress(
-        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-        TextColumn("{task.fields[rate]} ev/s"), TimeElapsedColumn(), TimeRemainingColumn(),
-    ) as bar:  # fmt: skip
+    with (
+        views(read_only=False) as store,
+        Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[rate]} ev/s"),
+            TimeElapsedColumn(),
+            TimeRemainingColumn(),
+        ) as bar,
+    ):
         app = open_event_store(settings.database_url, one_shot=True, wait_s=settings.connect_wait_s)
         try:
             for proj in chosen:
@@ -103,8 +117,13 @@ def projections_rebuild(name: str | None, batch: int) -> None:
                 def show(p: Any, task: Any = task, label: str = proj.name) -> None:
                     speed = bar.tasks[task].speed
                     rate = f"{speed:,.0f}" if speed else "-"
-                    bar.update(task, completed=p.done, total=p.total, rate=rate,
-                               description=f"{label} -> {p.copy}")  # fmt: skip
+                    bar.update(
+                        task,
+                        completed=p.done,
+                        total=p.total,
+                        rate=rate,
+                        description=f"{label} -> {p.copy}",
+                    )
 
                 copy = rebuild(proj, LogSource(app, store), store, limit=batch, on_progress=show)
                 bar.console.print(cell(f"{proj.name}: readers now use {copy}"))
@@ -247,11 +266,14 @@ def reconcile(
         raise ConfigurationError("memory:// is in-process: the reconciler runs inside `run`")
     service = service_only()
     reconciler = Reconciler(
-        settings.database_url, overdue_s=overdue, grace_s=grace,
-        deadline_s=deadline or settings.attempt_deadline_s, service=service,
+        settings.database_url,
+        overdue_s=overdue,
+        grace_s=grace,
+        deadline_s=deadline or settings.attempt_deadline_s,
+        service=service,
         stuck_after_s=settings.health_stuck_after_s,
         orphan_window_s=settings.inference_window_s,
-    )  # fmt: skip
+    )
     topology = Topology(queue_type=settings.queue_type)
     try:
         with declared_broker(settings.broker_url, topology) as broker, views() as store:

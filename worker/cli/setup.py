@@ -40,12 +40,18 @@ def broker() -> None:
 @click.option("--broker-url", envvar="PROVISIONER_BROKER_URL", help="Overrides the setting.")
 @click.option("--queue-type", type=click.Choice(["classic", "quorum"]), default=None)
 @click.option(
-    "--print-permissions", is_flag=True,
+    "--print-permissions",
+    is_flag=True,
     help="Print the rabbitmqctl commands that create the users and permissions; connect to "
     "nothing (docs/operations.md, Broker permissions).",
-)  # fmt: skip
-@click.option("--producer", "producers", multiple=True, metavar="NAME",
-              help="A producer's user, repeatable (default: producer).")  # fmt: skip
+)
+@click.option(
+    "--producer",
+    "producers",
+    multiple=True,
+    metavar="NAME",
+    help="A producer's user, repeatable (default: producer).",
+)
 @click.option("--service-user", metavar="NAME", help="The service's user (default: provisioner).")
 @click.option("--vhost", metavar="V", help="The virtual host (default: provisioning).")
 def broker_init(

@@ -179,8 +179,9 @@ class GatewayCheck:
                 return Unhealthy(
                     f"the gateway at {self.url} has never answered any process of this "
                     f"deployment, nor this check ({cause(str(exc))}): check "
-                    "PROVISIONER_GATEWAY_URL", self._since,
-                )  # fmt: skip
+                    "PROVISIONER_GATEWAY_URL",
+                    self._since,
+                )
             return Degraded(
                 f"no answer ({describe(exc)}): hops are deferred until it answers", self._since
             )
@@ -268,8 +269,9 @@ def stuck_check(
     (degraded here; the `workers` check fails)."""
 
     def check() -> str:
-        found = {k: fact(facts(), k) for k in ("pending", "stuck", "oldest_stuck_due",
-                                                "oldest_stuck_id")}  # fmt: skip
+        found = {
+            k: fact(facts(), k) for k in ("pending", "stuck", "oldest_stuck_due", "oldest_stuck_id")
+        }
         if found["stuck"]:
             oldest: datetime = found["oldest_stuck_due"]
             raise Unhealthy(
@@ -291,8 +293,9 @@ def _a_worker_alive(facts: Callable[[], dict[str, Any]], max_age_s: float) -> bo
     if not isinstance(processes, list):
         return True
     now = time.time()
-    return any(b.component == "worker" and liveness(b, now, max_age_s) is Liveness.ALIVE
-               for b in processes)  # fmt: skip
+    return any(
+        b.component == "worker" and liveness(b, now, max_age_s) is Liveness.ALIVE for b in processes
+    )
 
 
 def stuck_releases_check(facts: Callable[[], dict[str, Any]], after_s: float) -> Callable[[], str]:

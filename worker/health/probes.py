@@ -69,12 +69,14 @@ class Probes:
         pace = getattr(runtime, "pace", None) if "worker" in parts else None
         in_process = urlsplit(runtime.settings.database_url).scheme == "memory"
         checks, facts = checks_for(
-            runtime.settings, parts, gateway=gateway,
+            runtime.settings,
+            parts,
+            gateway=gateway,
             app=runtime.app if in_process else None,
             views_url=getattr(runtime, "views_url", None) or None,
             pace=pace.state if pace is not None else None,
             contact=getattr(runtime, "contact", None),
-        )  # fmt: skip
+        )
         self.watch_state(facts)
         self.live = lambda: _stopped(runtime.threads)
         self.token = runtime.settings.web_token
@@ -112,8 +114,9 @@ class Probes:
         if path == "/healthz":
             stopped = self.live()
             if stopped:
-                return _answer(start, "503 Service Unavailable", {"status": "failing",
-                                                                  "detail": stopped})  # fmt: skip
+                return _answer(
+                    start, "503 Service Unavailable", {"status": "failing", "detail": stopped}
+                )
             return _answer(start, "200 OK", {"status": "ok"})
         results = self.results()
         status = "200 OK" if healthy(results) else "503 Service Unavailable"

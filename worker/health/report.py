@@ -66,9 +66,11 @@ def checks_for(
     worker is alive while work waits (health_liveness.fleet_checks). `contact`: when
     this process last had an answer from the gateway."""
     facts = StoredFacts(
-        settings.database_url, stuck_after_s=settings.health_stuck_after_s, app=app,
+        settings.database_url,
+        stuck_after_s=settings.health_stuck_after_s,
+        app=app,
         views_url=views_url,
-    )  # fmt: skip
+    )
     checks: list[Check] = [("database", database_check(settings.database_url))]
     queued = None
     if parts != ("projections",) and urlsplit(settings.broker_url).scheme != "memory":
@@ -76,8 +78,12 @@ def checks_for(
         queued = queued_messages(settings.broker_url, settings.broker_tls())
     if gateway is not None:
         url = settings.gateway_url if not settings.fake_gateway else ""
-        check = GatewayCheck(gateway, handshake=_handshake(settings),
-                             answered=answered_by(facts, contact), url=url or "")  # fmt: skip
+        check = GatewayCheck(
+            gateway,
+            handshake=_handshake(settings),
+            answered=answered_by(facts, contact),
+            url=url or "",
+        )
         checks.append(("gateway", check))
     if pace is not None:
         checks.append(("gateway_circuit", circuit_check(pace, settings.pace())))
@@ -151,9 +157,15 @@ class PacedProbe:
         s = self.settings
         pace = Pace(self._store(), s.pace())
         try:
-            with HttpGateway(self.url, self.token, read_timeout=s.gateway_timeout_s, retries=0,
-                             ca_file=s.gateway_ca_file, pace=pace,
-                             observe=self.contact.observing()) as gateway:  # fmt: skip
+            with HttpGateway(
+                self.url,
+                self.token,
+                read_timeout=s.gateway_timeout_s,
+                retries=0,
+                ca_file=s.gateway_ca_file,
+                pace=pace,
+                observe=self.contact.observing(),
+            ) as gateway:
                 return gateway.status(workspace_id)
         finally:
             pace.close()

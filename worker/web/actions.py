@@ -90,8 +90,13 @@ class Actions:
             log.warning("web action %s: %s", request.url.path.rsplit("/", 1)[-1], line)
         answer = RedirectResponse(to, status_code=303)
         assert token is not None
-        answer.set_cookie(csrf.SAID, csrf.signed_lines(token, lines), max_age=300,
-                          httponly=True, samesite="strict")  # fmt: skip
+        answer.set_cookie(
+            csrf.SAID,
+            csrf.signed_lines(token, lines),
+            max_age=300,
+            httponly=True,
+            samesite="strict",
+        )
         return answer
 
     def _check(self, request: Request, form: dict[str, str]) -> None:
@@ -141,8 +146,11 @@ class Actions:
         brand_id = _field(form, "brand_id")
         retention = form.get("retention", "")
         if retention not in RETENTION:
-            raise ActionRefused(400, "choose what becomes of the workspace: keep it for the "
-                          "retention window, or empty it now")  # fmt: skip
+            raise ActionRefused(
+                400,
+                "choose what becomes of the workspace: keep it for the "
+                "retention window, or empty it now",
+            )
         try:
             said = actions.deactivate(self.settings, brand_id, purge_now=RETENTION[retention])
         except ProvisionerError as exc:

@@ -52,11 +52,16 @@ class Pages:
         refresh = request.query_params.get("refresh")
         low, high = REFRESH_S
         if refresh is not None and not (refresh.isdigit() and low <= int(refresh) <= high):
-            return self.refused(request, f"?refresh={refresh[:20]!r}: give the seconds "
-                                f"between reloads, from {low} to {high}")  # fmt: skip
+            return self.refused(
+                request,
+                f"?refresh={refresh[:20]!r}: give the seconds "
+                f"between reloads, from {low} to {high}",
+            )
         others = [(k, v) for k, v in request.query_params.multi_items() if k != "refresh"]
-        links = {"stop_url": "?" + urlencode(others),
-                 "refresh_url": "?" + urlencode([*others, ("refresh", "10")])}  # fmt: skip
+        links = {
+            "stop_url": "?" + urlencode(others),
+            "refresh_url": "?" + urlencode([*others, ("refresh", "10")]),
+        }
         shown = {"refresh": int(refresh) if refresh else None, **links, **context}
         return self._forms(request, name, shown, status_code)
 
@@ -76,8 +81,13 @@ class Pages:
         if token:
             answer.headers["Cache-Control"] = "no-store"  # a page holding a form token
         if fresh:
-            answer.set_cookie(csrf.COOKIE, fresh, httponly=True, samesite="strict",
-                              secure=request.url.scheme == "https")  # fmt: skip
+            answer.set_cookie(
+                csrf.COOKIE,
+                fresh,
+                httponly=True,
+                samesite="strict",
+                secure=request.url.scheme == "https",
+            )
         if csrf.SAID in request.cookies:
             answer.delete_cookie(csrf.SAID, httponly=True, samesite="strict")
         return answer
@@ -85,8 +95,13 @@ class Pages:
     def refused(
         self, request: Request, message: str, status_code: int = 400, heading: str = "Bad request"
     ) -> Response:
-        context = {"refresh": None, "stop_url": "?", "refresh_url": "?refresh=10",
-                   "heading": heading, "message": message}  # fmt: skip
+        context = {
+            "refresh": None,
+            "stop_url": "?",
+            "refresh_url": "?refresh=10",
+            "heading": heading,
+            "message": message,
+        }
         return self._forms(request, "missing.html", context, status_code)
 
     def not_done(self, request: Request, status_code: int, heading: str, message: str) -> Response:
@@ -116,16 +131,35 @@ class Pages:
             self.reads.brands, status, search, after, reason=reason, since=since, until=until
         )
         refresh = request.query_params.get("refresh")
-        kept = {k: v for k, v in (("status", status), ("q", search), ("reason", reason),
-                                  ("since", times["since"]), ("until", times["until"]),
-                                  ("refresh", refresh)) if v}  # fmt: skip
+        kept = {
+            k: v
+            for k, v in (
+                ("status", status),
+                ("q", search),
+                ("reason", reason),
+                ("since", times["since"]),
+                ("until", times["until"]),
+                ("refresh", refresh),
+            )
+            if v
+        }
         nxt = found["next_after"]
         return self.page(
-            request, "brands.html", statuses=STATUSES, status=status or "", q=search or "",
-            reasons=REASONS, reason=reason or "", since=times["since"], until=times["until"],
-            page_size=BRANDS_SHOWN, paged=after is not None, first_url="?" + urlencode(kept),
-            next_url="?" + urlencode({**kept, "after": nxt}) if nxt else None, **found,
-        )  # fmt: skip
+            request,
+            "brands.html",
+            statuses=STATUSES,
+            status=status or "",
+            q=search or "",
+            reasons=REASONS,
+            reason=reason or "",
+            since=times["since"],
+            until=times["until"],
+            page_size=BRANDS_SHOWN,
+            paged=after is not None,
+            first_url="?" + urlencode(kept),
+            next_url="?" + urlencode({**kept, "after": nxt}) if nxt else None,
+            **found,
+        )
 
     async def brand(self, request: Request) -> Response:
         brand_id = request.path_params["brand_id"]
@@ -181,8 +215,14 @@ class Pages:
     async def health(self, request: Request) -> Response:
         results = await run_in_threadpool(self.reads.health, self.gateway)
         circuit = next((r for r in results if r.name == "gateway_circuit"), None)
-        return self.page(request, "health.html", results=results, circuit=circuit,
-                         healthy=healthy(results), at=datetime.now(UTC))  # fmt: skip
+        return self.page(
+            request,
+            "health.html",
+            results=results,
+            circuit=circuit,
+            healthy=healthy(results),
+            at=datetime.now(UTC),
+        )
 
     async def lag(self, request: Request) -> Response:
         found = await run_in_threadpool(self.reads.lag)

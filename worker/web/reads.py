@@ -141,8 +141,13 @@ class Reads:
                     params.append(store.dialect.to_db(TS, at))
             matching = " AND ".join(where)
             paged = " AND ".join([*where, "brand_id > ?"]) if after else matching
-            rows = store.rows(table, paged, [*params, *([after] if after else [])],
-                              order="brand_id", limit=BRANDS_SHOWN + 1)  # fmt: skip
+            rows = store.rows(
+                table,
+                paged,
+                [*params, *([after] if after else [])],
+                order="brand_id",
+                limit=BRANDS_SHOWN + 1,
+            )
             count = f"SELECT count(*) AS n FROM {table.name}"  # noqa: S608 - values bound
             matched = int(store.scalar(f"{count} WHERE {matching}" if matching else count, *params))
             counts = {s: int(store.scalar(f"{count} WHERE status = ?", s)) for s in STATUSES}
@@ -152,8 +157,12 @@ class Reads:
         for row in shown:
             row["attempt"] = attempts.get(row["attempt_id"] or "")
         more = len(rows) > BRANDS_SHOWN
-        return {"rows": shown, "counts": counts, "matched": matched,
-                "next_after": shown[-1]["brand_id"] if more else None}  # fmt: skip
+        return {
+            "rows": shown,
+            "counts": counts,
+            "matched": matched,
+            "next_after": shown[-1]["brand_id"] if more else None,
+        }
 
     def brand(self, brand_id: str) -> dict[str, Any]:
         """The brand's state, its current attempt's "why, and what next?", and its
@@ -205,8 +214,11 @@ class Reads:
             )
         claimed = None
         if claim is not None and claim.brand_id is not None:
-            claimed = {"brand_id": claim.brand_id, "attempt_id": str(claim.attempt_id),
-                       "releasing": claim.releasing_by is not None}  # fmt: skip
+            claimed = {
+                "brand_id": claim.brand_id,
+                "attempt_id": str(claim.attempt_id),
+                "releasing": claim.releasing_by is not None,
+            }
         return {"bound": bound, "attempts": attempts, "claim": claimed}
 
     def _progress(
@@ -218,8 +230,14 @@ class Reads:
             return None
         now = datetime.now(UTC)
         deployment = fleet(self.settings.database_url, self.settings.heartbeat_max_age_s, now)
-        return progress_of(attempt, service.settings, now, self.settings.parent_ids,
-                           brand=brand, deployment=deployment)  # fmt: skip
+        return progress_of(
+            attempt,
+            service.settings,
+            now,
+            self.settings.parent_ids,
+            brand=brand,
+            deployment=deployment,
+        )
 
     def stuck(self, overdue_s: float) -> list[dict[str, Any]]:
         with self.store() as store:
@@ -274,9 +292,14 @@ class Reads:
         with self.store() as store:
             recorded = {a.parent_id: a for a in read_audits(store)}
         parents = sorted({*recorded, *(self.settings.parent_ids or ())})
-        return [{"parent_id": p, "audit": recorded.get(p),
-                 "at": _utc(recorded[p].audited_at) if p in recorded else None}
-                for p in parents]  # fmt: skip
+        return [
+            {
+                "parent_id": p,
+                "audit": recorded.get(p),
+                "at": _utc(recorded[p].audited_at) if p in recorded else None,
+            }
+            for p in parents
+        ]
 
     def health(self, gateway: Callable[[], str]) -> list[CheckResult]:
         """Every check, once, as `provisioner health` runs them; the gateway's by

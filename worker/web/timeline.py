@@ -106,8 +106,13 @@ def hop_strip(
         hop = "" if event.get("hop") is None else f" (hop {event['hop']})"
         if event.get("deferred"):
             until = _at(event["until"])
-            spans.append({"x": x(at), "w": max(x(until) - x(at), 2.0),
-                          "label": f"deferred ×{event['deferred']}{hop}"})  # fmt: skip
+            spans.append(
+                {
+                    "x": x(at),
+                    "w": max(x(until) - x(at), 2.0),
+                    "label": f"deferred ×{event['deferred']}{hop}",
+                }
+            )
             continue
         marks.append(Mark(x(at), KINDS.get(event["type"], "hop"), f"{event['type']}{hop}"))
     if next_hop_at is not None:

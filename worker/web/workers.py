@@ -24,8 +24,11 @@ class Workers:
     def read(self) -> dict[str, Any]:
         s = self.settings
         if s.database_url.startswith("memory:"):
-            return {"rows": [], "notice": "memory:// keeps the beats in its one process: "
-                    "that process's /readyz shows them"}  # fmt: skip
+            return {
+                "rows": [],
+                "notice": "memory:// keeps the beats in its one process: "
+                "that process's /readyz shows them",
+            }
         rows = read_fleet(s.database_url, s.heartbeat_max_age_s, wait_s=s.connect_wait_s)
         for row in rows:
             row["beat_ago"] = ago(row["last_beat_s"])
@@ -36,6 +39,12 @@ class Workers:
     async def list(self, request: Request) -> Response:
         found = await run_in_threadpool(self.read)
         alive = sum(1 for r in found["rows"] if r["state"] == "alive")
-        shown: Response = self.page(request, "workers.html", alive=alive, at=datetime.now(UTC),
-                                    max_age=self.settings.heartbeat_max_age_s, **found)  # fmt: skip
+        shown: Response = self.page(
+            request,
+            "workers.html",
+            alive=alive,
+            at=datetime.now(UTC),
+            max_age=self.settings.heartbeat_max_age_s,
+            **found,
+        )
         return shown
