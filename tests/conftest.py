@@ -10,6 +10,7 @@ import os
 import random
 import uuid
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -62,22 +63,31 @@ def unavailable(what: str, exc: BaseException) -> None:
     pytest.skip(message)
 
 
-@pytest.fixture(scope="session")
-def pg_database() -> Iterator[str]:
-    """A fresh PostgreSQL database for this test session, dropped afterwards."""
-    name = f"provisioner_test_{uuid.uuid4().hex[:10]}"
+@contextmanager
+def new_pg_database(prefix: str) -> Iterator[str]:
+    """A PostgreSQL database of its own, with the event store's and the read models'
+    tables, dropped afterwards."""
+    name = f"{prefix}_{uuid.uuid4().hex[:10]}"
     try:
         with psycopg.connect(PG_ADMIN, autocommit=True, connect_timeout=3) as conn:
             conn.execute(f'CREATE DATABASE "{name}"')
     except psycopg.OperationalError as exc:
         unavailable("PostgreSQL", exc)
-    base = PG_ADMIN.rsplit("/", 1)[0]
-    url = f"{base}/{name}"
+    url = f"{PG_ADMIN.rsplit('/', 1)[0]}/{name}"
     init_database(url)
     init_read_models(url)
-    yield url
-    with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    try:
+        yield url
+    finally:
+        with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture(scope="session")
+def pg_database() -> Iterator[str]:
+    """A fresh PostgreSQL database for this test session, dropped afterwards."""
+    with new_pg_database("provisioner_test") as url:
+        yield url
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])

@@ -12,13 +12,11 @@ import threading
 import time
 import urllib.error
 import urllib.request
-import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-import psycopg
 import pytest
 from click.testing import CliRunner
 
@@ -29,7 +27,7 @@ from infrastructure.settings.model import Settings
 from infrastructure.store.eventstore import init_database, open_event_store
 from infrastructure.views.heartbeats import Heartbeat
 from infrastructure.views.store import SqlViewStore, init_read_models
-from tests.conftest import PARENT, PG_ADMIN, unavailable
+from tests.conftest import PARENT, new_pg_database
 from tests.integration.test_cli_edges import PROVISIONER, clean_env, free_port
 from tests.readmodels import FATES, seed_histories
 from tests.support import RecordingBroker
@@ -46,18 +44,8 @@ MAX_AGE = "1"  # PROVISIONER_HEARTBEAT_MAX_AGE_S: silent after a second, beats e
 @pytest.fixture
 def fresh_pg() -> Iterator[str]:
     """A database of the test's own: no beat, no attempt of another test in it."""
-    name = f"provisioner_fleet_{uuid.uuid4().hex[:10]}"
-    try:
-        with psycopg.connect(PG_ADMIN, autocommit=True, connect_timeout=3) as conn:
-            conn.execute(f'CREATE DATABASE "{name}"')
-    except psycopg.OperationalError as exc:
-        unavailable("PostgreSQL", exc)
-    url = f"{PG_ADMIN.rsplit('/', 1)[0]}/{name}"
-    init_database(url)
-    init_read_models(url)
-    yield url
-    with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    with new_pg_database("provisioner_fleet") as url:
+        yield url
 
 
 def checks(done: Any) -> dict[str, Any]:

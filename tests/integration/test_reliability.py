@@ -1,4 +1,4 @@
-"""`make reliability` at 200 brands, with a fixed seed: separate worker, relay,
+"""`make reliability` at 120 brands, with a fixed seed: separate worker, relay,
 projections and reconciler processes against the fake gateway over HTTP, under
 every fault at once (tests/reliability), end with every promise held.
 
@@ -7,7 +7,7 @@ each time (printed first) and `ARGS='--seed N'` repeats a run. Its outage is
 shortened to 17 s, still longer than the run's settle budget (15.75 s): the
 attempts in flight must ride it out deferred, none failed `exhausted`.
 
-200 brands, not `make reliability`'s 300: every fault still fires (the test
+120 brands, not `make reliability`'s 300: every fault still fires (the test
 asserts each one did), and the suite stays within its ten minutes.
 """
 
@@ -27,14 +27,14 @@ from tests.reliability.processes import ROOT
 from tests.reliability.run import SETTLE_BUDGET_S
 
 SEED = 20261130
-BRANDS = 200
+BRANDS = 120
 OUTAGE_S = 17.0
 
 
 @pytest.mark.postgres
 @pytest.mark.rabbitmq
 @pytest.mark.timeout(660)
-def test_two_hundred_brands_under_fire_keep_every_promise() -> None:
+def test_a_hundred_and_twenty_brands_under_fire_keep_every_promise() -> None:
     try:
         psycopg.connect(PG_ADMIN, connect_timeout=3).close()
     except psycopg.OperationalError as exc:
