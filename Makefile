@@ -14,11 +14,13 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
+# The unit tests on both cores, then the integration tests, which share the servers.
 test: $(STAMP)
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest tests/unit -n 2 $(PYTEST_ARGS)
+	$(BIN)/python -m pytest tests/integration $(PYTEST_ARGS)
 
 unit: $(STAMP)
-	$(BIN)/python -m pytest tests/unit $(PYTEST_ARGS)
+	$(BIN)/python -m pytest tests/unit -n 2 $(PYTEST_ARGS)
 
 # The service as separate processes under fire, then every promise checked (docs/operations.md);
 # ARGS='--brands 5000 --seed 7' for a bigger or a repeated run.

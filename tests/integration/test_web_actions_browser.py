@@ -26,9 +26,7 @@ import pytest
 from kombu import Connection
 from selenium import webdriver
 from selenium.webdriver.common.by import By
-from selenium.webdriver.remote.webelement import WebElement
-from selenium.webdriver.support import expected_conditions
-from selenium.webdriver.support.ui import Select, WebDriverWait
+from selenium.webdriver.support.ui import Select
 
 from domain.brand import DEACTIVATED
 from infrastructure.broker.publisher import Broker
@@ -46,7 +44,7 @@ from infrastructure.service import ProvisioningService
 from infrastructure.store.eventstore import open_event_store
 from infrastructure.views.store import SqlViewStore
 from tests.conftest import PARENT, TOKEN
-from tests.integration.web_fixture import chromium
+from tests.integration.web_fixture import chromium, follow
 from tests.support import drive
 from worker.projector import Projector
 
@@ -149,13 +147,6 @@ def browser() -> Iterator[webdriver.Chrome]:
         yield driver
 
 
-def _follow(browser: webdriver.Chrome, click: WebElement) -> None:
-    """Click, and wait until the next page replaced this one."""
-    page = browser.find_element(By.TAG_NAME, "main")
-    click.click()
-    WebDriverWait(browser, 30).until(expected_conditions.staleness_of(page))
-
-
 def _said(browser: webdriver.Chrome) -> list[str]:
     return [p.text for p in browser.find_elements(By.CSS_SELECTOR, "#said p")]
 
@@ -218,7 +209,7 @@ def test_a_failed_brand_is_retried_from_its_page(
 ) -> None:
     browser.get(f"{site.base}/brands/{site.failed}")
     assert browser.find_element(By.ID, "brand-status").text == "failed"
-    _follow(browser, browser.find_element(By.ID, "retry-button"))
+    follow(browser, browser.find_element(By.ID, "retry-button"))
     said = _said(browser)
     [command] = _take(queues, COMMANDS_QUEUE)
 
@@ -239,7 +230,7 @@ def test_a_brand_is_deactivated_kept_then_emptied_now(
 ) -> None:
     browser.get(f"{site.base}/brands/{site.ready}")
     assert browser.find_element(By.ID, "retention-keep").is_selected()
-    _follow(browser, browser.find_element(By.ID, "deactivate-button"))
+    follow(browser, browser.find_element(By.ID, "deactivate-button"))
     kept = _said(browser)
     brand, events = _brand(site, site.ready)
 
@@ -253,7 +244,7 @@ def test_a_brand_is_deactivated_kept_then_emptied_now(
     assert events.count("Deactivated") == 1
 
     browser.find_element(By.ID, "retention-purge").click()
-    _follow(browser, browser.find_element(By.ID, "deactivate-button"))
+    follow(browser, browser.find_element(By.ID, "deactivate-button"))
     now = _said(browser)
     brand, events = _brand(site, site.ready)
 
@@ -278,9 +269,9 @@ def test_a_dead_letter_is_replayed_and_another_purged(
     _dead_letter(queues, b'{"replay": "me"}')
     _dead_letter(queues, b'{"purge": "me"}')
     browser.get(f"{site.base}/dead-letters")
-    _follow(browser, browser.find_elements(By.CSS_SELECTOR, "a.letter-link")[0])
+    follow(browser, browser.find_elements(By.CSS_SELECTOR, "a.letter-link")[0])
     first = browser.find_element(By.ID, "letter-id").text
-    _follow(browser, browser.find_element(By.ID, "replay-button"))
+    follow(browser, browser.find_element(By.ID, "replay-button"))
     replayed = _said(browser)
     back = _take(queues, HOPS_QUEUE)
 
@@ -290,9 +281,9 @@ def test_a_dead_letter_is_replayed_and_another_purged(
     assert back == [{"replay": "me"}]  # where it came from
     assert _count(queues, DEAD_QUEUE) == 1
 
-    _follow(browser, browser.find_element(By.CSS_SELECTOR, "a.letter-link"))
+    follow(browser, browser.find_element(By.CSS_SELECTOR, "a.letter-link"))
     second = browser.find_element(By.ID, "letter-id").text
-    _follow(browser, browser.find_element(By.ID, "purge-button"))
+    follow(browser, browser.find_element(By.ID, "purge-button"))
     purged = _said(browser)
 
     assert purged == [f"purged {second} (schema_error, from provisioning.hops)",
@@ -307,7 +298,7 @@ def test_an_audit_is_run_from_the_audit_page_and_recorded(
 ) -> None:
     browser.get(f"{site.base}/audit")
     Select(browser.find_element(By.ID, "audit-parent")).select_by_value(PARENT)
-    _follow(browser, browser.find_element(By.ID, "audit-now-button"))
+    follow(browser, browser.find_element(By.ID, "audit-now-button"))
     said = _said(browser)
     # The database is the session's: other tests' parents may be listed too.
     sections = {
@@ -340,7 +331,7 @@ def test_a_tampered_form_token_is_refused_and_changes_nothing(
     _catch_up(site.database_url)
     browser.get(f"{site.base}/brands/{brand_id}")
     browser.execute_script("document.querySelector('#deactivate input[name=csrf]').value = 'f00'")
-    _follow(browser, browser.find_element(By.ID, "deactivate-button"))
+    follow(browser, browser.find_element(By.ID, "deactivate-button"))
     message = browser.find_element(By.ID, "message").text
     brand, events = _brand(site, brand_id)
 

@@ -13,16 +13,14 @@ from pathlib import Path
 import pytest
 from selenium import webdriver
 from selenium.webdriver.common.by import By
-from selenium.webdriver.remote.webelement import WebElement
-from selenium.webdriver.support import expected_conditions
-from selenium.webdriver.support.ui import Select, WebDriverWait
+from selenium.webdriver.support.ui import Select
 
 from domain.upstream_audit import Action, Audit, Finding, Kind
 from infrastructure.views.audit_findings import FindingsWriter
 from infrastructure.views.connection import ViewConnection
 from infrastructure.views.heartbeats import TABLE as PROCESSES
 from infrastructure.views.heartbeats import Heartbeat
-from tests.integration.web_fixture import HOSTILE_ID, chromium, filled_store, web_server
+from tests.integration.web_fixture import HOSTILE_ID, chromium, filled_store, follow, web_server
 
 ROOT = Path(__file__).resolve().parents[2]
 # docs/web-brand.png is refreshed by hand: PROVISIONER_SCREENSHOT=docs/web-brand.png make test
@@ -75,13 +73,6 @@ def browser() -> Iterator[webdriver.Chrome]:
         yield driver
 
 
-def _follow(browser: webdriver.Chrome, click: WebElement) -> None:
-    """Click, and wait until the next page replaced this one."""
-    page = browser.find_element(By.TAG_NAME, "main")
-    click.click()
-    WebDriverWait(browser, 30).until(expected_conditions.staleness_of(page))
-
-
 def _cells(browser: webdriver.Chrome, row_css: str) -> list[list[str]]:
     rows = browser.find_elements(By.CSS_SELECTOR, row_css)
     return [[td.text for td in row.find_elements(By.TAG_NAME, "td")] for row in rows]
@@ -101,13 +92,13 @@ def test_a_person_finds_brands_by_status_and_reads_a_timeline(
     assert status_of["<script>alert(1)</script>"] == "pending"  # shown as text, never run
 
     Select(browser.find_element(By.ID, "status")).select_by_value("failed")
-    _follow(browser, browser.find_element(By.ID, "filter"))
+    follow(browser, browser.find_element(By.ID, "filter"))
     failed = [row[0] for row in _cells(browser, "tr.brand-row")]
 
     assert "status=failed" in browser.current_url
     assert failed == ["demo-07", "demo-09"]
 
-    _follow(browser, browser.find_element(By.LINK_TEXT, "demo-09"))
+    follow(browser, browser.find_element(By.LINK_TEXT, "demo-09"))
     timeline = _cells(browser, "tr.timeline-row")
     # An attempt's row: time, after, event, ...; a brand's own: time, event, what it said.
     events = [row[2] if len(row) > 3 else row[1] for row in timeline]
@@ -125,7 +116,7 @@ def test_a_person_finds_brands_by_status_and_reads_a_timeline(
     assert "provisioner retry --failed" in browser.find_element(By.ID, "why-advice").text
 
     browser.get(site + "/")
-    _follow(browser, browser.find_element(By.LINK_TEXT, "demo-deferred"))
+    follow(browser, browser.find_element(By.LINK_TEXT, "demo-deferred"))
     rows = _cells(browser, "tr.timeline-row.deferred")
     heading = browser.find_element(By.CSS_SELECTOR, ".attempt h3").text
 
@@ -140,7 +131,7 @@ def test_a_person_finds_brands_by_status_and_reads_a_timeline(
     assert browser.find_element(By.ID, "why-deferral").text.startswith("deferred ×2: gateway")
 
     browser.get(site + "/")
-    _follow(browser, browser.find_element(By.LINK_TEXT, "demo-09"))
+    follow(browser, browser.find_element(By.LINK_TEXT, "demo-09"))
     shot = Path(SCREENSHOT_TO) if SCREENSHOT_TO else tmp_path / "web-brand.png"
     assert browser.save_screenshot(str(shot))
     assert shot.stat().st_size > 10_000  # a page was drawn, not a blank
@@ -152,7 +143,7 @@ def test_a_person_searches_brands_by_failure_reason_and_time(
     browser.get(site + "/")
     Select(browser.find_element(By.ID, "reason")).select_by_value("exhausted")
     browser.find_element(By.ID, "since").send_keys("1d")
-    _follow(browser, browser.find_element(By.ID, "filter"))
+    follow(browser, browser.find_element(By.ID, "filter"))
     found = [row[0] for row in _cells(browser, "tr.brand-row")]
     kept = browser.find_element(By.ID, "since").get_attribute("value")
 
@@ -161,7 +152,7 @@ def test_a_person_searches_brands_by_failure_reason_and_time(
     assert kept == "1d"  # the form keeps what was asked
 
     browser.find_element(By.ID, "until").send_keys("2000-01-01T00:00:00Z")
-    _follow(browser, browser.find_element(By.ID, "filter"))
+    follow(browser, browser.find_element(By.ID, "filter"))
     assert _cells(browser, "tr.brand-row") == []
     assert "no brand matches" in browser.find_element(By.ID, "brands").text
 
@@ -178,8 +169,8 @@ def test_a_person_follows_links_from_brand_to_attempt_to_workspace(
     assert reasons["demo-09"] == "exhausted"
     assert reasons["demo-01"] == ""
 
-    _follow(browser, browser.find_element(By.LINK_TEXT, "demo-07"))
-    _follow(browser, browser.find_element(By.CSS_SELECTOR, ".links a.attempt-link"))
+    follow(browser, browser.find_element(By.LINK_TEXT, "demo-07"))
+    follow(browser, browser.find_element(By.CSS_SELECTOR, ".links a.attempt-link"))
     strip = browser.find_element(By.CSS_SELECTOR, ".strip svg")
 
     assert browser.title.startswith("Attempt ")
@@ -189,12 +180,12 @@ def test_a_person_follows_links_from_brand_to_attempt_to_workspace(
     assert len(browser.find_elements(By.CSS_SELECTOR, ".strip circle.mark-hop")) == 5
     assert "over" in browser.find_element(By.CSS_SELECTOR, ".strip figcaption").text
 
-    _follow(browser, browser.find_element(By.CSS_SELECTOR, "p a.workspace-link"))
+    follow(browser, browser.find_element(By.CSS_SELECTOR, "p a.workspace-link"))
     assert browser.title.startswith("Workspace ws-")
     attempts = _cells(browser, "#workspace-attempts tbody tr")
     assert [row[1] for row in attempts] == ["demo-07"]
 
-    _follow(browser, browser.find_element(By.CSS_SELECTOR, "#workspace-attempts a.brand-link"))
+    follow(browser, browser.find_element(By.CSS_SELECTOR, "#workspace-attempts a.brand-link"))
     assert browser.find_element(By.ID, "brand-id").text == "demo-07"
 
 
@@ -205,7 +196,7 @@ def test_a_person_pages_filters_and_refreshes(site: str, browser: webdriver.Chro
     checks = {row[0]: row[1] for row in _cells(browser, "tr.check-row")}
     circuit = browser.find_element(By.ID, "circuit").text
     browser.get(site + "/")
-    _follow(browser, browser.find_element(By.LINK_TEXT, "reload every 10 s"))
+    follow(browser, browser.find_element(By.LINK_TEXT, "reload every 10 s"))
     refreshing = browser.find_element(By.ID, "refresh").text
 
     assert refused.startswith("unknown status 'faild': one of ready,")
@@ -231,7 +222,7 @@ def test_the_other_pages_say_what_they_hold(site: str, browser: webdriver.Chrome
 
 def test_a_person_sees_each_worker_alive_or_silent(site: str, browser: webdriver.Chrome) -> None:
     browser.get(site + "/")
-    _follow(browser, browser.find_element(By.LINK_TEXT, "Workers"))
+    follow(browser, browser.find_element(By.LINK_TEXT, "Workers"))
     rows = _cells(browser, "#workers tbody tr")
     alive = browser.find_element(By.ID, "alive").text
 
@@ -255,7 +246,7 @@ def test_a_person_reads_an_audit_finding_and_follows_it_to_the_brand(
     site: str, browser: webdriver.Chrome
 ) -> None:
     browser.get(site + "/")
-    _follow(browser, browser.find_element(By.LINK_TEXT, "Audit"))
+    follow(browser, browser.find_element(By.LINK_TEXT, "Audit"))
     when = browser.find_element(By.CSS_SELECTOR, ".audit .audit-when").text
     [finding] = _cells(browser, "tr.finding-row")
 
@@ -266,7 +257,7 @@ def test_a_person_reads_an_audit_finding_and_follows_it_to_the_brand(
     assert finding[4] == "made by an unresolved create"
     assert finding[5] == "title Bold & Co · status ready · projects 0 · action release"
 
-    _follow(browser, browser.find_element(By.CSS_SELECTOR, "tr.finding-row a.brand-link"))
+    follow(browser, browser.find_element(By.CSS_SELECTOR, "tr.finding-row a.brand-link"))
     assert browser.find_element(By.ID, "brand-id").text == HOSTILE_ID
 
 

@@ -16,9 +16,12 @@ from pathlib import Path
 
 import pytest
 from selenium import webdriver
-from selenium.common.exceptions import WebDriverException
+from selenium.common.exceptions import StaleElementReferenceException, WebDriverException
 from selenium.webdriver.chrome.options import Options
 from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.common.by import By
+from selenium.webdriver.remote.webelement import WebElement
+from selenium.webdriver.support.ui import WebDriverWait
 
 from domain.waits import Deferral
 from infrastructure.gateway.adapter import HttpGateway
@@ -111,3 +114,20 @@ def chromium(logs: dict[str, str] | None = None) -> Iterator[webdriver.Chrome]:
         yield driver
     finally:
         driver.quit()
+
+
+def follow(browser: webdriver.Chrome, click: WebElement) -> None:
+    """Click, and wait until the next page replaced this one. While the old page goes,
+    chromedriver may say so with an "unknown error" ("node ... does not belong to the
+    document") rather than a stale element: either means it is gone."""
+    page = browser.find_element(By.TAG_NAME, "main")
+    click.click()
+
+    def gone(_driver: webdriver.Chrome) -> bool:
+        try:
+            page.is_enabled()
+        except (StaleElementReferenceException, WebDriverException):
+            return True
+        return False
+
+    WebDriverWait(browser, 30).until(gone)

@@ -5,7 +5,7 @@ import random
 import re
 from collections.abc import Iterator
 from datetime import UTC, datetime
-from uuid import uuid4
+from uuid import UUID, uuid4
 
 import pytest
 
@@ -59,7 +59,7 @@ def test_fields_without_a_typed_form_are_refused() -> None:
         (b'{"type": "hop", "version": 1, "attempt_id": "nope", "hop": -1}', "schema errors"),
         (
             b'{"type": "hop", "version": 1, "attempt_id": "'
-            + str(uuid4()).encode()
+            + b"563bd461-a35d-452a-87a3-d641acae80a4"
             + b'", "hop": "1"}',
             "schema errors",
         ),
@@ -276,7 +276,12 @@ def test_the_rules_cover_exactly_the_queues_the_worker_consumes() -> None:
     assert {topology.hops.name, topology.commands.name} == set(messages.QUEUE_RULES)
 
 
-INTERNAL = [messages.hop(uuid4(), 1), messages.release(uuid4()), messages.decommission("b1")]
+# Fixed ids: they name parametrized tests, which every test process must collect alike.
+INTERNAL = [
+    messages.hop(UUID("563bd461-a35d-452a-87a3-d641acae80a4"), 1),
+    messages.release(UUID("c96c363e-b161-443c-b38b-15e32fafc152")),
+    messages.decommission("b1"),
+]
 COMMANDS = [messages.provision("b1", "Acme", "parent"), messages.deactivate("b1")]
 
 
