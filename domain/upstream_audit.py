@@ -359,25 +359,15 @@ class _Scope:
                     continue
                 projects = self.upstream.projects.get(ws)
                 facts = Facts(ws, self.never, credited=True, projects=projects)
-                if ws in a.inferred_ids and (verdict := judge(facts)).owner is Owner.UNCLEAR:
-                    why = f"owed by attempt {a.attempt_id}, on record by inference; {verdict.why}"
-                    found.append(
-                        Finding(
-                            Kind.UNCLEAR,
-                            self.parent_id,
-                            ws,
-                            why,
-                            a.title,
-                            (a.brand_id,),
-                            a.attempt_id,
-                            projects=projects,
-                        )
-                    )
-                    continue
+                kind, action = Kind.RELEASE_OWED, Action.RELEASE
                 why = f"attempt {a.state}; its release of {ws} is owed"
+                if ws in a.inferred_ids and (verdict := judge(facts)).owner is Owner.UNCLEAR:
+                    # On record by inference and no longer empty: a person decides.
+                    kind, action = Kind.UNCLEAR, Action.NONE
+                    why = f"owed by attempt {a.attempt_id}, on record by inference; {verdict.why}"
                 found.append(
                     Finding(
-                        Kind.RELEASE_OWED,
+                        kind,
                         self.parent_id,
                         ws,
                         why,
@@ -385,7 +375,7 @@ class _Scope:
                         (a.brand_id,),
                         a.attempt_id,
                         projects=projects,
-                        action=Action.RELEASE,
+                        action=action,
                     )
                 )
         return found

@@ -17,6 +17,7 @@ from eventsourcing.persistence import IntegrityError
 
 from domain import creates, ownership, waits
 from domain import hop as decide
+from domain import releases as rules
 from domain.attempt import ProvisioningAttempt
 from domain.errors import AlreadyClaimed, BrandDeactivated, CommandRefused
 from domain.outcomes import HopOutcome, Outcome, StandDown
@@ -313,7 +314,7 @@ class HopEffects:
                 unit.touch(claim)
         unit.touch(releases.adopted_claim_to_release(self.svc, attempt, unit.claim))
         slot = unit.slot()
-        if slot.holder == attempt.id and not attempt.create_unresolved:
+        if rules.frees_slot(slot.holder, attempt.id, attempt.create_unresolved):
             slot.free(attempt.id)
             unit.touch(slot)
         self._save()
