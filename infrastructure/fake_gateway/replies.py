@@ -7,12 +7,20 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 
+@dataclass(frozen=True)
+class RawJson:
+    """A reply body already encoded as JSON, exactly as `json.dumps` with compact
+    separators (``(",", ":")``) would encode it: written as it is."""
+
+    data: bytes
+
+
 @dataclass
 class Reply:
     """What to do with a request: answer it, or play a timeout."""
 
     status: int = 200
-    body: object = None
+    body: object = None  # JSON-encoded when sent, unless already encoded (`RawJson`)
     timeout: bool = False
     hold_s: float = 0.0
     answer_after_hold: bool = False

@@ -21,7 +21,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from infrastructure.fake_gateway.config import FakeConfig, JsonObject
 from infrastructure.fake_gateway.metering import refuses
-from infrastructure.fake_gateway.replies import NotFoundError, Reply, Request
+from infrastructure.fake_gateway.replies import NotFoundError, RawJson, Reply, Request
 from infrastructure.fake_gateway.routes import Dispatcher
 from infrastructure.fake_gateway.state import FakeState
 
@@ -185,7 +185,12 @@ class _RequestHandler(BaseHTTPRequestHandler):
         self.close_connection = True  # close unanswered: nothing is written
 
     def _send(self, status: int, body: object, headers: dict[str, str] | None = None) -> None:
-        payload = b"" if status == 204 else json.dumps(body, separators=(",", ":")).encode()
+        if status == 204:
+            payload = b""
+        elif isinstance(body, RawJson):
+            payload = body.data
+        else:
+            payload = json.dumps(body, separators=(",", ":")).encode()
         try:
             self.send_response(status)
             for name, value in (headers or {}).items():

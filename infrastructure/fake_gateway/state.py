@@ -4,13 +4,15 @@ here. Its metering and faults are in metering.py."""
 
 from __future__ import annotations
 
+import json
+import operator
 import random
 import re
 import secrets
 import threading
 import time
 import typing
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Literal
@@ -20,6 +22,7 @@ from infrastructure.fake_gateway.metering import Metering, TokenBucket
 from infrastructure.fake_gateway.replies import (
     BadRequestError,
     NotFoundError,
+    RawJson,
     Reply,
     Request,
     error_reply,
@@ -65,6 +68,82 @@ def _recase(status: str, mode: str) -> str:
     return status
 
 
+# A family listing's entries are encoded as the server encodes a reply body.
+_ENCODER = json.JSONEncoder(separators=(",", ":"))
+_STRING = json.encoder.encode_basestring_ascii
+_FIXED_STATUS = operator.attrgetter("fixed_status")
+
+
+def _entry(ws: Workspace, status: str) -> bytes:
+    """`ws` as a family listing shows it with `status`, JSON-encoded."""
+    wid, title = ws.id, ws.title
+    if type(wid) is str and type(title) is str and type(status) is str:  # the same, faster
+        return b'{"id":%b,"title":%b,"status":%b}' % (
+            _STRING(wid).encode(),
+            _STRING(title).encode(),
+            _STRING(status).encode(),
+        )
+    return _ENCODER.encode({"id": ws.id, "title": ws.title, "status": status}).encode()
+
+
+class _Family:
+    """The children of one workspace in creation order, their titles, and their
+    family listing entries as last encoded, so that a listing costs little more
+    than peeking at the children whose status may have changed.
+
+    A child's status changes only if it has no fixed status (it settles with time
+    and polls: peeked at on every listing, as before) or if its fixed status is
+    changed (a test may set it): the fixed statuses are compared with those the
+    entries were encoded from on every listing, a loop in C. Ids, titles and
+    parents never change."""
+
+    def __init__(self) -> None:
+        self.children: list[Workspace] = []
+        self.titles: set[str] = set()
+        self.mode = ""  # the status case of `entries` ("": none encoded yet)
+        self.fixed: list[str | None] = []  # per encoded child, its fixed status then
+        self.loose: list[int] = []  # the encoded children without a fixed status
+        self.shown: list[str] = []  # per encoded child, the status in its entry
+        self.entries: list[bytes] = []
+        self.head = b""  # the parent's entry in `body`
+        self.body: bytes | None = None  # the whole listing; None when stale
+
+    def add(self, ws: Workspace) -> None:
+        self.children.append(ws)
+        self.titles.add(ws.title)
+
+    def listing(self, head: bytes, mode: str, peek: Callable[[Workspace], str]) -> bytes:
+        """The listing, JSON-encoded: `head` (the parent's entry), then the children
+        with their statuses as `peek` gives them now, re-cased by `mode`."""
+        children = self.children
+        fixed = list(map(_FIXED_STATUS, children))
+        if mode != self.mode:  # every entry to encode again
+            self.mode, self.body = mode, None
+            self.fixed, self.loose, self.shown, self.entries = [], [], [], []
+        known = len(self.entries)
+        seen = fixed if known == len(fixed) else fixed[:known]
+        again = self.loose
+        if seen != self.fixed:
+            again = [i for i, was in enumerate(self.fixed) if seen[i] is None or seen[i] != was]
+            self.loose = [i for i in range(known) if seen[i] is None]
+        for i in again:
+            status = _recase(peek(children[i]), mode)
+            if status != self.shown[i]:
+                self.shown[i], self.entries[i] = status, _entry(children[i], status)
+                self.body = None
+        if known < len(children):  # children added since: encode them
+            added = children[known:]
+            shown = [_recase(peek(ws), mode) for ws in added]
+            self.shown.extend(shown)
+            self.entries.extend(map(_entry, added, shown))
+            self.loose.extend(i for i in range(known, len(fixed)) if fixed[i] is None)
+            self.body = None
+        self.fixed = fixed
+        if self.body is None or head != self.head:
+            self.head, self.body = head, b"".join((b"[", head, b",", b",".join(self.entries), b"]"))
+        return self.body
+
+
 # What a workspace's project deletes may be answered instead (0: deleted again).
 _REFUSALS = frozenset({0, *range(400, 500)}) - {404, 429}
 _SCRIPT = re.compile(
@@ -87,7 +166,8 @@ class FakeState(Metering):
         self.config = config
         self.rng = random.Random(config.seed)  # noqa: S311 - reproducible fake, not crypto
         self._issued: set[str] = set()
-        self.workspaces: dict[str, Workspace] = {}
+        self.workspaces: dict[str, Workspace] = {}  # added by `_keep` alone
+        self._families: dict[str, _Family] = {}  # per parent id, its children
         self.creates: dict[str, int] = {}
         self.dropped: dict[str, int] = {}  # per title: creates timed out with nothing made
         self.calls: dict[str, int] = dict.fromkeys(OPERATIONS, 0)
@@ -122,7 +202,19 @@ class FakeState(Metering):
             fixed_status="active",
         )
         ws.projects.append(self._new_id("prj"))
-        self.workspaces[parent_id] = ws
+        self._keep(ws)
+
+    def _keep(self, ws: Workspace) -> None:
+        self.workspaces[ws.id] = ws
+        self._index(ws)
+
+    def _index(self, ws: Workspace) -> None:
+        if ws.parent is None:
+            return
+        family = self._families.get(ws.parent)
+        if family is None:
+            family = self._families[ws.parent] = _Family()
+        family.add(ws)
 
     def _get(self, workspace_id: str) -> Workspace:
         try:
@@ -137,7 +229,7 @@ class FakeState(Metering):
             self._new_id("ws"), title, parent, _now_iso(), time.monotonic(), fixed_status=status
         )
         ws.projects.extend(self._new_id("prj") for _ in range(projects))
-        self.workspaces[ws.id] = ws
+        self._keep(ws)
         return ws
 
     def _settles_now(self, ws: Workspace) -> bool:
@@ -195,6 +287,9 @@ class FakeState(Metering):
             self.workspaces = {
                 wid: ws for wid, ws in self.workspaces.items() if wid in self.parent_ids
             }
+            self._families = {}
+            for ws in self.workspaces.values():
+                self._index(ws)
             for parent in self.workspaces.values():
                 parent.refuse_deletes = None
             self.creates.clear()
@@ -315,7 +410,8 @@ class FakeState(Metering):
         count = self.config.same_title_others
         if count <= 0:
             return
-        if any(ws.parent == parent and ws.title == title for ws in self.workspaces.values()):
+        family = self._families.get(parent)
+        if family is not None and title in family.titles:
             return
         for _ in range(count):
             self._seed(title, parent, "created", 1)
@@ -339,7 +435,7 @@ class FakeState(Metering):
             ws.fate = "creation_failed"
         if ws.fate != "created":
             self._fault("zombie" if ws.fate == "zombie" else f"terminal:{ws.fate}")
-        self.workspaces[ws.id] = ws
+        self._keep(ws)
         return ws
 
     def status(self, _request: Request, params: tuple[str, ...]) -> Reply:
@@ -350,13 +446,12 @@ class FakeState(Metering):
     def family(self, _request: Request, params: tuple[str, ...]) -> Reply:
         with self.lock:
             parent = self._get(params[0])
-            members = [parent, *(ws for ws in self.workspaces.values() if ws.parent == parent.id)]
             mode = self.config.status_case
-            listing = [
-                {"id": ws.id, "title": ws.title, "status": _recase(self._peek(ws), mode)}
-                for ws in members
-            ]
-            return Reply(200, listing)
+            head = _entry(parent, _recase(self._peek(parent), mode))
+            family = self._families.get(parent.id)
+            if family is None:
+                return Reply(200, RawJson(b"[" + head + b"]"))
+            return Reply(200, RawJson(family.listing(head, mode, self._peek)))
 
     def list_projects(self, request: Request, params: tuple[str, ...]) -> Reply:
         if request.query.get("type") != ["ai"]:
