@@ -139,14 +139,25 @@ class Progress:
 
 
 class Deployment:
-    """Two workers, the relay, the projections and the reconciler, as processes, on a
-    fresh database and virtual host, against `gateway_url`."""
+    """The workers (last in `procs`), the relays, the projections and the reconcilers, as
+    processes, on a fresh database and virtual host, against `gateway_url`."""
 
-    def __init__(self, gateway_url: str, logs: Path, workers: int, concurrency: int) -> None:
+    def __init__(
+        self,
+        gateway_url: str,
+        logs: Path,
+        workers: int,
+        concurrency: int,
+        *,
+        relays: int = 1,
+        reconcilers: int = 1,
+    ) -> None:
         self.gateway_url = gateway_url
         self.logs = logs
         self.workers = workers
         self.concurrency = concurrency
+        self.relays = relays
+        self.reconcilers = reconcilers
         self.ports: list[int] = []
         self.procs: list[subprocess.Popen[bytes]] = []
         self.env: dict[str, str] = {}
@@ -167,8 +178,10 @@ class Deployment:
         try:
             for init in (["db", "init"], ["broker", "init"]):
                 self.command(init)
-            for name in ("relay", "projections run", "reconcile"):
-                self.procs.append(self.spawn(name.split(), name.split()[0]))
+            parts = [("relay", n) for n in range(self.relays)] + [("projections run", 0)]
+            parts += [("reconcile", n) for n in range(self.reconcilers)]
+            for name, n in parts:
+                self.procs.append(self.spawn(name.split(), f"{name.split()[0]}{n or ''}"))
             for n in range(self.workers):
                 port = free_port()
                 self.ports.append(port)
