@@ -11,10 +11,15 @@ sent and reports what came of it to `observe`. Times are seconds on one clock
 - **No rate configured: learned.** Unlimited until the gateway throttles (429).
   Then the rate is set to `backoff_factor` of what the fleet was sending (at
   most once per `cut_every_s`, however many calls were throttled together) and grows
-  again by `growth_per_s` a second, compounded, without a 429; the next 429
-  cuts it again. Grown past `unlimited_above`, it is no limit again. (A steady
-  5 % a second finds the limit again within seconds of a cut, where adding a
-  fixed step would crawl for a gateway allowing hundreds of calls a second.)
+  by `growth_searching_per_s` a second, compounded, while no limit is known. Each
+  later cut estimates the limit (`ceiling`): what the fleet was sending, less the
+  share of it answered 429, the answered rate; the rate is set to
+  `below_ceiling` of it and grows by `growth_per_s` up to `knee` of it, then by
+  `growth_near_limit_per_s` beyond, so that it spends its time just under the
+  limit rather than overshooting it every few seconds. Grown past
+  `unlimited_above`, it is no limit again. (Compounded growth finds the limit
+  again within seconds of a cut, where adding a fixed step would crawl for a
+  gateway allowing hundreds of calls a second.)
 - **Evidence, not one data point.** A 429's Retry-After always holds the call
   that got it (its hop is deferred until then: domain/hop.py). The fleet-wide
   hold and a learned rate's cut follow only from 429s dense enough to be a rate
@@ -67,12 +72,16 @@ class PaceRules:
     probe_every_s: float = field(kw_only=True)
     # The longest one call may take: while a probe may still be in flight no other goes.
     probe_lease_s: float = 0.0
-    backoff_factor: float = 0.7
+    backoff_factor: float = 0.7  # the first cut, of what was being sent: no limit known yet
+    below_ceiling: float = 0.85  # a later cut, of the estimated limit
+    knee: float = 0.9  # of the estimated limit: fast growth up to it, slow beyond
     # One cut per throttling episode: calls admitted before a cut (up to max_wait_s
     # ahead) still meet the limit after it, and cutting again for them would
     # compound the cut.
     cut_every_s: float = 3.0
+    growth_searching_per_s: float = 0.10
     growth_per_s: float = 0.05
+    growth_near_limit_per_s: float = 0.01
     min_rate: float = 0.2
     unlimited_above: float = 10_000.0  # a learned rate grown past this is no limit
     retry_after_max_s: float = field(kw_only=True)  # the longest a 429's Retry-After holds
@@ -99,6 +108,7 @@ class PaceState:
     tat: float = 0.0  # GCRA: when the next call is due at the rate
     learned: float | None = None  # the rate set at the last 429 (no rate configured)
     learned_at: float = 0.0
+    ceiling: float | None = None  # the limit as estimated at the last cut (calls/s)
     paused_until: float = 0.0  # the shared Retry-After
     asked_s: float = 0.0  # what the 429 that set it asked (or a hold cut), if over the cap
     unreachable: int = 0  # unreachable answers in a row
@@ -151,10 +161,19 @@ def rate_now(rules: PaceRules, state: PaceState, now: float) -> float | None:
         return rules.rate
     if state.learned is None:
         return None
-    exponent = max(0.0, now - state.learned_at) * math.log1p(rules.growth_per_s)
-    if exponent > math.log(rules.unlimited_above / state.learned):
-        return None  # grown past any limit (and never overflows, however long ago)
-    return state.learned * math.exp(exponent)
+    elapsed = max(0.0, now - state.learned_at)
+    # In logarithms, so that it never overflows, however long ago the cut was.
+    start, fast = math.log(state.learned), math.log1p(rules.growth_searching_per_s)
+    knee = math.inf
+    if state.ceiling is not None:
+        knee, fast = math.log(state.ceiling * rules.knee), math.log1p(rules.growth_per_s)
+    to_knee = max(0.0, (knee - start) / fast)
+    grown = start + min(elapsed, to_knee) * fast
+    if elapsed > to_knee:
+        grown += (elapsed - to_knee) * math.log1p(rules.growth_near_limit_per_s)
+    if grown > math.log(rules.unlimited_above):
+        return None  # grown past any limit
+    return math.exp(grown)
 
 
 def shown(rate: float) -> str:
@@ -279,10 +298,20 @@ def observe(
         asked = retry_after_s if retry_after_s > rules.retry_after_max_s else 0.0
         answered = replace(answered, paused_until=until, asked_s=asked)
     if rules.rate is None and now - state.learned_at >= rules.cut_every_s:
-        sending = rate_now(rules, state, now) or _sent_rate(state, now)
-        learned = max(rules.min_rate, sending * rules.backoff_factor)
-        answered = replace(answered, learned=learned, learned_at=now)
+        answered = _cut(rules, answered, rate_now(rules, state, now), now)
     return answered, change
+
+
+def _cut(rules: PaceRules, state: PaceState, limited: float | None, now: float) -> PaceState:
+    """A learned rate's cut, from `limited`, the rate in force (None: none)."""
+    if limited is None:  # the first: only what was being sent is known
+        learned = max(rules.min_rate, _sent_rate(state, now) * rules.backoff_factor)
+        return replace(state, learned=learned, learned_at=now, ceiling=None)
+    # The calls sent at `limited` less the share answered 429: what the gateway admits.
+    share = min(1.0, state.throttled_score / max(state.calls_score, 1.0))
+    ceiling = max(rules.min_rate, limited * (1.0 - share))
+    learned = max(rules.min_rate, ceiling * rules.below_ceiling)
+    return replace(state, learned=learned, learned_at=now, ceiling=ceiling)
 
 
 def _sent_rate(state: PaceState, now: float) -> float:

@@ -4,6 +4,8 @@ with an in-memory store: a rate, a shared Retry-After, a learned rate, a circuit
 from __future__ import annotations
 
 import logging
+import math
+from dataclasses import replace
 
 import httpx
 import pytest
@@ -70,7 +72,7 @@ def test_a_retry_after_pauses_every_call_of_the_fleet() -> None:
 
 
 def test_without_a_rate_the_first_429_learns_one_and_success_grows_it() -> None:
-    rules = pace_rules(rate=None, growth_per_s=0.05, backoff_factor=0.7, **EVERY_429)
+    rules = pace_rules(rate=None, growth_searching_per_s=0.1, backoff_factor=0.7, **EVERY_429)
     state = PaceState()
     for n in range(60):  # 60 calls in 2 s: 30 calls/s, unlimited
         state, decision = admit(rules, state, 100.0 + n / 30)
@@ -83,8 +85,27 @@ def test_without_a_rate_the_first_429_learns_one_and_success_grows_it() -> None:
     again, _ = observe(rules, state, 102.2, Result.THROTTLED, retry_after_s=1.0)
     assert again.learned == state.learned
     grown = rate_now(rules, state, 112.0)
-    assert grown == pytest.approx(learned * 1.05**10)
+    assert grown == pytest.approx(learned * 1.10**10)  # no limit known yet: searching
     assert rate_now(rules, state, 102.0 + 10_000) is None  # grown past any limit: no limit
+
+
+def test_a_later_cut_estimates_the_limit_and_grows_slowly_near_it() -> None:
+    """Throttled at a learned rate: the limit is what was sent less the share answered
+    429; the rate goes under it, grows fast to the knee, then slowly."""
+    rules = pace_rules(rate=None, below_ceiling=0.85, knee=0.9, **EVERY_429)
+    state = PaceState(learned=20.0, learned_at=0.0, ceiling=None, scored_at=10.0)
+    sending = rate_now(rules, state, 10.0)
+    assert sending == pytest.approx(20.0 * 1.10**10)
+    state = replace(state, calls_score=100.0, throttled_score=24.0)  # 25 % answered 429
+    cut, _ = observe(rules, state, 10.0, Result.THROTTLED, retry_after_s=1.0)
+    share = 25.0 / 100.0  # the 429 just observed counts too
+    assert cut.ceiling == pytest.approx(sending * (1 - share))
+    assert rate_now(rules, cut, 10.0) == pytest.approx(0.85 * cut.ceiling)
+    to_knee = math.log(0.9 / 0.85) / math.log1p(rules.growth_per_s)
+    assert rate_now(rules, cut, 10.0 + to_knee) == pytest.approx(0.9 * cut.ceiling)
+    assert rate_now(rules, cut, 20.0 + to_knee) == pytest.approx(
+        0.9 * cut.ceiling * (1 + rules.growth_near_limit_per_s) ** 10
+    )
 
 
 def test_repeated_failures_open_the_circuit_and_one_probe_goes_per_interval() -> None:
@@ -222,7 +243,9 @@ def test_a_429_pauses_the_next_calls_without_sending_them() -> None:
 def test_a_learned_rate_grows_into_no_limit_and_never_overflows() -> None:
     rules = pace_rules()
     state = PaceState(learned=10.0, learned_at=0.0)
-    assert rate_now(rules, state, 60.0) == pytest.approx(10.0 * 1.05**60)
+    assert rate_now(rules, state, 60.0) == pytest.approx(10.0 * 1.10**60)
+    near = PaceState(learned=10.0, learned_at=0.0, ceiling=11.0)  # slow past the knee
+    assert rate_now(rules, near, 1e12) is None
     for later in (200.0, 4 * 3600.0, 10 * 86400.0, 1e12):  # hours, days after the last 429
         assert rate_now(rules, state, later) is None
         assert admit(rules, state, later)[1] == Go(0.0)

@@ -1,0 +1,92 @@
+"""The fleet's learned pace against a simulated metered gateway: no processes, no
+sockets, simulated time, so that a change of `domain/pacing.py`'s rules shows its
+effect in seconds.
+
+    .venv/bin/python bench/pace_sim.py [--seconds 120] [--seeds 3] [--threads 32]
+
+THREADS hop threads call as fast as the pace admits them (a call takes 5 ms and
+10 ms pass before the thread's next); the gateway is a token bucket of `rate` calls
+a second and a burst of 5 that answers 429 (`Retry-After` the whole seconds to its
+next token) when it has none, and, in the stray rows, answers a share of calls 429
+at random whatever the rate. A throttled call's thread waits its Retry-After; a
+held call asks again when the hold ends. Rules as a worker's with no rate
+configured (`PROVISIONER_GATEWAY_BURST` 1). Printed per gateway: calls answered
+over the seeds against rate x seconds (`x floor`: the time the same calls would
+take at the gateway's rate, over the simulated time) and the share answered 429.
+The real rollout (`bench/rollout.py metered`) measures the same on the service.
+"""
+
+from __future__ import annotations
+
+import argparse
+import heapq
+import math
+import random
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from domain.pacing import Hold, PaceRules, PaceState, Result, admit, observe
+
+CALL_S, THINK_S = 0.005, 0.010
+
+
+def simulate(
+    rules: PaceRules, rate: float, seconds: float, threads: int, stray: float, seed: int
+) -> tuple[int, int]:
+    """(calls answered, calls answered 429) in `seconds` of simulated time."""
+    draw = random.Random(seed)
+    state, start = PaceState(), 1000.0
+    tokens, tokens_at, burst = 5.0, 0.0, 5.0
+    events = [(draw.random() * 0.05, "ask", n) for n in range(threads)]
+    answered = throttled = 0
+    while events:
+        t, kind, n = heapq.heappop(events)
+        if t > seconds:
+            continue
+        if kind == "ask":
+            state, decision = admit(rules, state, start + t)
+            if isinstance(decision, Hold):
+                heapq.heappush(events, (t + max(decision.wait_s, 0.01), "ask", n))
+            else:
+                heapq.heappush(events, (t + decision.wait_s, "send", n))
+            continue
+        tokens, tokens_at = min(burst, tokens + (t - tokens_at) * rate), t
+        if tokens >= 1 and not draw.random() < stray:
+            tokens -= 1
+            answered += 1
+            state, _ = observe(rules, state, start + t + CALL_S, Result.ANSWERED)
+            heapq.heappush(events, (t + CALL_S + THINK_S, "ask", n))
+        else:
+            throttled += 1
+            retry_after = max(1, math.ceil((1 - tokens) / rate))
+            state, _ = observe(
+                rules, state, start + t + CALL_S, Result.THROTTLED, retry_after_s=retry_after
+            )
+            heapq.heappush(events, (t + CALL_S + retry_after, "ask", n))
+    return answered, throttled
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=120.0)
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=32)
+    args = parser.parse_args()
+    rules = PaceRules(burst=1, probe_every_s=10.0, retry_after_max_s=300.0)
+    print("| gateway | stray 429s | x floor | answered 429 |")
+    print("|---|---|---|---|")
+    for rate, stray in ((10.0, 0.0), (20.0, 0.0), (50.0, 0.0), (20.0, 0.03), (50.0, 0.03)):
+        answered = throttled = 0
+        for seed in range(args.seeds):
+            a, t = simulate(rules, rate, args.seconds, args.threads, stray, seed)
+            answered, throttled = answered + a, throttled + t
+        floor = rate * args.seconds * args.seeds * (1 - stray)
+        print(f"| {rate:g} calls/s | {stray:.0%} | {floor / answered:.2f} | "
+              f"{throttled / (answered + throttled):.1%} |")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
