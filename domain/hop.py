@@ -26,7 +26,7 @@ table of situations and decisions is docs/hop-table.md.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 
 from domain import creates
@@ -189,6 +189,7 @@ class Seen:
     eligible: tuple[str, ...] | None = None
     known: tuple[str, ...] = ()
     creating: bool = False  # this round requested a create whose answer it has not dealt with
+    family_answered: bool = False  # a family read answered (and has not been forgotten)
     created: str | GatewayFault | None = None
     create_conflict: tuple[int | None, str | None] | None = None
     status: str | GatewayFault | None = None
@@ -196,6 +197,18 @@ class Seen:
 
 def decide(v: HopView, seen: Seen) -> Effect | Ending:
     """The next thing this hop does, given the attempt and what the round has seen."""
+    step = _next(v, seen)
+    if not seen.family_answered:
+        return step
+    # The family answered in this round: only the call that deferred went unanswered.
+    if isinstance(step, Defer):
+        return replace(step, gateway_up=True)
+    if isinstance(step, Refused) and isinstance(step.then, Defer):  # a create refused for now
+        return replace(step, then=replace(step.then, gateway_up=True))
+    return step
+
+
+def _next(v: HopView, seen: Seen) -> Effect | Ending:
     if v.late_created is not None and not seen.placed_late:
         return RecordLate(v.late_created)
     if seen.record_failed is not None:

@@ -53,6 +53,9 @@ class Defer:
     status: str
     retry_after_s: float = 0.0
     paced: bool = False  # held for the fleet's own turn: due in `retry_after_s`
+    # The gateway answered in this round (the family): only this call went unanswered,
+    # so the deferrals' backoff starts again.
+    gateway_up: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -221,7 +221,8 @@ def defer_or_expire(
     """No answer: the same question again later, without using the settle budget.
 
     Later means after the shared Retry-After and the jittered backoff of the
-    `in_row`-th deferral in a row, and no later than the deadline; at the
+    `in_row`-th deferral in a row (the first again when the gateway answered another
+    call of the hop: `Defer.gateway_up`), and no later than the deadline; at the
     deadline the attempt fails (`deadline`), naming since when nothing answered.
     """
     since = unavailable_since or now
@@ -232,6 +233,7 @@ def defer_or_expire(
             f"last: {step.status}",
         )
     silent_s = (now - since).total_seconds()
+    in_row = 0 if step.gateway_up else in_row
     delay = deferral.delay(in_row, step.retry_after_s, jitter, silent_s, paced=step.paced)
     not_before = min(now + timedelta(seconds=delay), deadline_at)
     delay_s = (not_before - now).total_seconds()

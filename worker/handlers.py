@@ -52,7 +52,8 @@ def hop(service: ProvisioningService, message: Hop) -> str:
 
 
 def release(service: ProvisioningService, message: Release) -> str:
-    return f"released {service.release(message.attempt_id)}"
+    emptied = service.release(message.attempt_id)
+    return f"released {', '.join(emptied)}" if emptied else "nothing owed"
 
 
 def decommission(service: ProvisioningService, message: Decommission) -> str:

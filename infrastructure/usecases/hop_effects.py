@@ -106,7 +106,9 @@ class HopEffects:
         seen.slot_busy = recovery.slot_busy(self.svc, slot, self.attempt)
 
     def credit_lost_creates(self, _e: decide.CreditLostCreates, seen: decide.Seen) -> None:
-        made = recovery.credit_lost_creates(self.svc, self.attempt, self.unit.family())
+        family = self.unit.family()
+        seen.family_answered = True
+        made = recovery.credit_lost_creates(self.svc, self.attempt, family)
         for workspace_id, why in made.held:
             log.warning(
                 "not credited to a lost create attempt=%s workspace=%s: %s",
@@ -117,9 +119,10 @@ class HopEffects:
         seen.made = made
 
     def find_adoptable(self, _e: decide.FindAdoptable, seen: decide.Seen) -> None:
-        attempt = self.attempt
+        attempt, family = self.attempt, self.unit.family()
+        seen.family_answered = True
         titled = ownership.same_title(
-            self.unit.family(), attempt.title, attempt.parent_workspace_id, self.svc.parents
+            family, attempt.title, attempt.parent_workspace_id, self.svc.parents
         )
         eligible = tuple(m.id for m in titled if self._adoptable(m))
         seen.eligible, seen.known = eligible, tuple(m.id for m in titled)
@@ -173,7 +176,7 @@ class HopEffects:
         log.warning("create unconfirmed attempt=%s hop=%d", self.attempt.id, self.hop)
         self.attempt.record_create_unconfirmed(self.hop, e.message, e.answered)
         self.unit.family_read = None  # read before our create: read it again
-        seen.creating, seen.made = False, None
+        seen.creating, seen.made, seen.family_answered = False, None, False
 
     def poll(self, e: decide.Poll, seen: decide.Seen) -> None:
         answer: str | GatewayFault
@@ -272,9 +275,7 @@ class HopEffects:
             ending = waits.defer_or_expire(
                 self.hop,
                 step,
-                # The family answered in this round: the gateway is up, only this call
-                # went unanswered (a create throttled): the backoff starts again.
-                in_row=0 if self.unit.family_read is not None else attempt.deferred_in_row,
+                in_row=attempt.deferred_in_row,
                 unavailable_since=attempt.unavailable_since,
                 deadline_at=attempt.created_on + timedelta(seconds=settings.deferral.deadline_s),
                 now=now,

@@ -76,7 +76,7 @@ class Recording:
     ("message", "call", "said"),
     [
         (messages.hop(ATTEMPT, 3), ("run_hop", (ATTEMPT, 3)), "scheduled provisioning"),
-        (messages.release(ATTEMPT), ("release", (ATTEMPT,)), "released ('ws-1',)"),
+        (messages.release(ATTEMPT), ("release", (ATTEMPT,)), "released ws-1"),
         (messages.decommission("b1"), ("decommission", ("b1",)), "decommissioned (2 projects)"),
         (messages.provision("b1", "Acme", "p", AT),
          ("request_provisioning", ("b1", "Acme", "p", AT)), f"attempt {ATTEMPT} started"),

@@ -18,7 +18,7 @@ from domain import hop as decide
 from domain.ownership import Made
 from domain.policies import AttemptState, Provenance
 from domain.ports import FaultKind, GatewayFault
-from domain.steps import Defer, Fail, Promote, Stand, Wait
+from domain.steps import Defer, Fail, Promote, Refused, Stand, Wait
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 FRESH = decide.HopView(
@@ -44,9 +44,9 @@ def walk(view: decide.HopView, answers: dict[type, Any]) -> list[str]:
         elif isinstance(step, decide.ReadSlot):
             seen = replace(seen, slot_busy=bool(answer))
         elif isinstance(step, decide.FindAdoptable):
-            seen = replace(seen, eligible=tuple(answer or ()))
+            seen = replace(seen, eligible=tuple(answer or ()), family_answered=True)
         elif isinstance(step, decide.CreditLostCreates):
-            seen = replace(seen, made=answer or Made())
+            seen = replace(seen, made=answer or Made(), family_answered=True)
         elif isinstance(step, decide.RequestCreate):
             view = replace(view, create_unresolved=True, create_requested_hop=view.hop,
                            create_requested_at=view.now)  # fmt: skip
@@ -55,7 +55,7 @@ def walk(view: decide.HopView, answers: dict[type, Any]) -> list[str]:
             view = replace(view, candidate_id=step.workspace_id, create_unresolved=False,
                            provenance=getattr(step, "provenance", Provenance.CREATED))  # fmt: skip
         elif isinstance(step, decide.NoteUnconfirmed):
-            seen = replace(seen, creating=False, made=None)
+            seen = replace(seen, creating=False, made=None, family_answered=False)
         elif isinstance(step, decide.Poll):
             seen = replace(seen, status=answer)
         else:
@@ -201,3 +201,18 @@ def test_a_gateway_fault_while_acquiring_ends_the_hop_deferred_waiting_or_failed
     step = decide.decide(view, seen)
     if seen.fault is not None and seen.released and view.late_created is None:
         assert isinstance(step, Stand | Defer | Wait | Fail), step
+
+
+def test_a_deferral_after_the_family_answered_starts_the_backoff_again() -> None:
+    """Only the create went unanswered (throttled): the gateway is up."""
+    throttled = GatewayFault(FaultKind.TRANSIENT, "HTTP 429", retry_after_s=2.0)
+    listed = replace(BEGUN, eligible=(), family_answered=True)  # nothing to adopt
+    assert isinstance(decide.decide(FRESH, listed), decide.RequestCreate)
+    creating = replace(FRESH, create_unresolved=True, create_requested_hop=0)
+    step = decide.decide(creating, replace(listed, creating=True, created=throttled))
+    assert isinstance(step, Refused), step  # a create refused for now: recorded, then deferred
+    assert isinstance(step.then, Defer)
+    assert step.then.gateway_up
+    unanswered = decide.decide(FRESH, replace(BEGUN, fault=throttled))  # the family itself
+    assert isinstance(unanswered, Defer)
+    assert not unanswered.gateway_up

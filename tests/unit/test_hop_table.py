@@ -530,6 +530,7 @@ NO_ANSWER = [
     Defer("gateway unavailable: HTTP 503"),
     Defer("gateway unavailable: throttled (HTTP 429)", retry_after_s=45.0),
     Defer("gateway unavailable: not sent (paced at 20 calls/s)", retry_after_s=3.5, paced=True),
+    Defer("gateway unavailable: HTTP 429", retry_after_s=1.0, gateway_up=True),
 ]
 
 
@@ -538,6 +539,7 @@ def _deferred_until(h: int, st: Defer, r: int, since: datetime | None, n: dateti
     # The cap doubles for each whole hour the gateway has been silent, up to 600 s.
     hours = int((n - (since or n)).total_seconds() // 3600)
     cap = max(d.max_s, min(600.0, d.max_s * 2**hours))
+    r = 0 if st.gateway_up else r  # another call of the hop was answered: the first again
     backoff = min(cap, d.base_s * 2**r) * (0.5 + 0.5 * j)
     wait = st.retry_after_s * (1 + 0.25 * j) if st.paced else max(st.retry_after_s, backoff)
     until = min(n + timedelta(seconds=wait), dl)
