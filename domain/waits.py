@@ -171,6 +171,9 @@ class Deferral:
     """
 
     LONGEST_S: ClassVar[float] = 600.0
+    # A Retry-After is waited as given (jittered up to a quarter more) this many deferrals
+    # in a row; a call told to wait more often than that backs off as an unanswered one.
+    RETRY_AFTER_TRUSTED: ClassVar[int] = 2
 
     base_s: float = 2.0
     # Settings, with no defaults here: PROVISIONER_DEFER_MAX_S,
@@ -197,10 +200,16 @@ class Deferral:
         """`jitter` in [0, 1): where between half and all of the backoff this one waits;
         `silent_s`: how long the gateway has not answered this attempt. A call held for
         the fleet's own turn (`paced`) waits for that turn, up to a quarter more (the
-        held hops spread out), not the backoff: the gateway is answering."""
+        held hops spread out), not the backoff: the gateway is answering. A call the
+        gateway told when to come back (a 429's or a 503's `Retry-After`) waits just
+        that, up to a quarter (at most a second) more, the first `RETRY_AFTER_TRUSTED`
+        times in a row: a stray 429 costs its own retry, not a backoff meant for a
+        gateway that does not answer."""
         retry_after_s = hold_s(retry_after_s, self.retry_after_max_s)
         if paced:
             return max(retry_after_s, 0.1) * (1.0 + 0.25 * jitter)
+        if retry_after_s > 0 and in_row < self.RETRY_AFTER_TRUSTED:  # spread by up to 1 s
+            return retry_after_s + jitter * min(retry_after_s / 4, 1.0)
         hours = min(int(max(silent_s, 0.0) // 3600), 10)
         cap = max(self.max_s, min(self.LONGEST_S, doubled(self.max_s, hours)))
         backoff = min(cap, doubled(self.base_s, min(in_row, 30)))

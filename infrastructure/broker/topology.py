@@ -119,10 +119,19 @@ class Topology:
 
 # Each delay has a wait queue of its own (a per-queue TTL keeps the order of expiry);
 # delays are rounded up to a rung of this ladder so that jittered ones (deferred hops)
-# share a bounded set: 0.1 s steps to a second, whole seconds to 10 s, 5 s steps
-# to a minute, 30 s steps to ten minutes, 5 minutes beyond (about 60 queues up to
-# an hour). A message is never due early (by more than a millisecond).
-_RUNGS_S = ((1.0, 0.1), (10.0, 1.0), (60.0, 5.0), (600.0, 30.0), (float("inf"), 300.0))
+# share a bounded set: 0.1 s steps to a second, a quarter to 2 s, a half to 5 s (a
+# hop told to come back in a second or two is not kept twice as long), whole seconds
+# to 10 s, 5 s steps to a minute, 30 s steps to ten minutes, 5 minutes beyond (about
+# 65 queues up to an hour). A message is never due early (by more than a millisecond).
+_RUNGS_S = (
+    (1.0, 0.1),
+    (2.0, 0.25),
+    (5.0, 0.5),
+    (10.0, 1.0),
+    (60.0, 5.0),
+    (600.0, 30.0),
+    (float("inf"), 300.0),
+)
 
 
 def wait_rung_ms(delay_s: float) -> int:

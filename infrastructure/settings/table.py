@@ -353,8 +353,10 @@ SETTINGS: tuple[Setting, ...] = (
         Section.HOPS,
         "the longest wait between two deferred hops in the first hour the gateway is silent "
         "(the n-th deferral in a row waits 2 × 2^n s, up to this, jittered down to half, or "
-        "until a 429's Retry-After if later; a call the fleet's own pace held waits for its "
-        "turn instead, up to a quarter more); the cap doubles with each further hour, up to "
+        "until a 429's Retry-After if later; a call the gateway told when to come back waits "
+        "that Retry-After, up to a second more, the first two times in a row, and a call the "
+        "fleet's own pace held waits for its turn, up to a quarter more); the cap doubles with "
+        "each further hour, up to "
         "600 s. Longer: fewer events per attempt in an outage (one per wait: about 160 in "
         "the first hour at 30 s, some 460 in a day); shorter: brands resume sooner after "
         "it. The deadline over half of it must stay under 1,000,000 hops",

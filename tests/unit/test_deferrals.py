@@ -88,7 +88,9 @@ def test_a_deferral_waits_out_the_retry_after_and_a_capped_jittered_backoff(
         assert outcome.outcome is Outcome.DEFERRED, outcome
         delays.append(outcome.delay_s)
 
-    assert delays[0] == 40.0  # the gateway's Retry-After beats the 1.5 s backoff
+    # The gateway said when: its Retry-After, jittered up to a second more (at 0.5:
+    # half a second), not the backoff.
+    assert delays[0] == 40.5
     # The family answers each time, only the create does not: the gateway is up, so
     # the backoff does not grow (the first step, at 0.75 of 2 s: the jitter given).
     assert delays[1:] == [1.5] * 8
@@ -301,8 +303,11 @@ def test_jittered_delays_share_a_bounded_set_of_wait_queues_and_never_run_early(
 
     assert len(rungs) <= 70  # one RabbitMQ wait queue per rung
     assert all(wait_rung_ms(d) >= d * 1000 - 1 for d in delays)
-    assert [wait_rung_ms(d) for d in (0.5, 4.9995, 5.0, 22.4, 3600.0)] == [
+    assert [wait_rung_ms(d) for d in (0.5, 1.125, 1.6, 4.2, 4.9995, 5.0, 22.4, 3600.0)] == [
         500,
+        1250,  # a 1 s Retry-After, jittered: not kept 2 s
+        1750,
+        4500,
         5000,
         5000,
         25000,
@@ -327,7 +332,8 @@ def test_a_create_throttled_after_the_family_answered_starts_the_backoff_again(
     throttled = service.run_hop(attempt_id, hop + 1)  # the family answers, the create is 429'd
 
     assert throttled.outcome is Outcome.DEFERRED
-    assert throttled.delay_s == 1.5  # not 22.5: the gateway is up, only busy
+    # Not 22.5: the gateway is up, only busy; and it said when (1 s, an eighth more).
+    assert throttled.delay_s == 1.125
 
 
 def test_deferrals_written_before_spent_existed_still_load_as_spending_nothing(
@@ -351,3 +357,21 @@ def test_deferrals_written_before_spent_existed_still_load_as_spending_nothing(
     loaded = service.attempt(attempt.id)
 
     assert (loaded.settle_hops, loaded.deferrals, loaded.expected_hop) == (1, 1, 2)
+
+
+def test_a_retry_after_is_waited_as_given_twice_in_a_row_then_backs_off(
+    service: ProvisioningService, gateway: MemoryGateway, clock: ManualClock
+) -> None:
+    """A stray 429 costs its own retry: a call told when to come back waits just that,
+    unless it is told so again and again."""
+    attempt_id = service.request_provisioning("b1", TITLE, PARENT)
+    down(gateway, "family", 4, retry_after_s=1.0)
+    delays = []
+    for hop in range(4):
+        outcome = service.run_hop(attempt_id, hop)
+        assert outcome.outcome is Outcome.DEFERRED, outcome
+        delays.append(outcome.delay_s)
+        clock.advance(outcome.delay_s or 0)
+    # 1 s and an eighth twice; then the doubling backoff from its third step (8 s at
+    # 0.75), as for a gateway that does not answer.
+    assert delays == [1.125, 1.125, 6.0, 12.0]

@@ -541,7 +541,11 @@ def _deferred_until(h: int, st: Defer, r: int, since: datetime | None, n: dateti
     cap = max(d.max_s, min(600.0, d.max_s * 2**hours))
     r = 0 if st.gateway_up else r  # another call of the hop was answered: the first again
     backoff = min(cap, d.base_s * 2**r) * (0.5 + 0.5 * j)
-    wait = st.retry_after_s * (1 + 0.25 * j) if st.paced else max(st.retry_after_s, backoff)
+    wait = max(st.retry_after_s, backoff)
+    if st.paced:
+        wait = st.retry_after_s * (1 + 0.25 * j)
+    elif st.retry_after_s > 0 and r < 2:  # the gateway said when: waited as said
+        wait = st.retry_after_s + j * min(st.retry_after_s / 4, 1.0)
     until = min(n + timedelta(seconds=wait), dl)
     return Schedule(h + 1, until, (until - n).total_seconds(), st.status, deferred=True,
                     spends=False)  # fmt: skip
