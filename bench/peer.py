@@ -317,6 +317,7 @@ def main() -> int:
         check=False,
     ).stdout.strip()  # fmt: skip
     report = {"commit": commit, "settle_polls": args.settle_polls, "runs": runs, "ratios": ratios}
+    report["peer_poll_s"] = args.peer_poll_s  # the peer's first re-poll, doubling after
     if args.json:
         print(json.dumps(report))
     else:

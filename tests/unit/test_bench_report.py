@@ -588,3 +588,161 @@ def test_the_scaleout_runs_once_whatever_the_repeat(monkeypatch: pytest.MonkeyPa
     region = render(MACHINE, twice, quick=False)
     assert "2 run(s) of each (rollout-outage once, scaleout once)." in region
     assert figure_row(region, "scale-out: seconds").endswith("| 0.80 | ≤ 1.2 | pass |")
+
+
+# ----------------------------------------------------------------- the peer on our schedule
+
+
+def peer_side(side: str, latency_ms: float, seconds: float) -> dict[str, Any]:
+    return {
+        "side": side,
+        "brands": 1000,
+        "ready": 1000,
+        "failed": 0,
+        "latency_ms": latency_ms,
+        "settle_polls": 1,
+        "seconds": seconds,
+        "provisions_per_s": round(1000 / seconds, 1),
+        "gateway_calls_per_brand": 4.0 if side == "ours" else 3.0,
+        "cpu_ms_per_provision": {"worker0": 3.0, "worker1": 3.0, "postgres": 1.0},
+        "other_share": 0.03,
+    }
+
+
+def peer_result(at_0ms: float, at_100ms: float, poll_s: float | None = 5.0) -> dict[str, Any]:
+    """bench/peer.py --json's line: ours then the peer's at 0 and 100 ms, then the ratios
+    (with bench/peer.py's own targets, 1.0 both)."""
+    result: dict[str, Any] = {
+        "commit": "abc1234",
+        "settle_polls": 1,
+        "runs": [
+            peer_side("ours", 0.0, 10.0),
+            peer_side("peer", 0.0, 8.0),
+            peer_side("ours", 100.0, 16.0),
+            peer_side("peer", 100.0, 12.0),
+        ],
+        "ratios": [
+            {"latency_ms": 0.0, "ratio": "ours / peer provisions/s", "value": at_0ms,
+             "target": ">= 1", "met": at_0ms >= 1},
+            {"latency_ms": 100.0, "ratio": "our s / peer s", "value": at_100ms,
+             "target": "<= 1", "met": at_100ms <= 1},
+        ],
+    }  # fmt: skip
+    if poll_s is not None:
+        result["peer_poll_s"] = poll_s
+    return result
+
+
+SAME_SCHEDULE_0MS = "peer on our schedule (re-polls after 5 s), zero latency"
+SAME_SCHEDULE_100MS = "peer on our schedule (re-polls after 5 s), 100 ms per call"
+
+
+def test_the_peer_on_our_schedule_is_run_as_the_peer_is_with_a_5_s_re_poll() -> None:
+    by_name = {bench.name: bench for bench in BENCHES}
+    peer, same = by_name["peer"], by_name["peer-same-schedule"]
+    assert same.script == peer.script == "bench/peer.py"
+    assert same.argv(quick=False) == [
+        "bench/peer.py", "--brands", "1000", "--peer-poll-s", "5", "--json",
+    ]  # fmt: skip
+    assert same.argv(quick=True) == [
+        "bench/peer.py", "--brands", "100", "--peer-poll-s", "5", "--json",
+    ]  # fmt: skip
+    assert peer.argv(quick=False) == ["bench/peer.py", "--brands", "1000", "--json"]
+    assert peer.argv(quick=True) == ["bench/peer.py", "--brands", "100", "--json"]
+    assert same.runs(2) == peer.runs(2) == 2
+    assert "peer-same-schedule" in (report.__doc__ or "")
+
+
+@pytest.mark.parametrize(
+    ("at_0ms", "at_100ms", "verdict_0ms", "verdict_100ms"),
+    [
+        pytest.param(0.69, 1.35, "pass", "**FAIL** (1 of 1)", id="measured"),
+        pytest.param(0.65, 1.33, "pass", "pass", id="at the targets"),
+        pytest.param(0.64, 1.34, "**FAIL** (1 of 1)", "**FAIL** (1 of 1)", id="just past"),
+        pytest.param(0.57, 1.0, "**FAIL** (1 of 1)", "pass", id="slow at 0 ms"),
+    ],
+)
+def test_the_peer_on_our_schedule_is_judged_by_the_proposed_targets(
+    at_0ms: float, at_100ms: float, verdict_0ms: str, verdict_100ms: str
+) -> None:
+    result = peer_result(at_0ms, at_100ms)
+    region = render(MACHINE, runs(peer_same_schedule=result), quick=False)
+    assert figure_row(
+        region, f"{SAME_SCHEDULE_0MS}: ours / peer's provisions/s (same run)"
+    ).endswith(f"| {at_0ms:.2f} | ≥ 0.65 | {verdict_0ms} |")
+    assert figure_row(region, f"{SAME_SCHEDULE_100MS}: our seconds / peer's (same run)").endswith(
+        f"| {at_100ms:.2f} | ≤ 1.33 | {verdict_100ms} |"
+    )
+    # the peer's own figures (bench/peer.py at its 1 s re-poll) are not judged by these
+    assert "| peer, zero latency" not in region
+
+
+def test_the_peer_and_the_peer_on_our_schedule_are_judged_apart() -> None:
+    region = render(
+        MACHINE,
+        runs(peer=peer_result(0.37, 1.54, poll_s=1.0), peer_same_schedule=peer_result(0.69, 1.3)),
+        quick=False,
+    )
+    assert figure_row(region, "peer, zero latency").endswith("| 0.37 | ≥ 1 | **FAIL** (1 of 1) |")
+    assert figure_row(region, "peer, 100 ms").endswith("| 1.54 | ≤ 1 | **FAIL** (1 of 1) |")
+    assert figure_row(region, SAME_SCHEDULE_0MS).endswith("| 0.69 | ≥ 0.65 | pass |")
+    assert figure_row(region, SAME_SCHEDULE_100MS).endswith("| 1.30 | ≤ 1.33 | pass |")
+    # two tables: the peer's as before, then the one on our schedule after it
+    plain = region.index("Against a conventional peer (`bench/peer.py`):")
+    same = region.index("Against the same peer on our schedule (`bench/peer.py --peer-poll-s 5`)")
+    assert plain < same
+    assert region.count("| 0 ms | ours / peer provisions/s = **0.37** (target >= 1) |") == 1
+    assert (
+        region.count("| 0 ms | ours / peer provisions/s = **0.69** (target >= 0.65, proposed) |")
+        == 1
+    )
+    assert region.count("| 100 ms | our s / peer s = **1.30** (target <= 1.33, proposed) |") == 1
+
+
+def test_the_table_of_the_peer_on_our_schedule_names_the_schedule() -> None:
+    region = render(MACHINE, runs(peer_same_schedule=peer_result(0.69, 1.35)), quick=False)
+    assert (
+        "Against the same peer on our schedule (`bench/peer.py --peer-poll-s 5`): the peer "
+        "re-polls a workspace after 5 s, doubling, as ours waits 5 s, doubling "
+        "(`PROVISIONER_BACKOFF_BASE_S`)"
+    ) in region
+    assert "| 0 ms | ours | 1,000 of 1,000 | 10.00 | 100.0 | 4.0 | 6.0, 7.0 | 0.03 |" in region
+    assert "| 100 ms | peer | 1,000 of 1,000 | 12.00 | 83.3 | 3.0 | 6.0, 7.0 | 0.03 |" in region
+    assert "| 100 ms | our s / peer s = **1.35** (target <= 1.33, proposed) |" in region
+    assert "Against a conventional peer" not in region  # no `peer` run, no table of it
+    # the re-poll as bench/peer.py recorded it; as asked for when its line has none
+    region = render(MACHINE, runs(peer_same_schedule=peer_result(0.69, 1.35, 2.5)), quick=False)
+    assert "the peer re-polls a workspace after 2.5 s, doubling" in region
+    region = render(MACHINE, runs(peer_same_schedule=peer_result(0.69, 1.35, None)), quick=False)
+    assert "the peer re-polls a workspace after 5 s, doubling" in region
+
+
+def test_a_quick_peer_on_our_schedule_is_not_judged() -> None:
+    quick = peer_result(0.5, 1.6)
+    region = render(MACHINE, runs(peer_same_schedule=quick), quick=True)
+    assert figure_row(region, SAME_SCHEDULE_0MS).endswith("| 0.50 | ≥ 0.65 | not judged (quick) |")
+    assert figure_row(region, SAME_SCHEDULE_100MS).endswith(
+        "| 1.60 | ≤ 1.33 | not judged (quick) |"
+    )
+
+
+def test_a_failed_peer_on_our_schedule_writes_nothing(tmp_path: Path) -> None:
+    doc = tmp_path / "benchmarks.md"
+    doc.write_text(DOCUMENT)
+    all_runs = runs(peer_same_schedule=None)
+    with pytest.raises(BenchFailed, match="peer-same-schedule"):
+        write_figures(doc, all_runs, render(MACHINE, all_runs, quick=False))
+    assert doc.read_text() == DOCUMENT
+
+
+def test_only_the_peer_on_our_schedule_can_be_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    started: list[list[str]] = []
+
+    def run_bench(bench: Bench, quick: bool, python: str) -> Run:
+        started.append(bench.argv(quick))
+        return Run(bench.name, [python, *bench.argv(quick)], peer_result(0.7, 1.2))
+
+    monkeypatch.setattr(report, "run_bench", run_bench)
+    monkeypatch.setattr(report, "machine_facts", lambda: MACHINE)
+    assert report.main(["--quick", "--only", "peer-same-schedule"]) == 0
+    assert started == [["bench/peer.py", "--brands", "100", "--peer-poll-s", "5", "--json"]]
