@@ -36,8 +36,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from common import ROOT, fake_call, start_fake
-from rollout import Deployment, logs_dir, make_brands, say, workspaces_made
+from common import ROOT, fake_call
+from rollout import Deployment, say, workspaces_made
+from stray import without_and_with
 
 TARGET = 1.2  # seconds with the 429s / seconds without, at most
 
@@ -137,22 +138,14 @@ def main() -> int:
     parser.add_argument("--logs", metavar="DIR")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    rows, parents = make_brands(args.brands, args.brands_per_parent)
-    fake, gateway_url = start_fake(parents, knobs={"settle_polls": 1})
-    try:
-        with logs_dir(args.logs) as (logs, keep):
-            clean = one(gateway_url, rows, parents, args, "without", logs, 0.0)
-            stray = one(gateway_url, rows, parents, args, "with", logs, args.share)
-            ratio = stray["seconds"] / max(clean["seconds"], 1e-9)
-            every = all(
-                r["promoted"] == args.brands and r["workspaces_made"] == args.brands
-                for r in (clean, stray)
-            )
-            passed = every and ratio <= TARGET
-            keep(not passed)
-    finally:
-        fake.terminate()
-        fake.wait(5)
+
+    def once(r: dict[str, Any]) -> bool:  # every brand promoted, none made twice
+        return bool(r["promoted"] == args.brands and r["workspaces_made"] == args.brands)
+
+    clean, stray, ratio, passed = without_and_with(
+        args, one, lambda clean, stray, ratio: once(clean) and once(stray) and ratio <= TARGET
+    )
+    every = once(clean) and once(stray)
     result = {
         "brands": args.brands, "share": args.share, "lost": args.lost,
         "layout": f"{args.workers} x {args.concurrency}, {args.relays} relays, "

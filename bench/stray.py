@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +64,30 @@ def one(
     return result
 
 
+Run = Callable[[str, list[tuple[str, str, str]], list[str], Any, str, Path, float], dict[str, Any]]
+
+
+def without_and_with(
+    args: Any, one: Run, passed: Callable[[dict[str, Any], dict[str, Any], float], bool]
+) -> tuple[dict[str, Any], dict[str, Any], float, bool]:
+    """`one` run without stray 429s, then with `args.share` of them, against one fake:
+    (without, with, their ratio of seconds, `passed` of them). The logs are kept when
+    it did not pass."""
+    rows, parents = make_brands(args.brands, args.brands_per_parent)
+    fake, gateway_url = start_fake(parents, knobs={"settle_polls": 1})
+    try:
+        with logs_dir(args.logs) as (logs, keep):
+            clean = one(gateway_url, rows, parents, args, "without", logs, 0.0)
+            stray = one(gateway_url, rows, parents, args, "with", logs, args.share)
+            ratio = stray["seconds"] / max(clean["seconds"], 1e-9)
+            verdict = passed(clean, stray, ratio)
+            keep(not verdict)
+    finally:
+        fake.terminate()
+        fake.wait(5)
+    return clean, stray, ratio, verdict
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--brands", type=int, default=300)
@@ -74,18 +99,11 @@ def main() -> int:
     parser.add_argument("--logs", metavar="DIR")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    rows, parents = make_brands(args.brands, args.brands_per_parent)
-    fake, gateway_url = start_fake(parents, knobs={"settle_polls": 1})
-    try:
-        with logs_dir(args.logs) as (logs, keep):
-            clean = one(gateway_url, rows, parents, args, "without", logs, 0.0)
-            stray = one(gateway_url, rows, parents, args, "with", logs, args.share)
-            ratio = stray["seconds"] / max(clean["seconds"], 1e-9)
-            passed = ratio <= TARGET and stray["failed"] == 0 and clean["failed"] == 0
-            keep(not passed)
-    finally:
-        fake.terminate()
-        fake.wait(5)
+    clean, stray, ratio, passed = without_and_with(
+        args,
+        one,
+        lambda clean, stray, ratio: ratio <= TARGET and not clean["failed"] + stray["failed"],
+    )
     result = {"brands": args.brands, "share": args.share, "without": clean, "with": stray,
               "ratio": round(ratio, 3), "target": TARGET, "passed": passed}  # fmt: skip
     if args.json:
