@@ -12,11 +12,13 @@ sent and reports what came of it to `observe`. Times are seconds on one clock
   Then the rate is set to `backoff_factor` of what the fleet was sending (at
   most once per `cut_every_s`, however many calls were throttled together) and grows
   by `growth_searching_per_s` a second, compounded, while no limit is known. Each
-  later cut estimates the limit (`ceiling`): what the fleet was sending, less the
-  share of it answered 429, the answered rate; the rate is set to
-  `below_ceiling` of it and grows by `growth_per_s` up to `knee` of it, then by
-  `growth_near_limit_per_s` beyond, so that it spends its time just under the
-  limit rather than overshooting it every few seconds. Grown past
+  later cut estimates the limit (`ceiling`): what the fleet was sending (at most
+  the rate in force), less the share of it answered 429, and never under
+  `backoff_factor` of it; the rate is set to `below_ceiling` of that and grows by
+  `growth_per_s` up to `knee` of it, then by `growth_near_limit_per_s` up to
+  `stale_above` of it (past that the estimate is stale: `growth_per_s` again), so
+  that it spends its time just under the limit rather than overshooting it every
+  few seconds. Grown past
   `unlimited_above`, it is no limit again. (Compounded growth finds the limit
   again within seconds of a cut, where adding a fixed step would crawl for a
   gateway allowing hundreds of calls a second.)
@@ -75,6 +77,7 @@ class PaceRules:
     backoff_factor: float = 0.7  # the first cut, of what was being sent: no limit known yet
     below_ceiling: float = 0.85  # a later cut, of the estimated limit
     knee: float = 0.9  # of the estimated limit: fast growth up to it, slow beyond
+    stale_above: float = 1.1  # of the estimated limit: past it the estimate is stale, fast again
     # One cut per throttling episode: calls admitted before a cut (up to max_wait_s
     # ahead) still meet the limit after it, and cutting again for them would
     # compound the cut.
@@ -101,6 +104,11 @@ class PaceRules:
             raise ValueError("the circuit needs open_after >= 1 and a probe interval > 0")
         if self.retry_after_max_s < 1:
             raise ValueError("the longest Retry-After hold must be at least 1 s")
+        growths = (self.growth_searching_per_s, self.growth_per_s, self.growth_near_limit_per_s)
+        if min(growths) <= 0 or not 0 < self.below_ceiling <= self.knee <= 1 < self.stale_above:
+            raise ValueError(
+                "a learned rate needs growths > 0 and 0 < below_ceiling <= knee <= 1 < stale_above"
+            )
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,13 +172,21 @@ def rate_now(rules: PaceRules, state: PaceState, now: float) -> float | None:
     elapsed = max(0.0, now - state.learned_at)
     # In logarithms, so that it never overflows, however long ago the cut was.
     start, fast = math.log(state.learned), math.log1p(rules.growth_searching_per_s)
-    knee = math.inf
-    if state.ceiling is not None:
-        knee, fast = math.log(state.ceiling * rules.knee), math.log1p(rules.growth_per_s)
-    to_knee = max(0.0, (knee - start) / fast)
-    grown = start + min(elapsed, to_knee) * fast
-    if elapsed > to_knee:
-        grown += (elapsed - to_knee) * math.log1p(rules.growth_near_limit_per_s)
+    if state.ceiling is None:
+        grown = start + elapsed * fast
+    else:  # fast to the knee, slowly past it, fast again past `stale_above` of the limit
+        fast = math.log1p(rules.growth_per_s)
+        slow = math.log1p(rules.growth_near_limit_per_s)
+        knee = max(start, math.log(state.ceiling * rules.knee))
+        stale = max(knee, math.log(state.ceiling * rules.stale_above))
+        to_knee = (knee - start) / fast
+        to_stale = to_knee + (stale - knee) / slow
+        if elapsed <= to_knee:
+            grown = start + elapsed * fast
+        elif elapsed <= to_stale:
+            grown = knee + (elapsed - to_knee) * slow
+        else:
+            grown = stale + (elapsed - to_stale) * fast
     if grown > math.log(rules.unlimited_above):
         return None  # grown past any limit
     return math.exp(grown)
@@ -307,9 +323,13 @@ def _cut(rules: PaceRules, state: PaceState, limited: float | None, now: float) 
     if limited is None:  # the first: only what was being sent is known
         learned = max(rules.min_rate, _sent_rate(state, now) * rules.backoff_factor)
         return replace(state, learned=learned, learned_at=now, ceiling=None)
-    # The calls sent at `limited` less the share answered 429: what the gateway admits.
+    # What was sent (at most the rate in force) less the share answered 429: what the
+    # gateway admits; never below what the first cut would give, so that a burst of
+    # 429s alone cannot take the rate to its floor.
+    sent = _sent_rate(state, now)
+    sending = min(limited, sent) if sent > 0 else limited
     share = min(1.0, state.throttled_score / max(state.calls_score, 1.0))
-    ceiling = max(rules.min_rate, limited * (1.0 - share))
+    ceiling = max(rules.min_rate, sending * (1.0 - share), sending * rules.backoff_factor)
     learned = max(rules.min_rate, ceiling * rules.below_ceiling)
     return replace(state, learned=learned, learned_at=now, ceiling=ceiling)
 

@@ -196,23 +196,26 @@ class Deferral:
         silent_s: float = 0.0,
         *,
         paced: bool = False,
+        restart: bool = False,
     ) -> float:
         """`jitter` in [0, 1): where between half and all of the backoff this one waits;
-        `silent_s`: how long the gateway has not answered this attempt. A call held for
-        the fleet's own turn (`paced`) waits for that turn, up to a quarter more (the
-        held hops spread out), not the backoff: the gateway is answering. A call the
-        gateway told when to come back (a 429's or a 503's `Retry-After`) waits just
-        that, up to a quarter (at most a second) more, the first `RETRY_AFTER_TRUSTED`
-        times in a row: a stray 429 costs its own retry, not a backoff meant for a
-        gateway that does not answer."""
+        `silent_s`: how long the gateway has not answered this attempt; `restart`: the
+        gateway answered another call of the hop, so the backoff starts from its first
+        step. A call held for the fleet's own turn (`paced`) waits for that turn, up to
+        a quarter more (the held hops spread out), not the backoff: the gateway is
+        answering. A call told when to come back (a 429's `Retry-After`, or the fleet's
+        circuit holding it until its next probe) waits just that, at least half the
+        backoff's first step and up to a quarter (at most a second) more, the first
+        `RETRY_AFTER_TRUSTED` times in a row: a stray 429 costs its own retry, not a
+        backoff meant for a gateway that does not answer."""
         retry_after_s = hold_s(retry_after_s, self.retry_after_max_s)
         if paced:
             return max(retry_after_s, 0.1) * (1.0 + 0.25 * jitter)
         if retry_after_s > 0 and in_row < self.RETRY_AFTER_TRUSTED:  # spread by up to 1 s
-            return retry_after_s + jitter * min(retry_after_s / 4, 1.0)
+            return max(retry_after_s, self.base_s / 2) + jitter * min(retry_after_s / 4, 1.0)
         hours = min(int(max(silent_s, 0.0) // 3600), 10)
         cap = max(self.max_s, min(self.LONGEST_S, doubled(self.max_s, hours)))
-        backoff = min(cap, doubled(self.base_s, min(in_row, 30)))
+        backoff = min(cap, doubled(self.base_s, 0 if restart else min(in_row, 30)))
         return max(retry_after_s, jittered(backoff, jitter))
 
 
@@ -242,8 +245,9 @@ def defer_or_expire(
             f"last: {step.status}",
         )
     silent_s = (now - since).total_seconds()
-    in_row = 0 if step.gateway_up else in_row
-    delay = deferral.delay(in_row, step.retry_after_s, jitter, silent_s, paced=step.paced)
+    delay = deferral.delay(
+        in_row, step.retry_after_s, jitter, silent_s, paced=step.paced, restart=step.gateway_up
+    )
     not_before = min(now + timedelta(seconds=delay), deadline_at)
     delay_s = (not_before - now).total_seconds()
     return Schedule(hop + 1, not_before, delay_s, step.status, deferred=True, spends=False)

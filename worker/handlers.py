@@ -53,7 +53,7 @@ def hop(service: ProvisioningService, message: Hop) -> str:
 
 def release(service: ProvisioningService, message: Release) -> str:
     emptied = service.release(message.attempt_id)
-    return f"released {', '.join(emptied)}" if emptied else "nothing owed"
+    return f"released {', '.join(emptied)}" if emptied else "nothing emptied"
 
 
 def decommission(service: ProvisioningService, message: Decommission) -> str:

@@ -301,11 +301,13 @@ class Pace:
             self._keep(new, now)
             if new.learned_at != state.learned_at and new.learned is not None:
                 held = max(0.0, new.paused_until - now)
+                limit = "" if new.ceiling is None else f" (its limit read as {shown(new.ceiling)})"
                 lifecycle.info(
-                    "gateway pace %s: %s calls/s, after 429s dense enough to be "
+                    "gateway pace %s: %s calls/s%s, after 429s dense enough to be "
                     "its rate limit; the fleet holds %.0f s (Retry-After)",
                     "learned" if state.learned is None else "cut",
                     shown(new.learned),
+                    limit,
                     held,
                 )
             return new, change

@@ -234,8 +234,9 @@ SETTINGS: tuple[Setting, ...] = (
         Section.GATEWAY,
         "calls/s for the **whole fleet** (every worker process on this database), a GCRA in "
         "one PostgreSQL row. Set it a little under the gateway's documented limit. Unset: "
-        "no limit until the gateway throttles; then 70 % of what the fleet was sending, "
-        "growing 5 % a second (compounded) without a 429 and cut again at the next "
+        "no limit until 429s dense enough to be a rate limit; then 70 % of what the fleet "
+        "was sending, growing 10 % a second (compounded); each later cut estimates the "
+        "limit and goes under it, growing slowly near it "
         '(docs/operations.md, "Pacing the gateway")',
         note="learned",
     ),
@@ -354,9 +355,9 @@ SETTINGS: tuple[Setting, ...] = (
         "the longest wait between two deferred hops in the first hour the gateway is silent "
         "(the n-th deferral in a row waits 2 × 2^n s, up to this, jittered down to half, or "
         "until a 429's Retry-After if later; a call the gateway told when to come back waits "
-        "that Retry-After, up to a second more, the first two times in a row, and a call the "
-        "fleet's own pace held waits for its turn, up to a quarter more); the cap doubles with "
-        "each further hour, up to "
+        "that Retry-After (1 s at least), up to a second more, the first two times in a row, "
+        "and a call the fleet's own pace held waits for its turn, up to a quarter more); the "
+        "cap doubles with each further hour, up to "
         "600 s. Longer: fewer events per attempt in an outage (one per wait: about 160 in "
         "the first hour at 30 s, some 460 in a day); shorter: brands resume sooner after "
         "it. The deadline over half of it must stay under 1,000,000 hops",

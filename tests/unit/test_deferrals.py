@@ -332,8 +332,9 @@ def test_a_create_throttled_after_the_family_answered_starts_the_backoff_again(
     throttled = service.run_hop(attempt_id, hop + 1)  # the family answers, the create is 429'd
 
     assert throttled.outcome is Outcome.DEFERRED
-    # Not 22.5: the gateway is up, only busy; and it said when (1 s, an eighth more).
-    assert throttled.delay_s == 1.125
+    # Not 22.5: the gateway is up, only busy, so the backoff starts again (1.5: its first
+    # step at 0.75). Not the Retry-After as given: four deferrals came before it in a row.
+    assert throttled.delay_s == 1.5
 
 
 def test_deferrals_written_before_spent_existed_still_load_as_spending_nothing(
@@ -375,3 +376,22 @@ def test_a_retry_after_is_waited_as_given_twice_in_a_row_then_backs_off(
     # 1 s and an eighth twice; then the doubling backoff from its third step (8 s at
     # 0.75), as for a gateway that does not answer.
     assert delays == [1.125, 1.125, 6.0, 12.0]
+
+
+def test_a_create_throttled_again_and_again_is_not_asked_every_second(
+    service: ProvisioningService, gateway: MemoryGateway, clock: ManualClock
+) -> None:
+    """The family answers each hop, the create is 429'd each time with a short
+    Retry-After: waited as told twice, then the backoff's first step (the gateway is
+    up), never a sub-second loop."""
+    attempt_id = service.request_provisioning("b1", TITLE, PARENT)
+    throttled = TransientGatewayError("create: throttled (HTTP 429)", retry_after_s=0.3)
+    delays = []
+    for hop in range(4):
+        gateway.creates = [throttled]
+        outcome = service.run_hop(attempt_id, hop)
+        assert outcome.outcome is Outcome.DEFERRED, outcome
+        delays.append(outcome.delay_s)
+        clock.advance(outcome.delay_s or 0)
+    # 0.3 s told, but at least 1 s (half the 2 s first step), plus 0.5 x 0.075; then 1.5.
+    assert delays == [pytest.approx(1.0375), pytest.approx(1.0375), 1.5, 1.5]

@@ -98,6 +98,17 @@ def test_each_type_runs_its_use_case_with_its_typed_fields(
     assert service.calls == [call]
 
 
+def test_a_release_that_emptied_nothing_says_so() -> None:
+    class NothingEmptied(Recording):
+        def release(self, attempt_id: UUID) -> tuple[str, ...]:
+            super().release(attempt_id)
+            return ()
+
+    said = handle(NothingEmptied(), messages.decode(messages.release(ATTEMPT).encode()))  # type: ignore[arg-type]
+
+    assert said == "nothing emptied"
+
+
 def test_every_message_type_has_a_handler_taking_its_schemas_fields() -> None:
     assert set(HANDLERS) == {kind for kind, _ in messages.SCHEMAS}
     for (kind, _), schema in messages.SCHEMAS.items():

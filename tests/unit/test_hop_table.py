@@ -531,6 +531,7 @@ NO_ANSWER = [
     Defer("gateway unavailable: throttled (HTTP 429)", retry_after_s=45.0),
     Defer("gateway unavailable: not sent (paced at 20 calls/s)", retry_after_s=3.5, paced=True),
     Defer("gateway unavailable: HTTP 429", retry_after_s=1.0, gateway_up=True),
+    Defer("gateway unavailable: HTTP 429", retry_after_s=0.3),
 ]
 
 
@@ -539,13 +540,13 @@ def _deferred_until(h: int, st: Defer, r: int, since: datetime | None, n: dateti
     # The cap doubles for each whole hour the gateway has been silent, up to 600 s.
     hours = int((n - (since or n)).total_seconds() // 3600)
     cap = max(d.max_s, min(600.0, d.max_s * 2**hours))
-    r = 0 if st.gateway_up else r  # another call of the hop was answered: the first again
-    backoff = min(cap, d.base_s * 2**r) * (0.5 + 0.5 * j)
+    step = 0 if st.gateway_up else r  # another call of the hop was answered: the first again
+    backoff = min(cap, d.base_s * 2**step) * (0.5 + 0.5 * j)
     wait = max(st.retry_after_s, backoff)
     if st.paced:
         wait = st.retry_after_s * (1 + 0.25 * j)
-    elif st.retry_after_s > 0 and r < 2:  # the gateway said when: waited as said
-        wait = st.retry_after_s + j * min(st.retry_after_s / 4, 1.0)
+    elif st.retry_after_s > 0 and r < 2:  # told when, the first two in a row: waited as told
+        wait = max(st.retry_after_s, d.base_s / 2) + j * min(st.retry_after_s / 4, 1.0)
     until = min(n + timedelta(seconds=wait), dl)
     return Schedule(h + 1, until, (until - n).total_seconds(), st.status, deferred=True,
                     spends=False)  # fmt: skip

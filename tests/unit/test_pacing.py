@@ -348,3 +348,38 @@ def test_a_call_held_for_its_turn_raises_a_paced_transient_error() -> None:
         gateway.status("ws-1")
     assert held.value.paced
     assert held.value.retry_after_s == pytest.approx(1.0)
+
+
+def test_a_burst_of_429s_cannot_cut_a_learned_rate_to_its_floor() -> None:
+    rules = pace_rules(rate=None, **EVERY_429)
+    state = PaceState(learned=20.0, learned_at=0.0, ceiling=25.0, scored_at=10.0)
+    limited = rate_now(rules, state, 10.0)
+    assert limited is not None
+    state = replace(state, calls_score=100.0, throttled_score=99.0)  # nearly every call 429
+    cut, _ = observe(rules, state, 10.0, Result.THROTTLED, retry_after_s=0.0)
+    assert cut.ceiling == pytest.approx(limited * rules.backoff_factor)  # as a first cut would
+    assert rate_now(rules, cut, 10.0) == pytest.approx(cut.ceiling * rules.below_ceiling)
+
+
+def test_past_its_estimate_of_the_limit_a_rate_grows_fast_again() -> None:
+    """An estimate the rate outgrew without a 429 is stale (a limit that rose): slow
+    growth lasts from the knee to `stale_above` of it, no longer."""
+    rules = pace_rules(rate=None)
+    state = PaceState(learned=9.0, learned_at=0.0, ceiling=10.0)  # at the knee already
+    slow_s = math.log(rules.stale_above / rules.knee) / math.log1p(rules.growth_near_limit_per_s)
+    assert rate_now(rules, state, slow_s) == pytest.approx(10.0 * rules.stale_above)
+    assert rate_now(rules, state, slow_s + 10.0) == pytest.approx(
+        10.0 * rules.stale_above * (1 + rules.growth_per_s) ** 10
+    )
+    assert slow_s < 25.0  # a risen limit is found within tens of seconds, not minutes
+
+
+def test_a_learned_rate_refuses_rules_it_cannot_follow() -> None:
+    for bad in (
+        {"growth_per_s": 0.0},
+        {"knee": 1.2},
+        {"below_ceiling": 0.95},
+        {"stale_above": 1.0},
+    ):
+        with pytest.raises(ValueError, match="learned rate"):
+            pace_rules(**bad)
