@@ -12,9 +12,8 @@ import httpx
 
 from domain.pacing import Result
 from domain.ports import RequestRejected
-from infrastructure.failures import ServiceRefused
 from infrastructure.gateway.answers import SUMMARY_MAX, Answer, Unreadable, read_capped
-from infrastructure.tls import certificate_refusal
+from infrastructure.gateway.tls import gateway_refusal
 
 # Raised before the request left the client: nothing can have happened upstream.
 NOT_SENT: tuple[type[httpx.HTTPError], ...] = (
@@ -70,7 +69,7 @@ def exchange(
     except Unreadable as exc:
         return Failure("unreadable", str(exc))
     except NOT_SENT as exc:
-        refusal = _refusal(exc, client.base_url.host)
+        refusal = gateway_refusal(exc, client.base_url.host)
         why = scrub(str(refusal)) if refusal is not None else ""
         return Failure("not_sent", describe(exc, client.base_url.host, scrub), certificate=why)
     except httpx.TransportError as exc:  # includes every other timeout
@@ -81,21 +80,10 @@ def exchange(
 
 def describe(exc: httpx.HTTPError, host: str, scrub: Callable[[str], str]) -> str:
     """One line: a certificate that did not verify says what to check."""
-    refusal = _refusal(exc, host)
+    refusal = gateway_refusal(exc, host)
     text = str(refusal) if refusal is not None else " ".join(str(exc).split())
     detail = scrub(text)[:SUMMARY_MAX]
     return f"{type(exc).__name__}: {detail}" if detail else type(exc).__name__
-
-
-def _refusal(exc: BaseException, host: str) -> ServiceRefused | None:
-    """One line when the gateway's certificate did not verify; None for any other failure."""
-    return certificate_refusal(
-        exc,
-        peer="the gateway",
-        host=host,
-        url_key="PROVISIONER_GATEWAY_URL",
-        ca_key="PROVISIONER_GATEWAY_CA_FILE",
-    )
 
 
 def seg(value: str) -> str:

@@ -48,13 +48,7 @@ def certificate_refused(
         ):
             return None
     except ssl.SSLCertVerificationError as exc:
-        return certificate_refusal(
-            exc,
-            peer="the gateway",
-            host=host,
-            url_key="PROVISIONER_GATEWAY_URL",
-            ca_key="PROVISIONER_GATEWAY_CA_FILE",
-        )
+        return gateway_refusal(exc, host)
     except OSError as exc:  # unreachable, or TLS failing otherwise: the calls will say
         log.debug("gateway TLS handshake not completed: %s", exc)
         return None
@@ -65,3 +59,14 @@ def refuse_unverified(url: str, ca_file: str | None) -> None:
     refusal = certificate_refused(url, ca_file)
     if refusal is not None:
         raise refusal
+
+
+def gateway_refusal(exc: BaseException, host: str) -> ServiceRefused | None:
+    """One line when the gateway's certificate did not verify; None for any other failure."""
+    return certificate_refusal(
+        exc,
+        peer="the gateway",
+        host=host,
+        url_key="PROVISIONER_GATEWAY_URL",
+        ca_key="PROVISIONER_GATEWAY_CA_FILE",
+    )
