@@ -240,6 +240,25 @@ def test_a_delayed_hop_arrives_no_earlier_than_its_delay(rabbit_url: str) -> Non
 
 
 @pytest.mark.rabbitmq
+def test_a_hop_told_to_wait_a_second_is_not_kept_two(rabbit_url: str) -> None:
+    """A 1 s Retry-After, spread to 1.125 s: the 1.25 s wait queue, not a whole 2 s."""
+    message = messages.hop(uuid4(), 2)
+    publisher = Broker(rabbit_url, scheduler=None)
+    try:
+        publisher.declare()
+        sent = time.monotonic()
+        publisher.publish(message, delay_s=1.125)
+        assert queue_depth(rabbit_url, f"{WAIT_PREFIX}1250")[0] == 1
+        arrived = _receive_hops(rabbit_url, 1, timeout=5.0)
+    finally:
+        publisher.close()
+
+    [(at, body)] = arrived
+    assert 1.125 <= at - sent < 1.9
+    assert decode(body) == message
+
+
+@pytest.mark.rabbitmq
 def test_a_long_delay_never_holds_up_a_shorter_one(rabbit_url: str) -> None:
     long_wait, short_wait = messages.hop(uuid4(), 1), messages.hop(uuid4(), 2)
     publisher = Broker(rabbit_url, scheduler=None)
