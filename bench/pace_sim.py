@@ -13,6 +13,10 @@ held call asks again when the hold ends. Rules as a worker's with no rate
 configured (`PROVISIONER_GATEWAY_BURST` 1). Printed per gateway: calls answered
 over the seeds against rate x seconds (`x floor`: the time the same calls would
 take at the gateway's rate, over the simulated time) and the share answered 429.
+The "no limit" row has only the stray 429s; its floor is the calls answered with
+a configured rate too high ever to bind (so 1.00: stray 429s cost the fleet
+nothing). An answered call is published to the state at once (a worker
+publishes it with its next write).
 The real rollout (`bench/rollout.py metered`) measures the same on the service.
 """
 
@@ -27,15 +31,16 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from domain.pacing import Hold, PaceRules, PaceState, Result, admit, observe
+from domain.pacing import Hold, PaceRules, PaceState, Result, admit, count_answered, observe
 
 CALL_S, THINK_S = 0.005, 0.010
 
 
 def simulate(
-    rules: PaceRules, rate: float, seconds: float, threads: int, stray: float, seed: int
+    rules: PaceRules, rate: float | None, seconds: float, threads: int, stray: float, seed: int
 ) -> tuple[int, int]:
-    """(calls answered, calls answered 429) in `seconds` of simulated time."""
+    """(calls answered, calls answered 429) in `seconds` of simulated time; `rate`
+    None: no limit, only the stray 429s."""
     draw = random.Random(seed)
     state, start = PaceState(), 1000.0
     tokens, tokens_at, burst = 5.0, 0.0, 5.0
@@ -52,15 +57,17 @@ def simulate(
             else:
                 heapq.heappush(events, (t + decision.wait_s, "send", n))
             continue
-        tokens, tokens_at = min(burst, tokens + (t - tokens_at) * rate), t
+        if rate is not None:
+            tokens, tokens_at = min(burst, tokens + (t - tokens_at) * rate), t
         if tokens >= 1 and not draw.random() < stray:
-            tokens -= 1
+            tokens -= 1 if rate is not None else 0
             answered += 1
             state, _ = observe(rules, state, start + t + CALL_S, Result.ANSWERED)
+            state = count_answered(state, start + t + CALL_S, 1)
             heapq.heappush(events, (t + CALL_S + THINK_S, "ask", n))
         else:
             throttled += 1
-            retry_after = max(1, math.ceil((1 - tokens) / rate))
+            retry_after = max(1, math.ceil((1 - tokens) / rate)) if rate is not None else 1
             state, _ = observe(
                 rules, state, start + t + CALL_S, Result.THROTTLED, retry_after_s=retry_after
             )
@@ -77,13 +84,26 @@ def main() -> int:
     rules = PaceRules(burst=1, probe_every_s=10.0, retry_after_max_s=300.0)
     print("| gateway | stray 429s | x floor | answered 429 |")
     print("|---|---|---|---|")
-    for rate, stray in ((10.0, 0.0), (20.0, 0.0), (50.0, 0.0), (20.0, 0.03), (50.0, 0.03)):
+    unpaced = None  # no limit: the floor is what the threads send with no pace at all
+    for rate, stray in (
+        (10.0, 0.0), (20.0, 0.0), (50.0, 0.0), (20.0, 0.03), (50.0, 0.03), (None, 0.03)
+    ):  # fmt: skip
         answered = throttled = 0
         for seed in range(args.seeds):
             a, t = simulate(rules, rate, args.seconds, args.threads, stray, seed)
             answered, throttled = answered + a, throttled + t
-        floor = rate * args.seconds * args.seeds * (1 - stray)
-        print(f"| {rate:g} calls/s | {stray:.0%} | {floor / answered:.2f} | "
+        if rate is None:
+            if unpaced is None:
+                unpaced = sum(
+                    simulate(PaceRules(rate=1e9, burst=1, probe_every_s=10.0,
+                                       retry_after_max_s=300.0),
+                             None, args.seconds, args.threads, stray, seed)[0]
+                    for seed in range(args.seeds)
+                )  # fmt: skip
+            floor, gateway = float(unpaced), "no limit"
+        else:
+            floor, gateway = rate * args.seconds * args.seeds * (1 - stray), f"{rate:g} calls/s"
+        print(f"| {gateway} | {stray:.0%} | {floor / answered:.2f} | "
               f"{throttled / (answered + throttled):.1%} |")  # fmt: skip
     return 0
 

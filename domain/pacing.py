@@ -12,9 +12,13 @@ sent and reports what came of it to `observe`. Times are seconds on one clock
   Then the rate is set to `backoff_factor` of what the fleet was sending (at
   most once per `cut_every_s`, however many calls were throttled together) and grows
   by `growth_searching_per_s` a second, compounded, while no limit is known. Each
-  later cut estimates the limit (`ceiling`): what the fleet was sending (at most
-  the rate in force), less the share of it answered 429, and never under
-  `backoff_factor` of it; the rate is set to `below_ceiling` of that and grows by
+  later cut estimates the limit (`ceiling`): the calls the gateway answered (not
+  429) a second over the last second or two (`answered_rate`), never under
+  `backoff_factor` of what the fleet was sending, and, when only a few 429s past
+  the last estimate made the cut, never under `few_keep` of what the last cut on
+  dense 429s read (stray 429s take their share from the answered, and would
+  otherwise ratchet it down cut by cut); the rate is set to `below_ceiling`
+  of that and grows by
   `growth_per_s` up to `knee` of it, then by `growth_near_limit_per_s` up to
   `stale_above` of it (past that the estimate is stale: `growth_per_s` again), so
   that it spends its time just under the limit rather than overshooting it every
@@ -30,7 +34,12 @@ sent and reports what came of it to `observe`. Times are seconds on one clock
   a few calls is noise), both counted with an exponential decay of
   `evidence_tau_s` (about the last few seconds). A shared tenant's stray 429s
   (a few per cent of calls, at random) stay below it and cost their own retry.
-- **A shared Retry-After.** Once 429s are a rate signal, the latest one's
+  Past the limit a cut read, `evidence_above_min` 429s suffice: there they
+  follow our rate, and waiting for a share of 10 % would cost that share. A cut
+  spends the evidence (both counts start again), so the calls sent before it
+  cannot cut again, and the next cut reads a time above the limit.
+- **A shared Retry-After.** Once 429s are dense enough to be a rate signal (a
+  few past the limit read only cut the rate, which then spaces the calls), the latest one's
   Retry-After pauses every call of the fleet until then, for at most
   `retry_after_max_s`: one answer may not hold the whole fleet for an hour. A
   longer hold already stored (a process with a longer cap) is cut to that at
@@ -94,6 +103,10 @@ class PaceRules:
     evidence_share: float = 0.10
     evidence_tau_s: float = 5.0
     evidence_calls_min: float = 100.0  # the share is of at least this many calls
+    # Past the limit read at a cut, this many suffice: three within a second or so.
+    evidence_above_min: float = 2.5
+    few_keep: float = 0.9  # such a cut's estimate: not under this of the last dense one's
+    cut_under: float = 0.95  # no cut while the gateway answers this much of what was sent
 
     def __post_init__(self) -> None:
         if self.rate is not None and self.rate <= 0:
@@ -117,6 +130,7 @@ class PaceState:
     learned: float | None = None  # the rate set at the last 429 (no rate configured)
     learned_at: float = 0.0
     ceiling: float | None = None  # the limit as estimated at the last cut (calls/s)
+    ceiling_dense: float | None = None  # ... at the last cut on dense 429s
     paused_until: float = 0.0  # the shared Retry-After
     asked_s: float = 0.0  # what the 429 that set it asked (or a hold cut), if over the cap
     unreachable: int = 0  # unreachable answers in a row
@@ -127,6 +141,9 @@ class PaceState:
     window_at: float = 0.0  # calls counted since then (what a first 429 learns from)
     window_calls: int = 0
     window_rate: float = 0.0  # calls/s in the last whole window
+    window_answered: int = 0  # calls answered (not 429) since `window_at`, as published
+    last_s: float = 0.0  # the last whole window: how long, and how many it answered
+    last_answered: int = 0
     # Calls and 429s, decayed over `evidence_tau_s` since `scored_at`: the evidence.
     calls_score: float = 0.0
     throttled_score: float = 0.0
@@ -216,13 +233,44 @@ def count_calls(rules: PaceRules, state: PaceState, now: float, calls: int) -> P
     admitted them on its own copy of a free state)."""
     if calls <= 0:
         return state
+    state = _rolled(state, now)
+    return _scored(rules, replace(state, window_calls=state.window_calls + calls), now, calls=calls)
+
+
+def count_answered(state: PaceState, now: float, answered: int) -> PaceState:
+    """`answered` more calls answered, not 429 (published by the processes that
+    sent them, with their next write): what the gateway admits, which a cut reads."""
+    if answered <= 0:
+        return state
+    state = _rolled(state, now)
+    return replace(state, window_answered=state.window_answered + answered)
+
+
+def _rolled(state: PaceState, now: float) -> PaceState:
+    """The window of counts moved on, once it is a second long."""
     elapsed = now - state.window_at
-    if elapsed >= 1.0:
-        rate = state.window_calls / elapsed if elapsed < 10.0 else 0.0
-        state = replace(state, window_at=now, window_calls=calls, window_rate=rate)
-    else:
-        state = replace(state, window_calls=state.window_calls + calls)
-    return _scored(rules, state, now, calls=calls)
+    if elapsed < 1.0:
+        return state
+    recent = elapsed < 10.0  # an older window says nothing of now
+    return replace(
+        state,
+        window_at=now,
+        window_calls=0,
+        window_answered=0,
+        window_rate=state.window_calls / elapsed if recent else 0.0,
+        last_s=elapsed if recent else 0.0,
+        last_answered=state.window_answered if recent else 0,
+    )
+
+
+def answered_rate(state: PaceState, now: float) -> float | None:
+    """Calls/s the gateway answered (not 429) over the last second or two; None:
+    too short a time to say."""
+    current = now - state.window_at
+    seconds = state.last_s + max(0.0, current)
+    if seconds < 0.5 or current >= 10.0:  # too short, or nothing counted for long
+        return None
+    return (state.last_answered + state.window_answered) / seconds
 
 
 def _scored(
@@ -237,11 +285,22 @@ def _scored(
     )
 
 
-def rate_signal(rules: PaceRules, state: PaceState) -> bool:
-    """Whether the 429s counted are dense enough to be the gateway's rate limit."""
-    dense = state.throttled_score >= rules.evidence_min
+def rate_signal(rules: PaceRules, state: PaceState, now: float) -> bool:
+    """Whether the 429s counted are dense enough to be the gateway's rate limit; or,
+    a learned rate grown past the limit it read, a few are: they follow our rate."""
+    if state.ceiling is not None and rules.rate is None:
+        rate = rate_now(rules, state, now)
+        above = rate is None or rate > state.ceiling
+        if above and state.throttled_score >= rules.evidence_above_min:
+            return True
+    return _dense(rules, state)
+
+
+def _dense(rules: PaceRules, state: PaceState) -> bool:
+    if state.throttled_score < rules.evidence_min:
+        return False
     calls = max(state.calls_score, rules.evidence_calls_min)  # a share of a few calls is noise
-    return dense and state.throttled_score >= rules.evidence_share * calls
+    return state.throttled_score >= rules.evidence_share * calls
 
 
 def admit(
@@ -262,16 +321,15 @@ def admit(
         wait = state.paused_until - now
         return state, Hold(wait, "throttled: the gateway's Retry-After", paced=True)
     start = max(now, state.paused_until)
-    state = count_calls(rules, state, now, 1)
     rate = rate_now(rules, state, now)
     if rate is None:
-        return state, Go(start - now)
+        return count_calls(rules, state, now, 1), Go(start - now)
     interval = 1.0 / rate
     due = max(state.tat, start)
     wait = max(start, due - (rules.burst - 1) * interval) - now
-    if wait > patience:
+    if wait > patience:  # not sent: not counted
         return state, Hold(wait, f"paced at {shown(rate)} calls/s", paced=True)
-    return replace(state, tat=due + interval), Go(wait)
+    return replace(count_calls(rules, state, now, 1), tat=due + interval), Go(wait)
 
 
 def observe(
@@ -306,32 +364,63 @@ def observe(
     if result is Result.ANSWERED:
         return answered, change
     answered = _scored(rules, answered, now, throttled=1)
-    if not rate_signal(rules, answered):  # a stray 429: its own call waits, not the fleet
+    if not rate_signal(rules, answered, now):  # a stray 429: its own call waits, not the fleet
         return answered, change
     pause = hold_s(max(retry_after_s, 1.0), rules.retry_after_max_s)  # none: still a second
     until = now + pause
-    if until > state.paused_until:
+    if until > state.paused_until and _dense(rules, answered):
         asked = retry_after_s if retry_after_s > rules.retry_after_max_s else 0.0
         answered = replace(answered, paused_until=until, asked_s=asked)
-    if rules.rate is None and now - state.learned_at >= rules.cut_every_s:
+    if (
+        rules.rate is None
+        and now - state.learned_at >= rules.cut_every_s
+        and _held_back(rules, answered, now)
+    ):
         answered = _cut(rules, answered, rate_now(rules, state, now), now)
     return answered, change
 
 
+def _held_back(rules: PaceRules, state: PaceState, now: float) -> bool:
+    """Whether the gateway answered less than `cut_under` of what the fleet sent over
+    the last second or two (unknown: yes). If it answered nearly all, its 429s say
+    nothing of a limit under our rate: they are stray ones, or answers to calls sent
+    before the last cut."""
+    admitted = answered_rate(state, now)
+    seconds = state.last_s + max(0.0, now - state.window_at)
+    if admitted is None or state.learned is None:
+        return True
+    sent = (state.window_rate * state.last_s + state.window_calls) / seconds
+    return admitted < rules.cut_under * sent
+
+
 def _cut(rules: PaceRules, state: PaceState, limited: float | None, now: float) -> PaceState:
     """A learned rate's cut, from `limited`, the rate in force (None: none)."""
+    # The evidence is spent by a cut: what the calls sent before it still meet must
+    # not cut again, and the next cut reads a time above the limit, not this one's.
+    spent = replace(state, calls_score=0.0, throttled_score=0.0, learned_at=now)
     if limited is None:  # the first: only what was being sent is known
         learned = max(rules.min_rate, _sent_rate(state, now) * rules.backoff_factor)
-        return replace(state, learned=learned, learned_at=now, ceiling=None)
+        return replace(spent, learned=learned, ceiling=None)
     # What was sent (at most the rate in force) less the share answered 429: what the
     # gateway admits; never below what the first cut would give, so that a burst of
     # 429s alone cannot take the rate to its floor.
     sent = _sent_rate(state, now)
     sending = min(limited, sent) if sent > 0 else limited
-    share = min(1.0, state.throttled_score / max(state.calls_score, 1.0))
-    ceiling = max(rules.min_rate, sending * (1.0 - share), sending * rules.backoff_factor)
+    admitted = answered_rate(state, now)
+    if admitted is None:
+        share = min(1.0, state.throttled_score / max(state.calls_score, 1.0))
+        admitted = sending * (1.0 - share)
+    ceiling = max(rules.min_rate, admitted, sending * rules.backoff_factor)
+    dense = state.ceiling_dense
+    if _dense(rules, state) or dense is None:
+        dense = ceiling
+    else:
+        # A few 429s past the limit read: they may be stray ones, and what those take
+        # from the answered would ratchet the estimate down cut by cut; so not under
+        # `few_keep` of what dense 429s last read.
+        ceiling = max(ceiling, dense * rules.few_keep)
     learned = max(rules.min_rate, ceiling * rules.below_ceiling)
-    return replace(state, learned=learned, learned_at=now, ceiling=ceiling)
+    return replace(spent, learned=learned, ceiling=ceiling, ceiling_dense=dense)
 
 
 def _sent_rate(state: PaceState, now: float) -> float:

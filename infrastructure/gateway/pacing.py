@@ -21,7 +21,9 @@ by the process that got it, so a hold, a cut or an opened circuit reaches every
 process within `refresh_s` plus one read (about 200 ms); a copy older than
 `stale_s` is not trusted. With a limit in force, each call is admitted in one
 transaction, as the rate requires. An answered call changes nothing while the
-circuit is closed and nothing failed, so it writes nothing.
+circuit is closed and nothing failed, so it writes nothing: it is counted in
+the process and published with its next write (what a learned rate's cut
+reads as the gateway's limit).
 The pace never stops a call for its own sake: a store that cannot be read
 (the database down) holds the call back unsent, and a report it cannot take
 is dropped (both logged once an outage).
@@ -49,6 +51,7 @@ from domain.pacing import (
     PaceState,
     Result,
     admit,
+    count_answered,
     count_calls,
     free,
     observe,
@@ -243,6 +246,7 @@ class Pace:
         self.refresh_s, self.stale_s, self._monotonic = refresh_s, stale_s, monotonic
         self._copy: tuple[PaceState, float, float] | None = None
         self._sent = 0  # calls admitted on the copy, not yet published
+        self._answered = 0  # calls answered (not 429), not yet published
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._refresher: threading.Thread | None = None
@@ -258,7 +262,10 @@ class Pace:
             self._admitted.clean, self._admitted.probe = True, False
             return None
 
+        answered = self._take_answered()
+
         def step(state: PaceState, now: float) -> tuple[PaceState, Go | Hold]:
+            state = count_answered(state, now, answered)
             new, decision = admit(self.rules, state, now, create=create)
             self._admitted.clean = new.open_since is None and new.unreachable == 0
             self._admitted.probe = isinstance(decision, Go) and decision.probe
@@ -283,12 +290,17 @@ class Pace:
 
     def after(self, result: Result, *, retry_after_s: float = 0.0, error: str = "") -> None:
         """Report what the admitted call got; never raises (a report lost is logged)."""
-        if result is Result.ANSWERED and getattr(self._admitted, "clean", False):
-            return
+        if result is Result.ANSWERED:
+            with self._lock:
+                self._answered += 1  # published with this process's next write
+            if getattr(self._admitted, "clean", False):
+                return
 
         probe = getattr(self._admitted, "probe", False)
+        answered = self._take_answered()
 
         def step(state: PaceState, now: float) -> tuple[PaceState, Change | None]:
+            state = count_answered(state, now, answered)
             new, change = observe(
                 self.rules,
                 state,
@@ -302,13 +314,18 @@ class Pace:
             if new.learned_at != state.learned_at and new.learned is not None:
                 held = max(0.0, new.paused_until - now)
                 limit = "" if new.ceiling is None else f" (its limit read as {shown(new.ceiling)})"
+                why = (
+                    f"after 429s dense enough to be its rate limit; the fleet holds "
+                    f"{held:.0f} s (Retry-After)"
+                    if held > 0
+                    else "after 429s past the limit it had read; the fleet is not held"
+                )
                 lifecycle.info(
-                    "gateway pace %s: %s calls/s%s, after 429s dense enough to be "
-                    "its rate limit; the fleet holds %.0f s (Retry-After)",
+                    "gateway pace %s: %s calls/s%s, %s",
                     "learned" if state.learned is None else "cut",
                     shown(new.learned),
                     limit,
-                    held,
+                    why,
                 )
             return new, change
 
@@ -336,6 +353,13 @@ class Pace:
         age = self._monotonic() - read
         return age <= self.stale_s and free(self.rules, state, at + age)
 
+    def _take_answered(self) -> int:
+        """The answered calls not yet published, for the write about to be made (a
+        write that fails loses them: they only inform the next cut's estimate)."""
+        with self._lock:
+            answered, self._answered = self._answered, 0
+        return answered
+
     def _keep(self, state: PaceState, now: float) -> None:
         if getattr(self.store, "shared", False):
             self._copy = (state, now, self._monotonic())
@@ -357,13 +381,14 @@ class Pace:
         """Read the shared state again, publishing the calls sent on the copy since."""
         with self._lock:
             sent, self._sent = self._sent, 0
+        answered = self._take_answered()
 
         def publish(state: PaceState, now: float) -> tuple[PaceState, tuple[PaceState, float]]:
-            new = count_calls(self.rules, state, now, sent)
+            new = count_answered(count_calls(self.rules, state, now, sent), now, answered)
             return new, (new, now)
 
         try:
-            state, now = self.store.update(publish) if sent else self.store.read()
+            state, now = self.store.update(publish) if sent or answered else self.store.read()
         except Exception as exc:  # noqa: BLE001 - no copy: calls take the slow path, held
             with self._lock:
                 self._sent += sent

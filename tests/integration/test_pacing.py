@@ -7,6 +7,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from dataclasses import replace
 
 import pytest
 
@@ -172,5 +173,32 @@ def test_an_outage_opens_one_circuit_for_both_processes_with_one_probe_per_inter
     found = read_pace(pg_database, key)
     assert found is not None
     assert found[0].open_since is None
+    for gateway in gateways:
+        gateway.close()
+
+
+def test_a_learned_rate_reads_the_limit_from_what_both_processes_got_answered(
+    fake: FakeGateway, stores: list[PgPaceStore], pg_database: str, key: str
+) -> None:
+    """No rate configured: a cut after the first reads the gateway's limit as the
+    calls answered a second, which each process publishes with its next write."""
+    fake.configure(rate_limit=20.0, burst=3)
+    gateways = clients(fake, stores, pace_rules(burst=1, max_wait_s=0.5))
+    # A first cut made it 16 calls/s, under the limit: nothing throttled (a cut is
+    # made 3 s after the last at the soonest).
+    stores[0].update(lambda state, now: (replace(state, learned=16.0, learned_at=now), None))
+    hammer(gateways, threads_each=8, seconds=1.5)
+    assert fake.state()["throttled"] == 0
+    # Then twice the limit (30 grown 10 %/s for 3 s): 429s, dense; the cut reads what
+    # the gateway answered.
+    stores[0].update(lambda state, now: (replace(state, learned=30.0, learned_at=now - 3), None))
+    hammer(gateways, threads_each=8, seconds=2.0)
+
+    found = read_pace(pg_database, key)
+    assert found is not None
+    state, _ = found
+    assert state.learned is not None
+    assert state.ceiling is not None  # a later cut: the limit read
+    assert 15.0 <= state.ceiling <= 26.0  # 20 a second, and a burst of 3
     for gateway in gateways:
         gateway.close()

@@ -54,7 +54,7 @@ def test_429s_dense_as_a_rate_limit_hold_and_cut_the_fleet() -> None:
 
 def test_one_429_alone_is_no_signal_however_few_the_calls() -> None:
     state, _ = observe(RULES, PaceState(), 10.0, Result.THROTTLED, retry_after_s=60.0)
-    assert not rate_signal(RULES, state)
+    assert not rate_signal(RULES, state, 10.0)
     assert state.paused_until == 0.0
     assert state.throttled_score == 1.0
 
@@ -63,12 +63,16 @@ def test_the_evidence_fades_after_a_few_seconds() -> None:
     state = PaceState()
     for n in range(9):  # nine 429s in a row: not yet a tenth of 100 calls
         state, _ = observe(RULES, state, 10.0 + n * 0.01, Result.THROTTLED, retry_after_s=1.0)
-    assert not rate_signal(RULES, state)  # decayed a little: just under the share
+    assert not rate_signal(RULES, state, 10.0)  # decayed a little: just under the share
     later, _ = observe(RULES, state, 40.0, Result.THROTTLED, retry_after_s=1.0)
-    assert not rate_signal(RULES, later)  # the first nine have faded
-    for n in range(2):
-        state, _ = observe(RULES, state, 10.1 + n * 0.01, Result.THROTTLED, retry_after_s=1.0)
-    assert rate_signal(RULES, state)  # eleven within the moment, and all of the calls
+    assert not rate_signal(RULES, later, 40.0)  # the first nine have faded
+    state, _ = observe(RULES, state, 10.1, Result.THROTTLED, retry_after_s=1.0)
+    assert not rate_signal(RULES, state, 10.1)  # ten, decayed a little: just under
+    assert state.learned is None
+    state, _ = observe(RULES, state, 10.11, Result.THROTTLED, retry_after_s=1.0)
+    assert state.learned is not None  # eleven within the moment, all of the calls: cut
+    assert state.paused_until > 10.11
+    assert state.throttled_score == state.calls_score == 0.0  # the cut spent the evidence
 
 
 def test_free_only_while_no_limit_is_in_force() -> None:

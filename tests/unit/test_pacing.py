@@ -17,6 +17,8 @@ from domain.pacing import (
     PaceState,
     Result,
     admit,
+    count_answered,
+    count_calls,
     observe,
     rate_now,
 )
@@ -89,23 +91,121 @@ def test_without_a_rate_the_first_429_learns_one_and_success_grows_it() -> None:
     assert rate_now(rules, state, 102.0 + 10_000) is None  # grown past any limit: no limit
 
 
-def test_a_later_cut_estimates_the_limit_and_grows_slowly_near_it() -> None:
-    """Throttled at a learned rate: the limit is what was sent less the share answered
-    429; the rate goes under it, grows fast to the knee, then slowly."""
+def test_a_later_cut_reads_the_limit_as_what_the_gateway_answered() -> None:
+    """Throttled at a learned rate: the limit is the calls answered (not 429) a second
+    over the last second or two; the rate goes under it, grows fast to the knee, then
+    slowly."""
     rules = pace_rules(rate=None, below_ceiling=0.85, knee=0.9, **EVERY_429)
-    state = PaceState(learned=20.0, learned_at=0.0, ceiling=None, scored_at=10.0)
-    sending = rate_now(rules, state, 10.0)
-    assert sending == pytest.approx(20.0 * 1.10**10)
-    state = replace(state, calls_score=100.0, throttled_score=24.0)  # 25 % answered 429
+    state = PaceState(learned=10.0, learned_at=0.0, ceiling=None, scored_at=10.0)
+    assert rate_now(rules, state, 10.0) == pytest.approx(10.0 * 1.10**10)  # 25.9
+    # The last whole second sent 18 calls, 14 answered; 9 and 7 in the half since.
+    state = replace(
+        state, window_at=9.5, window_rate=18.0, window_calls=9, last_s=1.0, last_answered=14
+    )
+    state = count_answered(state, 9.9, 7)
     cut, _ = observe(rules, state, 10.0, Result.THROTTLED, retry_after_s=1.0)
-    share = 25.0 / 100.0  # the 429 just observed counts too
-    assert cut.ceiling == pytest.approx(sending * (1 - share))
+    assert cut.ceiling == pytest.approx(21 / 1.5)  # 14 calls/s answered
     assert rate_now(rules, cut, 10.0) == pytest.approx(0.85 * cut.ceiling)
     to_knee = math.log(0.9 / 0.85) / math.log1p(rules.growth_per_s)
     assert rate_now(rules, cut, 10.0 + to_knee) == pytest.approx(0.9 * cut.ceiling)
     assert rate_now(rules, cut, 20.0 + to_knee) == pytest.approx(
         0.9 * cut.ceiling * (1 + rules.growth_near_limit_per_s) ** 10
     )
+
+
+def test_a_cut_without_answers_counted_reads_the_share_answered_429() -> None:
+    rules = pace_rules(rate=None, **EVERY_429)
+    state = PaceState(learned=20.0, learned_at=0.0, scored_at=10.0)
+    sending = rate_now(rules, state, 10.0)
+    state = replace(state, calls_score=100.0, throttled_score=24.0)  # 25 % answered 429
+    cut, _ = observe(rules, state, 10.0, Result.THROTTLED, retry_after_s=1.0)
+    assert cut.ceiling == pytest.approx(sending * (1 - 0.25))  # the 429 just seen counts
+
+
+def test_never_under_most_of_what_was_sent_however_few_were_answered() -> None:
+    rules = pace_rules(rate=None, **EVERY_429)
+    state = PaceState(learned=10.0, learned_at=0.0, window_at=9.0, window_rate=30.0, last_s=1.0)
+    cut, _ = observe(rules, state, 10.0, Result.THROTTLED, retry_after_s=1.0)
+    assert cut.ceiling == pytest.approx(0.7 * 25.937, rel=1e-3)  # the rate in force, 0.7 of it
+
+
+def test_a_few_429s_past_the_limit_read_cut_the_rate_but_hold_no_one() -> None:
+    """Past the limit a cut read, 429s follow our rate: three suffice to cut, where a
+    share of 10 % would cost that share; they say the limit is no higher than read,
+    not that it is lower, and the fleet is not held (the cut rate spaces the calls)."""
+    rules = pace_rules(rate=None)
+    past = PaceState(learned=9.0, learned_at=0.0, ceiling=10.0, ceiling_dense=10.0, scored_at=30.0)
+    assert rate_now(rules, past, 30.0) > 10.0  # grown past the limit read
+    state = replace(past, window_at=29.5, window_rate=11.0, last_s=1.0, last_answered=8)
+    for n in range(2):
+        state, _ = observe(rules, state, 30.0 + n * 0.1, Result.THROTTLED, retry_after_s=1.0)
+        assert state.learned_at == 0.0  # one, two: not yet
+    cut, _ = observe(rules, state, 30.3, Result.THROTTLED, retry_after_s=1.0)
+    assert cut.learned_at == 30.3
+    assert cut.ceiling == 9.0  # 8 a second answered (stray 429s among them): 0.9 of 10
+    assert cut.ceiling_dense == 10.0
+    assert cut.paused_until == 0.0
+    assert rate_now(rules, cut, 30.3) == pytest.approx(0.85 * 9.0)
+    more = replace(
+        cut, learned_at=20.0, scored_at=40.0, window_at=39.5, window_rate=30.0, last_answered=20
+    )
+    assert rate_now(rules, more, 40.0) > 9.0
+    for n in range(3):
+        more, _ = observe(rules, more, 40.0 + n * 0.1, Result.THROTTLED, retry_after_s=1.0)
+    assert more.ceiling == pytest.approx(20 / 1.7)  # more answered than read: read higher
+
+    under = PaceState(learned=8.5, learned_at=0.0, ceiling=10.0, scored_at=1.0)
+    assert rate_now(rules, under, 1.0) < 10.0
+    for n in range(5):  # the same three, and more, under the limit read: stray
+        under, _ = observe(rules, under, 1.0 + n * 0.1, Result.THROTTLED, retry_after_s=1.0)
+    assert under.learned_at == 0.0
+
+
+def test_429s_dense_under_the_limit_read_show_it_fell() -> None:
+    rules = pace_rules(rate=None, evidence_min=3.0, evidence_share=0.0)
+    state = PaceState(
+        learned=17.0, learned_at=0.0, ceiling=20.0, scored_at=5.0,
+        window_at=4.5, window_rate=17.0, last_s=1.0, last_answered=10,
+    )  # fmt: skip
+    assert rate_now(rules, state, 5.0) < 20.0
+    for n in range(4):
+        state, _ = observe(rules, state, 5.0 + n * 0.01, Result.THROTTLED, retry_after_s=1.0)
+    assert state.ceiling == pytest.approx(0.7 * 17.0)  # 10 / 1.5 answered: the floor
+    assert state.paused_until > 5.0  # dense: the fleet holds
+
+
+def test_a_cut_spends_the_evidence_so_the_calls_sent_before_it_cannot_cut_again() -> None:
+    rules = pace_rules(rate=None, cut_every_s=0.5)
+    state = PaceState(window_at=1.0)
+    state = count_calls(rules, state, 1.0, 100)
+    for _ in range(11):
+        state, _ = observe(rules, state, 1.1, Result.THROTTLED, retry_after_s=1.0)
+    first = state.learned_at
+    assert state.learned is not None
+    for n in range(9):  # the calls admitted before the cut meet the limit too
+        state, _ = observe(rules, state, 2.0 + n * 0.01, Result.THROTTLED, retry_after_s=1.0)
+    assert state.learned_at == first
+
+
+def test_a_call_held_back_is_not_counted_as_sent() -> None:
+    rules = pace_rules(rate=1.0, burst=1, max_wait_s=0.5)
+    state, go = admit(rules, PaceState(), 10.0)
+    assert isinstance(go, Go)
+    held_state, held = admit(rules, state, 10.0)
+    assert isinstance(held, Hold)
+    assert held_state.window_calls == state.window_calls == 1
+    assert held_state.calls_score == state.calls_score
+
+
+def test_answers_reported_after_calls_reach_the_shared_state_with_the_next_write() -> None:
+    store = MemoryPaceStore(clock=ManualClock(100.0))
+    pace = Pace(store, pace_rules(rate=None), sleep=lambda s: None)
+    for _ in range(3):
+        assert pace.before() is None
+        pace.after(Result.ANSWERED)
+    assert store.read()[0].window_answered == 2  # the third is published with the next
+    assert pace.before() is None
+    assert store.read()[0].window_answered == 3
 
 
 def test_repeated_failures_open_the_circuit_and_one_probe_goes_per_interval() -> None:
