@@ -17,7 +17,7 @@ from domain.creates import grace_start
 from domain.errors import CommandRefused
 from domain.ownership import Creates, is_parent
 from domain.policies import AttemptState, FailureReason, Provenance, owed_releases
-from domain.stored import deferred_false, safe_message, spent_unless_deferred
+from domain.stored import deferred_false, paced_false, safe_message, spent_unless_deferred
 
 
 class ProvisioningAttempt(Aggregate):
@@ -57,7 +57,7 @@ class ProvisioningAttempt(Aggregate):
         hop: int
 
     class HopScheduled(Aggregate.Event):
-        class_version = 3
+        class_version = 4
         hop: int
         not_before: datetime
         last_status: str
@@ -67,9 +67,13 @@ class ProvisioningAttempt(Aggregate):
         # It spent a hop of the settle budget: a workspace still settling (not a
         # deferral, nor the wait for an unconfirmed create within its grace).
         spent: bool
+        # A deferral for the fleet's own turn (its rate, a shared Retry-After): the
+        # gateway was not asked, so it is no deferral "in a row" for the backoff.
+        paced: bool
 
         upcast_v1_v2 = staticmethod(deferred_false)
         upcast_v2_v3 = staticmethod(spent_unless_deferred)
+        upcast_v3_v4 = staticmethod(paced_false)
 
     class Promoted(Aggregate.Event):
         workspace_id: str
@@ -143,6 +147,7 @@ class ProvisioningAttempt(Aggregate):
         self.settle_hops = 0  # hops the gateway answered "not yet" (the settle budget)
         self.deferrals = 0  # hops the gateway did not answer, in all
         self.deferred_in_row = 0  # ... since the last hop it answered
+        self.unanswered_in_row = 0  # ... of them, the gateway's (not the fleet's pace)
         # When the gateway last answered: the event before the first of those deferrals.
         self.unavailable_since: datetime | None = None
         # When the last deferral ended: an unconfirmed create's grace restarts then.
@@ -298,13 +303,18 @@ class ProvisioningAttempt(Aggregate):
         *,
         deferred: bool = False,
         spends: bool = True,
+        paced: bool = False,
     ) -> None:
-        """The next hop: a settle wait (at most `max_hop`), one that spends none, or a deferral."""
+        """The next hop: a settle wait (at most `max_hop`), one that spends none, or a
+        deferral (`paced`: held for the fleet's own turn)."""
         self._require_pending("schedule a hop")
         spent = spends and not deferred
         if hop != self.expected_hop + 1 or (spent and self.settle_hops >= self.max_hop):
             raise CommandRefused(f"attempt {self.id} cannot schedule hop {hop}")
-        self._hop_scheduled(hop, not_before, safe_message(last_status), deferred, spent)
+        paced = paced and deferred
+        self._hop_scheduled(
+            hop, not_before, safe_message(last_status), deferred=deferred, spent=spent, paced=paced
+        )
 
     def promote(self, hop: int) -> None:
         self._require_pending("be promoted")
@@ -384,7 +394,14 @@ class ProvisioningAttempt(Aggregate):
 
     @event(HopScheduled)
     def _hop_scheduled(
-        self, hop: int, not_before: datetime, last_status: str, deferred: bool, spent: bool
+        self,
+        hop: int,
+        not_before: datetime,
+        last_status: str,
+        *,
+        deferred: bool,
+        spent: bool,
+        paced: bool,
     ) -> None:
         self.expected_hop = hop
         self.not_before = not_before
@@ -395,9 +412,11 @@ class ProvisioningAttempt(Aggregate):
                 self.unavailable_since = self.modified_on  # the event before this one
             self.deferrals += 1
             self.deferred_in_row += 1
+            self.unanswered_in_row += not paced
         else:
             self.settle_hops += spent
             self.deferred_in_row = 0
+            self.unanswered_in_row = 0
             self.unavailable_since = None
 
     @event(Promoted)

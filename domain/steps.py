@@ -66,6 +66,7 @@ class Schedule:
     status: str
     deferred: bool = False
     spends: bool = True  # spends a hop of the settle budget (never when deferred)
+    paced: bool = False  # deferred for the fleet's own turn, not the gateway's silence
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,6 +19,11 @@ def spent_unless_deferred(state: dict[str, Any]) -> None:
     state["spent"] = not state["deferred"]
 
 
+def paced_false(state: dict[str, Any]) -> None:
+    """Upcaster: before `paced`, no deferral was told apart as the fleet's own turn."""
+    state["paced"] = False
+
+
 def safe_message(text: str) -> str:
     """One line, bounded length: what may be stored in an event or a log line."""
     line = " ".join(str(text).split())

@@ -159,7 +159,8 @@ def schedule_or_exhaust(
 class Deferral:
     """How long a hop that got no answer waits before it runs again.
 
-    The n-th deferral in a row waits `min(cap, base_s * 2**n)`, jittered down to
+    The n-th unanswered deferral in a row (the fleet's own turns not counted) waits
+    `min(cap, base_s * 2**n)`, jittered down to
     half of that at random, or until the gateway's shared `Retry-After` (at most
     `retry_after_max_s`, as the fleet's pace holds it), whichever is later. The
     cap is `max_s` in the first hour of silence and doubles with each further
@@ -233,9 +234,11 @@ def defer_or_expire(
     """No answer: the same question again later, without using the settle budget.
 
     Later means after the shared Retry-After and the jittered backoff of the
-    `in_row`-th deferral in a row (the first again when the gateway answered another
-    call of the hop: `Defer.gateway_up`), and no later than the deadline; at the
-    deadline the attempt fails (`deadline`), naming since when nothing answered.
+    `in_row`-th deferral in a row that the gateway left unanswered (a deferral for
+    the fleet's own turn, `Defer.paced`, is not counted: the gateway was not asked;
+    the first again when the gateway answered another call of the hop:
+    `Defer.gateway_up`), and no later than the deadline; at the deadline the
+    attempt fails (`deadline`), naming since when nothing answered.
     """
     since = unavailable_since or now
     if now >= deadline_at:
@@ -250,7 +253,9 @@ def defer_or_expire(
     )
     not_before = min(now + timedelta(seconds=delay), deadline_at)
     delay_s = (not_before - now).total_seconds()
-    return Schedule(hop + 1, not_before, delay_s, step.status, deferred=True, spends=False)
+    return Schedule(
+        hop + 1, not_before, delay_s, step.status, deferred=True, spends=False, paced=step.paced
+    )
 
 
 # -- the audit: a read asked again ------------------------------------------------------

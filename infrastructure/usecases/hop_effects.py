@@ -275,7 +275,7 @@ class HopEffects:
             ending = waits.defer_or_expire(
                 self.hop,
                 step,
-                in_row=attempt.deferred_in_row,
+                in_row=attempt.unanswered_in_row,
                 unavailable_since=attempt.unavailable_since,
                 deadline_at=attempt.created_on + timedelta(seconds=settings.deferral.deadline_s),
                 now=now,
@@ -293,6 +293,7 @@ class HopEffects:
             ending.status,
             deferred=ending.deferred,
             spends=ending.spends,
+            paced=ending.paced,
         )
         self._save()
         outcome, detail = decide.ended(ending)

@@ -395,3 +395,47 @@ def test_a_create_throttled_again_and_again_is_not_asked_every_second(
         clock.advance(outcome.delay_s or 0)
     # 0.3 s told, but at least 1 s (half the 2 s first step), plus 0.5 x 0.075; then 1.5.
     assert delays == [pytest.approx(1.0375), pytest.approx(1.0375), 1.5, 1.5]
+
+
+def test_a_stray_429_after_the_fleets_turns_waits_its_retry_after_not_a_backoff(
+    service: ProvisioningService, gateway: MemoryGateway, clock: ManualClock
+) -> None:
+    """Held five times for the fleet's turn, then told by a 429 to come back in 1 s:
+    the holds did not ask the gateway, so the 429 is the first unanswered deferral in
+    a row and is waited as told (where five outage deferrals before it would have
+    brought the 30 s cap)."""
+    attempt_id = service.request_provisioning("b1", TITLE, PARENT)
+    paced = TransientGatewayError("family: not sent (paced at 10 calls/s)", retry_after_s=2.0,
+                                  paced=True)  # fmt: skip
+    throttled = TransientGatewayError("family: throttled (HTTP 429)", retry_after_s=1.0)
+    gateway.fail["family"] = [paced] * 5 + [throttled, throttled, throttled]
+    delays = deferrals(service, clock, attempt_id)
+    # 2 s and a quarter x 0.5 five times; the 429 twice as told (1 s and an eighth),
+    # then the backoff's third step (8 s at 0.75).
+    assert delays == [2.25] * 5 + [1.125, 1.125, 6.0]
+    attempt = service.attempt(attempt_id)
+    assert (attempt.deferrals, attempt.unanswered_in_row) == (8, 3)
+
+
+def test_deferrals_written_before_paced_existed_load_as_the_gateways(
+    service: ProvisioningService, clock: ManualClock
+) -> None:
+    attempt = ProvisioningAttempt.start("b1", TITLE, PARENT, None, max_hop=3)
+    attempt.schedule_hop(1, clock.now(), "gateway unavailable", deferred=True, paced=True)
+    attempt.schedule_hop(2, clock.now(), "gateway unavailable", deferred=True)
+    app = service.app
+    old = []
+    for event in attempt.collect_events():
+        stored = app.mapper.to_stored_event(event)
+        state = json.loads(stored.state)
+        if "paced" in state:  # as version 3 wrote it
+            del state["paced"]
+            state["class_version"] = 3
+        old.append(StoredEvent(stored.originator_id, stored.originator_version, stored.topic,
+                               json.dumps(state).encode()))  # fmt: skip
+    app.recorder.insert_events(old)
+
+    loaded = service.attempt(attempt.id)
+
+    assert (loaded.deferred_in_row, loaded.unanswered_in_row) == (2, 2)
+    assert attempt.unanswered_in_row == 1  # as written now: the fleet's turn not counted

@@ -355,7 +355,7 @@ def test_ended_attempts_are_counted_by_state_and_a_bounded_reason() -> None:
     metrics.count_ended(event(ProvisioningAttempt.Promoted, workspace_id="w", hop=1))
     metrics.count_ended(event(ProvisioningAttempt.Cancelled, why="x"))
     metrics.count_ended(event(ProvisioningAttempt.HopScheduled, hop=1, not_before=T0,
-                              last_status="", deferred=False, spent=True))  # fmt: skip
+                              last_status="", deferred=False, spent=True, paced=False))  # fmt: skip
     assert sample("provisioner_attempts_ended_total", state="failed",
                   reason="unauthorized") == failed + 1  # fmt: skip
     assert sample("provisioner_attempts_ended_total", state="failed", reason="other") == other + 1

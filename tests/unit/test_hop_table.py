@@ -549,7 +549,7 @@ def _deferred_until(h: int, st: Defer, r: int, since: datetime | None, n: dateti
         wait = max(st.retry_after_s, d.base_s / 2) + j * min(st.retry_after_s / 4, 1.0)
     until = min(n + timedelta(seconds=wait), dl)
     return Schedule(h + 1, until, (until - n).total_seconds(), st.status, deferred=True,
-                    spends=False)  # fmt: skip
+                    spends=False, paced=st.paced)  # fmt: skip
 
 
 DEFER: list[Row] = [
