@@ -30,8 +30,9 @@ sent and reports what came of it to `observe`. Times are seconds on one clock
   that got it (its hop is deferred until then: domain/hop.py). The fleet-wide
   hold and a learned rate's cut follow only from 429s dense enough to be a rate
   signal (`rate_signal`): at least `evidence_min` of them, and at least
-  `evidence_share` of the calls (of `evidence_calls_min` at the least: a share of
-  a few calls is noise), both counted with an exponential decay of
+  `evidence_share` of the calls (of `evidence_calls_min` at the least, or
+  `evidence_calls_learned` once a rate was learned: a share of a few calls is
+  noise), both counted with an exponential decay of
   `evidence_tau_s` (about the last few seconds). A shared tenant's stray 429s
   (a few per cent of calls, at random) stay below it and cost their own retry.
   Past the limit a cut read, `evidence_above_min` 429s suffice: there they
@@ -103,6 +104,7 @@ class PaceRules:
     evidence_share: float = 0.10
     evidence_tau_s: float = 5.0
     evidence_calls_min: float = 100.0  # the share is of at least this many calls
+    evidence_calls_learned: float = 50.0  # ... once a rate was learned
     # Past the limit read at a cut, this many suffice: three within a second or so.
     evidence_above_min: float = 2.5
     few_keep: float = 0.9  # such a cut's estimate: not under this of the last dense one's
@@ -299,7 +301,9 @@ def rate_signal(rules: PaceRules, state: PaceState, now: float) -> bool:
 def _dense(rules: PaceRules, state: PaceState) -> bool:
     if state.throttled_score < rules.evidence_min:
         return False
-    calls = max(state.calls_score, rules.evidence_calls_min)  # a share of a few calls is noise
+    # A share of a few calls is noise; fewer calls make a share once a limit was found.
+    floor = rules.evidence_calls_min if state.learned is None else rules.evidence_calls_learned
+    calls = max(state.calls_score, floor)
     return state.throttled_score >= rules.evidence_share * calls
 
 

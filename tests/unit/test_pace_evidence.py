@@ -13,6 +13,7 @@ from domain.pacing import (
     PaceState,
     Result,
     admit,
+    count_answered,
     count_calls,
     free,
     observe,
@@ -189,3 +190,27 @@ def test_a_rate_reads_as_a_person_writes_it() -> None:
     from domain.pacing import shown
 
     assert [shown(r) for r in (0.25, 7.5, 19.0, 6580.4)] == ["0.25", "7.5", "19", "6,580"]
+
+
+def test_stray_429s_under_a_learned_limit_never_ratchet_it_down() -> None:
+    """A limit of 25 calls/s was learned; then only stray 429s (3 %) come, at the rate
+    in force, for 200 s: the limit read stays within `few_keep` of 25 (without it,
+    seed 0 reads 15)."""
+    for seed in range(3):
+        draw = random.Random(seed)
+        state = PaceState(learned=21.0, learned_at=1000.0, ceiling=25.0, ceiling_dense=25.0)
+        now = 1000.0
+        while now < 1200.0:
+            state, decision = admit(RULES, state, now)
+            if isinstance(decision, Go):
+                now += decision.wait_s
+                throttled = draw.random() < 0.03
+                result = Result.THROTTLED if throttled else Result.ANSWERED
+                state, _ = observe(RULES, state, now, result, retry_after_s=1.0)
+                if not throttled:
+                    state = count_answered(state, now, 1)
+            else:
+                now += decision.wait_s
+            now += 0.001
+        assert state.ceiling is not None
+        assert state.ceiling >= RULES.few_keep * 25.0, seed

@@ -182,7 +182,7 @@ def test_a_cut_spends_the_evidence_so_the_calls_sent_before_it_cannot_cut_again(
         state, _ = observe(rules, state, 1.1, Result.THROTTLED, retry_after_s=1.0)
     first = state.learned_at
     assert state.learned is not None
-    for n in range(9):  # the calls admitted before the cut meet the limit too
+    for n in range(4):  # the calls admitted before the cut meet the limit too
         state, _ = observe(rules, state, 2.0 + n * 0.01, Result.THROTTLED, retry_after_s=1.0)
     assert state.learned_at == first
 
