@@ -37,7 +37,13 @@ CALL_S, THINK_S = 0.005, 0.010
 
 
 def simulate(
-    rules: PaceRules, rate: float | None, seconds: float, threads: int, stray: float, seed: int
+    rules: PaceRules,
+    rate: float | None,
+    seconds: float,
+    threads: int,
+    stray: float,
+    seed: int,
+    retry_after: float = 0.0,
 ) -> tuple[int, int]:
     """(calls answered, calls answered 429) in `seconds` of simulated time; `rate`
     None: no limit, only the stray 429s."""
@@ -67,11 +73,12 @@ def simulate(
             heapq.heappush(events, (t + CALL_S + THINK_S, "ask", n))
         else:
             throttled += 1
-            retry_after = max(1, math.ceil((1 - tokens) / rate)) if rate is not None else 1
+            told = max(1, math.ceil((1 - tokens) / rate)) if rate is not None else 1
+            told = max(told, retry_after)
             state, _ = observe(
-                rules, state, start + t + CALL_S, Result.THROTTLED, retry_after_s=retry_after
+                rules, state, start + t + CALL_S, Result.THROTTLED, retry_after_s=told
             )
-            heapq.heappush(events, (t + CALL_S + retry_after, "ask", n))
+            heapq.heappush(events, (t + CALL_S + told, "ask", n))
     return answered, throttled
 
 
@@ -80,6 +87,9 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=120.0)
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=32)
+    parser.add_argument(
+        "--retry-after", type=float, default=0.0, help="every 429 asks at least this many s"
+    )
     args = parser.parse_args()
     rules = PaceRules(burst=1, probe_every_s=10.0, retry_after_max_s=300.0)
     print("| gateway | stray 429s | x floor | answered 429 |")
@@ -90,7 +100,7 @@ def main() -> int:
     ):  # fmt: skip
         answered = throttled = 0
         for seed in range(args.seeds):
-            a, t = simulate(rules, rate, args.seconds, args.threads, stray, seed)
+            a, t = simulate(rules, rate, args.seconds, args.threads, stray, seed, args.retry_after)
             answered, throttled = answered + a, throttled + t
         if rate is None:
             if unpaced is None:

@@ -105,10 +105,13 @@ class PaceRules:
     evidence_tau_s: float = 5.0
     evidence_calls_min: float = 100.0  # the share is of at least this many calls
     evidence_calls_learned: float = 50.0  # ... once a rate was learned
-    # Past the limit read at a cut, this many suffice: three within a second or so.
+    # Past the limit read at a cut, this many (decayed over evidence_tau_s) suffice:
+    # three within a second or so, or a steady one every two seconds.
     evidence_above_min: float = 2.5
+    evidence_above_share: float = 0.05
     few_keep: float = 0.9  # such a cut's estimate: not under this of the last dense one's
     cut_under: float = 0.95  # no cut while the gateway answers this much of what was sent
+    cut_short_min: float = 3.0  # ... or while it answered fewer than this many calls less
 
     def __post_init__(self) -> None:
         if self.rate is not None and self.rate <= 0:
@@ -266,13 +269,15 @@ def _rolled(state: PaceState, now: float) -> PaceState:
 
 
 def answered_rate(state: PaceState, now: float) -> float | None:
-    """Calls/s the gateway answered (not 429) over the last second or two; None:
-    too short a time to say."""
+    """Calls/s the gateway answered (not 429) since the last whole window began (a
+    second or two while calls flow); None: too short a time, nothing counted for
+    long, or no answer published (a process of an older version)."""
     current = now - state.window_at
     seconds = state.last_s + max(0.0, current)
-    if seconds < 0.5 or current >= 10.0:  # too short, or nothing counted for long
+    answered = state.last_answered + state.window_answered
+    if seconds < 0.5 or current >= 10.0 or answered == 0:
         return None
-    return (state.last_answered + state.window_answered) / seconds
+    return answered / seconds
 
 
 def _scored(
@@ -290,12 +295,20 @@ def _scored(
 def rate_signal(rules: PaceRules, state: PaceState, now: float) -> bool:
     """Whether the 429s counted are dense enough to be the gateway's rate limit; or,
     a learned rate grown past the limit it read, a few are: they follow our rate."""
-    if state.ceiling is not None and rules.rate is None:
-        rate = rate_now(rules, state, now)
-        above = rate is None or rate > state.ceiling
-        if above and state.throttled_score >= rules.evidence_above_min:
-            return True
-    return _dense(rules, state)
+    return _dense(rules, state) or _past_limit(rules, state, now)
+
+
+def _past_limit(rules: PaceRules, state: PaceState, now: float) -> bool:
+    """A learned rate in force above the limit its last cut read, and 429s (decayed)
+    at least `evidence_above_min` and `evidence_above_share` of the calls: more than
+    a stray share, which grows with the rate."""
+    if rules.rate is not None or state.ceiling is None:
+        return False
+    rate = rate_now(rules, state, now)
+    if rate is None or rate <= state.ceiling:
+        return False
+    bar = max(rules.evidence_above_min, rules.evidence_above_share * state.calls_score)
+    return state.throttled_score >= bar
 
 
 def _dense(rules: PaceRules, state: PaceState) -> bool:
@@ -367,34 +380,50 @@ def observe(
         answered = replace(state, unreachable=0, unreachable_since=None, open_since=None)
     if result is Result.ANSWERED:
         return answered, change
-    answered = _scored(rules, answered, now, throttled=1)
-    if not rate_signal(rules, answered, now):  # a stray 429: its own call waits, not the fleet
-        return answered, change
-    pause = hold_s(max(retry_after_s, 1.0), rules.retry_after_max_s)  # none: still a second
-    until = now + pause
-    if until > state.paused_until and _dense(rules, answered):
-        asked = retry_after_s if retry_after_s > rules.retry_after_max_s else 0.0
-        answered = replace(answered, paused_until=until, asked_s=asked)
-    if (
-        rules.rate is None
-        and now - state.learned_at >= rules.cut_every_s
-        and _held_back(rules, answered, now)
-    ):
-        answered = _cut(rules, answered, rate_now(rules, state, now), now)
-    return answered, change
+    return _throttled(rules, answered, now, retry_after_s), change
 
 
-def _held_back(rules: PaceRules, state: PaceState, now: float) -> bool:
-    """Whether the gateway answered less than `cut_under` of what the fleet sent over
-    the last second or two (unknown: yes). If it answered nearly all, its 429s say
-    nothing of a limit under our rate: they are stray ones, or answers to calls sent
-    before the last cut."""
+def _throttled(rules: PaceRules, state: PaceState, now: float, retry_after_s: float) -> PaceState:
+    """A 429: evidence; dense, the fleet holds; dense or past the limit read, a learned
+    rate is cut (or the limit read again higher, when more was answered than read)."""
+    answered = _scored(rules, state, now, throttled=1)
+    dense = _dense(rules, answered)
+    if not dense and not _past_limit(rules, answered, now):
+        return answered  # a stray 429: its own call waits, not the fleet
+    if dense:  # the latest Retry-After holds the fleet
+        until = now + hold_s(max(retry_after_s, 1.0), rules.retry_after_max_s)  # none: 1 s
+        if until > state.paused_until:
+            asked = retry_after_s if retry_after_s > rules.retry_after_max_s else 0.0
+            answered = replace(answered, paused_until=until, asked_s=asked)
+    if rules.rate is not None or now - state.learned_at < rules.cut_every_s:
+        return answered
+    limited = rate_now(rules, state, now)
+    admitted = answered_rate(answered, now)
+    read = answered.ceiling
+    if not dense and admitted is not None and read is not None and admitted > read:
+        return replace(answered, ceiling=admitted, ceiling_dense=admitted)  # it is higher
+    if _held_back(rules, answered, now, limited, dense=dense):
+        return _cut(rules, answered, limited, now)
+    return answered
+
+
+def _held_back(
+    rules: PaceRules, state: PaceState, now: float, limited: float | None, *, dense: bool
+) -> bool:
+    """Whether the gateway answered less than `cut_under` of what the fleet sent since
+    the last whole window began, and at least `cut_short_min` calls less; unknown: as
+    `dense` says. If it answered nearly all, its 429s say nothing of a limit under our
+    rate: they are stray ones, or answers to calls sent before the last cut. What was
+    sent is counted when admitted, at most the rate in force."""
     admitted = answered_rate(state, now)
     seconds = state.last_s + max(0.0, now - state.window_at)
     if admitted is None or state.learned is None:
-        return True
+        return dense
     sent = (state.window_rate * state.last_s + state.window_calls) / seconds
-    return admitted < rules.cut_under * sent
+    if limited is not None:
+        sent = min(sent, limited)
+    short = (sent - admitted) * seconds
+    return admitted < rules.cut_under * sent and short >= rules.cut_short_min
 
 
 def _cut(rules: PaceRules, state: PaceState, limited: float | None, now: float) -> PaceState:
@@ -423,7 +452,9 @@ def _cut(rules: PaceRules, state: PaceState, limited: float | None, now: float) 
         # from the answered would ratchet the estimate down cut by cut; so not under
         # `few_keep` of what dense 429s last read.
         ceiling = max(ceiling, dense * rules.few_keep)
-    learned = max(rules.min_rate, ceiling * rules.below_ceiling)
+    # A cut never raises the rate (a gateway's burst can make it answer more than the
+    # rate in force for a moment).
+    learned = min(limited, max(rules.min_rate, ceiling * rules.below_ceiling))
     return replace(spent, learned=learned, ceiling=ceiling, ceiling_dense=dense)
 
 

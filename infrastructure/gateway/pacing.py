@@ -381,17 +381,20 @@ class Pace:
         """Read the shared state again, publishing the calls sent on the copy since."""
         with self._lock:
             sent, self._sent = self._sent, 0
-        answered = self._take_answered()
+        # Answers ride along only with calls sent on the copy (no limit in force);
+        # otherwise the next admission carries them, and a refresh stays a read.
+        answered = self._take_answered() if sent else 0
 
         def publish(state: PaceState, now: float) -> tuple[PaceState, tuple[PaceState, float]]:
             new = count_answered(count_calls(self.rules, state, now, sent), now, answered)
             return new, (new, now)
 
         try:
-            state, now = self.store.update(publish) if sent or answered else self.store.read()
+            state, now = self.store.update(publish) if sent else self.store.read()
         except Exception as exc:  # noqa: BLE001 - no copy: calls take the slow path, held
             with self._lock:
                 self._sent += sent
+                self._answered += answered
             self._copy = None
             self._down(exc)
             return

@@ -17,6 +17,7 @@ from domain.pacing import (
     count_calls,
     free,
     observe,
+    rate_now,
     rate_signal,
 )
 from infrastructure.gateway.pacing import Pace
@@ -192,25 +193,46 @@ def test_a_rate_reads_as_a_person_writes_it() -> None:
     assert [shown(r) for r in (0.25, 7.5, 19.0, 6580.4)] == ["0.25", "7.5", "19", "6,580"]
 
 
+def learned_then(limit: float | None, seconds: float, seed: int) -> tuple[PaceState, int]:
+    """A limit of 25 calls/s was learned; then, for `seconds`, calls as fast as the pace
+    admits them, 3 % answered 429 at random and, with a `limit`, those beyond a bucket
+    of that rate (burst 5). (The state at the end or once no limit is in force, the
+    cuts made.)"""
+    draw = random.Random(seed)
+    state = PaceState(learned=21.0, learned_at=1000.0, ceiling=25.0, ceiling_dense=25.0)
+    now, tokens, cuts = 1000.0, 5.0, 0
+    while now < 1000.0 + seconds and rate_now(RULES, state, now) is not None:
+        state, decision = admit(RULES, state, now)
+        now += decision.wait_s
+        if isinstance(decision, Go):
+            if limit is not None:
+                tokens = min(5.0, tokens + limit * 0.002)
+            ok = tokens >= 1 and draw.random() >= 0.03
+            tokens -= 1 if ok and limit is not None else 0
+            before = state.learned_at
+            result = Result.ANSWERED if ok else Result.THROTTLED
+            state, _ = observe(RULES, state, now, result, retry_after_s=1.0)
+            state = count_answered(state, now, 1) if ok else state
+            cuts += state.learned_at != before
+        now += 0.002
+        if limit is not None:
+            tokens = min(5.0, tokens + limit * max(decision.wait_s, 0.0))
+    return state, cuts
+
+
 def test_stray_429s_under_a_learned_limit_never_ratchet_it_down() -> None:
-    """A limit of 25 calls/s was learned; then only stray 429s (3 %) come, at the rate
-    in force, for 200 s: the limit read stays within `few_keep` of 25 (without it,
-    seed 0 reads 15)."""
+    """The limit still 25 calls/s, stray 429s on top: the limit read stays within
+    `few_keep` of it (without that floor, it falls cut by cut)."""
     for seed in range(3):
-        draw = random.Random(seed)
-        state = PaceState(learned=21.0, learned_at=1000.0, ceiling=25.0, ceiling_dense=25.0)
-        now = 1000.0
-        while now < 1200.0:
-            state, decision = admit(RULES, state, now)
-            if isinstance(decision, Go):
-                now += decision.wait_s
-                throttled = draw.random() < 0.03
-                result = Result.THROTTLED if throttled else Result.ANSWERED
-                state, _ = observe(RULES, state, now, result, retry_after_s=1.0)
-                if not throttled:
-                    state = count_answered(state, now, 1)
-            else:
-                now += decision.wait_s
-            now += 0.001
+        state, _ = learned_then(25.0, 120.0, seed)
         assert state.ceiling is not None
         assert state.ceiling >= RULES.few_keep * 25.0, seed
+
+
+def test_stray_429s_never_pin_a_learned_rate_once_the_limit_is_lifted() -> None:
+    """No limit any more, only stray 429s: no cut, and the rate grows past any limit."""
+    for seed in range(3):
+        state, cuts = learned_then(None, 600.0, seed)
+        assert cuts == 0, seed
+        assert rate_now(RULES, state, 1600.0) is None, seed  # free within the ten minutes
+        assert state.scored_at < 1300.0, seed  # ... within five
