@@ -35,8 +35,10 @@ sent and reports what came of it to `observe`. Times are seconds on one clock
   noise), both counted with an exponential decay of
   `evidence_tau_s` (about the last few seconds). A shared tenant's stray 429s
   (a few per cent of calls, at random) stay below it and cost their own retry.
-  Past the limit a cut read, `evidence_above_min` 429s suffice: there they
-  follow our rate, and waiting for a share of 10 % would cost that share. A cut
+  Past the limit a cut read (a learned rate in force above it), a share of
+  `evidence_above_share` suffices (`evidence_above_min` 429s at the least):
+  there they follow our rate, and waiting for 10 % would cost that share; a
+  stray share stays under it however fast the fleet sends. A cut
   spends the evidence (both counts start again), so the calls sent before it
   cannot cut again, and the next cut reads a time above the limit.
 - **A shared Retry-After.** Once 429s are dense enough to be a rate signal (a
@@ -105,10 +107,10 @@ class PaceRules:
     evidence_tau_s: float = 5.0
     evidence_calls_min: float = 100.0  # the share is of at least this many calls
     evidence_calls_learned: float = 50.0  # ... once a rate was learned
-    # Past the limit read at a cut, this many (decayed over evidence_tau_s) suffice:
-    # three within a second or so, or a steady one every two seconds.
-    evidence_above_min: float = 2.5
+    # Past the limit read at a cut, 429s at this share of the calls suffice, and at
+    # least this many (decayed over evidence_tau_s: three within a second or so).
     evidence_above_share: float = 0.05
+    evidence_above_min: float = 2.5
     few_keep: float = 0.9  # such a cut's estimate: not under this of the last dense one's
     cut_under: float = 0.95  # no cut while the gateway answers this much of what was sent
     cut_short_min: float = 3.0  # ... or while it answered fewer than this many calls less
