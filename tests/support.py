@@ -77,12 +77,17 @@ def new_service(
     return ProvisioningService(open_event_store(url), gateway, clock, settings, **options)  # type: ignore[arg-type]
 
 
-def as_stored_before(stored: StoredEvent, *new_fields: str) -> StoredEvent:
-    """A stored event as a version before `new_fields` (and `class_version`) existed
-    wrote it: what an upcaster must read."""
+def as_stored_before(stored: StoredEvent, *new_fields: str, version: int = 1) -> StoredEvent:
+    """A stored event as `version` of its class, before `new_fields` existed, wrote it
+    (an event without them, as it is): what an upcaster must read."""
     state: dict[str, Any] = json.loads(stored.state)
-    for name in (*new_fields, "class_version"):
+    if not any(name in state for name in new_fields):
+        return stored
+    for name in new_fields:
         state.pop(name, None)
+    state.pop("class_version", None)
+    if version > 1:
+        state["class_version"] = version
     return StoredEvent(
         stored.originator_id, stored.originator_version, stored.topic, json.dumps(state).encode()
     )

@@ -4,14 +4,12 @@ fails `internal_error`. Against the in-memory gateway and event store."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
 import pytest
-from eventsourcing.persistence import StoredEvent
 
 from domain.attempt import ProvisioningAttempt
 from domain.outcomes import Outcome
@@ -344,16 +342,8 @@ def test_deferrals_written_before_spent_existed_still_load_as_spending_nothing(
     attempt.schedule_hop(1, clock.now(), "not ready")
     attempt.schedule_hop(2, clock.now(), "gateway unavailable", deferred=True)
     app = service.app
-    old = []
-    for event in attempt.collect_events():
-        stored = app.mapper.to_stored_event(event)
-        state = json.loads(stored.state)
-        if "spent" in state:  # as version 2 wrote it
-            del state["spent"]
-            state["class_version"] = 2
-        old.append(StoredEvent(stored.originator_id, stored.originator_version, stored.topic,
-                               json.dumps(state).encode()))  # fmt: skip
-    app.recorder.insert_events(old)
+    stored = [app.mapper.to_stored_event(e) for e in attempt.collect_events()]
+    app.recorder.insert_events([as_stored_before(s, "spent", "paced", version=2) for s in stored])
 
     loaded = service.attempt(attempt.id)
 
@@ -424,16 +414,8 @@ def test_deferrals_written_before_paced_existed_load_as_the_gateways(
     attempt.schedule_hop(1, clock.now(), "gateway unavailable", deferred=True, paced=True)
     attempt.schedule_hop(2, clock.now(), "gateway unavailable", deferred=True)
     app = service.app
-    old = []
-    for event in attempt.collect_events():
-        stored = app.mapper.to_stored_event(event)
-        state = json.loads(stored.state)
-        if "paced" in state:  # as version 3 wrote it
-            del state["paced"]
-            state["class_version"] = 3
-        old.append(StoredEvent(stored.originator_id, stored.originator_version, stored.topic,
-                               json.dumps(state).encode()))  # fmt: skip
-    app.recorder.insert_events(old)
+    stored = [app.mapper.to_stored_event(e) for e in attempt.collect_events()]
+    app.recorder.insert_events([as_stored_before(s, "paced", version=3) for s in stored])
 
     loaded = service.attempt(attempt.id)
 
