@@ -9,8 +9,7 @@ sent and reports what came of it to `observe`. Times are seconds on one clock
   "theoretical arrival time" `tat` of the next call moves on by 1/rate per
   call, and a call may go `burst - 1` intervals ahead of it.
 - **No rate configured: learned.** Unlimited until the gateway throttles (429).
-  Then the rate is set to `backoff_factor` of what the fleet was sending, or
-  `below_ceiling` of what the gateway answered if that is known and more (at
+  Then the rate is set to `backoff_factor` of what the fleet was sending (at
   most once per `cut_every_s`, however many calls were throttled together) and grows
   by `growth_searching_per_s` a second, compounded, while no limit is known. Each
   later cut estimates the limit (`ceiling`): the calls the gateway answered (not
@@ -434,10 +433,8 @@ def _cut(rules: PaceRules, state: PaceState, limited: float | None, now: float) 
     # The evidence is spent by a cut: what the calls sent before it still meet must
     # not cut again, and the next cut reads a time above the limit, not this one's.
     spent = replace(state, calls_score=0.0, throttled_score=0.0, learned_at=now)
-    if limited is None:  # the first: what was being sent, and answered if time enough
-        admitted = answered_rate(state, now) or 0.0
-        sent = _sent_rate(state, now) * rules.backoff_factor
-        learned = max(rules.min_rate, sent, admitted * rules.below_ceiling)
+    if limited is None:  # the first: only what was being sent is known
+        learned = max(rules.min_rate, _sent_rate(state, now) * rules.backoff_factor)
         return replace(spent, learned=learned, ceiling=None)
     # What was sent (at most the rate in force) less the share answered 429: what the
     # gateway admits; never below what the first cut would give, so that a burst of

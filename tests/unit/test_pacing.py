@@ -483,15 +483,3 @@ def test_a_learned_rate_refuses_rules_it_cannot_follow() -> None:
     ):
         with pytest.raises(ValueError, match="learned rate"):
             pace_rules(**bad)
-
-
-def test_a_first_cut_goes_under_what_was_answered_when_that_is_known() -> None:
-    """A fleet that sent 60 a second, the gateway answering 50 of them for a second and
-    a half: the first cut takes 85 % of the 50, not 70 % of a count that the first
-    moments of a window read low."""
-    rules = pace_rules(rate=None, **EVERY_429)
-    state = PaceState(window_at=9.5, window_rate=30.0, last_s=1.0, last_answered=50)
-    state = count_answered(state, 9.9, 25)
-    cut, _ = observe(rules, state, 10.0, Result.THROTTLED, retry_after_s=1.0)
-    assert cut.learned == pytest.approx(0.85 * 75 / 1.5)
-    assert cut.ceiling is None  # a first cut: still searching
