@@ -436,9 +436,10 @@ def _cut(rules: PaceRules, state: PaceState, limited: float | None, now: float) 
     if limited is None:  # the first: only what was being sent is known
         learned = max(rules.min_rate, _sent_rate(state, now) * rules.backoff_factor)
         return replace(spent, learned=learned, ceiling=None)
-    # What was sent (at most the rate in force) less the share answered 429: what the
-    # gateway admits; never below what the first cut would give, so that a burst of
-    # 429s alone cannot take the rate to its floor.
+    # What the gateway answered a second (without a count of it: what was sent, at
+    # most the rate in force, less the share answered 429); never below what the
+    # first cut would give, so that a burst of 429s alone cannot take the rate to its
+    # floor.
     sent = _sent_rate(state, now)
     sending = min(limited, sent) if sent > 0 else limited
     admitted = answered_rate(state, now)
