@@ -138,6 +138,7 @@ class PaceState:
     learned_at: float = 0.0
     ceiling: float | None = None  # the limit as estimated at the last cut (calls/s)
     ceiling_dense: float | None = None  # ... at the last cut on dense 429s
+    cut_by: str = ""  # the rule that made the last cut: `DENSE` or `PAST_LIMIT`
     paused_until: float = 0.0  # the shared Retry-After
     asked_s: float = 0.0  # what the 429 that set it asked (or a hold cut), if over the cap
     unreachable: int = 0  # unreachable answers in a row
@@ -155,6 +156,11 @@ class PaceState:
     calls_score: float = 0.0
     throttled_score: float = 0.0
     scored_at: float = 0.0
+
+
+# The rules a learned rate is cut by (`PaceState.cut_by`, said in the worker's log).
+DENSE = "dense"  # 429s dense enough to be the rate limit: the fleet holds too
+PAST_LIMIT = "past the limit"  # a few 429s past the limit read: the rate alone is cut
 
 
 class Result(StrEnum):
@@ -405,7 +411,7 @@ def _throttled(rules: PaceRules, state: PaceState, now: float, retry_after_s: fl
     if not dense and admitted is not None and read is not None and admitted > read:
         return replace(answered, ceiling=admitted, ceiling_dense=admitted)  # it is higher
     if _held_back(rules, answered, now, limited, dense=dense):
-        return _cut(rules, answered, limited, now)
+        return _cut(rules, answered, limited, now, dense=dense)
     return answered
 
 
@@ -428,11 +434,15 @@ def _held_back(
     return admitted < rules.cut_under * sent and short >= rules.cut_short_min
 
 
-def _cut(rules: PaceRules, state: PaceState, limited: float | None, now: float) -> PaceState:
-    """A learned rate's cut, from `limited`, the rate in force (None: none)."""
+def _cut(
+    rules: PaceRules, state: PaceState, limited: float | None, now: float, *, dense: bool
+) -> PaceState:
+    """A learned rate's cut, from `limited`, the rate in force (None: none), on dense
+    429s or (`dense` False) on a few past the limit read."""
     # The evidence is spent by a cut: what the calls sent before it still meet must
     # not cut again, and the next cut reads a time above the limit, not this one's.
-    spent = replace(state, calls_score=0.0, throttled_score=0.0, learned_at=now)
+    cut_by = DENSE if dense else PAST_LIMIT
+    spent = replace(state, calls_score=0.0, throttled_score=0.0, learned_at=now, cut_by=cut_by)
     if limited is None:  # the first: only what was being sent is known
         learned = max(rules.min_rate, _sent_rate(state, now) * rules.backoff_factor)
         return replace(spent, learned=learned, ceiling=None)
@@ -447,18 +457,18 @@ def _cut(rules: PaceRules, state: PaceState, limited: float | None, now: float) 
         share = min(1.0, state.throttled_score / max(state.calls_score, 1.0))
         admitted = sending * (1.0 - share)
     ceiling = max(rules.min_rate, admitted, sending * rules.backoff_factor)
-    dense = state.ceiling_dense
-    if _dense(rules, state) or dense is None:
-        dense = ceiling
+    read_dense = state.ceiling_dense
+    if dense or read_dense is None:
+        read_dense = ceiling
     else:
         # A few 429s past the limit read: they may be stray ones, and what those take
         # from the answered would ratchet the estimate down cut by cut; so not under
         # `few_keep` of what dense 429s last read.
-        ceiling = max(ceiling, dense * rules.few_keep)
+        ceiling = max(ceiling, read_dense * rules.few_keep)
     # A cut never raises the rate (a gateway's burst can make it answer more than the
     # rate in force for a moment).
     learned = min(limited, max(rules.min_rate, ceiling * rules.below_ceiling))
-    return replace(spent, learned=learned, ceiling=ceiling, ceiling_dense=dense)
+    return replace(spent, learned=learned, ceiling=ceiling, ceiling_dense=read_dense)
 
 
 def _sent_rate(state: PaceState, now: float) -> float:

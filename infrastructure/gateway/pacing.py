@@ -44,6 +44,7 @@ import psycopg
 from psycopg_pool import ConnectionPool
 
 from domain.pacing import (
+    DENSE,
     Change,
     Go,
     Hold,
@@ -317,7 +318,7 @@ class Pace:
                 why = (
                     f"after 429s dense enough to be its rate limit; the fleet holds "
                     f"{held:.0f} s (Retry-After)"
-                    if held > 0
+                    if new.cut_by == DENSE
                     else "after 429s past the limit it had read; the fleet is not held"
                 )
                 lifecycle.info(

@@ -11,6 +11,8 @@ import httpx
 import pytest
 
 from domain.pacing import (
+    DENSE,
+    PAST_LIMIT,
     Go,
     Hold,
     PaceRules,
@@ -145,6 +147,7 @@ def test_a_few_429s_past_the_limit_read_cut_the_rate_but_hold_no_one() -> None:
     assert cut.ceiling == 9.0  # fewer answered (8 in 1.8 s): not under 0.9 of 10
     assert cut.ceiling_dense == 10.0
     assert cut.paused_until == 0.0
+    assert cut.cut_by == PAST_LIMIT
     assert rate_now(rules, cut, 30.3) == pytest.approx(0.85 * 9.0)
     more = replace(
         cut, learned_at=20.0, scored_at=40.0, window_at=39.5, window_rate=30.0, last_answered=20
@@ -161,6 +164,28 @@ def test_a_few_429s_past_the_limit_read_cut_the_rate_but_hold_no_one() -> None:
     assert under.learned_at == 0.0
 
 
+def test_the_log_names_the_rule_that_cut_even_inside_an_earlier_hold(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A cut past the limit read while an earlier Retry-After still holds the fleet
+    is said as what it is: the rate alone was cut."""
+    rules = pace_rules(rate=None)
+    store = MemoryPaceStore(lambda: 30.3)
+    store.update(lambda _, now: (replace(
+        PaceState(learned=9.0, learned_at=0.0, ceiling=10.0, ceiling_dense=10.0, scored_at=30.0),
+        window_at=29.5, window_rate=11.0, last_s=1.0, last_answered=8, paused_until=31.0,
+    ), None))  # fmt: skip
+    pace = Pace(store, rules, sleep=lambda s: None)
+    caplog.set_level(logging.INFO, "provisioner.gateway")
+    for _ in range(3):
+        pace.after(Result.THROTTLED, retry_after_s=1.0)
+    pace.close()
+    cuts = [r.getMessage() for r in caplog.records if "gateway pace cut" in r.getMessage()]
+    assert len(cuts) == 1
+    assert "past the limit it had read; the fleet is not held" in cuts[0]
+    assert store.read()[0].cut_by == PAST_LIMIT
+
+
 def test_429s_dense_under_the_limit_read_show_it_fell() -> None:
     rules = pace_rules(rate=None, evidence_min=3.0, evidence_share=0.0)
     state = PaceState(
@@ -172,6 +197,7 @@ def test_429s_dense_under_the_limit_read_show_it_fell() -> None:
         state, _ = observe(rules, state, 5.0 + n * 0.01, Result.THROTTLED, retry_after_s=1.0)
     assert state.ceiling == pytest.approx(0.7 * 17.0)  # 10 / 1.5 answered: the floor
     assert state.paused_until > 5.0  # dense: the fleet holds
+    assert state.cut_by == DENSE
 
 
 def test_a_cut_spends_the_evidence_so_the_calls_sent_before_it_cannot_cut_again() -> None:
