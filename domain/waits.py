@@ -172,8 +172,8 @@ class Deferral:
     """
 
     LONGEST_S: ClassVar[float] = 600.0
-    # A Retry-After is waited as given (jittered up to a quarter more) this many deferrals
-    # in a row; a call told to wait more often than that backs off as an unanswered one.
+    # A Retry-After is waited as given (past its first second, up to a quarter more) this
+    # many deferrals in a row; a call told to wait more often backs off as an unanswered one.
     RETRY_AFTER_TRUSTED: ClassVar[int] = 2
 
     base_s: float = 2.0
@@ -206,14 +206,18 @@ class Deferral:
         a quarter more (the held hops spread out), not the backoff: the gateway is
         answering. A call told when to come back (a 429's `Retry-After`, or the fleet's
         circuit holding it until its next probe) waits just that, at least half the
-        backoff's first step and up to a quarter (at most a second) more, the first
-        `RETRY_AFTER_TRUSTED` times in a row: a stray 429 costs its own retry, not a
-        backoff meant for a gateway that does not answer."""
+        backoff's first step, the first `RETRY_AFTER_TRUSTED` times in a row: a stray
+        429 costs its own retry, not a backoff meant for a gateway that does not
+        answer. What is told past its first second is spread by up to a quarter of
+        it (at most a second more), so that the hops an open circuit holds do not all
+        meet its one probe; the first second is waited as told (a stray 429's
+        `Retry-After: 1` costs that second; the fleet's pace spaces what comes back)."""
         retry_after_s = hold_s(retry_after_s, self.retry_after_max_s)
         if paced:
             return max(retry_after_s, 0.1) * (1.0 + 0.25 * jitter)
-        if retry_after_s > 0 and in_row < self.RETRY_AFTER_TRUSTED:  # spread by up to 1 s
-            return max(retry_after_s, self.base_s / 2) + jitter * min(retry_after_s / 4, 1.0)
+        if retry_after_s > 0 and in_row < self.RETRY_AFTER_TRUSTED:
+            spread = min(max(retry_after_s - 1.0, 0.0) / 4, 1.0)
+            return max(retry_after_s, self.base_s / 2) + jitter * spread
         hours = min(int(max(silent_s, 0.0) // 3600), 10)
         cap = max(self.max_s, min(self.LONGEST_S, doubled(self.max_s, hours)))
         backoff = min(cap, doubled(self.base_s, 0 if restart else min(in_row, 30)))

@@ -303,7 +303,7 @@ def test_jittered_delays_share_a_bounded_set_of_wait_queues_and_never_run_early(
     assert all(wait_rung_ms(d) >= d * 1000 - 1 for d in delays)
     assert [wait_rung_ms(d) for d in (0.5, 1.125, 1.6, 4.2, 4.9995, 5.0, 22.4, 3600.0)] == [
         500,
-        1250,  # a 1 s Retry-After, jittered: not kept 2 s
+        1250,  # a quarter-second rung past 1 s: not kept 2 s
         1750,
         4500,
         5000,
@@ -363,9 +363,9 @@ def test_a_retry_after_is_waited_as_given_twice_in_a_row_then_backs_off(
         assert outcome.outcome is Outcome.DEFERRED, outcome
         delays.append(outcome.delay_s)
         clock.advance(outcome.delay_s or 0)
-    # 1 s and an eighth twice; then the doubling backoff from its third step (8 s at
-    # 0.75), as for a gateway that does not answer.
-    assert delays == [1.125, 1.125, 6.0, 12.0]
+    # 1 s as told twice (no spread within its first second); then the doubling
+    # backoff from its third step (8 s at 0.75), as for a gateway that does not answer.
+    assert delays == [1.0, 1.0, 6.0, 12.0]
 
 
 def test_a_create_throttled_again_and_again_is_not_asked_every_second(
@@ -383,8 +383,8 @@ def test_a_create_throttled_again_and_again_is_not_asked_every_second(
         assert outcome.outcome is Outcome.DEFERRED, outcome
         delays.append(outcome.delay_s)
         clock.advance(outcome.delay_s or 0)
-    # 0.3 s told, but at least 1 s (half the 2 s first step), plus 0.5 x 0.075; then 1.5.
-    assert delays == [pytest.approx(1.0375), pytest.approx(1.0375), 1.5, 1.5]
+    # 0.3 s told, but at least 1 s (half the 2 s first step); then 1.5.
+    assert delays == [1.0, 1.0, 1.5, 1.5]
 
 
 def test_a_stray_429_after_the_fleets_turns_waits_its_retry_after_not_a_backoff(
@@ -400,9 +400,9 @@ def test_a_stray_429_after_the_fleets_turns_waits_its_retry_after_not_a_backoff(
     throttled = TransientGatewayError("family: throttled (HTTP 429)", retry_after_s=1.0)
     gateway.fail["family"] = [paced] * 5 + [throttled, throttled, throttled]
     delays = deferrals(service, clock, attempt_id)
-    # 2 s and a quarter x 0.5 five times; the 429 twice as told (1 s and an eighth),
-    # then the backoff's third step (8 s at 0.75).
-    assert delays == [2.25] * 5 + [1.125, 1.125, 6.0]
+    # 2 s and a quarter x 0.5 five times; the 429 twice as told (1 s), then the
+    # backoff's third step (8 s at 0.75).
+    assert delays == [2.25] * 5 + [1.0, 1.0, 6.0]
     attempt = service.attempt(attempt_id)
     assert (attempt.deferrals, attempt.unanswered_in_row) == (8, 3)
 

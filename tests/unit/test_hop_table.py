@@ -546,7 +546,7 @@ def _deferred_until(h: int, st: Defer, r: int, since: datetime | None, n: dateti
     if st.paced:
         wait = st.retry_after_s * (1 + 0.25 * j)
     elif st.retry_after_s > 0 and r < 2:  # told when, the first two in a row: waited as told
-        wait = max(st.retry_after_s, d.base_s / 2) + j * min(st.retry_after_s / 4, 1.0)
+        wait = max(st.retry_after_s, d.base_s / 2) + j * min(max(st.retry_after_s - 1, 0) / 4, 1.0)
     until = min(n + timedelta(seconds=wait), dl)
     return Schedule(h + 1, until, (until - n).total_seconds(), st.status, deferred=True,
                     spends=False, paced=st.paced)  # fmt: skip
