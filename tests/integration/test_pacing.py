@@ -11,13 +11,17 @@ from dataclasses import replace
 
 import pytest
 
+from domain.outcomes import Outcome
 from domain.pacing import PaceRules
 from domain.ports import TransientGatewayError, WorkspaceGone
 from infrastructure.fake_gateway.server import FakeGateway
 from infrastructure.gateway.adapter import HttpGateway
 from infrastructure.gateway.pacing import Pace, PgPaceStore, read_pace
-from tests.conftest import TOKEN
-from tests.support import pace_rules
+from infrastructure.service import ProvisioningService
+from infrastructure.settings.engine import EngineSettings
+from infrastructure.store.eventstore import open_event_store
+from tests.conftest import PARENT, TOKEN
+from tests.support import ManualClock, pace_rules
 from tests.unit.test_pacing import EVERY_429
 
 pytestmark = pytest.mark.postgres
@@ -202,3 +206,37 @@ def test_a_learned_rate_reads_the_limit_from_what_both_processes_got_answered(
     assert 15.0 <= state.ceiling <= 26.0  # 20 a second, and a burst of 3
     for gateway in gateways:
         gateway.close()
+
+
+def test_a_hop_held_for_the_fleets_turn_then_throttled_waits_the_retry_after(
+    fake: FakeGateway, stores: list[PgPaceStore], pg_database: str, settings: EngineSettings
+) -> None:
+    """Through PostgreSQL, the pace's row and the fake over HTTP: a hop the fleet's
+    rate holds is deferred for its turn (`paced`, stored so), and the 429 that comes
+    after those turns is waited as told, 1 s, not the backoff of a deferral in a row."""
+    gateway = HttpGateway(
+        fake.url, TOKEN, retries=0, read_timeout=2.0,
+        pace=Pace(stores[0], pace_rules(rate=0.5, burst=1, max_wait_s=0.0)),
+    )  # fmt: skip
+    app = open_event_store(pg_database, pool_size=2)
+    clock = ManualClock()
+    service = ProvisioningService(app, gateway, clock=clock, settings=settings, jitter=lambda: 0.5)
+    attempt_id = service.request_provisioning(f"brand-{uuid.uuid4().hex[:12]}", "Held", PARENT)
+    with pytest.raises(WorkspaceGone):
+        gateway.status("ws-none")  # the fleet's one call in these 2 s
+
+    held = [service.run_hop(attempt_id, hop) for hop in range(3)]  # its turn not yet come
+    fake.configure(throttle_rate=1.0)  # every read answered 429, Retry-After 1
+    time.sleep(2.1)  # the turn has come: the family is sent, and throttled
+    throttled = service.run_hop(attempt_id, 3)
+    other = open_event_store(pg_database, pool_size=1)  # as another process loads it
+    loaded = ProvisioningService(other, gateway, clock=clock, settings=settings).attempt(attempt_id)
+    other.close()
+
+    assert [o.outcome for o in (*held, throttled)] == [Outcome.DEFERRED] * 4
+    assert all(0.5 < (o.delay_s or 0) <= 2.5 for o in held), held  # the turn, a quarter more
+    assert throttled.delay_s == 1.0  # as told: three deferrals before it were the fleet's
+    assert (loaded.deferrals, loaded.deferred_in_row, loaded.unanswered_in_row) == (4, 4, 1)
+    assert fake.state()["faults"]["throttled"] == 1
+    gateway.close()
+    app.close()
