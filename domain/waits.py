@@ -172,8 +172,9 @@ class Deferral:
     """
 
     LONGEST_S: ClassVar[float] = 600.0
-    # A Retry-After is waited as given (past its first second, up to a quarter more) this
-    # many deferrals in a row; a call told to wait more often backs off as an unanswered one.
+    # A Retry-After is waited as given (spread by up to a quarter, a second at most, and
+    # no more than it exceeds 1 s) this many deferrals in a row; a call told to wait more
+    # often backs off as an unanswered one.
     RETRY_AFTER_TRUSTED: ClassVar[int] = 2
 
     base_s: float = 2.0
@@ -208,15 +209,16 @@ class Deferral:
         circuit holding it until its next probe) waits just that, at least half the
         backoff's first step, the first `RETRY_AFTER_TRUSTED` times in a row: a stray
         429 costs its own retry, not a backoff meant for a gateway that does not
-        answer. What is told past its first second is spread by up to a quarter of
-        it (at most a second more), so that the hops an open circuit holds do not all
-        meet its one probe; the first second is waited as told (a stray 429's
-        `Retry-After: 1` costs that second; the fleet's pace spaces what comes back)."""
+        answer. What is told is spread by up to a quarter of it (at most a second),
+        so that the hops an open circuit holds do not all meet its one probe, but
+        never by more than it exceeds one second: a stray 429's `Retry-After: 1` costs
+        that second, where a spread would cost the broker's next wait-queue rung
+        (1.25 s)."""
         retry_after_s = hold_s(retry_after_s, self.retry_after_max_s)
         if paced:
             return max(retry_after_s, 0.1) * (1.0 + 0.25 * jitter)
         if retry_after_s > 0 and in_row < self.RETRY_AFTER_TRUSTED:
-            spread = min(max(retry_after_s - 1.0, 0.0) / 4, 1.0)
+            spread = max(0.0, min(retry_after_s / 4, 1.0, retry_after_s - 1.0))
             return max(retry_after_s, self.base_s / 2) + jitter * spread
         hours = min(int(max(silent_s, 0.0) // 3600), 10)
         cap = max(self.max_s, min(self.LONGEST_S, doubled(self.max_s, hours)))

@@ -319,7 +319,7 @@ class Pace:
                     f"after 429s dense enough to be its rate limit; the fleet holds "
                     f"{held:.0f} s (Retry-After)"
                     if new.cut_by == DENSE
-                    else "after 429s past the limit it had read; the fleet is not held"
+                    else "after 429s past the limit it had read; they hold no call but their own"
                 )
                 lifecycle.info(
                     "gateway pace %s: %s calls/s%s, %s",

@@ -225,7 +225,7 @@ def _receive_hops(url: str, count: int, timeout: float) -> list[tuple[float, Any
     ("delay_s", "rung", "latest_s"),
     [
         (0.5, "500", 3.0),
-        # A 1 s Retry-After, spread to 1.125 s: the 1.25 s wait queue, not a whole 2 s.
+        # A delay just past 1 s: the 1.25 s wait queue, not a whole 2 s.
         (1.125, "1250", 1.9),
     ],
 )

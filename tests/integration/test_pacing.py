@@ -216,27 +216,34 @@ def test_a_hop_held_for_the_fleets_turn_then_throttled_waits_the_retry_after(
     after those turns is waited as told, 1 s, not the backoff of a deferral in a row."""
     gateway = HttpGateway(
         fake.url, TOKEN, retries=0, read_timeout=2.0,
-        pace=Pace(stores[0], pace_rules(rate=0.5, burst=1, max_wait_s=0.0)),
+        pace=Pace(stores[0], pace_rules(rate=0.25, burst=1, max_wait_s=0.0)),
     )  # fmt: skip
     app = open_event_store(pg_database, pool_size=2)
-    clock = ManualClock()
-    service = ProvisioningService(app, gateway, clock=clock, settings=settings, jitter=lambda: 0.5)
-    attempt_id = service.request_provisioning(f"brand-{uuid.uuid4().hex[:12]}", "Held", PARENT)
-    with pytest.raises(WorkspaceGone):
-        gateway.status("ws-none")  # the fleet's one call in these 2 s
+    other = open_event_store(pg_database, pool_size=1)  # another process, loading it
+    try:
+        clock = ManualClock()
+        service = ProvisioningService(
+            app, gateway, clock=clock, settings=settings, jitter=lambda: 0.5
+        )
+        brand = f"brand-{uuid.uuid4().hex[:12]}"
+        attempt_id = service.request_provisioning(brand, "Held", PARENT)
+        with pytest.raises(WorkspaceGone):
+            gateway.status("ws-none")  # the fleet's one call in these 4 s
 
-    held = [service.run_hop(attempt_id, hop) for hop in range(3)]  # its turn not yet come
-    fake.configure(throttle_rate=1.0)  # every read answered 429, Retry-After 1
-    time.sleep(2.1)  # the turn has come: the family is sent, and throttled
-    throttled = service.run_hop(attempt_id, 3)
-    other = open_event_store(pg_database, pool_size=1)  # as another process loads it
-    loaded = ProvisioningService(other, gateway, clock=clock, settings=settings).attempt(attempt_id)
-    other.close()
+        held = [service.run_hop(attempt_id, hop) for hop in range(3)]  # its turn not yet come
+        fake.configure(throttle_rate=1.0)  # every read answered 429, Retry-After 1
+        time.sleep(4.1)  # the turn has come: the family is sent, and throttled
+        throttled = service.run_hop(attempt_id, 3)
+        loaded = ProvisioningService(other, gateway, clock=clock, settings=settings).attempt(
+            attempt_id
+        )
 
-    assert [o.outcome for o in (*held, throttled)] == [Outcome.DEFERRED] * 4
-    assert all(0.5 < (o.delay_s or 0) <= 2.5 for o in held), held  # the turn, a quarter more
-    assert throttled.delay_s == 1.0  # as told: three deferrals before it were the fleet's
-    assert (loaded.deferrals, loaded.deferred_in_row, loaded.unanswered_in_row) == (4, 4, 1)
-    assert fake.state()["faults"]["throttled"] == 1
-    gateway.close()
-    app.close()
+        assert [o.outcome for o in (*held, throttled)] == [Outcome.DEFERRED] * 4
+        assert all(0.0 < (o.delay_s or 0) <= 5.0 for o in held), held  # the turn, a quarter more
+        assert throttled.delay_s == 1.0  # as told: three deferrals before it were the fleet's
+        assert (loaded.deferrals, loaded.deferred_in_row, loaded.unanswered_in_row) == (4, 4, 1)
+        assert fake.state()["faults"]["throttled"] == 1
+    finally:
+        gateway.close()
+        app.close()
+        other.close()

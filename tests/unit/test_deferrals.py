@@ -301,8 +301,9 @@ def test_jittered_delays_share_a_bounded_set_of_wait_queues_and_never_run_early(
 
     assert len(rungs) <= 70  # one RabbitMQ wait queue per rung
     assert all(wait_rung_ms(d) >= d * 1000 - 1 for d in delays)
-    assert [wait_rung_ms(d) for d in (0.5, 1.125, 1.6, 4.2, 4.9995, 5.0, 22.4, 3600.0)] == [
+    assert [wait_rung_ms(d) for d in (0.5, 1.0, 1.125, 1.6, 4.2, 4.9995, 5.0, 22.4, 3600.0)] == [
         500,
+        1000,  # a Retry-After of 1 s, waited as told: its own rung, not the next
         1250,  # a quarter-second rung past 1 s: not kept 2 s
         1750,
         4500,

@@ -546,7 +546,8 @@ def _deferred_until(h: int, st: Defer, r: int, since: datetime | None, n: dateti
     if st.paced:
         wait = st.retry_after_s * (1 + 0.25 * j)
     elif st.retry_after_s > 0 and r < 2:  # told when, the first two in a row: waited as told
-        wait = max(st.retry_after_s, d.base_s / 2) + j * min(max(st.retry_after_s - 1, 0) / 4, 1.0)
+        spread = max(0, min(st.retry_after_s / 4, 1.0, st.retry_after_s - 1))  # none in 1 s
+        wait = max(st.retry_after_s, d.base_s / 2) + j * spread
     until = min(n + timedelta(seconds=wait), dl)
     return Schedule(h + 1, until, (until - n).total_seconds(), st.status, deferred=True,
                     spends=False, paced=st.paced)  # fmt: skip

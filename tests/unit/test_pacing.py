@@ -168,7 +168,7 @@ def test_the_log_names_the_rule_that_cut_even_inside_an_earlier_hold(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     """A cut past the limit read while an earlier Retry-After still holds the fleet
-    is said as what it is: the rate alone was cut."""
+    is said as what it is: the rate alone was cut, its 429s hold no one else."""
     rules = pace_rules(rate=None)
     store = MemoryPaceStore(lambda: 30.3)
     store.update(lambda _, now: (replace(
@@ -182,7 +182,8 @@ def test_the_log_names_the_rule_that_cut_even_inside_an_earlier_hold(
     pace.close()
     cuts = [r.getMessage() for r in caplog.records if "gateway pace cut" in r.getMessage()]
     assert len(cuts) == 1
-    assert "past the limit it had read; the fleet is not held" in cuts[0]
+    assert "past the limit it had read; they hold no call but their own" in cuts[0]
+    assert "the fleet holds" not in cuts[0]
     assert store.read()[0].cut_by == PAST_LIMIT
 
 
