@@ -382,16 +382,20 @@ class Pace:
         """Read the shared state again, publishing the calls sent on the copy since."""
         with self._lock:
             sent, self._sent = self._sent, 0
-        # Answers ride along only with calls sent on the copy (no limit in force);
-        # otherwise the next admission carries them, and a refresh stays a read.
-        answered = self._take_answered() if sent else 0
+        # With no rate configured, answers are published within a refresh of coming
+        # (a learned rate's cut reads them over a second or two: held back until the
+        # next admission, which may be seconds away while this process's threads wait
+        # for their turns, they would land in a later second in a batch and read the
+        # limit high). Otherwise a refresh with nothing sent on the copy stays a read.
+        answered = self._take_answered() if sent or self.rules.rate is None else 0
+        write = bool(sent or answered)
 
         def publish(state: PaceState, now: float) -> tuple[PaceState, tuple[PaceState, float]]:
             new = count_answered(count_calls(self.rules, state, now, sent), now, answered)
             return new, (new, now)
 
         try:
-            state, now = self.store.update(publish) if sent else self.store.read()
+            state, now = self.store.update(publish) if write else self.store.read()
         except Exception as exc:  # noqa: BLE001 - no copy: calls take the slow path, held
             with self._lock:
                 self._sent += sent
