@@ -22,8 +22,9 @@ process within `refresh_s` plus one read (about 200 ms); a copy older than
 `stale_s` is not trusted. With a limit in force, each call is admitted in one
 transaction, as the rate requires. An answered call changes nothing while the
 circuit is closed and nothing failed, so it writes nothing: it is counted in
-the process and published with its next write (what a learned rate's cut
-reads as the gateway's limit).
+the process and published with its next write, or the next refresh with no
+rate configured (what a learned rate's cut reads as the gateway's limit, in
+the second it came).
 The pace never stops a call for its own sake: a store that cannot be read
 (the database down) holds the call back unsent, and a report it cannot take
 is dropped (both logged once an outage).
