@@ -250,6 +250,14 @@ def count_calls(rules: PaceRules, state: PaceState, now: float, calls: int) -> P
     return _scored(rules, replace(state, window_calls=state.window_calls + calls), now, calls=calls)
 
 
+def answers_read(rules: PaceRules) -> bool:
+    """Whether anything reads the calls answered: a learned rate's cut, so only with
+    no rate configured. Then they are published within a refresh of coming: a cut
+    reads them over a second or two, and answers held back for seconds would land in
+    a later second in one batch and read the limit high."""
+    return rules.rate is None
+
+
 def count_answered(state: PaceState, now: float, answered: int) -> PaceState:
     """`answered` more calls answered, not 429 (published by the processes that
     sent them, with their next write): what the gateway admits, which a cut reads."""

@@ -53,6 +53,7 @@ from domain.pacing import (
     PaceState,
     Result,
     admit,
+    answers_read,
     count_answered,
     count_calls,
     free,
@@ -383,12 +384,10 @@ class Pace:
         """Read the shared state again, publishing the calls sent on the copy since."""
         with self._lock:
             sent, self._sent = self._sent, 0
-        # With no rate configured, answers are published within a refresh of coming
-        # (a learned rate's cut reads them over a second or two: held back until the
-        # next admission, which may be seconds away while this process's threads wait
-        # for their turns, they would land in a later second in a batch and read the
-        # limit high). Otherwise a refresh with nothing sent on the copy stays a read.
-        answered = self._take_answered() if sent or self.rules.rate is None else 0
+        # Answers ride along when they are read (`answers_read`), rather than wait for
+        # this process's next admission, which may be seconds away while its threads
+        # wait for their turns. Otherwise a refresh with nothing sent stays a read.
+        answered = self._take_answered() if sent or answers_read(self.rules) else 0
         write = bool(sent or answered)
 
         def publish(state: PaceState, now: float) -> tuple[PaceState, tuple[PaceState, float]]:
