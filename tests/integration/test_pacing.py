@@ -247,3 +247,24 @@ def test_a_hop_held_for_the_fleets_turn_then_throttled_waits_the_retry_after(
         gateway.close()
         app.close()
         other.close()
+
+
+def test_under_a_learned_rate_answers_reach_the_row_within_a_refresh(
+    fake: FakeGateway, stores: list[PgPaceStore], pg_database: str, key: str
+) -> None:
+    """Each admission publishes the answers before it; the last call's answer is
+    published by the 100 ms refresh, not held until this process calls again."""
+    stores[0].update(lambda state, now: (replace(state, learned=50.0, learned_at=now), None))
+    pace = Pace(stores[0], pace_rules(burst=5, max_wait_s=0.5))
+    gateway = HttpGateway(fake.url, TOKEN, retries=0, read_timeout=2.0, pace=pace)
+    for _ in range(4):
+        with pytest.raises(WorkspaceGone):
+            gateway.status("ws-none")  # answered (a 404): admitted through the row
+    time.sleep(0.5)  # a few refreshes
+
+    found = read_pace(pg_database, key)
+    gateway.close()
+    pace.close()  # its refresher stopped before the fixture closes the store
+    assert found is not None
+    state, _ = found
+    assert state.last_answered + state.window_answered == 4
