@@ -14,10 +14,12 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
-# The unit tests on both cores, then the integration tests, which share the servers.
+# The unit tests on both cores, then the integration tests on both cores, a module per core
+# at a time: each core's tests have their own database and RabbitMQ virtual host, and
+# the outages are of private servers (tests/services.py).
 test: $(STAMP)
 	$(BIN)/python -m pytest tests/unit -n 2 $(PYTEST_ARGS)
-	$(BIN)/python -m pytest tests/integration $(PYTEST_ARGS)
+	$(BIN)/python -m pytest tests/integration -n 2 --dist loadfile $(PYTEST_ARGS)
 
 unit: $(STAMP)
 	$(BIN)/python -m pytest tests/unit -n 2 $(PYTEST_ARGS)

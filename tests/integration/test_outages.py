@@ -206,12 +206,14 @@ def test_run_rides_out_postgresql_stopped_for_seconds(
     ("broker_url", "words"),
     [
         ("amqp://guest:not-the-password@127.0.0.1:5672//", "403 ACCESS_REFUSED"),
-        (f"amqp://guest:guest@127.0.0.1:5672/no-such-vhost-{uuid.uuid4().hex[:6]}", "530"),
+        ("amqp://guest:guest@127.0.0.1:5672/no-such-vhost-{tag}", "530"),
     ],
+    ids=["wrong-password", "no-such-vhost"],
 )
 def test_a_worker_refused_for_good_exits_at_once_with_one_line(
     broker_url: str, words: str, pg_database: str, fake: FakeGateway, tmp_path: Path
 ) -> None:
+    broker_url = broker_url.format(tag=uuid.uuid4().hex[:6])  # a vhost nobody made
     env = env_of(pg_database, broker_url, fake)
     started = time.monotonic()
     with process(env, tmp_path / "worker.log", "worker") as proc:
