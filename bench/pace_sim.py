@@ -9,7 +9,8 @@ THREADS hop threads call as fast as the pace admits them (a call takes 5 ms and
 a second and a burst of 5 that answers 429 (`Retry-After` the whole seconds to its
 next token) when it has none, and, in the stray rows, answers a share of calls 429
 at random whatever the rate. A throttled call's thread waits its Retry-After; a
-held call asks again when the hold ends. Rules as a worker's with no rate
+held call asks again when the hold ends, and so does a call whose wait a cut or a
+hold outlived (`still_admitted`), as a worker's does. Rules as a worker's with no rate
 configured (`PROVISIONER_GATEWAY_BURST` 1). Printed per gateway: calls answered
 over the seeds against rate x seconds (`x floor`: the time the same calls would
 take at the gateway's rate, over the simulated time) and the share answered 429.
@@ -31,7 +32,16 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from domain.pacing import Hold, PaceRules, PaceState, Result, admit, count_answered, observe
+from domain.pacing import (
+    Hold,
+    PaceRules,
+    PaceState,
+    Result,
+    admit,
+    count_answered,
+    observe,
+    still_admitted,
+)
 
 CALL_S, THINK_S = 0.005, 0.010
 
@@ -51,6 +61,7 @@ def simulate(
     state, start = PaceState(), 1000.0
     tokens, tokens_at, burst = 5.0, 0.0, 5.0
     events = [(draw.random() * 0.05, "ask", n) for n in range(threads)]
+    admitted: dict[int, PaceState] = {}  # the state each waiting call was admitted on
     answered = throttled = 0
     while events:
         t, kind, n = heapq.heappop(events)
@@ -61,7 +72,11 @@ def simulate(
             if isinstance(decision, Hold):
                 heapq.heappush(events, (t + max(decision.wait_s, 0.01), "ask", n))
             else:
+                admitted[n] = state
                 heapq.heappush(events, (t + decision.wait_s, "send", n))
+            continue
+        if not still_admitted(admitted.pop(n), state, start + t):
+            heapq.heappush(events, (t, "ask", n))  # a cut or a hold since: ask again
             continue
         if rate is not None:
             tokens, tokens_at = min(burst, tokens + (t - tokens_at) * rate), t

@@ -62,7 +62,10 @@ sent and reports what came of it to `observe`. Times are seconds on one clock
 A call waits in its thread at most `max_wait_s` (a create, `create_wait_s`: its
 hop has listed the family already, and a deferral would list it again); a
 longer wait is a `Hold`: the hop is deferred until then (domain/hop.py) and
-holds no thread or slot.
+holds no thread or slot. A call whose wait outlived the state it was admitted
+on (`still_admitted`: a cut since, a shared hold begun or the circuit opened)
+asks again rather than go: a cut gives back the turns taken at the old rate,
+so the calls queued for them go at the new one, and a hold holds them too.
 """
 
 from __future__ import annotations
@@ -365,6 +368,19 @@ def admit(
     return replace(count_calls(rules, state, now, 1), tat=due + interval), Go(wait)
 
 
+def still_admitted(admitted: PaceState, latest: PaceState, now: float) -> bool:
+    """Whether a call admitted on `admitted`, its wait over, may go on what the fleet
+    knows now (`latest`): not if since then a learned rate was cut (its turn was
+    taken at the old rate), a shared hold began that is still in force, or the
+    circuit opened. Otherwise it would meet the limit the cut read, or the hold,
+    for nothing. (A hold known at its admission, its wait has waited out.)"""
+    return (
+        latest.learned_at == admitted.learned_at
+        and latest.paused_until <= max(now, admitted.paused_until)
+        and (latest.open_since is None or admitted.open_since is not None)
+    )
+
+
 def observe(
     rules: PaceRules,
     state: PaceState,
@@ -450,7 +466,16 @@ def _cut(
     # The evidence is spent by a cut: what the calls sent before it still meet must
     # not cut again, and the next cut reads a time above the limit, not this one's.
     cut_by = DENSE if dense else PAST_LIMIT
-    spent = replace(state, calls_score=0.0, throttled_score=0.0, learned_at=now, cut_by=cut_by)
+    # The turns taken at the old rate are given back: the calls waiting for them ask
+    # again (`still_admitted`) and take turns at the new rate from now.
+    spent = replace(
+        state,
+        calls_score=0.0,
+        throttled_score=0.0,
+        learned_at=now,
+        cut_by=cut_by,
+        tat=min(state.tat, now),
+    )
     if limited is None:  # the first: only what was being sent is known
         learned = max(rules.min_rate, _sent_rate(state, now) * rules.backoff_factor)
         return replace(spent, learned=learned, ceiling=None)

@@ -59,6 +59,7 @@ from domain.pacing import (
     free,
     observe,
     shown,
+    still_admitted,
 )
 from infrastructure.redaction import redact
 from infrastructure.store.eventstore import postgres_conninfo
@@ -68,6 +69,10 @@ log = logging.getLogger("provisioner.gateway")
 lifecycle = logging.getLogger("provisioner.gateway.lifecycle")  # shown without -v
 
 T = TypeVar("T")
+# How many times a call asks again after a cut, a hold or an opened circuit came while
+# it waited for its turn: one more than cuts and holds can follow one another in the
+# longest wait (2 s; cuts are 3 s apart), so never a loop.
+ASK_AGAIN_MAX = 3
 Update = Callable[[PaceState, float], tuple[PaceState, T]]
 _FIELDS = frozenset(f.name for f in fields(PaceState))
 
@@ -265,31 +270,58 @@ class Pace:
             self._admitted.clean, self._admitted.probe = True, False
             return None
 
+        for _ in range(1 + ASK_AGAIN_MAX):
+            admitted = self._admit(create)
+            if isinstance(admitted, Hold):
+                self._on_event("held", 1.0)
+                return admitted
+            decision, state = admitted
+            if decision.wait_s <= 0:
+                return None
+            self._on_event("waited", decision.wait_s)
+            self._sleep(decision.wait_s)
+            latest = self._latest()
+            if latest is None or still_admitted(state, *latest):
+                return None
+            # A cut, a hold or an opened circuit while it waited: ask again.
+        return None  # asked again ASK_AGAIN_MAX times: it goes on the last admission
+
+    def _admit(self, create: bool) -> tuple[Go, PaceState] | Hold:
+        """One admission in the store: Go and the state it was made on, or a Hold."""
         answered = self._take_answered()
 
-        def step(state: PaceState, now: float) -> tuple[PaceState, Go | Hold]:
+        def step(state: PaceState, now: float) -> tuple[PaceState, tuple[Go | Hold, PaceState]]:
             state = count_answered(state, now, answered)
             new, decision = admit(self.rules, state, now, create=create)
             self._admitted.clean = new.open_since is None and new.unreachable == 0
             self._admitted.probe = isinstance(decision, Go) and decision.probe
             self._on_event("circuit", 0.0 if new.open_since is None else 1.0)
             self._keep(new, now)
-            return new, decision
+            return new, (decision, new)
 
         try:
-            decision = self.store.update(step)
+            decision, state = self.store.update(step)
         except Exception as exc:  # noqa: BLE001 - the database down: hold, never send unpaced
             self._down(exc)
             self._admitted.clean = False
             return Hold(5.0, f"the pace's database is unavailable ({type(exc).__name__})")
         self._up()
-        if isinstance(decision, Hold):
-            self._on_event("held", 1.0)
-            return decision
-        if decision.wait_s > 0:
-            self._on_event("waited", decision.wait_s)
-            self._sleep(decision.wait_s)
-        return None
+        return decision if isinstance(decision, Hold) else (decision, state)
+
+    def _latest(self) -> tuple[PaceState, float] | None:
+        """What this process knows of the shared state now, and the store's time now:
+        the local copy (refreshed every `refresh_s`), or the store itself when it is
+        this process's memory; None when neither can be read."""
+        if getattr(self.store, "shared", False):
+            copy = self._copy
+            if copy is None:
+                return None
+            state, at, read = copy
+            return state, at + (self._monotonic() - read)
+        try:
+            return self.store.read()
+        except Exception:  # noqa: BLE001 - unknown: the call goes on its admission
+            return None
 
     def after(self, result: Result, *, retry_after_s: float = 0.0, error: str = "") -> None:
         """Report what the admitted call got; never raises (a report lost is logged)."""

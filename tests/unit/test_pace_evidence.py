@@ -215,13 +215,15 @@ def test_a_rate_reads_as_a_person_writes_it() -> None:
 def learned_then(limit: float | None, seconds: float, seed: int) -> tuple[PaceState, int]:
     """A limit of 25 calls/s was learned; then, for `seconds`, calls as fast as the pace
     admits them, 3 % answered 429 at random and, with a `limit`, those beyond a bucket
-    of that rate (burst 5). (The state at the end or once no limit is in force, the
-    cuts made.)"""
+    of that rate (burst 5). The pace's burst is a worker's default, 1: one of 10 would
+    send faster than the bucket's, and its 429s would be dense, not stray. (The state
+    at the end or once no limit is in force, the cuts made.)"""
+    rules = pace_rules(burst=1)
     draw = random.Random(seed)
     state = PaceState(learned=21.0, learned_at=1000.0, ceiling=25.0, ceiling_dense=25.0)
     now, tokens, cuts = 1000.0, 5.0, 0
-    while now < 1000.0 + seconds and rate_now(RULES, state, now) is not None:
-        state, decision = admit(RULES, state, now)
+    while now < 1000.0 + seconds and rate_now(rules, state, now) is not None:
+        state, decision = admit(rules, state, now)
         now += decision.wait_s
         if isinstance(decision, Go):
             if limit is not None:
@@ -230,7 +232,7 @@ def learned_then(limit: float | None, seconds: float, seed: int) -> tuple[PaceSt
             tokens -= 1 if ok and limit is not None else 0
             before = state.learned_at
             result = Result.ANSWERED if ok else Result.THROTTLED
-            state, _ = observe(RULES, state, now, result, retry_after_s=1.0)
+            state, _ = observe(rules, state, now, result, retry_after_s=1.0)
             state = count_answered(state, now, 1) if ok else state
             cuts += state.learned_at != before
         now += 0.01

@@ -23,6 +23,7 @@ from domain.pacing import (
     count_calls,
     observe,
     rate_now,
+    still_admitted,
 )
 from domain.ports import TransientGatewayError
 from infrastructure.gateway.adapter import HttpGateway
@@ -510,3 +511,54 @@ def test_a_learned_rate_refuses_rules_it_cannot_follow() -> None:
     ):
         with pytest.raises(ValueError, match="learned rate"):
             pace_rules(**bad)
+
+
+def test_a_waiting_call_still_goes_unless_a_cut_a_new_hold_or_the_circuit_came() -> None:
+    admitted = PaceState(learned=10.0, learned_at=50.0, paused_until=60.0)
+    assert still_admitted(admitted, admitted, 60.5)
+    assert still_admitted(admitted, replace(admitted, window_calls=9), 60.5)  # counts moved
+    assert still_admitted(admitted, admitted, 59.9)  # the hold it was admitted past
+    assert not still_admitted(admitted, replace(admitted, learned=7.0, learned_at=60.2), 60.5)
+    assert not still_admitted(admitted, replace(admitted, paused_until=61.0), 60.5)
+    assert still_admitted(admitted, replace(admitted, paused_until=61.0), 61.0)  # over
+    assert not still_admitted(admitted, replace(admitted, open_since=60.1), 60.5)
+    probe = replace(admitted, open_since=40.0)
+    assert still_admitted(probe, probe, 60.5)  # let through an open circuit: it goes
+
+
+def test_a_cut_gives_back_the_turns_taken_at_the_old_rate() -> None:
+    rules = pace_rules(rate=None, burst=1, **EVERY_429)
+    state = replace(PaceState(), learned=20.0, learned_at=0.0, ceiling=25.0)
+    now = 10.0
+    for _ in range(30):  # 30 calls admitted at once: turns up to 1.5 s ahead
+        state, _ = admit(rules, state, now)
+    assert state.tat > now + 1.0
+    cut, _ = observe(rules, state, now + 0.1, Result.THROTTLED, retry_after_s=1.0)
+    assert cut.learned_at == now + 0.1
+    assert cut.learned is not None
+    assert cut.learned < 20.0
+    assert cut.tat == now + 0.1  # the calls queued ask again, at the new rate from now
+
+
+def test_a_call_whose_wait_a_cut_outlived_asks_again_and_waits_at_the_new_rate() -> None:
+    clock = ManualClock(100.0)
+    store = MemoryPaceStore(clock=clock)
+    rules = pace_rules(rate=None, burst=1, **EVERY_429)
+    store.update(lambda s, now: (replace(s, learned=4.0, learned_at=now - 10, tat=now + 0.5), 0))
+    slept: list[float] = []
+
+    def sleep(seconds: float) -> None:  # meanwhile another process's 429s cut the rate
+        slept.append(seconds)
+        clock.advance(seconds)
+        if len(slept) == 1:
+            store.update(lambda s, now: observe(rules, s, now, Result.THROTTLED))
+
+    pace = Pace(store, rules, sleep=sleep)
+    assert pace.before() is None
+    state, _ = store.read()
+    assert state.learned is not None
+    assert state.learned < 4.0  # cut while the call waited its turn
+    assert slept[0] == pytest.approx(0.5)
+    assert len(slept) == 2  # asked again, and waited for a turn at the new rate
+    assert slept[1] == pytest.approx(1.0)  # the hold the 429 asked for (1 s by default)
+    assert state.window_calls == 2  # counted at each admission
