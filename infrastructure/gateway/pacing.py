@@ -25,6 +25,9 @@ circuit is closed and nothing failed, so it writes nothing: it is counted in
 the process and published with its next write, or the next refresh with no
 rate configured (what a learned rate's cut reads as the gateway's limit, in
 the second it came).
+A call that slept its turn asks again if a cut, a new hold or an opened
+circuit came meanwhile (`domain.pacing.still_admitted`), read on the local copy
+(one process: on the state itself).
 The pace never stops a call for its own sake: a store that cannot be read
 (the database down) holds the call back unsent, and a report it cannot take
 is dropped (both logged once an outage).
