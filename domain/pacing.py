@@ -375,7 +375,7 @@ def still_admitted(admitted: PaceState, latest: PaceState, now: float) -> bool:
     circuit opened. Otherwise it would meet the limit the cut read, or the hold,
     for nothing. (A hold known at its admission, its wait has waited out.)"""
     return (
-        latest.learned_at == admitted.learned_at
+        latest.learned_at <= admitted.learned_at
         and latest.paused_until <= max(now, admitted.paused_until)
         and (latest.open_since is None or admitted.open_since is not None)
     )
@@ -466,19 +466,12 @@ def _cut(
     # The evidence is spent by a cut: what the calls sent before it still meet must
     # not cut again, and the next cut reads a time above the limit, not this one's.
     cut_by = DENSE if dense else PAST_LIMIT
-    # The turns taken at the old rate are given back: the calls waiting for them ask
-    # again (`still_admitted`) and take turns at the new rate from now.
-    spent = replace(
-        state,
-        calls_score=0.0,
-        throttled_score=0.0,
-        learned_at=now,
-        cut_by=cut_by,
-        tat=min(state.tat, now),
-    )
+    spent = replace(state, calls_score=0.0, throttled_score=0.0, learned_at=now, cut_by=cut_by)
     if limited is None:  # the first: only what was being sent is known
         learned = max(rules.min_rate, _sent_rate(state, now) * rules.backoff_factor)
-        return replace(spent, learned=learned, ceiling=None)
+        return replace(
+            spent, learned=learned, ceiling=None, tat=_given_back(rules, state, now, learned)
+        )
     # What the gateway answered a second (without a count of it: what was sent, at
     # most the rate in force, less the share answered 429); never below what the
     # first cut would give, so that a burst of 429s alone cannot take the rate to its
@@ -501,7 +494,21 @@ def _cut(
     # A cut never raises the rate (a gateway's burst can make it answer more than the
     # rate in force for a moment).
     learned = min(limited, max(rules.min_rate, ceiling * rules.below_ceiling))
-    return replace(spent, learned=learned, ceiling=ceiling, ceiling_dense=read_dense)
+    return replace(
+        spent,
+        learned=learned,
+        ceiling=ceiling,
+        ceiling_dense=read_dense,
+        tat=_given_back(rules, state, now, learned),
+    )
+
+
+def _given_back(rules: PaceRules, state: PaceState, now: float, learned: float) -> float:
+    """The GCRA's next turn after a cut: the turns taken at the old rate given back, so
+    that the calls waiting for them ask again (`still_admitted`) and go at the new rate
+    from now; but not the burst's credit, which would let `burst` calls go at once
+    into a gateway that is answering 429."""
+    return min(state.tat, now + (rules.burst - 1) / learned)
 
 
 def _sent_rate(state: PaceState, now: float) -> float:

@@ -73,8 +73,7 @@ lifecycle = logging.getLogger("provisioner.gateway.lifecycle")  # shown without 
 
 T = TypeVar("T")
 # How many times a call asks again after a cut, a hold or an opened circuit came while
-# it waited for its turn: one more than cuts and holds can follow one another in the
-# longest wait (2 s; cuts are 3 s apart), so never a loop.
+# it waited for its turn, within its patience in all; then it is held (its hop waits).
 ASK_AGAIN_MAX = 3
 Update = Callable[[PaceState, float], tuple[PaceState, T]]
 _FIELDS = frozenset(f.name for f in fields(PaceState))
@@ -273,21 +272,30 @@ class Pace:
             self._admitted.clean, self._admitted.probe = True, False
             return None
 
+        patience = self.rules.create_wait_s if create else self.rules.max_wait_s
+        slept, wait = 0.0, 0.0
         for _ in range(1 + ASK_AGAIN_MAX):
             admitted = self._admit(create)
             if isinstance(admitted, Hold):
                 self._on_event("held", 1.0)
                 return admitted
             decision, state = admitted
-            if decision.wait_s <= 0:
+            wait = decision.wait_s
+            if wait <= 0:
                 return None
-            self._on_event("waited", decision.wait_s)
-            self._sleep(decision.wait_s)
+            if slept + wait > patience:  # asked again, and its thread has waited enough
+                break
+            self._on_event("waited", wait)
+            self._sleep(wait)
+            slept += wait
             latest = self._latest()
             if latest is None or still_admitted(state, *latest):
                 return None
             # A cut, a hold or an opened circuit while it waited: ask again.
-        return None  # asked again ASK_AGAIN_MAX times: it goes on the last admission
+            wait = max(wait, latest[0].paused_until - latest[1])
+        # Not sent: the hop waits for the fleet's turn, as for any call held back.
+        self._on_event("held", 1.0)
+        return Hold(wait, "the fleet's pace changed while the call waited its turn", paced=True)
 
     def _admit(self, create: bool) -> tuple[Go, PaceState] | Hold:
         """One admission in the store: Go and the state it was made on, or a Hold."""
@@ -398,9 +406,15 @@ class Pace:
             answered, self._answered = self._answered, 0
         return answered
 
-    def _keep(self, state: PaceState, now: float) -> None:
+    def _keep(self, state: PaceState, now: float, read: float | None = None) -> None:
+        """The local copy, `state` at the store's time `now`, read at monotonic `read`
+        (now, by default); never replaced by an older one (a refresh that began
+        before an admission and ended after it), which would look like news."""
         if getattr(self.store, "shared", False):
-            self._copy = (state, now, self._monotonic())
+            read = self._monotonic() if read is None else read
+            with self._lock:
+                if self._copy is None or read >= self._copy[2]:
+                    self._copy = (state, now, read)
 
     def _start_refresher(self) -> None:
         if self._refresher is None:
@@ -429,6 +443,7 @@ class Pace:
             new = count_answered(count_calls(self.rules, state, now, sent), now, answered)
             return new, (new, now)
 
+        began = self._monotonic()
         try:
             state, now = self.store.update(publish) if write else self.store.read()
         except Exception as exc:  # noqa: BLE001 - no copy: calls take the slow path, held
@@ -439,7 +454,7 @@ class Pace:
             self._down(exc)
             return
         self._up()
-        self._copy = (state, now, self._monotonic())
+        self._keep(state, now, began)
 
     def _down(self, exc: Exception) -> None:
         if not self._store_down:

@@ -562,3 +562,71 @@ def test_a_call_whose_wait_a_cut_outlived_asks_again_and_waits_at_the_new_rate()
     assert len(slept) == 2  # asked again, and waited for a turn at the new rate
     assert slept[1] == pytest.approx(1.0)  # the hold the 429 asked for (1 s by default)
     assert state.window_calls == 2  # counted at each admission
+
+
+def test_a_cut_gives_back_the_turns_but_not_the_bursts_credit() -> None:
+    rules = pace_rules(rate=None, burst=5, **EVERY_429)
+    state = replace(PaceState(), learned=20.0, learned_at=0.0, ceiling=25.0)
+    for _ in range(40):
+        state, _ = admit(rules, state, 10.0)
+    cut, _ = observe(rules, state, 10.1, Result.THROTTLED, retry_after_s=1.0)
+    assert cut.learned is not None
+    assert cut.tat == pytest.approx(10.1 + 4 / cut.learned)
+    unheld = replace(cut, paused_until=0.0)  # as after a cut past the limit, which holds none
+    waits = [d.wait_s for d in calls(rules, unheld, [10.1] * 3) if isinstance(d, Go)]
+    assert waits[0] == 0.0
+    assert waits[1] == pytest.approx(1 / cut.learned)  # spaced at once: no burst of 5
+
+
+def test_a_call_that_keeps_meeting_new_holds_is_held_within_its_patience() -> None:
+    clock = ManualClock(100.0)
+    store = MemoryPaceStore(clock=clock)
+    rules = pace_rules(rate=None, burst=1, max_wait_s=2.0, **EVERY_429)
+    store.update(lambda s, now: (replace(s, paused_until=now + 0.9), 0))
+    slept: list[float] = []
+
+    def sleep(seconds: float) -> None:  # each wait ends in a new hold of another process
+        slept.append(seconds)
+        clock.advance(seconds)
+        store.update(lambda s, now: (replace(s, paused_until=now + 0.9), 0))
+
+    held = Pace(store, rules, sleep=sleep).before()
+    assert isinstance(held, Hold)  # never sent through a hold: its hop waits
+    assert held.paced
+    assert sum(slept) <= rules.max_wait_s
+    assert len(slept) == 2
+
+
+class _RacedStore:
+    """A shared store whose read began before another thread's admission and ends
+    after it: its answer is older than the copy that admission left."""
+
+    shared = True
+
+    def __init__(self, pace_of: list[Pace]) -> None:
+        self.state, self.now, self.pace_of = PaceState(learned=5.0, learned_at=1.0), 50.0, pace_of
+
+    def update(self, fn):  # type: ignore[no-untyped-def]
+        self.state, out = fn(self.state, self.now)
+        return out
+
+    def read(self) -> tuple[PaceState, float]:
+        older = self.state
+        self.state = replace(self.state, learned=4.0, learned_at=49.0)  # a cut meanwhile
+        assert self.pace_of[0].before() is None  # an admission on the newer state
+        return older, self.now
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_refresh_older_than_an_admission_never_replaces_its_copy() -> None:
+    pace_of: list[Pace] = []
+    store = _RacedStore(pace_of)
+    pace = Pace(store, pace_rules(rate=None, burst=1), sleep=lambda s: None, refresh_s=3600.0)
+    pace_of.append(pace)
+    pace.refresh()
+    latest = pace._latest()  # what a waiting call compares against
+    assert latest is not None
+    assert latest[0].learned_at == 49.0  # the admission's, not the older read's
+    pace.close()
