@@ -73,7 +73,10 @@ lifecycle = logging.getLogger("provisioner.gateway.lifecycle")  # shown without 
 
 T = TypeVar("T")
 # How many times a call asks again after a cut, a hold or an opened circuit came while
-# it waited for its turn, within its patience in all; then it is held (its hop waits).
+# it waited for its turn (each wait within its patience); then it is held (its hop
+# waits). Holding it sooner, within one patience in all, deferred more hops mid-way,
+# which then list the family again: 6.2 and 7.7 % of calls answered 429 at 10 calls/s
+# against 4.5 to 5.5 % (decision 041).
 ASK_AGAIN_MAX = 3
 Update = Callable[[PaceState, float], tuple[PaceState, T]]
 _FIELDS = frozenset(f.name for f in fields(PaceState))
@@ -272,8 +275,7 @@ class Pace:
             self._admitted.clean, self._admitted.probe = True, False
             return None
 
-        patience = self.rules.create_wait_s if create else self.rules.max_wait_s
-        slept, wait = 0.0, 0.0
+        wait = 0.0
         for _ in range(1 + ASK_AGAIN_MAX):
             admitted = self._admit(create)
             if isinstance(admitted, Hold):
@@ -283,11 +285,8 @@ class Pace:
             wait = decision.wait_s
             if wait <= 0:
                 return None
-            if slept + wait > patience:  # asked again, and its thread has waited enough
-                break
             self._on_event("waited", wait)
             self._sleep(wait)
-            slept += wait
             latest = self._latest()
             if latest is None or still_admitted(state, *latest):
                 return None
