@@ -12,7 +12,7 @@ from dataclasses import replace
 import pytest
 
 from domain.outcomes import Outcome
-from domain.pacing import PaceRules
+from domain.pacing import PaceRules, Result
 from domain.ports import TransientGatewayError, WorkspaceGone
 from infrastructure.fake_gateway.server import FakeGateway
 from infrastructure.gateway.adapter import HttpGateway
@@ -268,3 +268,37 @@ def test_under_a_learned_rate_answers_reach_the_row_within_a_refresh(
     assert found is not None
     state, _ = found
     assert state.last_answered + state.window_answered == 4
+
+
+def test_a_call_waiting_its_turn_when_another_process_is_throttled_asks_again(
+    stores: list[PgPaceStore],
+) -> None:
+    """A call of one process waits 1 s for its turn at a learned rate; meanwhile the
+    other process's 429 cuts the rate and holds the fleet. The first process hears of
+    it through its 100 ms refresh of the row and asks again, going only once the
+    hold is over, never at its old turn (decision 041)."""
+    rules = pace_rules(rate=None, burst=1, **EVERY_429)
+    stores[0].update(
+        lambda state, now: (replace(state, learned=2.0, learned_at=now - 5, tat=now + 1.0), None)
+    )
+    slept: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        slept.append(seconds)
+        time.sleep(seconds)
+
+    waiting, other = Pace(stores[0], rules, sleep=sleep), Pace(stores[1], rules)
+    went: list[float] = []
+    thread = threading.Thread(target=lambda: (waiting.before(), went.append(time.monotonic())))
+    started = time.monotonic()
+    thread.start()
+    time.sleep(0.3)
+    other.after(Result.THROTTLED, retry_after_s=1.0)  # a cut and a 1 s hold of the fleet
+    thread.join(10)
+    waiting.close()
+    other.close()
+
+    assert went, "the waiting call never went"
+    assert len(slept) == 2, slept  # its turn, then the hold's end after asking again
+    assert slept[0] == pytest.approx(1.0, abs=0.1)
+    assert went[0] - started >= 1.25  # the hold began at 0.3 s and lasts 1 s at least
