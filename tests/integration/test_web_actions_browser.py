@@ -44,6 +44,7 @@ from infrastructure.service import ProvisioningService
 from infrastructure.store.eventstore import open_event_store
 from infrastructure.views.store import SqlViewStore
 from tests.conftest import PARENT, TOKEN
+from tests.integration.conftest import purge
 from tests.integration.web_fixture import chromium, follow
 from tests.support import drive
 from worker.projector import Projector
@@ -183,16 +184,12 @@ def _take(url: str, queue: str) -> list[dict[str, object]]:
 
 @pytest.fixture
 def queues(site: Site) -> Iterator[str]:
-    """The broker `provisioner web` uses, its command, hop and dead-letter queues empty
-    before and after the test (as `rabbit_url` empties them, without listing the wait
-    queues: nothing here reaches them)."""
+    """The broker `provisioner web` uses, its wait, command, hop and dead-letter queues
+    empty before and after the test (`purge`, as `rabbit_url` empties them): a hop an
+    earlier test left in a wait queue would otherwise land among what this one takes."""
 
     def empty() -> None:
-        with Connection(site.broker_url, connect_timeout=3) as conn:
-            channel = conn.channel()
-            Topology().declare(channel)
-            for queue in (COMMANDS_QUEUE, HOPS_QUEUE, DEAD_QUEUE):
-                channel.queue_purge(queue)
+        purge(site.broker_url, list_wait_queues=True)
 
     empty()
     yield site.broker_url
