@@ -468,7 +468,7 @@ def _cut(
     cut_by = DENSE if dense else PAST_LIMIT
     spent = replace(state, calls_score=0.0, throttled_score=0.0, learned_at=now, cut_by=cut_by)
     if limited is None:  # the first: only what was being sent is known
-        learned = max(rules.min_rate, _sent_rate(state, now) * rules.backoff_factor)
+        learned = max(rules.min_rate, sent_rate(state, now) * rules.backoff_factor)
         return replace(
             spent, learned=learned, ceiling=None, tat=_given_back(rules, state, now, learned)
         )
@@ -476,7 +476,7 @@ def _cut(
     # most the rate in force, less the share answered 429); never below what the
     # first cut would give, so that a burst of 429s alone cannot take the rate to its
     # floor.
-    sent = _sent_rate(state, now)
+    sent = sent_rate(state, now)
     sending = min(limited, sent) if sent > 0 else limited
     admitted = answered_rate(state, now)
     if admitted is None:
@@ -511,7 +511,7 @@ def _given_back(rules: PaceRules, state: PaceState, now: float, learned: float) 
     return min(state.tat, now + (rules.burst - 1) / learned)
 
 
-def _sent_rate(state: PaceState, now: float) -> float:
+def sent_rate(state: PaceState, now: float) -> float:
     """What the fleet was sending when no rate held it: the busier of the last
     whole window and the current one."""
     elapsed = max(now - state.window_at, 1e-3)

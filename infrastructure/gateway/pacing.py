@@ -14,17 +14,18 @@ are `domain.pacing`'s; the state is shared through a store:
 While no limit is in force (`domain.pacing.free`: no rate configured or learned,
 the circuit closed, nothing failing, no hold), a call costs no database round
 trip: the process admits it from its own copy of the shared state, which a
-background thread reads again every `refresh_s` (100 ms), publishing in the
-same short transaction how many calls the process sent since (for the learned
-rate and the 429 evidence). A 429 or an unreachable answer is written at once
-by the process that got it, so a hold, a cut or an opened circuit reaches every
-process within `refresh_s` plus one read (about 200 ms); a copy older than
-`stale_s` is not trusted. With a limit in force, each call is admitted in one
-transaction, as the rate requires. An answered call changes nothing while the
-circuit is closed and nothing failed, so it writes nothing: it is counted in
-the process and published with its next write, or the next refresh with no
-rate configured (what a learned rate's cut reads as the gateway's limit, in
-the second it came).
+background thread reads again every `refresh_s` (100 ms), publishing in the same
+short transaction how many calls the process sent since (for the learned rate
+and the 429 evidence; every other write of the process publishes them too, so a
+429 that cuts the rate is counted with the calls sent before it). A 429 or an
+unreachable answer is written at once by the process that got it, so a hold, a
+cut or an opened circuit reaches every process within `refresh_s` plus one read
+(about 200 ms); a copy older than `stale_s` is not trusted. With a limit in
+force, each call is admitted in one transaction, as the rate requires. An
+answered call changes nothing while the circuit is closed and nothing failed, so
+it writes nothing: it is counted in the process and published with its next
+write, or the next refresh with no rate configured (what a learned rate's cut
+reads as the gateway's limit, in the second it came).
 A call that slept its turn asks again if a cut, a new hold or an opened
 circuit came meanwhile (`domain.pacing.still_admitted`), read on the local copy
 (one process: on the state itself).
@@ -61,6 +62,8 @@ from domain.pacing import (
     count_calls,
     free,
     observe,
+    rate_now,
+    sent_rate,
     shown,
     still_admitted,
 )
@@ -298,10 +301,10 @@ class Pace:
 
     def _admit(self, create: bool) -> tuple[Go, PaceState] | Hold:
         """One admission in the store: Go and the state it was made on, or a Hold."""
-        answered = self._take_answered()
+        sent, answered = self._take_counts()
 
         def step(state: PaceState, now: float) -> tuple[PaceState, tuple[Go | Hold, PaceState]]:
-            state = count_answered(state, now, answered)
+            state = self._published(state, now, sent, answered)
             new, decision = admit(self.rules, state, now, create=create)
             self._admitted.clean = new.open_since is None and new.unreachable == 0
             self._admitted.probe = isinstance(decision, Go) and decision.probe
@@ -312,6 +315,7 @@ class Pace:
         try:
             decision, state = self.store.update(step)
         except Exception as exc:  # noqa: BLE001 - the database down: hold, never send unpaced
+            self._give_back(sent, answered)
             self._down(exc)
             self._admitted.clean = False
             return Hold(5.0, f"the pace's database is unavailable ({type(exc).__name__})")
@@ -342,10 +346,10 @@ class Pace:
                 return
 
         probe = getattr(self._admitted, "probe", False)
-        answered = self._take_answered()
+        sent, answered = self._take_counts()
 
         def step(state: PaceState, now: float) -> tuple[PaceState, Change | None]:
-            state = count_answered(state, now, answered)
+            state = self._published(state, now, sent, answered)
             new, change = observe(
                 self.rules,
                 state,
@@ -358,7 +362,10 @@ class Pace:
             self._keep(new, now)
             if new.learned_at != state.learned_at and new.learned is not None:
                 held = max(0.0, new.paused_until - now)
-                limit = "" if new.ceiling is None else f" (its limit read as {shown(new.ceiling)})"
+                limit = "" if new.ceiling is None else f"its limit read as {shown(new.ceiling)}; "
+                before = rate_now(self.rules, state, now)
+                was = "none" if before is None else shown(before)
+                sending = f"{limit}{was} in force, {shown(sent_rate(state, now))} sent"
                 why = (
                     f"after 429s dense enough to be its rate limit; the fleet holds "
                     f"{held:.0f} s (Retry-After)"
@@ -366,10 +373,10 @@ class Pace:
                     else "after 429s past the limit it had read; they hold no call but their own"
                 )
                 lifecycle.info(
-                    "gateway pace %s: %s calls/s%s, %s",
+                    "gateway pace %s: %s calls/s (%s), %s",
                     "learned" if state.learned is None else "cut",
                     shown(new.learned),
-                    limit,
+                    sending,
                     why,
                 )
             return new, change
@@ -377,6 +384,7 @@ class Pace:
         try:
             change = self.store.update(step)
         except Exception as exc:  # noqa: BLE001 - what the call got stands; the report is lost
+            self._give_back(sent, answered)
             self._down(exc)
             return
         self._up()
@@ -398,12 +406,24 @@ class Pace:
         age = self._monotonic() - read
         return age <= self.stale_s and free(self.rules, state, at + age)
 
-    def _take_answered(self) -> int:
-        """The answered calls not yet published, for the write about to be made (a
-        write that fails loses them: they only inform the next cut's estimate)."""
+    def _take_counts(self) -> tuple[int, int]:
+        """The calls sent on the copy and the calls answered (not 429), not yet
+        published, for the write about to be made: every write publishes both, so
+        that a 429 which cuts the rate is counted with the calls sent before it (a
+        first cut read from the refreshes alone missed up to 100 ms of a burst and
+        read a limit of 20 calls/s as 5). A write that fails gives them back."""
         with self._lock:
-            answered, self._answered = self._answered, 0
-        return answered
+            counts = (self._sent, self._answered)
+            self._sent = self._answered = 0
+        return counts
+
+    def _give_back(self, sent: int, answered: int) -> None:
+        with self._lock:
+            self._sent += sent
+            self._answered += answered
+
+    def _published(self, state: PaceState, now: float, sent: int, answered: int) -> PaceState:
+        return count_answered(count_calls(self.rules, state, now, sent), now, answered)
 
     def _keep(self, state: PaceState, now: float, read: float | None = None) -> None:
         """The local copy, `state` at the store's time `now`, read at monotonic `read`
@@ -430,25 +450,24 @@ class Pace:
 
     def refresh(self) -> None:
         """Read the shared state again, publishing the calls sent on the copy since."""
-        with self._lock:
-            sent, self._sent = self._sent, 0
         # Answers ride along when they are read (`answers_read`), rather than wait for
         # this process's next admission, which may be seconds away while its threads
         # wait for their turns. Otherwise a refresh with nothing sent stays a read.
-        answered = self._take_answered() if sent or answers_read(self.rules) else 0
+        with self._lock:
+            sent, self._sent = self._sent, 0
+            answered = self._answered if sent or answers_read(self.rules) else 0
+            self._answered -= answered
         write = bool(sent or answered)
 
         def publish(state: PaceState, now: float) -> tuple[PaceState, tuple[PaceState, float]]:
-            new = count_answered(count_calls(self.rules, state, now, sent), now, answered)
+            new = self._published(state, now, sent, answered)
             return new, (new, now)
 
         began = self._monotonic()
         try:
             state, now = self.store.update(publish) if write else self.store.read()
         except Exception as exc:  # noqa: BLE001 - no copy: calls take the slow path, held
-            with self._lock:
-                self._sent += sent
-                self._answered += answered
+            self._give_back(sent, answered)
             self._copy = None
             self._down(exc)
             return

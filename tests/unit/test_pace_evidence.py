@@ -151,6 +151,24 @@ def test_no_limit_in_force_a_call_costs_no_round_trip() -> None:
     assert store.state.window_calls == 101
 
 
+def test_a_429_is_written_with_the_calls_sent_on_the_copy_before_it() -> None:
+    """A first cut reads what the fleet was sending: the calls a process sent on its
+    copy since its last refresh count, or a burst's 429s cut to a share of a few."""
+    store = SharedStore()
+    pace, _ = local_pace(store)
+    pace.before()  # the first, through the store: a copy from now on
+    for _ in range(40):
+        assert pace.before() is None
+    for _ in range(10):
+        pace.after(Result.ANSWERED)
+    pace.after(Result.THROTTLED, retry_after_s=1.0)
+    assert store.state.window_calls == 41
+    assert store.state.window_answered == 10
+    pace.refresh()  # nothing left to publish twice
+    pace.close()
+    assert store.state.window_calls == 41
+
+
 def test_a_configured_rate_admits_each_call_in_the_store() -> None:
     store = SharedStore()
     pace, _ = local_pace(store, pace_rules(rate=1000.0, burst=1000))
