@@ -2,7 +2,7 @@
 outage longer than the settle budget, on the service's own processes.
 
     .venv/bin/python bench/rollout.py metered [--brands 300] [--rate-limit 20] [--burst 5]
-                                              [--json]
+                                              [--only configured|learned] [--json]
     .venv/bin/python bench/rollout.py outage [--brands 200] [--outage-s 600]
                                              [--mode 503|refuse] [--settle-polls 2] [--json]
     .venv/bin/python bench/rollout.py crowded [--brands 300] [--others 50000] [--json]
@@ -364,6 +364,8 @@ def metered(args: argparse.Namespace) -> dict[str, Any]:
                 "learned": {},
             }
             for name, pace in paces.items():
+                if args.only not in (None, name):
+                    continue
                 fake_call(gateway_url, "/_fake/reset", {})
                 deployment = Deployment(gateway_url, logs / name, args.workers, args.concurrency)
                 with deployment.running(**pace, PROVISIONER_PARENT_IDS=",".join(parents)):
@@ -745,6 +747,11 @@ def main() -> int:
         elif name == "metered":
             one.add_argument("--rate-limit", type=float, default=20.0, help="the fake's calls/s")
             one.add_argument("--burst", type=int, default=5, help="the fake's bucket")
+            one.add_argument(
+                "--only",
+                choices=("configured", "learned"),
+                help="run the fleet's rate this way only (a learned rate's tuning)",
+            )
         else:
             one.add_argument("--outage-s", type=float, default=600.0)
             one.add_argument("--mode", choices=("503", "refuse"), default="503")
