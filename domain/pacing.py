@@ -443,10 +443,11 @@ def _throttled(rules: PaceRules, state: PaceState, now: float, retry_after_s: fl
     limited = rate_now(rules, state, now)
     admitted = answered_rate(answered, now)
     read = answered.ceiling
-    if not dense and admitted is not None and read is not None and admitted > read:
-        return replace(answered, ceiling=admitted, ceiling_dense=admitted)  # it is higher
     if _held_back(rules, answered, now, limited, dense=dense):
         return _cut(rules, answered, limited, now, dense=dense)
+    if not dense and admitted is not None and read is not None and admitted > read:
+        # It answers nearly all we send, and more than read: the limit is higher.
+        return replace(answered, ceiling=admitted, ceiling_dense=admitted)
     return answered
 
 
