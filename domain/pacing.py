@@ -446,9 +446,19 @@ def _throttled(rules: PaceRules, state: PaceState, now: float, retry_after_s: fl
     if _held_back(rules, answered, now, limited, dense=dense):
         return _cut(rules, answered, limited, now, dense=dense)
     if not dense and admitted is not None and read is not None and admitted > read:
-        # It answers nearly all we send, and more than read: the limit is higher.
-        return replace(answered, ceiling=admitted, ceiling_dense=admitted)
+        # It answers nearly all we send, and more than read: the limit is higher (and
+        # no longer a floor once read from spaced calls).
+        low = answered.ceiling_low and not _spaced(rules, answered, now, limited)
+        return replace(answered, ceiling=admitted, ceiling_dense=admitted, ceiling_low=low)
     return answered
+
+
+def _spaced(rules: PaceRules, state: PaceState, now: float, limited: float | None) -> bool:
+    """Whether the fleet sent at least `spaced_share` of the rate in force (unknown:
+    yes): its calls went at the rate's turns, not in the hops' bursts, so what the
+    gateway answered reads its limit, not a floor of it."""
+    sent = sent_rate(state, now)
+    return limited is None or sent <= 0 or sent >= rules.spaced_share * limited
 
 
 def _held_back(
@@ -499,7 +509,7 @@ def _cut(
         share = min(1.0, state.throttled_score / max(state.calls_score, 1.0))
         admitted = sending * (1.0 - share)
     ceiling = max(rules.min_rate, admitted, sending * rules.backoff_factor)
-    low = sent > 0 and sent < rules.spaced_share * limited
+    low = not _spaced(rules, state, now, limited)
     read_dense = state.ceiling_dense
     if dense or read_dense is None:
         read_dense = ceiling
