@@ -184,6 +184,28 @@ def test_a_floor_read_raised_on_spaced_calls_is_a_limit_read() -> None:
     assert raised(sent=0.7 * limited).ceiling_low  # bursts: still a floor
 
 
+def test_at_a_low_limit_a_tenth_of_the_calls_short_is_enough_to_cut() -> None:
+    """Three calls short in a second and a half is 20 % over a limit of 10 calls/s:
+    past the limit read, a tenth of the calls sent short cuts there."""
+    rules = pace_rules(rate=None)
+    past = PaceState(
+        learned=9.0, learned_at=10.0, ceiling=10.0, ceiling_dense=10.0,
+        calls_score=60.0, throttled_score=3.0, scored_at=30.0,
+    )  # fmt: skip
+    limited = rate_now(rules, past, 30.0)  # 11 calls/s
+    assert limited == pytest.approx(11.0, rel=0.01)
+
+    def after(answered: int) -> PaceState:  # in the 1.5 s since the last window began
+        state = replace(
+            past, window_at=29.5, window_rate=11.0, window_calls=5, last_s=1.0,
+            last_answered=answered - answered // 3, window_answered=answered // 3,
+        )  # fmt: skip
+        return observe(rules, state, 30.0, Result.THROTTLED, retry_after_s=1.0)[0]
+
+    assert after(answered=14).learned_at == 30.0  # 2 of 16 short: cut
+    assert after(answered=15).learned_at == 10.0  # 1 short: nothing says a limit
+
+
 def test_a_cut_without_answers_counted_reads_the_share_answered_429() -> None:
     rules = pace_rules(rate=None, **EVERY_429)
     state = PaceState(learned=20.0, learned_at=0.0, scored_at=10.0)
