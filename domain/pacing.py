@@ -26,8 +26,7 @@ sent and reports what came of it to `observe`. Times are seconds on one clock
   (the fleet sent at least `spaced_share` of it); under it the hops' bursts met
   the gateway's bucket, which answers bursts less than its rate, so the read is a
   floor of the limit (`ceiling_low`): the rate grows by `growth_per_s` from it
-  with no slow band, until 429s past it cut again, or raise it, on spaced
-  calls. Grown past
+  with no slow band, until 429s past it cut again on spaced calls. Grown past
   `unlimited_above`, it is no limit again. (Compounded growth finds the limit
   again within seconds of a cut, where adding a fixed step would crawl for a
   gateway allowing hundreds of calls a second.)
@@ -122,7 +121,6 @@ class PaceRules:
     few_keep: float = 0.9  # such a cut's estimate: not under this of the last dense one's
     cut_under: float = 0.95  # no cut while the gateway answers this much of what was sent
     cut_short_min: float = 3.0  # ... or while it answered fewer than this many calls less
-    cut_short_share: float = 0.1  # ... or this share of the calls sent, if fewer
     # A cut reads the limit from the answers only when the fleet sent at least this share
     # of the rate in force: its calls spaced by it. Under it they went as the hops asked,
     # in bursts, and a bucket answers bursts less than its rate: the read is a floor.
@@ -430,8 +428,9 @@ def observe(
 
 def _throttled(rules: PaceRules, state: PaceState, now: float, retry_after_s: float) -> PaceState:
     """A 429: evidence; dense, the fleet holds; dense or past the limit read, a learned
-    rate is cut when the gateway held calls back (`_held_back`), else the limit is read
-    again higher when more was answered than read."""
+    rate is cut, or the limit read again higher when more was answered than read (a
+    floor read: only while the gateway holds no calls back, since past a floor the
+    answers say as much of the bursts as of the limit)."""
     answered = _scored(rules, state, now, throttled=1)
     dense = _dense(rules, answered)
     if not dense and not _past_limit(rules, answered, now):
@@ -446,31 +445,21 @@ def _throttled(rules: PaceRules, state: PaceState, now: float, retry_after_s: fl
     limited = rate_now(rules, state, now)
     admitted = answered_rate(answered, now)
     read = answered.ceiling
+    higher = not dense and admitted is not None and read is not None and admitted > read
+    if higher and not answered.ceiling_low:
+        return replace(answered, ceiling=admitted, ceiling_dense=admitted)
     if _held_back(rules, answered, now, limited, dense=dense):
         return _cut(rules, answered, limited, now, dense=dense)
-    if not dense and admitted is not None and read is not None and admitted > read:
-        # It answers nearly all we send, and more than read: the limit is higher (and
-        # no longer a floor once read from spaced calls).
-        low = answered.ceiling_low and not _spaced(rules, answered, now, limited)
-        return replace(answered, ceiling=admitted, ceiling_dense=admitted, ceiling_low=low)
+    if higher:  # a floor, and the gateway answers nearly all we send
+        return replace(answered, ceiling=admitted, ceiling_dense=admitted)
     return answered
-
-
-def _spaced(rules: PaceRules, state: PaceState, now: float, limited: float | None) -> bool:
-    """Whether the fleet sent at least `spaced_share` of the rate in force (unknown:
-    yes): its calls went at the rate's turns, not in the hops' bursts, so what the
-    gateway answered reads its limit, not a floor of it."""
-    sent = sent_rate(state, now)
-    return limited is None or sent <= 0 or sent >= rules.spaced_share * limited
 
 
 def _held_back(
     rules: PaceRules, state: PaceState, now: float, limited: float | None, *, dense: bool
 ) -> bool:
     """Whether the gateway answered less than `cut_under` of what the fleet sent since
-    the last whole window began, and at least `cut_short_min` calls less (or
-    `cut_short_share` of those sent, if fewer: at a limit of 10 calls/s three calls
-    short in a second and a half would let the rate run 20 % over it); unknown: as
+    the last whole window began, and at least `cut_short_min` calls less; unknown: as
     `dense` says. If it answered nearly all, its 429s say nothing of a limit under our
     rate: they are stray ones, or answers to calls sent before the last cut. What was
     sent is counted when admitted, at most the rate in force."""
@@ -482,8 +471,7 @@ def _held_back(
     if limited is not None:
         sent = min(sent, limited)
     short = (sent - admitted) * seconds
-    enough = min(rules.cut_short_min, rules.cut_short_share * sent * seconds)
-    return admitted < rules.cut_under * sent and short >= enough
+    return admitted < rules.cut_under * sent and short >= rules.cut_short_min
 
 
 def _cut(
@@ -515,7 +503,7 @@ def _cut(
         share = min(1.0, state.throttled_score / max(state.calls_score, 1.0))
         admitted = sending * (1.0 - share)
     ceiling = max(rules.min_rate, admitted, sending * rules.backoff_factor)
-    low = not _spaced(rules, state, now, limited)
+    low = sent > 0 and sent < rules.spaced_share * limited
     read_dense = state.ceiling_dense
     if dense or read_dense is None:
         read_dense = ceiling

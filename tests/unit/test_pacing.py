@@ -157,55 +157,6 @@ def test_answers_to_calls_the_rate_did_not_space_read_only_a_floor_of_the_limit(
     assert rate_now(rules, again, 25.0) == pytest.approx(0.85 * 20.0)
 
 
-def test_a_floor_read_raised_on_spaced_calls_is_a_limit_read() -> None:
-    """429s past a floor, the gateway answering nearly all that is sent: the estimate
-    is raised; a limit read once the calls were spaced, still a floor while not."""
-    rules = pace_rules(rate=None)
-    floor = PaceState(
-        learned=8.5, learned_at=0.0, ceiling=10.0, ceiling_dense=10.0, ceiling_low=True,
-        calls_score=60.0, throttled_score=3.0, scored_at=18.0,
-    )  # fmt: skip
-    limited = rate_now(rules, floor, 18.0)  # 20.5
-    assert limited is not None
-    assert limited > 20.0
-
-    def raised(sent: float) -> PaceState:
-        state = replace(
-            floor, window_at=17.5, window_rate=sent, window_calls=int(sent / 2),
-            last_s=1.0, last_answered=int(sent), window_answered=int(sent / 2),
-        )  # fmt: skip
-        after, _ = observe(rules, state, 18.0, Result.THROTTLED, retry_after_s=1.0)
-        assert after.learned_at == 0.0  # nearly all answered: no cut
-        assert after.ceiling is not None
-        assert after.ceiling > 12.0
-        return after
-
-    assert not raised(sent=limited).ceiling_low  # spaced: the limit is read
-    assert raised(sent=0.7 * limited).ceiling_low  # bursts: still a floor
-
-
-def test_at_a_low_limit_a_tenth_of_the_calls_short_is_enough_to_cut() -> None:
-    """Three calls short in a second and a half is 20 % over a limit of 10 calls/s:
-    past the limit read, a tenth of the calls sent short cuts there."""
-    rules = pace_rules(rate=None)
-    past = PaceState(
-        learned=9.0, learned_at=10.0, ceiling=10.0, ceiling_dense=10.0,
-        calls_score=60.0, throttled_score=3.0, scored_at=30.0,
-    )  # fmt: skip
-    limited = rate_now(rules, past, 30.0)  # 11 calls/s
-    assert limited == pytest.approx(11.0, rel=0.01)
-
-    def after(answered: int) -> PaceState:  # in the 1.5 s since the last window began
-        state = replace(
-            past, window_at=29.5, window_rate=11.0, window_calls=5, last_s=1.0,
-            last_answered=answered - answered // 3, window_answered=answered // 3,
-        )  # fmt: skip
-        return observe(rules, state, 30.0, Result.THROTTLED, retry_after_s=1.0)[0]
-
-    assert after(answered=14).learned_at == 30.0  # 2 of 16 short: cut
-    assert after(answered=15).learned_at == 10.0  # 1 short: nothing says a limit
-
-
 def test_a_cut_without_answers_counted_reads_the_share_answered_429() -> None:
     rules = pace_rules(rate=None, **EVERY_429)
     state = PaceState(learned=20.0, learned_at=0.0, scored_at=10.0)
