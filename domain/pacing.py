@@ -26,7 +26,8 @@ sent and reports what came of it to `observe`. Times are seconds on one clock
   (the fleet sent at least `spaced_share` of it); under it the hops' bursts met
   the gateway's bucket, which answers bursts less than its rate, so the read is a
   floor of the limit (`ceiling_low`): the rate grows by `growth_per_s` from it
-  with no slow band, until 429s past it cut again on spaced calls. Grown past
+  with no slow band, and 429s past it cut whenever the gateway holds calls back
+  (past a limit read, an answer above it raises the read first). Grown past
   `unlimited_above`, it is no limit again. (Compounded growth finds the limit
   again within seconds of a cut, where adding a fixed step would crawl for a
   gateway allowing hundreds of calls a second.)
