@@ -22,7 +22,12 @@ sent and reports what came of it to `observe`. Times are seconds on one clock
   `growth_per_s` up to `knee` of it, then by `growth_near_limit_per_s` up to
   `stale_above` of it (past that the estimate is stale: `growth_per_s` again), so
   that it spends its time just under the limit rather than overshooting it every
-  few seconds. Grown past
+  few seconds. The answers read the limit only while the rate spaced the calls
+  (the fleet sent at least `spaced_share` of it); under it the hops' bursts met
+  the gateway's bucket, which answers bursts less than its rate, so the read is a
+  floor of the limit (`ceiling_low`): the rate grows by `growth_per_s` from it
+  with no slow band, and 429s past it cut whenever the gateway holds calls back
+  (past a limit read, an answer above it raises the read first). Grown past
   `unlimited_above`, it is no limit again. (Compounded growth finds the limit
   again within seconds of a cut, where adding a fixed step would crawl for a
   gateway allowing hundreds of calls a second.)
@@ -117,6 +122,10 @@ class PaceRules:
     few_keep: float = 0.9  # such a cut's estimate: not under this of the last dense one's
     cut_under: float = 0.95  # no cut while the gateway answers this much of what was sent
     cut_short_min: float = 3.0  # ... or while it answered fewer than this many calls less
+    # A cut reads the limit from the answers only when the fleet sent at least this share
+    # of the rate in force: its calls spaced by it. Under it they went as the hops asked,
+    # in bursts, and a bucket answers bursts less than its rate: the read is a floor.
+    spaced_share: float = 0.8
 
     def __post_init__(self) -> None:
         if self.rate is not None and self.rate <= 0:
@@ -141,6 +150,7 @@ class PaceState:
     learned_at: float = 0.0
     ceiling: float | None = None  # the limit as estimated at the last cut (calls/s)
     ceiling_dense: float | None = None  # ... at the last cut on dense 429s
+    ceiling_low: bool = False  # ... read from calls the rate did not space: a floor
     cut_by: str = ""  # the rule that made the last cut: `DENSE` or `PAST_LIMIT`
     paused_until: float = 0.0  # the shared Retry-After
     asked_s: float = 0.0  # what the 429 that set it asked (or a hold cut), if over the cap
@@ -207,6 +217,8 @@ def rate_now(rules: PaceRules, state: PaceState, now: float) -> float | None:
     start, fast = math.log(state.learned), math.log1p(rules.growth_searching_per_s)
     if state.ceiling is None:
         grown = start + elapsed * fast
+    elif state.ceiling_low:  # the limit is above the floor read: no slow band under it
+        grown = start + elapsed * math.log1p(rules.growth_per_s)
     else:  # fast to the knee, slowly past it, fast again past `stale_above` of the limit
         fast = math.log1p(rules.growth_per_s)
         slow = math.log1p(rules.growth_near_limit_per_s)
@@ -417,7 +429,9 @@ def observe(
 
 def _throttled(rules: PaceRules, state: PaceState, now: float, retry_after_s: float) -> PaceState:
     """A 429: evidence; dense, the fleet holds; dense or past the limit read, a learned
-    rate is cut (or the limit read again higher, when more was answered than read)."""
+    rate is cut, or the limit read again higher when more was answered than read (a
+    floor read: only while the gateway holds no calls back, since past a floor the
+    answers say as much of the bursts as of the limit)."""
     answered = _scored(rules, state, now, throttled=1)
     dense = _dense(rules, answered)
     if not dense and not _past_limit(rules, answered, now):
@@ -432,10 +446,13 @@ def _throttled(rules: PaceRules, state: PaceState, now: float, retry_after_s: fl
     limited = rate_now(rules, state, now)
     admitted = answered_rate(answered, now)
     read = answered.ceiling
-    if not dense and admitted is not None and read is not None and admitted > read:
-        return replace(answered, ceiling=admitted, ceiling_dense=admitted)  # it is higher
+    higher = not dense and admitted is not None and read is not None and admitted > read
+    if higher and not answered.ceiling_low:
+        return replace(answered, ceiling=admitted, ceiling_dense=admitted)
     if _held_back(rules, answered, now, limited, dense=dense):
         return _cut(rules, answered, limited, now, dense=dense)
+    if higher:  # a floor, and the gateway answers nearly all we send
+        return replace(answered, ceiling=admitted, ceiling_dense=admitted)
     return answered
 
 
@@ -470,7 +487,11 @@ def _cut(
     if limited is None:  # the first: only what was being sent is known
         learned = max(rules.min_rate, sent_rate(state, now) * rules.backoff_factor)
         return replace(
-            spent, learned=learned, ceiling=None, tat=_given_back(rules, state, now, learned)
+            spent,
+            learned=learned,
+            ceiling=None,
+            ceiling_low=False,
+            tat=_given_back(rules, state, now, learned),
         )
     # What the gateway answered a second (without a count of it: what was sent, at
     # most the rate in force, less the share answered 429); never below what the
@@ -483,6 +504,7 @@ def _cut(
         share = min(1.0, state.throttled_score / max(state.calls_score, 1.0))
         admitted = sending * (1.0 - share)
     ceiling = max(rules.min_rate, admitted, sending * rules.backoff_factor)
+    low = sent > 0 and sent < rules.spaced_share * limited
     read_dense = state.ceiling_dense
     if dense or read_dense is None:
         read_dense = ceiling
@@ -499,6 +521,7 @@ def _cut(
         learned=learned,
         ceiling=ceiling,
         ceiling_dense=read_dense,
+        ceiling_low=low,
         tat=_given_back(rules, state, now, learned),
     )
 

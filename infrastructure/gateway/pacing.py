@@ -362,7 +362,9 @@ class Pace:
             self._keep(new, now)
             if new.learned_at != state.learned_at and new.learned is not None:
                 held = max(0.0, new.paused_until - now)
-                limit = "" if new.ceiling is None else f"its limit read as {shown(new.ceiling)}; "
+                floor = "at least " if new.ceiling_low else ""
+                read = "" if new.ceiling is None else f"{floor}{shown(new.ceiling)}"
+                limit = f"its limit read as {read}; " if read else ""
                 before = rate_now(self.rules, state, now)
                 was = "none" if before is None else shown(before)
                 sending = f"{limit}{was} in force, {shown(sent_rate(state, now))} sent"

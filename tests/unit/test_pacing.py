@@ -101,19 +101,60 @@ def test_a_later_cut_reads_the_limit_as_what_the_gateway_answered() -> None:
     rules = pace_rules(rate=None, below_ceiling=0.85, knee=0.9, **EVERY_429)
     state = PaceState(learned=10.0, learned_at=0.0, ceiling=None, scored_at=10.0)
     assert rate_now(rules, state, 10.0) == pytest.approx(10.0 * 1.10**10)  # 25.9
-    # The last whole second sent 18 calls, 14 answered; 9 and 7 in the half since.
+    # The last whole second sent 22 calls, 16 answered; 11 and 8 in the half since.
     state = replace(
-        state, window_at=9.5, window_rate=18.0, window_calls=9, last_s=1.0, last_answered=14
+        state, window_at=9.5, window_rate=22.0, window_calls=11, last_s=1.0, last_answered=16
     )
-    state = count_answered(state, 9.9, 7)
+    state = count_answered(state, 9.9, 8)
     cut, _ = observe(rules, state, 10.0, Result.THROTTLED, retry_after_s=1.0)
-    assert cut.ceiling == pytest.approx(21 / 1.5)  # 14 calls/s answered
+    assert cut.ceiling == pytest.approx(24 / 1.5)  # 16 calls/s answered
+    assert not cut.ceiling_low  # 22 sent of 25.9 allowed: spaced by the rate
     assert rate_now(rules, cut, 10.0) == pytest.approx(0.85 * cut.ceiling)
     to_knee = math.log(0.9 / 0.85) / math.log1p(rules.growth_per_s)
     assert rate_now(rules, cut, 10.0 + to_knee) == pytest.approx(0.9 * cut.ceiling)
     assert rate_now(rules, cut, 20.0 + to_knee) == pytest.approx(
         0.9 * cut.ceiling * (1 + rules.growth_near_limit_per_s) ** 10
     )
+
+
+def test_answers_to_calls_the_rate_did_not_space_read_only_a_floor_of_the_limit() -> None:
+    """Sending far under the rate in force, the hops' bursts met the gateway's bucket,
+    which answers bursts less than its rate: the answered rate is a floor. The rate
+    grows from it with no slow band, and the next cut, on spaced calls, reads the
+    limit for good."""
+    rules = pace_rules(rate=None)
+    state = PaceState(
+        learned=10.0, learned_at=0.0, ceiling=None, scored_at=10.0,
+        calls_score=100.0, throttled_score=20.0,
+    )  # fmt: skip
+    # 25.9 allowed, 18 sent a second (27 in the last 1.5 s), 14 answered a second.
+    state = replace(
+        state, window_at=9.5, window_rate=18.0, window_calls=9, last_s=1.0, last_answered=14
+    )
+    state = count_answered(state, 9.9, 7)
+    cut, _ = observe(rules, state, 10.0, Result.THROTTLED, retry_after_s=1.0)
+    assert cut.ceiling == pytest.approx(14.0)
+    assert cut.ceiling_low
+    start = 0.85 * 14.0
+    assert rate_now(rules, cut, 10.0) == pytest.approx(start)
+    grown = rate_now(rules, cut, 20.0)  # 5 % a second all along: no slow band at the knee
+    assert grown == pytest.approx(start * (1 + rules.growth_per_s) ** 10)
+    # Past the floor read, the fleet sending what it allows (its calls spaced), 429s
+    # past it cut again, and read the limit for good.
+    limited = rate_now(rules, cut, 25.0)
+    assert limited is not None
+    assert limited > 20.0
+    later = replace(
+        cut, calls_score=100.0, throttled_score=5.0, scored_at=25.0,
+        window_at=24.5, window_rate=limited, window_calls=int(limited / 2),
+        last_s=1.0, last_answered=20, window_answered=10,
+    )  # fmt: skip
+    again, _ = observe(rules, later, 25.0, Result.THROTTLED, retry_after_s=1.0)
+    assert again.learned_at == 25.0
+    assert again.cut_by == PAST_LIMIT
+    assert again.ceiling == pytest.approx(20.0)  # 30 answered in 1.5 s
+    assert not again.ceiling_low
+    assert rate_now(rules, again, 25.0) == pytest.approx(0.85 * 20.0)
 
 
 def test_a_cut_without_answers_counted_reads_the_share_answered_429() -> None:
@@ -137,12 +178,13 @@ def test_a_few_429s_past_the_limit_read_cut_the_rate_but_hold_no_one() -> None:
     share of 10 % would cost that share; they say the limit is no higher than read,
     not that it is lower, and the fleet is not held (the cut rate spaces the calls)."""
     rules = pace_rules(rate=None)
-    past = PaceState(learned=9.0, learned_at=0.0, ceiling=10.0, ceiling_dense=10.0, scored_at=30.0)
-    assert rate_now(rules, past, 30.0) > 10.0  # grown past the limit read
+    past = PaceState(learned=9.0, learned_at=10.0, ceiling=10.0, ceiling_dense=10.0, scored_at=30.0)
+    assert rate_now(rules, past, 30.0) == pytest.approx(11.0, rel=0.01)  # past the limit read
+    # Sending what it allows (its calls spaced), 8 answered in the last whole second.
     state = replace(past, window_at=29.5, window_rate=11.0, last_s=1.0, last_answered=8)
     for n in range(2):
         state, _ = observe(rules, state, 30.0 + n * 0.1, Result.THROTTLED, retry_after_s=1.0)
-        assert state.learned_at == 0.0  # one, two: not yet
+        assert state.learned_at == 10.0  # one, two: not yet
     cut, _ = observe(rules, state, 30.3, Result.THROTTLED, retry_after_s=1.0)
     assert cut.learned_at == 30.3
     assert cut.ceiling == 9.0  # fewer answered (8 in 1.8 s): not under 0.9 of 10
