@@ -446,13 +446,12 @@ def _throttled(rules: PaceRules, state: PaceState, now: float, retry_after_s: fl
     limited = rate_now(rules, state, now)
     admitted = answered_rate(answered, now)
     read = answered.ceiling
+    held_back = _held_back(rules, answered, now, limited, dense=dense)
     higher = not dense and admitted is not None and read is not None and admitted > read
-    if higher and not answered.ceiling_low:
+    if higher and not (held_back and answered.ceiling_low):
         return replace(answered, ceiling=admitted, ceiling_dense=admitted)
-    if _held_back(rules, answered, now, limited, dense=dense):
+    if held_back:
         return _cut(rules, answered, limited, now, dense=dense)
-    if higher:  # a floor, and the gateway answers nearly all we send
-        return replace(answered, ceiling=admitted, ceiling_dense=admitted)
     return answered
 
 

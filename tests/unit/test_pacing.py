@@ -121,7 +121,7 @@ def test_answers_to_calls_the_rate_did_not_space_read_only_a_floor_of_the_limit(
     """Sending far under the rate in force, the hops' bursts met the gateway's bucket,
     which answers bursts less than its rate: the answered rate is a floor. The rate
     grows from it with no slow band, and the next cut, on spaced calls, reads the
-    limit for good."""
+    limit."""
     rules = pace_rules(rate=None)
     state = PaceState(
         learned=10.0, learned_at=0.0, ceiling=None, scored_at=10.0,
@@ -140,7 +140,7 @@ def test_answers_to_calls_the_rate_did_not_space_read_only_a_floor_of_the_limit(
     grown = rate_now(rules, cut, 20.0)  # 5 % a second all along: no slow band at the knee
     assert grown == pytest.approx(start * (1 + rules.growth_per_s) ** 10)
     # Past the floor read, the fleet sending what it allows (its calls spaced), 429s
-    # past it cut again, and read the limit for good.
+    # past it cut again (not raise it, though more was answered), and read the limit.
     limited = rate_now(rules, cut, 25.0)
     assert limited is not None
     assert limited > 20.0
@@ -228,6 +228,31 @@ def test_the_log_names_the_rule_that_cut_even_inside_an_earlier_hold(
     assert "past the limit it had read; they hold no call but their own" in cuts[0]
     assert "the fleet holds" not in cuts[0]
     assert store.read()[0].cut_by == PAST_LIMIT
+
+
+def test_the_log_says_a_limit_read_from_unspaced_calls_is_a_floor(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A cut while the fleet sent far under the rate in force says its read is only
+    a floor of the limit, so that an operator does not take it for the limit."""
+    rules = pace_rules(rate=None)
+    store = MemoryPaceStore(lambda: 30.3)
+    store.update(lambda _, now: (replace(
+        PaceState(learned=9.0, learned_at=0.0, ceiling=10.0, ceiling_dense=10.0, scored_at=30.0),
+        window_at=29.5, window_rate=10.0, last_s=1.0, last_answered=4,
+    ), None))  # fmt: skip
+    limited = rate_now(rules, store.read()[0], 30.3)
+    assert limited is not None
+    assert rules.spaced_share * limited > 10.0 / 1.8  # 5.6 calls/s sent of 13.5
+    pace = Pace(store, rules, sleep=lambda s: None)
+    caplog.set_level(logging.INFO, "provisioner.gateway")
+    for _ in range(3):
+        pace.after(Result.THROTTLED, retry_after_s=1.0)
+    pace.close()
+    cuts = [r.getMessage() for r in caplog.records if "gateway pace cut" in r.getMessage()]
+    assert len(cuts) == 1
+    assert "its limit read as at least 9;" in cuts[0]
+    assert store.read()[0].ceiling_low
 
 
 def test_429s_dense_under_the_limit_read_show_it_fell() -> None:
