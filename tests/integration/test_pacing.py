@@ -12,7 +12,7 @@ from dataclasses import replace
 import pytest
 
 from domain.outcomes import Outcome
-from domain.pacing import PaceRules, Result
+from domain.pacing import PaceRules, Result, rate_now
 from domain.ports import TransientGatewayError, WorkspaceGone
 from infrastructure.fake_gateway.server import FakeGateway
 from infrastructure.gateway.adapter import HttpGateway
@@ -302,3 +302,29 @@ def test_a_call_waiting_its_turn_when_another_process_is_throttled_asks_again(
     assert len(slept) == 2, slept  # its turn, then the hold's end after asking again
     assert slept[0] == pytest.approx(1.0, abs=0.1)
     assert went[0] - started >= 1.25  # the hold began at 0.3 s and lasts 1 s at least
+
+
+def test_a_floor_read_by_one_process_paces_the_other_at_its_fast_growth(
+    stores: list[PgPaceStore], pg_database: str, key: str
+) -> None:
+    """A limit read from unspaced calls is a floor in the shared row: the other
+    process, and `read_pace`, see it as one, and the rate it admits at grows from it
+    without the slow band a limit read would have."""
+    rules = pace_rules(rate=None)
+    stores[0].update(
+        lambda state, now: (
+            replace(state, learned=8.5, learned_at=now - 10.0, ceiling=10.0, ceiling_low=True),
+            None,
+        )
+    )
+    found = read_pace(pg_database, key)
+    assert found is not None
+    state, now = found
+    assert state.ceiling_low
+    other, _ = stores[1].read()
+    assert other.ceiling_low
+    grown = rate_now(rules, other, now)
+    assert grown == pytest.approx(8.5 * (1 + rules.growth_per_s) ** 10, rel=0.02)
+    as_a_limit = rate_now(rules, replace(other, ceiling_low=False), now)
+    assert as_a_limit is not None
+    assert grown > as_a_limit  # 13.8 against 9.9 in the slow band
