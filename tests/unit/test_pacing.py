@@ -207,23 +207,32 @@ def test_a_few_429s_past_the_limit_read_cut_the_rate_but_hold_no_one() -> None:
     assert under.learned_at == 0.0
 
 
+PAST_A_READ = PaceState(learned=9.0, learned_at=0.0, ceiling=10.0, ceiling_dense=10.0)
+
+
+def cut_lines(
+    state: PaceState, caplog: pytest.LogCaptureFixture
+) -> tuple[list[str], MemoryPaceStore]:
+    """Three 429s at 30.3 s through the adapter on `state`: the cut lines logged."""
+    store = MemoryPaceStore(lambda: 30.3)
+    store.update(lambda _, now: (state, None))
+    pace = Pace(store, pace_rules(rate=None), sleep=lambda s: None)
+    caplog.set_level(logging.INFO, "provisioner.gateway")
+    for _ in range(3):
+        pace.after(Result.THROTTLED, retry_after_s=1.0)
+    pace.close()
+    return [r.getMessage() for r in caplog.records if "gateway pace cut" in r.getMessage()], store
+
+
 def test_the_log_names_the_rule_that_cut_even_inside_an_earlier_hold(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     """A cut past the limit read while an earlier Retry-After still holds the fleet
     is said as what it is: the rate alone was cut, its 429s hold no one else."""
-    rules = pace_rules(rate=None)
-    store = MemoryPaceStore(lambda: 30.3)
-    store.update(lambda _, now: (replace(
-        PaceState(learned=9.0, learned_at=0.0, ceiling=10.0, ceiling_dense=10.0, scored_at=30.0),
-        window_at=29.5, window_rate=11.0, last_s=1.0, last_answered=8, paused_until=31.0,
-    ), None))  # fmt: skip
-    pace = Pace(store, rules, sleep=lambda s: None)
-    caplog.set_level(logging.INFO, "provisioner.gateway")
-    for _ in range(3):
-        pace.after(Result.THROTTLED, retry_after_s=1.0)
-    pace.close()
-    cuts = [r.getMessage() for r in caplog.records if "gateway pace cut" in r.getMessage()]
+    cuts, store = cut_lines(replace(
+        PAST_A_READ, scored_at=30.0, window_at=29.5, window_rate=11.0, last_s=1.0,
+        last_answered=8, paused_until=31.0,
+    ), caplog)  # fmt: skip
     assert len(cuts) == 1
     assert "past the limit it had read; they hold no call but their own" in cuts[0]
     assert "the fleet holds" not in cuts[0]
@@ -235,21 +244,15 @@ def test_the_log_says_a_limit_read_from_unspaced_calls_is_a_floor(
 ) -> None:
     """A cut while the fleet sent far under the rate in force says its read is only
     a floor of the limit, so that an operator does not take it for the limit."""
+    state = replace(
+        PAST_A_READ, scored_at=30.0, window_at=29.5, window_rate=10.0, last_s=1.0,
+        last_answered=4,
+    )  # fmt: skip
     rules = pace_rules(rate=None)
-    store = MemoryPaceStore(lambda: 30.3)
-    store.update(lambda _, now: (replace(
-        PaceState(learned=9.0, learned_at=0.0, ceiling=10.0, ceiling_dense=10.0, scored_at=30.0),
-        window_at=29.5, window_rate=10.0, last_s=1.0, last_answered=4,
-    ), None))  # fmt: skip
-    limited = rate_now(rules, store.read()[0], 30.3)
+    limited = rate_now(rules, state, 30.3)
     assert limited is not None
     assert rules.spaced_share * limited > 10.0 / 1.8  # 5.6 calls/s sent of 13.5
-    pace = Pace(store, rules, sleep=lambda s: None)
-    caplog.set_level(logging.INFO, "provisioner.gateway")
-    for _ in range(3):
-        pace.after(Result.THROTTLED, retry_after_s=1.0)
-    pace.close()
-    cuts = [r.getMessage() for r in caplog.records if "gateway pace cut" in r.getMessage()]
+    cuts, store = cut_lines(state, caplog)
     assert len(cuts) == 1
     assert "its limit read as at least 9;" in cuts[0]
     assert store.read()[0].ceiling_low
