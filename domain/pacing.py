@@ -32,7 +32,9 @@ sent and reports what came of it to `observe`. Times are seconds on one clock
   again within seconds of a cut, where adding a fixed step would crawl for a
   gateway allowing hundreds of calls a second.)
 - **Evidence, not one data point.** A 429's Retry-After always holds the call
-  that got it (its hop is deferred until then: domain/hop.py). The fleet-wide
+  that got it: within the call's patience its thread waits it and the call asks
+  its turn again, once (`waits_told`); longer, or a second time, its hop is
+  deferred until then (domain/hop.py). The fleet-wide
   hold and a learned rate's cut follow only from 429s dense enough to be a rate
   signal (`rate_signal`): at least `evidence_min` of them, and at least
   `evidence_share` of the calls (of `evidence_calls_min` at the least, or
@@ -65,9 +67,10 @@ sent and reports what came of it to `observe`. Times are seconds on one clock
   was admitted while calls were failing.
 
 A call waits in its thread at most `max_wait_s` (a create, `create_wait_s`: its
-hop has listed the family already, and a deferral would list it again); a
-longer wait is a `Hold`: the hop is deferred until then (domain/hop.py) and
-holds no thread or slot. A call whose wait outlived the state it was admitted
+hop has listed the family already, and a deferral would list it again): its
+`patience`, for its turn, a shared hold or a Retry-After it was told. A longer
+wait is a `Hold`: the hop is deferred until then (domain/hop.py) and holds no
+thread or slot. A call whose wait outlived the state it was admitted
 on (`still_admitted`: a cut since, a shared hold begun or the circuit opened)
 asks again rather than go: a cut gives back the turns taken at the old rate,
 so the calls queued for them go at the new one, and a hold holds them too.
@@ -351,11 +354,25 @@ def _dense(rules: PaceRules, state: PaceState) -> bool:
     return state.throttled_score >= rules.evidence_share * calls
 
 
+def patience(rules: PaceRules, *, create: bool) -> float:
+    """The longest a call waits in its thread: a create longer, since its hop has
+    listed the family already and a deferral would list it again."""
+    return rules.create_wait_s if create else rules.max_wait_s
+
+
+def waits_told(rules: PaceRules, told_s: float, *, create: bool) -> bool:
+    """A call answered 429 with a Retry-After of `told_s`: whether its thread waits
+    it and the call asks its turn again (it keeps its hop's place, and a create its
+    family read), rather than its hop being deferred to the back of the queue. Only
+    within the call's patience; a 429 that gave no wait defers its hop."""
+    return 0.0 < told_s <= patience(rules, create=create)
+
+
 def admit(
     rules: PaceRules, state: PaceState, now: float, *, create: bool = False
 ) -> tuple[PaceState, Go | Hold]:
     """May a call go now, after a short wait, or must it be held back?"""
-    patience = rules.create_wait_s if create else rules.max_wait_s
+    longest = patience(rules, create=create)
     longer = state.paused_until - now
     if longer > rules.retry_after_max_s:  # stored by a process with a longer cap: cut it
         cut = now + rules.retry_after_max_s
@@ -365,7 +382,7 @@ def admit(
             return state, Hold(state.probe_at - now, f"circuit open: {state.last_error}")
         lease = max(rules.probe_every_s, rules.probe_lease_s)
         return replace(state, probe_at=now + lease), Go(0.0, probe=True)
-    if state.paused_until - now > patience:
+    if state.paused_until - now > longest:
         wait = state.paused_until - now
         return state, Hold(wait, "throttled: the gateway's Retry-After", paced=True)
     start = max(now, state.paused_until)
@@ -375,7 +392,7 @@ def admit(
     interval = 1.0 / rate
     due = max(state.tat, start)
     wait = max(start, due - (rules.burst - 1) * interval) - now
-    if wait > patience:  # not sent: not counted
+    if wait > longest:  # not sent: not counted
         return state, Hold(wait, f"paced at {shown(rate)} calls/s", paced=True)
     return replace(count_calls(rules, state, now, 1), tat=due + interval), Go(wait)
 

@@ -28,7 +28,10 @@ RemoteProtocolError (any TransportError)                           TransientGate
 answer unreadable (DecodingError, larger   AmbiguousCreate         MalformedAnswer
 than its cap, compressed)
 429                                        TransientGatewayError   TransientGatewayError
-                                           (nothing created)       (not retried)
+                                           (nothing created; sent  (sent once more after
+                                           once more after a short a short Retry-After,
+                                           Retry-After, with a     with a pace)
+                                           pace)
 5xx                                        AmbiguousCreate         retried, then
                                            (``answered`` but for   TransientGatewayError
                                            502 / 504, as for an
@@ -44,14 +47,17 @@ than its cap, compressed)
 Retries (reads and deletes only, after no answer or a 5xx): up to ``retries``
 extra attempts, sleeping ``retry_backoff_s * 2**n`` before retry ``n`` (0-based,
 ``domain.waits.doubled``; every wait and its words are domain/waits.py's).
-A 4xx is never retried, nor a 429: its numeric ``Retry-After`` travels on the
-error (``retry_after_s``), and the hop is deferred until then instead of
-holding its thread.
+A 4xx is never retried. A 429's ``Retry-After`` travels on the error
+(``retry_after_s``), and the hop is deferred until then instead of holding its
+thread.
 
 With a `Pace` (infrastructure/gateway/pacing.py), every request first asks it for its
 turn: the fleet's rate, the shared Retry-After and the circuit. A request it
 holds back is not sent (``TransientGatewayError`` with ``retry_after_s``), and
-every answer is reported to it.
+every answer is reported to it. A 429 whose Retry-After fits the call's patience
+(a create's too: a 429 made nothing) is waited in its thread and the request sent
+once more, asking its turn again (`Pace.told`): the hop keeps its place in the
+queue, and a create the family read before it.
 
 No message, repr or log line carries the token or request headers: the domain
 errors are raised outside the ``except`` blocks (no ``__cause__``/``__context__``
@@ -202,7 +208,7 @@ class HttpGateway:
     def create_child(self, parent_id: str, title: str) -> str:
         op = "create_child"
         path = f"/v2/workspaces/{seg(parent_id)}/child"
-        outcome = self._attempt(op, "POST", path, json={"title": title, "resources": {}})
+        outcome = self._told_again(op, "POST", path, json={"title": title, "resources": {}})
         if isinstance(outcome, Failure):
             if outcome.certificate:
                 raise CertificateRefused(
@@ -310,7 +316,7 @@ class HttpGateway:
         attempts = self._retries + 1
         last = ""
         for n in range(attempts):
-            outcome = self._attempt(op, method, path, params=params, limit=limit, read=read)
+            outcome = self._told_again(op, method, path, params=params, limit=limit, read=read)
             delay = doubled(self._backoff_s, n)
             if isinstance(outcome, Failure):
                 if outcome.certificate:  # retrying cannot change a certificate
@@ -347,6 +353,22 @@ class HttpGateway:
                 log.info("gateway %s: attempt %d/%d failed (%s)", op, n + 1, attempts, last)
                 self._sleep(delay)
         raise TransientGatewayError(f"{op}: {last} after {attempts} attempt(s)")
+
+    def _told_again(self, op: str, method: str, path: str, **request: Any) -> Answer | Failure:
+        """One request, sent once more after a 429 whose Retry-After fits the call's
+        patience, waited here (`Pace.told`): nothing was done, so the call keeps its
+        hop's place (and a create the family read before it) instead of its hop being
+        deferred. A second 429, or a longer wait, is the caller's."""
+        outcome = self._attempt(op, method, path, **request)
+        if self._pace is None or not isinstance(outcome, Answer) or outcome.status_code != 429:
+            return outcome
+        told_s = retry_after(outcome)
+        if not self._pace.told(told_s, create=method == "POST"):
+            return outcome
+        log.info(
+            "gateway %s: throttled (HTTP 429); sent again after %.1f s (Retry-After)", op, told_s
+        )
+        return self._attempt(op, method, path, **request)
 
     def _attempt(
         self,

@@ -66,6 +66,7 @@ from domain.pacing import (
     sent_rate,
     shown,
     still_admitted,
+    waits_told,
 )
 from infrastructure.redaction import redact
 from infrastructure.store.eventstore import postgres_conninfo
@@ -298,6 +299,16 @@ class Pace:
         # Not sent: the hop waits for the fleet's turn, as for any call held back.
         self._on_event("held", 1.0)
         return Hold(wait, "the fleet's pace changed while the call waited its turn", paced=True)
+
+    def told(self, retry_after_s: float, *, create: bool = False) -> bool:
+        """A call was answered 429 with this Retry-After: within its patience
+        (`domain.pacing.waits_told`) wait it here and answer True (the caller sends
+        it once more, asking its turn again); else False (its hop is deferred)."""
+        if not waits_told(self.rules, retry_after_s, create=create):
+            return False
+        self._on_event("waited", retry_after_s)
+        self._sleep(retry_after_s)
+        return True
 
     def _admit(self, create: bool) -> tuple[Go, PaceState] | Hold:
         """One admission in the store: Go and the state it was made on, or a Hold."""

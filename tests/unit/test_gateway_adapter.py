@@ -7,6 +7,7 @@ import contextlib
 import gzip
 import json
 import logging
+import re
 import socket
 import threading
 import time
@@ -869,13 +870,22 @@ class _OneShotServer:
 
 
 def _read_request(conn: socket.socket) -> bytes:
+    """One request, its body too: a socket closed with a body unread resets the
+    connection (a ReadError) rather than closing it (a RemoteProtocolError)."""
     data = b""
     while b"\r\n\r\n" not in data:
         chunk = conn.recv(65536)
         if not chunk:
             return data
         data += chunk
-    return data
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = re.search(rb"(?im)^content-length:\s*(\d+)", head)
+    while length is not None and len(body) < int(length.group(1)):
+        chunk = conn.recv(65536)
+        if not chunk:
+            break
+        body += chunk
+    return head + b"\r\n\r\n" + body
 
 
 def _answer(conn: socket.socket, body: bytes, *, close: bool = False) -> None:

@@ -24,6 +24,7 @@ from domain.pacing import (
     observe,
     rate_now,
     still_admitted,
+    waits_told,
 )
 from domain.ports import TransientGatewayError
 from infrastructure.gateway.adapter import HttpGateway
@@ -486,6 +487,70 @@ def test_a_pace_it_cannot_read_holds_the_call_unsent_and_a_lost_report_is_droppe
     assert upstream.count == 0
     warnings = [r for r in caplog.records if r.levelname == "WARNING"]
     assert len(warnings) == 1  # once for the outage, not once a call
+    gateway.close()
+
+
+def told_adapter(
+    upstream: Upstream, rules: PaceRules, clock: ManualClock
+) -> tuple[HttpGateway, list[float]]:
+    """An adapter whose pace sleeps on `clock`, and what it slept."""
+    slept: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        slept.append(seconds)
+        clock.advance(seconds)
+
+    pace = Pace(MemoryPaceStore(clock), rules, sleep=sleep)
+    gateway = HttpGateway("https://gw.test", "token-123456", retries=0,
+                          transport=httpx.MockTransport(upstream), pace=pace)  # fmt: skip
+    return gateway, slept
+
+
+def throttled(retry_after: str | None) -> httpx.Response:
+    return httpx.Response(429, headers={} if retry_after is None else {"Retry-After": retry_after})
+
+
+def test_a_429_within_the_calls_patience_is_waited_in_its_thread_and_sent_again() -> None:
+    """A 429 made nothing: the create is sent once more after its Retry-After, and its
+    hop keeps the family read it made and its place in the queue."""
+    made = httpx.Response(200, json={"id": "ws-9", "status": "not ready"})
+    upstream = Upstream(throttled("3"), made)
+    clock = ManualClock(seconds=1000.0)
+    gateway, slept = told_adapter(upstream, pace_rules(max_wait_s=2.0), clock)
+
+    assert gateway.create_child("parent", "Acme") == "ws-9"  # 3 s: within a create's 10 s
+    assert upstream.count == 2
+    assert slept == [3.0]
+
+    upstream.script = [throttled("1"), throttled("1")]
+    with pytest.raises(TransientGatewayError, match="429") as again:
+        gateway.status("ws-9")  # a second 429 is the hop's: it is deferred
+    assert again.value.retry_after_s == 1.0
+    assert upstream.count == 4
+    gateway.close()
+
+
+@pytest.mark.parametrize(
+    ("retry_after", "create"),
+    [("3", False), ("11", True), (None, False), ("0", True)],
+    ids=["read-past-2s", "create-past-10s", "no-retry-after", "zero"],
+)
+def test_a_429_past_the_calls_patience_or_with_no_wait_defers_its_hop(
+    retry_after: str | None, create: bool
+) -> None:
+    upstream = Upstream(throttled(retry_after))
+    clock = ManualClock(seconds=1000.0)
+    rules = pace_rules(max_wait_s=2.0, create_wait_s=10.0)
+    gateway, slept = told_adapter(upstream, rules, clock)
+
+    def call() -> object:
+        return gateway.create_child("parent", "Acme") if create else gateway.family("parent")
+
+    with pytest.raises(TransientGatewayError, match="429"):
+        call()
+    assert upstream.count == 1
+    assert slept == []
+    assert not waits_told(rules, float(retry_after or 0), create=create)
     gateway.close()
 
 
