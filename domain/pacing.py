@@ -32,9 +32,9 @@ sent and reports what came of it to `observe`. Times are seconds on one clock
   again within seconds of a cut, where adding a fixed step would crawl for a
   gateway allowing hundreds of calls a second.)
 - **Evidence, not one data point.** A 429's Retry-After always holds the call
-  that got it: within the call's patience its thread waits it and the call asks
-  its turn again, once (`waits_told`); longer, or a second time, its hop is
-  deferred until then (domain/hop.py). The fleet-wide
+  that got it: while the pace limits the fleet, and within the call's patience,
+  its thread waits it and the call asks its turn again, once (`waits_told`);
+  otherwise, or a second time, its hop is deferred until then (domain/hop.py). The fleet-wide
   hold and a learned rate's cut follow only from 429s dense enough to be a rate
   signal (`rate_signal`): at least `evidence_min` of them, and at least
   `evidence_share` of the calls (of `evidence_calls_min` at the least, or
@@ -360,12 +360,21 @@ def patience(rules: PaceRules, *, create: bool) -> float:
     return rules.create_wait_s if create else rules.max_wait_s
 
 
-def waits_told(rules: PaceRules, told_s: float, *, create: bool) -> bool:
+def waits_told(
+    rules: PaceRules, state: PaceState, now: float, told_s: float, *, create: bool
+) -> bool:
     """A call answered 429 with a Retry-After of `told_s`: whether its thread waits
     it and the call asks its turn again (it keeps its hop's place, and a create its
-    family read), rather than its hop being deferred to the back of the queue. Only
+    family read), rather than its hop being deferred to the back of the queue.
+
+    Only while the fleet's pace limits it (a rate in force, configured or learned, or
+    a shared hold), when the threads wait for their turns anyway; with no limit the
+    threads are the fleet's capacity, and a deferral frees this one for other hops
+    (3 % stray 429s waited in the threads took a third longer to a rollout). Only
     within the call's patience; a 429 that gave no wait defers its hop."""
-    return 0.0 < told_s <= patience(rules, create=create)
+    if not 0.0 < told_s <= patience(rules, create=create):
+        return False
+    return state.paused_until > now or rate_now(rules, state, now) is not None
 
 
 def admit(

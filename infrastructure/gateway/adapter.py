@@ -29,9 +29,9 @@ answer unreadable (DecodingError, larger   AmbiguousCreate         MalformedAnsw
 than its cap, compressed)
 429                                        TransientGatewayError   TransientGatewayError
                                            (nothing created; sent  (sent once more after
-                                           once more after a short a short Retry-After,
-                                           Retry-After, with a     with a pace)
-                                           pace)
+                                           once more after a short a short Retry-After
+                                           Retry-After while the   while the pace limits
+                                           pace limits the calls)  the calls)
 5xx                                        AmbiguousCreate         retried, then
                                            (``answered`` but for   TransientGatewayError
                                            502 / 504, as for an
@@ -54,10 +54,11 @@ thread.
 With a `Pace` (infrastructure/gateway/pacing.py), every request first asks it for its
 turn: the fleet's rate, the shared Retry-After and the circuit. A request it
 holds back is not sent (``TransientGatewayError`` with ``retry_after_s``), and
-every answer is reported to it. A 429 whose Retry-After fits the call's patience
-(a create's too: a 429 made nothing) is waited in its thread and the request sent
-once more, asking its turn again (`Pace.told`): the hop keeps its place in the
-queue, and a create the family read before it.
+every answer is reported to it. While the pace limits the calls, a 429 whose
+Retry-After fits the call's patience (a create's too: a 429 made nothing) is
+waited in its thread and the request sent once more, asking its turn again
+(`Pace.told`): the hop keeps its place in the queue, and a create the family
+read before it.
 
 No message, repr or log line carries the token or request headers: the domain
 errors are raised outside the ``except`` blocks (no ``__cause__``/``__context__``
@@ -355,8 +356,8 @@ class HttpGateway:
         raise TransientGatewayError(f"{op}: {last} after {attempts} attempt(s)")
 
     def _told_again(self, op: str, method: str, path: str, **request: Any) -> Answer | Failure:
-        """One request, sent once more after a 429 whose Retry-After fits the call's
-        patience, waited here (`Pace.told`): nothing was done, so the call keeps its
+        """One request, sent once more after a 429 whose Retry-After the pace has it
+        wait here (`Pace.told`: a limit in force, within the call's patience): nothing was done, so the call keeps its
         hop's place (and a create the family read before it) instead of its hop being
         deferred. A second 429, or a longer wait, is the caller's."""
         outcome = self._attempt(op, method, path, **request)

@@ -301,10 +301,12 @@ class Pace:
         return Hold(wait, "the fleet's pace changed while the call waited its turn", paced=True)
 
     def told(self, retry_after_s: float, *, create: bool = False) -> bool:
-        """A call was answered 429 with this Retry-After: within its patience
-        (`domain.pacing.waits_told`) wait it here and answer True (the caller sends
-        it once more, asking its turn again); else False (its hop is deferred)."""
-        if not waits_told(self.rules, retry_after_s, create=create):
+        """A call was answered 429 with this Retry-After: while the pace limits the
+        fleet and within the call's patience (`domain.pacing.waits_told`), wait it
+        here and answer True (the caller sends it once more, asking its turn again);
+        else False (its hop is deferred)."""
+        latest = self._latest()
+        if latest is None or not waits_told(self.rules, *latest, retry_after_s, create=create):
             return False
         self._on_event("waited", retry_after_s)
         self._sleep(retry_after_s)

@@ -511,12 +511,12 @@ def throttled(retry_after: str | None) -> httpx.Response:
 
 
 def test_a_429_within_the_calls_patience_is_waited_in_its_thread_and_sent_again() -> None:
-    """A 429 made nothing: the create is sent once more after its Retry-After, and its
-    hop keeps the family read it made and its place in the queue."""
+    """A rate in force: a 429 made nothing, so the create is sent once more after its
+    Retry-After, and its hop keeps the family read it made and its place in the queue."""
     made = httpx.Response(200, json={"id": "ws-9", "status": "not ready"})
     upstream = Upstream(throttled("3"), made)
     clock = ManualClock(seconds=1000.0)
-    gateway, slept = told_adapter(upstream, pace_rules(max_wait_s=2.0), clock)
+    gateway, slept = told_adapter(upstream, pace_rules(rate=100.0, max_wait_s=2.0), clock)
 
     assert gateway.create_child("parent", "Acme") == "ws-9"  # 3 s: within a create's 10 s
     assert upstream.count == 2
@@ -540,7 +540,7 @@ def test_a_429_past_the_calls_patience_or_with_no_wait_defers_its_hop(
 ) -> None:
     upstream = Upstream(throttled(retry_after))
     clock = ManualClock(seconds=1000.0)
-    rules = pace_rules(max_wait_s=2.0, create_wait_s=10.0)
+    rules = pace_rules(rate=100.0, max_wait_s=2.0, create_wait_s=10.0)
     gateway, slept = told_adapter(upstream, rules, clock)
 
     def call() -> object:
@@ -550,7 +550,29 @@ def test_a_429_past_the_calls_patience_or_with_no_wait_defers_its_hop(
         call()
     assert upstream.count == 1
     assert slept == []
-    assert not waits_told(rules, float(retry_after or 0), create=create)
+    assert not waits_told(rules, PaceState(), 0.0, float(retry_after or 0), create=create)
+    gateway.close()
+
+
+def test_with_no_limit_in_force_a_429_defers_its_hop_and_frees_its_thread() -> None:
+    """No rate and no hold: the threads are the fleet's capacity, so a stray 429's
+    wait is not slept in one; once a rate is learned, or a hold is shared, it is."""
+    rules = pace_rules(max_wait_s=2.0, **EVERY_429)
+    upstream = Upstream(throttled("1"))
+    clock = ManualClock(seconds=1000.0)
+    gateway, slept = told_adapter(upstream, pace_rules(max_wait_s=2.0), clock)
+    with pytest.raises(TransientGatewayError, match="429"):
+        gateway.status("ws-1")
+    assert (upstream.count, slept) == (1, [])
+
+    assert not waits_told(rules, PaceState(), 1000.0, 1.0, create=False)
+    held, _ = observe(rules, PaceState(), 1000.0, Result.THROTTLED, retry_after_s=1.0)
+    assert held.paused_until == 1001.0
+    assert held.learned is not None
+    assert waits_told(rules, held, 1000.0, 1.0, create=False)
+    hold_only, rate_only = replace(held, learned=None), replace(held, paused_until=0.0)
+    assert waits_told(rules, hold_only, 1000.0, 1.0, create=False)
+    assert waits_told(rules, rate_only, 1000.0, 1.0, create=False)
     gateway.close()
 
 
