@@ -23,6 +23,7 @@ from domain.policies import AttemptState, FailureReason, Provenance
 from domain.ports import FaultKind, GatewayFault
 from domain.steps import (
     Accept,
+    CreateAgain,
     Fail,
     Record,
     Recover,
@@ -115,7 +116,10 @@ def create_answered(
     if kind is FaultKind.UNAUTHORIZED:
         return Refused(message, Fail(FailureReason.UNAUTHORIZED, f"gateway refused: {message}"))
     if kind is FaultKind.TRANSIENT:  # throttled (429) or never sent: nothing was made
-        return Refused(message, unavailable(answer))
+        refused = Refused(message, unavailable(answer))
+        if answer.waited:  # a 429 its thread waited out under the fleet's pace: go again
+            return CreateAgain(message, refused)
+        return refused
     if kind is FaultKind.MALFORMED:
         return Fail(FailureReason.GATEWAY_BUG, f"create answer: {message}")
     return acquire_faulted(answer)  # GONE: the parent

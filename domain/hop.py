@@ -14,7 +14,9 @@ order of a hop, top to bottom:
 4. an unconfirmed create: read the title slot, then what our lost creates made
    (`CreditLostCreates`); accept it, wait for it, or go on as if it never happened;
 5. adopt (`FindAdoptable`, `TakeCandidate`) or create (`RequestCreate`), and what
-   the create answered (`RecordCreated`, `NoteUnconfirmed`, a refusal, a failure).
+   the create answered (`RecordCreated`, `NoteUnconfirmed`, a refusal, a failure;
+   a 429 whose Retry-After its thread waited out: `RecordRefusal`, then create
+   again, once a round).
 
 No I/O, no clock reads, no exceptions for control flow: a gateway fault reaches
 here as a `GatewayFault` value, the time as the view's `now`. The steps are
@@ -43,6 +45,7 @@ from domain.ports import FaultKind, GatewayFault
 from domain.steps import (
     Accept,
     Create,
+    CreateAgain,
     Defer,
     DropCandidate,
     DropExisting,
@@ -108,6 +111,15 @@ class RequestCreate:
 
 
 @dataclass(frozen=True, slots=True)
+class RecordRefusal:
+    """Put on record the create the gateway refused for now (a 429 whose Retry-After
+    its thread waited out), so that the create made again next is on record as its
+    own; notes `created_again`."""
+
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
 class RecordCreated:
     """Put on record what the create made: the candidate, else a surplus owed a
     release; notes `record_failed` if it cannot be ours."""
@@ -144,6 +156,7 @@ Effect = (
     | FindAdoptable
     | TakeCandidate
     | RequestCreate
+    | RecordRefusal
     | RecordCreated
     | NoteUnconfirmed
     | Poll
@@ -191,6 +204,7 @@ class Seen:
     creating: bool = False  # this round requested a create whose answer it has not dealt with
     family_answered: bool = False  # a family read answered (and has not been forgotten)
     created: str | GatewayFault | None = None
+    created_again: bool = False  # a create refused for now was recorded, and made again
     create_conflict: tuple[int | None, str | None] | None = None
     status: str | GatewayFault | None = None
 
@@ -274,6 +288,8 @@ def acquire(v: HopView, seen: Seen) -> Effect | Ending:
     if seen.created is None:
         return RequestCreate()
     answered = creates.create_answered(seen.created, v.parent_id, v.parents)
+    if isinstance(answered, CreateAgain):  # once a round; a second is deferred as any 429
+        return answered.otherwise if seen.created_again else RecordRefusal(answered.detail)
     if isinstance(answered, Record):
         if answered.workspace_id in (*seen.known, *v.created_ids):
             return creates.created_again(answered.workspace_id)

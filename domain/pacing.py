@@ -33,7 +33,8 @@ sent and reports what came of it to `observe`. Times are seconds on one clock
   gateway allowing hundreds of calls a second.)
 - **Evidence, not one data point.** A 429's Retry-After always holds the call
   that got it: while the pace limits the fleet, and within the call's patience,
-  its thread waits it and the call asks its turn again, once (`waits_told`);
+  its thread waits it and the call is made again, once (`waits_told`; a create by
+  the hop, on record);
   otherwise, or a second time, its hop is deferred until then (domain/hop.py). The fleet-wide
   hold and a learned rate's cut follow only from 429s dense enough to be a rate
   signal (`rate_signal`): at least `evidence_min` of them, and at least

@@ -45,14 +45,22 @@ class AmbiguousCreate(GatewayError):
 class TransientGatewayError(GatewayError):
     """No answer now (throttled, down, unreachable, or held back by the fleet's pace):
     may succeed later. `retry_after_s`: when the gateway, or the fleet's shared
-    pace, says to try again (0 when nothing says)."""
+    pace, says to try again (0 when nothing says). `waited`: a 429 whose Retry-After
+    the calling thread has waited out already (the fleet's pace has it so while it
+    limits the calls): the call may be made again at once."""
 
     def __init__(
-        self, message: str = "", *, retry_after_s: float = 0.0, paced: bool = False
+        self,
+        message: str = "",
+        *,
+        retry_after_s: float = 0.0,
+        paced: bool = False,
+        waited: bool = False,
     ) -> None:
         super().__init__(message)
         self.retry_after_s = retry_after_s
         self.paced = paced  # held for the fleet's own turn: `retry_after_s` is when it comes
+        self.waited = waited
 
 
 class CertificateRefused(TransientGatewayError):
@@ -115,15 +123,17 @@ class GatewayFault:
     retry_after_s: float = 0.0  # a transient failure: when the gateway or the pace allows
     answered: bool = False  # an ambiguous create the gateway answered (`AmbiguousCreate`)
     paced: bool = False  # not sent: held for the fleet's own turn, due in `retry_after_s`
+    waited: bool = False  # a 429 whose Retry-After was waited out: the call may go again
 
 
 def fault_of(exc: GatewayError) -> GatewayFault:
     """The port's exception as a value (an unknown subclass counts as transient)."""
     retry_after_s = getattr(exc, "retry_after_s", 0.0)
     answered, paced = getattr(exc, "answered", False), getattr(exc, "paced", False)
+    waited = getattr(exc, "waited", False)
     for cls, kind in _KINDS:
         if isinstance(exc, cls):
-            return GatewayFault(kind, str(exc), retry_after_s, answered, paced)
+            return GatewayFault(kind, str(exc), retry_after_s, answered, paced, waited)
     return GatewayFault(FaultKind.TRANSIENT, str(exc), retry_after_s)
 
 

@@ -82,6 +82,15 @@ class Refused:
 
 
 @dataclass(frozen=True, slots=True)
+class CreateAgain:
+    """A create answered 429 whose Retry-After its thread waited out: the refusal on
+    record, then create again at once (`otherwise`: what to do if it cannot be now)."""
+
+    detail: str
+    otherwise: Refused
+
+
+@dataclass(frozen=True, slots=True)
 class Accept:
     workspace_id: str
     provenance: Provenance
@@ -127,6 +136,7 @@ Step = (
     | Schedule
     | Fail
     | Refused
+    | CreateAgain
     | Accept
     | Record
     | Promote

@@ -10,7 +10,8 @@ One vocabulary (`Why`), the same in every layer:
 - **throttled**: the gateway answered 429. Nothing was done. Its Retry-After
   (believed up to `RETRY_AFTER_CAP_S`, `believed_retry_after`) holds the call
   that got it: while the pace limits the fleet and within the call's patience,
-  its thread waits it and the call is sent once more (`domain.pacing.waits_told`);
+  its thread waits it and the call is made once more (`domain.pacing.waits_told`;
+  a create by the hop, on record);
   else, or at a second 429, the
   hop is deferred until then (`Deferral`), a refused-for-now message waits that
   long (`release_wait_s`), and the fleet's pace holds every call for it, at most

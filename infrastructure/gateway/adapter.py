@@ -28,10 +28,10 @@ RemoteProtocolError (any TransportError)                           TransientGate
 answer unreadable (DecodingError, larger   AmbiguousCreate         MalformedAnswer
 than its cap, compressed)
 429                                        TransientGatewayError   TransientGatewayError
-                                           (nothing created; sent  (sent once more after
-                                           once more after a short a short Retry-After
-                                           Retry-After while the   while the pace limits
-                                           pace limits the calls)  the calls)
+                                           (nothing created;       (sent once more after
+                                           ``waited`` after a      a short Retry-After
+                                           short Retry-After while while the pace limits
+                                           the pace limits calls)  the calls)
 5xx                                        AmbiguousCreate         retried, then
                                            (``answered`` but for   TransientGatewayError
                                            502 / 504, as for an
@@ -55,10 +55,11 @@ With a `Pace` (infrastructure/gateway/pacing.py), every request first asks it fo
 turn: the fleet's rate, the shared Retry-After and the circuit. A request it
 holds back is not sent (``TransientGatewayError`` with ``retry_after_s``), and
 every answer is reported to it. While the pace limits the calls, a 429 whose
-Retry-After fits the call's patience (a create's too: a 429 made nothing) is
-waited in its thread and the request sent once more, asking its turn again
-(`Pace.told`): the hop keeps its place in the queue, and a create the family
-read before it.
+Retry-After fits the call's patience is waited in its thread (`Pace.told`), so
+that the hop keeps its place in the queue: a read or a delete is then sent once
+more here; a create is raised with ``waited`` set, and the hop records the
+refusal and creates again at once, so that every create sent is on record
+(domain/hop.py).
 
 No message, repr or log line carries the token or request headers: the domain
 errors are raised outside the ``except`` blocks (no ``__cause__``/``__context__``
@@ -209,7 +210,7 @@ class HttpGateway:
     def create_child(self, parent_id: str, title: str) -> str:
         op = "create_child"
         path = f"/v2/workspaces/{seg(parent_id)}/child"
-        outcome = self._told_again(op, "POST", path, json={"title": title, "resources": {}})
+        outcome = self._attempt(op, "POST", path, json={"title": title, "resources": {}})
         if isinstance(outcome, Failure):
             if outcome.certificate:
                 raise CertificateRefused(
@@ -234,10 +235,12 @@ class HttpGateway:
             return self._answers.field(body.get("id"), op, "id")
         if code in (401, 403):
             raise Unauthorized(f"{op}: credentials refused (HTTP {code})")
-        if code == 429:
+        if code == 429:  # waited here under a limit; sent again by the hop, on record
+            told_s = retry_after(outcome)
             raise TransientGatewayError(
                 f"{op}: throttled (HTTP 429), nothing created",
-                retry_after_s=retry_after(outcome),
+                retry_after_s=told_s,
+                waited=self._pace is not None and self._pace.told(told_s, create=True),
             )
         if code >= 500:  # a proxy's 502 or 504: the gateway behind it may still hold it
             raise AmbiguousCreate(
@@ -356,15 +359,15 @@ class HttpGateway:
         raise TransientGatewayError(f"{op}: {last} after {attempts} attempt(s)")
 
     def _told_again(self, op: str, method: str, path: str, **request: Any) -> Answer | Failure:
-        """One request, sent once more after a 429 whose Retry-After the pace has it
-        wait here (`Pace.told`: a limit in force, within the call's patience): nothing was done, so the call keeps its
-        hop's place (and a create the family read before it) instead of its hop being
+        """One read or delete, sent once more after a 429 whose Retry-After the pace
+        has it wait here (`Pace.told`: a limit in force, within the call's patience):
+        nothing was done, so the call keeps its hop's place instead of its hop being
         deferred. A second 429, or a longer wait, is the caller's."""
         outcome = self._attempt(op, method, path, **request)
         if self._pace is None or not isinstance(outcome, Answer) or outcome.status_code != 429:
             return outcome
         told_s = retry_after(outcome)
-        if not self._pace.told(told_s, create=method == "POST"):
+        if not self._pace.told(told_s):
             return outcome
         log.info(
             "gateway %s: throttled (HTTP 429); sent again after %.1f s (Retry-After)", op, told_s

@@ -35,6 +35,7 @@ PERFORM: dict[type, Callable[[Any, Any, decide.Seen], None]] = {
     decide.FindAdoptable: HopEffects.find_adoptable,
     decide.TakeCandidate: HopEffects.take_candidate,
     decide.RequestCreate: HopEffects.request_create,
+    decide.RecordRefusal: HopEffects.record_refusal,
     decide.RecordCreated: HopEffects.record_created,
     decide.NoteUnconfirmed: HopEffects.note_unconfirmed,
     decide.Poll: HopEffects.poll,

@@ -168,6 +168,11 @@ class HopEffects:
             answer = fault_of(exc)
         seen.creating, seen.created = True, answer
 
+    def record_refusal(self, e: decide.RecordRefusal, seen: decide.Seen) -> None:
+        # Saved with the create made next (`request_create`'s save), or with the ending.
+        self.attempt.record_create_refused(self.hop, e.message)
+        seen.creating, seen.created, seen.created_again = False, None, True
+
     def record_created(self, e: decide.RecordCreated, seen: decide.Seen) -> None:
         self.created = e.workspace_id
         seen.record_failed = self._record_created()

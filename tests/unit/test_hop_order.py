@@ -54,6 +54,9 @@ def walk(view: decide.HopView, answers: dict[type, Any]) -> list[str]:
         elif isinstance(step, decide.RecordCreated | decide.TakeCandidate):
             view = replace(view, candidate_id=step.workspace_id, create_unresolved=False,
                            provenance=getattr(step, "provenance", Provenance.CREATED))  # fmt: skip
+        elif isinstance(step, decide.RecordRefusal):
+            view = replace(view, create_unresolved=False)
+            seen = replace(seen, creating=False, created=None, created_again=True)
         elif isinstance(step, decide.NoteUnconfirmed):
             seen = replace(seen, creating=False, made=None, family_answered=False)
         elif isinstance(step, decide.Poll):
@@ -90,6 +93,15 @@ def test_a_create_that_timed_out_is_looked_for_in_the_family_in_the_same_hop() -
     asked = walk(FRESH, {decide.RequestCreate: lost})
     assert asked == ["ReleaseOwed", "ReadSlot", "FindAdoptable", "RequestCreate",
                      "NoteUnconfirmed", "CreditLostCreates", "Wait"]  # fmt: skip
+
+
+def test_a_create_whose_429_was_waited_out_is_made_again_once_a_round() -> None:
+    """Each create sent is on record: the refusal, then the create again; a second
+    such 429 in the round ends it refused (deferred), not in a loop."""
+    waited = GatewayFault(FaultKind.TRANSIENT, "HTTP 429", retry_after_s=1.0, waited=True)
+    asked = walk(FRESH, {decide.RequestCreate: waited})
+    assert asked == ["ReleaseOwed", "ReadSlot", "FindAdoptable", "RequestCreate",
+                     "RecordRefusal", "RequestCreate", "Refused"]  # fmt: skip
 
 
 def test_an_unconfirmed_create_is_recovered_before_anything_is_adopted_or_created() -> None:
@@ -132,6 +144,7 @@ answers = st.one_of(
     st.none(),
     st.sampled_from(["ready", "provisioning", "creation_failed", "failed", "ws-1", "ws-2"]),
     st.builds(GatewayFault, st.sampled_from(list(FaultKind)), st.just("x")),
+    st.just(GatewayFault(FaultKind.TRANSIENT, "HTTP 429", retry_after_s=1.0, waited=True)),
 )
 views = st.builds(
     replace, st.just(FRESH),
@@ -155,6 +168,7 @@ seens = st.builds(
     eligible=st.sampled_from([None, (), ("ws-4",), ("ws-4", "ws-6")]),
     known=st.sampled_from([(), ("ws-2",)]), creating=st.booleans(), created=answers,
     create_conflict=st.sampled_from([None, (0, None), (1, "ws-1")]), status=answers,
+    created_again=st.booleans(),
 )  # fmt: skip
 READS_OR_CALLS = (decide.ReadSlot, decide.CreditLostCreates, decide.FindAdoptable,
                   decide.RequestCreate, decide.Poll, decide.TakeCandidate)  # fmt: skip

@@ -35,6 +35,7 @@ from domain.ports import (
 from domain.steps import (
     Accept,
     Create,
+    CreateAgain,
     Defer,
     DropCandidate,
     DropExisting,
@@ -57,6 +58,7 @@ FAILURES = [GatewayFault(kind, f"{kind.value} answer") for kind in FaultKind] + 
     GatewayFault(FaultKind.TRANSIENT, "throttled (HTTP 429)", retry_after_s=7.0),
     GatewayFault(FaultKind.AMBIGUOUS, "outcome unknown (HTTP 503)", answered=True),
     GatewayFault(FaultKind.TRANSIENT, "not sent (paced at 20 calls/s)", 3.5, paced=True),
+    GatewayFault(FaultKind.TRANSIENT, "throttled (HTTP 429)", retry_after_s=1.0, waited=True),
 ]
 CASES: list[tuple[str, Callable[..., object], tuple[Any, ...], list[Row]]] = []
 REACHED: set[str] = set()
@@ -374,6 +376,14 @@ CREATE: list[Row] = [
         lambda a, p: a.kind is FaultKind.UNAUTHORIZED,
         lambda a, p: Refused(
             a.message, Fail(FailureReason.UNAUTHORIZED, f"gateway refused: {a.message}")
+        ),
+    ),
+    (
+        "429 whose Retry-After its thread waited out (the pace limits the calls)",
+        lambda a, p: a.kind is FaultKind.TRANSIENT and a.waited,
+        lambda a, p: CreateAgain(
+            a.message,
+            Refused(a.message, Defer(f"gateway unavailable: {a.message}", a.retry_after_s)),
         ),
     ),
     (

@@ -510,23 +510,29 @@ def throttled(retry_after: str | None) -> httpx.Response:
     return httpx.Response(429, headers={} if retry_after is None else {"Retry-After": retry_after})
 
 
-def test_a_429_within_the_calls_patience_is_waited_in_its_thread_and_sent_again() -> None:
-    """A rate in force: a 429 made nothing, so the create is sent once more after its
-    Retry-After, and its hop keeps the family read it made and its place in the queue."""
-    made = httpx.Response(200, json={"id": "ws-9", "status": "not ready"})
-    upstream = Upstream(throttled("3"), made)
+def test_a_429_within_the_calls_patience_is_waited_in_its_thread() -> None:
+    """A rate in force: a read answered 429 is sent once more after its Retry-After,
+    and its hop keeps its place in the queue. A create is not sent again here: it is
+    raised `waited`, and the hop records the refusal and creates again, so that every
+    create sent is on record (tests/unit/test_service_hop.py)."""
+    upstream = Upstream(throttled("1"))
     clock = ManualClock(seconds=1000.0)
     gateway, slept = told_adapter(upstream, pace_rules(rate=100.0, max_wait_s=2.0), clock)
 
-    assert gateway.create_child("parent", "Acme") == "ws-9"  # 3 s: within a create's 10 s
-    assert upstream.count == 2
-    assert slept == [3.0]
+    assert gateway.status("ws-9") == "created"
+    assert (upstream.count, slept) == (2, [1.0])
+
+    upstream.script = [throttled("3")]  # past a read's 2 s, within a create's 10 s
+    with pytest.raises(TransientGatewayError, match="nothing created") as refused:
+        gateway.create_child("parent", "Acme")
+    assert refused.value.waited
+    assert (upstream.count, slept) == (3, [1.0, 3.0])
 
     upstream.script = [throttled("1"), throttled("1")]
     with pytest.raises(TransientGatewayError, match="429") as again:
         gateway.status("ws-9")  # a second 429 is the hop's: it is deferred
     assert again.value.retry_after_s == 1.0
-    assert upstream.count == 4
+    assert upstream.count == 5
     gateway.close()
 
 
@@ -546,8 +552,9 @@ def test_a_429_past_the_calls_patience_or_with_no_wait_defers_its_hop(
     def call() -> object:
         return gateway.create_child("parent", "Acme") if create else gateway.family("parent")
 
-    with pytest.raises(TransientGatewayError, match="429"):
+    with pytest.raises(TransientGatewayError, match="429") as throttled_once:
         call()
+    assert not getattr(throttled_once.value, "waited", False)
     assert upstream.count == 1
     assert slept == []
     assert not waits_told(rules, PaceState(), 0.0, float(retry_after or 0), create=create)

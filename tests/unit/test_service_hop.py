@@ -169,6 +169,36 @@ def test_a_refused_create_is_recorded_as_refused(
     assert not attempt.create_unresolved
 
 
+def test_a_create_whose_429_was_waited_out_is_made_again_on_record_once_a_hop(
+    service: ProvisioningService, gateway: MemoryGateway
+) -> None:
+    """Under the fleet's pace the adapter waits a short Retry-After in the create's
+    thread (`waited`): the hop records the refusal and creates again at once, so the
+    hop keeps its place in the queue and every create sent is on record. A second
+    such 429 in the same hop defers it, as any 429."""
+    waited = TransientGatewayError(
+        "create_child: throttled (HTTP 429), nothing created", retry_after_s=1.0, waited=True
+    )
+    gateway.creates = [waited]
+    made_again = service.request_provisioning("b1", TITLE, PARENT)
+
+    assert service.run_hop(made_again, 0).outcome is Outcome.PROMOTED  # ready at once
+    assert names(service, made_again)[1:5] == [
+        "CreateRequested", "CreateRefused", "CreateRequested", "CandidateAccepted",
+    ]  # fmt: skip
+    assert service.attempt(made_again).candidate_id is not None
+
+    gateway.creates = [waited, waited]
+    deferred = service.request_provisioning("b2", "Other", PARENT)
+    outcome = service.run_hop(deferred, 0)
+
+    assert outcome.outcome is Outcome.DEFERRED
+    history = names(service, deferred)
+    assert history.count("CreateRequested") == history.count("CreateRefused") == 2
+    assert not service.attempt(deferred).create_unresolved
+    assert gateway.creates == []  # two creates sent by this hop, both on record
+
+
 def test_credentials_refused_on_the_family_fail_the_attempt(
     service: ProvisioningService, gateway: MemoryGateway
 ) -> None:
