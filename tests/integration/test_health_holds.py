@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
 
@@ -16,9 +17,18 @@ import pytest
 from domain.pacing import PaceState
 from infrastructure.fake_gateway.server import FakeGateway
 from infrastructure.gateway.pacing import PgPaceStore
-from tests.conftest import PARENT
+from tests.conftest import PARENT, new_pg_database
 from tests.integration.test_cli_edges import clean_env, run_cli
 from tests.integration.test_health import a_worker_alive
+
+
+@pytest.fixture
+def own_database() -> Iterator[str]:
+    """A database of its own: the session's holds other tests' processes, and one
+    stopped without a word (a relay killed by a test) reads failing a minute later,
+    whatever the hold."""
+    with new_pg_database("provisioner_holds") as url:
+        yield url
 
 
 def _health(env: dict[str, str]) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
@@ -29,19 +39,19 @@ def _health(env: dict[str, str]) -> tuple[subprocess.CompletedProcess[str], dict
 @pytest.mark.postgres
 @pytest.mark.parametrize(("cap", "hold_s"), [(None, 3600.0), ("60", 200.0)])
 def test_health_says_a_hold_longer_than_the_setting_and_cuts_it(
-    pg_database: str, fake: FakeGateway, cap: str | None, hold_s: float
+    own_database: str, fake: FakeGateway, cap: str | None, hold_s: float
 ) -> None:
     settings = {"PROVISIONER_RETRY_AFTER_MAX_S": cap} if cap else {}
     cap_s = float(cap or 300)
     env = clean_env(
-        PROVISIONER_DATABASE_URL=pg_database, PROVISIONER_GATEWAY_URL=fake.url,
+        PROVISIONER_DATABASE_URL=own_database, PROVISIONER_GATEWAY_URL=fake.url,
         PROVISIONER_GATEWAY_TOKEN="t0ken-holds", PROVISIONER_PARENT_IDS=PARENT, **settings,
     )  # fmt: skip
-    store = PgPaceStore(pg_database, fake.url)
+    store = PgPaceStore(own_database, fake.url)
     try:
         store.update(lambda state, now: (replace(state, paused_until=now + hold_s), None))
         # A worker that had answers from the gateway (a 429 among them) is alive.
-        with a_worker_alive(pg_database):
+        with a_worker_alive(own_database):
             done, checks = _health(env)
         state, now = store.read()
         store.update(lambda _state, _now: (PaceState(), None))
