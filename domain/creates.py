@@ -16,6 +16,7 @@ answer means (`create_answered`), and where what it made goes.
 from __future__ import annotations
 
 from collections.abc import Collection
+from dataclasses import replace
 from datetime import datetime
 
 from domain.ownership import Made, is_parent
@@ -116,10 +117,10 @@ def create_answered(
     if kind is FaultKind.UNAUTHORIZED:
         return Refused(message, Fail(FailureReason.UNAUTHORIZED, f"gateway refused: {message}"))
     if kind is FaultKind.TRANSIENT:  # throttled (429) or never sent: nothing was made
-        refused = Refused(message, unavailable(answer))
         if answer.waited:  # a 429 its thread waited out under the fleet's pace: go again
-            return CreateAgain(message, refused)
-        return refused
+            waited_out = replace(answer, retry_after_s=0.0)  # its Retry-After is over
+            return CreateAgain(message, Refused(message, unavailable(waited_out)))
+        return Refused(message, unavailable(answer))
     if kind is FaultKind.MALFORMED:
         return Fail(FailureReason.GATEWAY_BUG, f"create answer: {message}")
     return acquire_faulted(answer)  # GONE: the parent

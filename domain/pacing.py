@@ -69,9 +69,10 @@ sent and reports what came of it to `observe`. Times are seconds on one clock
 
 A call waits in its thread at most `max_wait_s` (a create, `create_wait_s`: its
 hop has listed the family already, and a deferral would list it again): its
-`patience`, for its turn, a shared hold or a Retry-After it was told. A longer
-wait is a `Hold`: the hop is deferred until then (domain/hop.py) and holds no
-thread or slot. A call whose wait outlived the state it was admitted
+`patience`, for its turn, a shared hold or a Retry-After it was told (each
+wait apart: a call told once waits its turn again after it). A longer wait is a
+`Hold`: the hop is deferred until then (domain/hop.py) and holds no thread or
+slot. A call whose wait outlived the state it was admitted
 on (`still_admitted`: a cut since, a shared hold begun or the circuit opened)
 asks again rather than go: a cut gives back the turns taken at the old rate,
 so the calls queued for them go at the new one, and a hold holds them too.

@@ -49,7 +49,7 @@ extra attempts, sleeping ``retry_backoff_s * 2**n`` before retry ``n`` (0-based,
 ``domain.waits.doubled``; every wait and its words are domain/waits.py's).
 A 4xx is never retried. A 429's ``Retry-After`` travels on the error
 (``retry_after_s``), and the hop is deferred until then instead of holding its
-thread.
+thread, except as the pace allows below.
 
 With a `Pace` (infrastructure/gateway/pacing.py), every request first asks it for its
 turn: the fleet's rate, the shared Retry-After and the circuit. A request it
@@ -235,12 +235,11 @@ class HttpGateway:
             return self._answers.field(body.get("id"), op, "id")
         if code in (401, 403):
             raise Unauthorized(f"{op}: credentials refused (HTTP {code})")
-        if code == 429:  # waited here under a limit; sent again by the hop, on record
-            told_s = retry_after(outcome)
+        if code == 429:  # waited here under a limit; made again by the hop, on record
             raise TransientGatewayError(
                 f"{op}: throttled (HTTP 429), nothing created",
-                retry_after_s=told_s,
-                waited=self._pace is not None and self._pace.told(told_s, create=True),
+                retry_after_s=retry_after(outcome),
+                waited=self._told(outcome, create=True),
             )
         if code >= 500:  # a proxy's 502 or 504: the gateway behind it may still hold it
             raise AmbiguousCreate(
@@ -319,8 +318,11 @@ class HttpGateway:
         """Send a read or delete; return a 2xx or 404 response, or raise."""
         attempts = self._retries + 1
         last = ""
+        told = False  # one 429 a call is waited out here; the next is the hop's
         for n in range(attempts):
-            outcome = self._told_again(op, method, path, params=params, limit=limit, read=read)
+            outcome, told = self._told_again(
+                told, op, method, path, params=params, limit=limit, read=read
+            )
             delay = doubled(self._backoff_s, n)
             if isinstance(outcome, Failure):
                 if outcome.certificate:  # retrying cannot change a certificate
@@ -358,21 +360,24 @@ class HttpGateway:
                 self._sleep(delay)
         raise TransientGatewayError(f"{op}: {last} after {attempts} attempt(s)")
 
-    def _told_again(self, op: str, method: str, path: str, **request: Any) -> Answer | Failure:
-        """One read or delete, sent once more after a 429 whose Retry-After the pace
-        has it wait here (`Pace.told`: a limit in force, within the call's patience):
-        nothing was done, so the call keeps its hop's place instead of its hop being
-        deferred. A second 429, or a longer wait, is the caller's."""
+    def _told_again(
+        self, told: bool, op: str, method: str, path: str, **request: Any
+    ) -> tuple[Answer | Failure, bool]:
+        """One read or delete, sent once more after a 429 this thread waits out
+        (`_told`), unless the call `told` one already: its outcome, and whether it has."""
         outcome = self._attempt(op, method, path, **request)
+        if told or not self._told(outcome):
+            return outcome, told
+        log.info("gateway %s: throttled (HTTP 429); sent again after its Retry-After", op)
+        return self._attempt(op, method, path, **request), True
+
+    def _told(self, outcome: Answer | Failure, *, create: bool = False) -> bool:
+        """A 429 whose Retry-After the pace has this thread wait out (`Pace.told`: a
+        limit in force, within the call's patience): nothing was done, and the call may
+        be made again at once, so that its hop keeps its place in the queue."""
         if self._pace is None or not isinstance(outcome, Answer) or outcome.status_code != 429:
-            return outcome
-        told_s = retry_after(outcome)
-        if not self._pace.told(told_s):
-            return outcome
-        log.info(
-            "gateway %s: throttled (HTTP 429); sent again after %.1f s (Retry-After)", op, told_s
-        )
-        return self._attempt(op, method, path, **request)
+            return False
+        return self._pace.told(retry_after(outcome), create=create)
 
     def _attempt(
         self,

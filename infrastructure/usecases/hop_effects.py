@@ -169,8 +169,11 @@ class HopEffects:
         seen.creating, seen.created = True, answer
 
     def record_refusal(self, e: decide.RecordRefusal, seen: decide.Seen) -> None:
-        # Saved with the create made next (`request_create`'s save), or with the ending.
+        """Saved on its own, before the create is made again: the create that got the
+        429 is then never taken for an unconfirmed one, and a conflict on the next
+        create's save means another delivery's create (`lost_create_race`)."""
         self.attempt.record_create_refused(self.hop, e.message)
+        self.unit.save()
         seen.creating, seen.created, seen.created_again = False, None, True
 
     def record_created(self, e: decide.RecordCreated, seen: decide.Seen) -> None:

@@ -383,7 +383,7 @@ CREATE: list[Row] = [
         lambda a, p: a.kind is FaultKind.TRANSIENT and a.waited,
         lambda a, p: CreateAgain(
             a.message,
-            Refused(a.message, Defer(f"gateway unavailable: {a.message}", a.retry_after_s)),
+            Refused(a.message, Defer(f"gateway unavailable: {a.message}", 0.0)),  # waited out
         ),
     ),
     (
