@@ -273,6 +273,8 @@ def recover(v: HopView, made: Made) -> TakeCandidate | Wait | Fail | None:
 
 def acquire(v: HopView, seen: Seen) -> Effect | Ending:
     """Adopt the one adoptable same-title child, else create, and what the create said."""
+    if seen.create_conflict is not None:  # first: the view holds a create never saved
+        return lost_create_race(*seen.create_conflict, v.hop) or Race()
     if seen.eligible is None:
         return FindAdoptable()
     step = adopt_or_create(seen.eligible, v.title)
@@ -283,8 +285,6 @@ def acquire(v: HopView, seen: Seen) -> Effect | Ending:
     refused = creates.may_create(v.creates_given_up, v.title)
     if refused and v.create_unresolved:  # an unconfirmed create given up
         return refused
-    if seen.create_conflict is not None:
-        return lost_create_race(*seen.create_conflict, v.hop) or Race()
     if seen.created is None:
         return RequestCreate()
     answered = creates.create_answered(seen.created, v.parent_id, v.parents)

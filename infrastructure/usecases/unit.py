@@ -11,6 +11,7 @@ from __future__ import annotations
 from uuid import UUID
 
 from eventsourcing.domain import Aggregate
+from eventsourcing.persistence import IntegrityError
 
 from domain.brand import Brand
 from domain.claim import WorkspaceClaim
@@ -31,6 +32,7 @@ class HopUnit:
         # The family as listed in this round; None: not read (or stale after our create).
         self.family_read: list[FamilyMember] | None = None
         self._touched: list[Aggregate] = []
+        self._lost = False  # a save failed: these aggregates hold events never stored
 
     def slot(self) -> TitleSlot:
         if self._slot is None:
@@ -70,6 +72,17 @@ class HopUnit:
         self._touched += [a for a in aggregates if a is not None and a not in self._touched]
 
     def save(self) -> None:
-        """The save point: the attempt and everything touched since, in one transaction."""
-        self.svc.app.save(self.attempt, *self._touched)
+        """The save point: the attempt and everything touched since, in one transaction.
+
+        A save that failed took its events from the aggregates and stored none, and
+        their versions moved on in memory: a later save of them would leave a gap in
+        the log that no one could load. So after one, every save of this unit is a
+        conflict: the round starts afresh from the store (`retry_on_conflict`)."""
+        if self._lost:
+            raise IntegrityError("an earlier save of this hop's state failed: decide again")
+        try:
+            self.svc.app.save(self.attempt, *self._touched)
+        except BaseException:
+            self._lost = True
+            raise
         self._touched = []

@@ -198,6 +198,23 @@ def test_a_create_is_asked_only_with_no_candidate_a_free_slot_and_nothing_to_ado
         assert seen.fault is None
 
 
+@given(views, st.sampled_from([(0, None), (1, "ws-1"), (None, None), (3, None)]))
+def test_a_create_whose_save_lost_a_race_ends_the_round_with_nothing_saved(
+    view: decide.HopView, conflict: tuple[int | None, str | None]
+) -> None:
+    """The view then holds the `CreateRequested` whose save failed (its version taken
+    in memory, never stored): anything recorded on it would leave a gap in the log
+    that no one could load again. Only a stand-down or a fresh round may follow,
+    whatever the view says of earlier creates (an exhausted one included)."""
+    lost = replace(view, create_unresolved=True, create_requested_hop=view.hop,
+                   creates_given_up=2, candidate_id=None, late_created=None)  # fmt: skip
+    seen = replace(BEGUN, eligible=(), family_answered=True, creating=True,
+                   create_conflict=conflict)  # fmt: skip
+    step = decide.decide(lost, seen)
+    gate = decide.gate(lost.state, lost.expected_hop, lost.hop, seen.placed_late)
+    assert isinstance(step, Stand | decide.Race) or (gate is not None and step == gate), step
+
+
 @given(views, seens)
 def test_only_a_ready_status_of_the_candidate_promotes(
     view: decide.HopView, seen: decide.Seen

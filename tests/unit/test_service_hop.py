@@ -15,6 +15,7 @@ from domain.policies import AttemptState, FailureReason, Provenance
 from domain.ports import RequestRejected, TransientGatewayError, Unauthorized
 from infrastructure.service import ProvisioningService
 from infrastructure.usecases.retry import ContentionError, retry_on_conflict
+from infrastructure.usecases.unit import HopUnit
 from tests.memory_gateway import PARENT, MemoryGateway
 from tests.support import ManualClock
 
@@ -197,6 +198,32 @@ def test_a_create_whose_429_was_waited_out_is_made_again_on_record_once_a_hop(
     assert history.count("CreateRequested") == history.count("CreateRefused") == 2
     assert not service.attempt(deferred).create_unresolved
     assert gateway.creates == []  # two creates sent by this hop, both on record
+
+
+def test_a_unit_whose_save_failed_never_saves_again(
+    service: ProvisioningService, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A failed save took the attempt's new events and stored none; saving the same
+    aggregate again would store the next version over a gap, and the attempt could
+    never be loaded again. The unit refuses, and the round starts afresh."""
+    attempt_id = service.request_provisioning("b1", TITLE, PARENT)
+    unit = HopUnit(service, attempt_id)
+    saved = service.app.save
+
+    def conflict(*_aggregates: object) -> None:
+        raise IntegrityError("raced")
+
+    unit.attempt.request_create(0, [], service.clock.now())
+    monkeypatch.setattr(service.app, "save", conflict)
+    with pytest.raises(IntegrityError, match="raced"):
+        unit.save()
+    monkeypatch.setattr(service.app, "save", saved)
+    unit.attempt.record_create_refused(0, "429")
+    with pytest.raises(IntegrityError, match="decide again"):
+        unit.save()
+
+    assert names(service, attempt_id) == ["Started"]  # nothing stored, no gap
+    assert service.attempt(attempt_id).version == 1
 
 
 def test_credentials_refused_on_the_family_fail_the_attempt(
