@@ -155,6 +155,37 @@ def test_a_stray_429_holds_its_own_call_not_the_other_process(
     second.close()
 
 
+def test_under_a_limit_a_short_retry_after_is_waited_in_the_calls_thread(
+    fake: FakeGateway, stores: list[PgPaceStore]
+) -> None:
+    """A rate in force (the threads wait for turns anyway): a read answered 429 with
+    `Retry-After: 1` is sent again after it; a create's 429 comes back `waited`, for
+    the hop to make it again on record. With no limit in force, neither waits."""
+    fake.configure(rate_limit=1.0, burst=1)
+    (paced,) = clients(fake, stores[:1], pace_rules(rate=50.0, burst=1))
+    (free,) = clients(fake, stores[1:], pace_rules())
+    with pytest.raises(WorkspaceGone):
+        paced.status("ws-none")  # the one token
+    with pytest.raises(WorkspaceGone):
+        paced.status("ws-none")  # 429, waited 1 s, sent again: the next token
+    assert (fake.state()["calls"]["status"], fake.state()["throttled"]) == (3, 1)
+
+    with pytest.raises(TransientGatewayError, match="nothing created") as refused:
+        paced.create_child(PARENT, "Waited Co")
+    assert refused.value.waited
+    assert paced.create_child(PARENT, "Waited Co")  # as the hop makes it again
+    state = fake.state()
+    assert state["creates"]["Waited Co"] == 2
+    assert [w["title"] for w in state["workspaces"]].count("Waited Co") == 1
+
+    with pytest.raises(TransientGatewayError, match="429") as stray:
+        free.status("ws-none")  # no limit in force: its hop is deferred at once
+    assert not getattr(stray.value, "waited", False)
+    assert fake.state()["calls"]["status"] == 4
+    paced.close()
+    free.close()
+
+
 def test_an_outage_opens_one_circuit_for_both_processes_with_one_probe_per_interval(
     fake: FakeGateway, stores: list[PgPaceStore], pg_database: str, key: str
 ) -> None:
