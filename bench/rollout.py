@@ -3,6 +3,7 @@ outage longer than the settle budget, on the service's own processes.
 
     .venv/bin/python bench/rollout.py metered [--brands 300] [--rate-limit 20] [--burst 5]
                                               [--only configured|learned] [--repeat N]
+                                              [--latency-ms 0]
                                               [--json]
     .venv/bin/python bench/rollout.py outage [--brands 200] [--outage-s 600]
                                              [--mode 503|refuse] [--settle-polls 2] [--json]
@@ -21,7 +22,9 @@ the clock starts when that command is started. A brand is ready when
 
 `metered`: the fake admits `--rate-limit` calls/s with a bucket of `--burst`
 (429 with a whole-second Retry-After beyond it) and a workspace is ready at
-its second status poll (`--settle-polls 1`). Two runs, each on its own
+its second status poll (`--settle-polls 1`); `--latency-ms` delays each answer
+(the floor holds while the threads could send faster than the rate: 32 threads
+at 200 ms each send 160 calls/s). Two runs, each on its own
 database (the fleet's pace is a row in it), the fake reset in between: the
 fleet's rate configured (PROVISIONER_GATEWAY_RATE=R, PROVISIONER_GATEWAY_BURST=1)
 and learned from 429s (no rate set). For each: seconds to the last brand
@@ -354,7 +357,7 @@ def logs_dir(given: str | None) -> Iterator[tuple[Path, Callable[[bool], None]]]
 def metered(args: argparse.Namespace) -> dict[str, Any]:
     rows, parents = make_brands(args.brands, args.brands_per_parent)
     knobs = {"rate_limit": args.rate_limit, "burst": args.burst, "settle_polls": 1}
-    fake, gateway_url = start_fake(parents, knobs=knobs)
+    fake, gateway_url = start_fake(parents, latency_ms=args.latency_ms, knobs=knobs)
     runs: dict[str, dict[str, Any]] = {}
     try:
         with logs_dir(args.logs) as (logs, keep):
@@ -384,6 +387,7 @@ def metered(args: argparse.Namespace) -> dict[str, Any]:
         "brands": args.brands,
         "rate_limit": args.rate_limit,
         "burst": args.burst,
+        "latency_ms": args.latency_ms,
         "workers": args.workers,
         "concurrency": args.concurrency,
         **runs,
@@ -789,6 +793,9 @@ def main() -> int:
         elif name == "metered":
             one.add_argument("--rate-limit", type=float, default=20.0, help="the fake's calls/s")
             one.add_argument("--burst", type=int, default=5, help="the fake's bucket")
+            one.add_argument(
+                "--latency-ms", type=float, default=0.0, help="the fake's time to answer a call"
+            )
             one.add_argument(
                 "--only",
                 choices=("configured", "learned"),

@@ -27,7 +27,15 @@ sent and reports what came of it to `observe`. Times are seconds on one clock
   the gateway's bucket, which answers bursts less than its rate, so the read is a
   floor of the limit (`ceiling_low`): the rate grows by `growth_per_s` from it
   with no slow band, and 429s past it cut whenever the gateway holds calls back
-  (past a limit read, an answer above it raises the read first). Grown past
+  (past a limit read, an answer above it raises the read first). Dense 429s
+  always cut (a hold with no cut would send the fleet back into the limit at the
+  same rate, and the bucket refilled meanwhile answers a burst the next cut would
+  read as the limit). A cut on a few 429s past a
+  limit read needs the gateway to have held calls back (`_held_back`):
+  `cut_short_min` calls short at the least while stray 429s came under the limit
+  read (`strays`, decayed over `strays_tau_s`), and only `cut_short_strict`
+  while none did, since then every call short past the read is the limit's
+  (three calls short let a rate run 30 % over a limit of 10 calls/s). Grown past
   `unlimited_above`, it is no limit again. (Compounded growth finds the limit
   again within seconds of a cut, where adding a fixed step would crawl for a
   gateway allowing hundreds of calls a second.)
@@ -127,6 +135,10 @@ class PaceRules:
     few_keep: float = 0.9  # such a cut's estimate: not under this of the last dense one's
     cut_under: float = 0.95  # no cut while the gateway answers this much of what was sent
     cut_short_min: float = 3.0  # ... or while it answered fewer than this many calls less
+    # ... or fewer than this, while no stray 429 was seen under the limit read: with
+    # none, a call short past it is the limit's, and 3 let a rate run 30 % over it
+    cut_short_strict: float = 1.0
+    strays_tau_s: float = 60.0  # stray 429s under the limit read: decayed over this
     # A cut reads the limit from the answers only when the fleet sent at least this share
     # of the rate in force: its calls spaced by it. Under it they went as the hops asked,
     # in bursts, and a bucket answers bursts less than its rate: the read is a floor.
@@ -174,6 +186,10 @@ class PaceState:
     calls_score: float = 0.0
     throttled_score: float = 0.0
     scored_at: float = 0.0
+    # 429s while a learned rate in force was under the limit read (past its knee's
+    # reach of calls sent before the cut): stray ones, decayed over strays_tau_s.
+    strays: float = 0.0
+    strays_at: float = 0.0
 
 
 # The rules a learned rate is cut by (`PaceState.cut_by`, said in the worker's log).
@@ -456,11 +472,12 @@ def observe(
 
 
 def _throttled(rules: PaceRules, state: PaceState, now: float, retry_after_s: float) -> PaceState:
-    """A 429: evidence; dense, the fleet holds; dense or past the limit read, a learned
-    rate is cut, or the limit read again higher when more was answered than read (a
-    floor read: only while the gateway holds no calls back, since past a floor the
-    answers say as much of the bursts as of the limit)."""
-    answered = _scored(rules, state, now, throttled=1)
+    """A 429: evidence. Dense, the fleet holds and a learned rate is cut. Past the
+    limit read, a learned rate is cut when the gateway held calls back, or the limit
+    read again higher when more was answered than read (a floor read: only while the
+    gateway holds no calls back, since past a floor the answers say as much of the
+    bursts as of the limit)."""
+    answered = _scored(rules, _stray(rules, state, now), now, throttled=1)
     dense = _dense(rules, answered)
     if not dense and not _past_limit(rules, answered, now):
         return answered  # a stray 429: its own call waits, not the fleet
@@ -472,34 +489,59 @@ def _throttled(rules: PaceRules, state: PaceState, now: float, retry_after_s: fl
     if rules.rate is not None or now - state.learned_at < rules.cut_every_s:
         return answered
     limited = rate_now(rules, state, now)
+    if dense:  # a hold with no cut sends the fleet back into the limit at the same rate
+        return _cut(rules, answered, limited, now, dense=True)
     admitted = answered_rate(answered, now)
     read = answered.ceiling
-    held_back = _held_back(rules, answered, now, limited, dense=dense)
-    higher = not dense and admitted is not None and read is not None and admitted > read
+    held_back = _held_back(rules, answered, now, limited)
+    higher = admitted is not None and read is not None and admitted > read
     if higher and not (held_back and answered.ceiling_low):
         return replace(answered, ceiling=admitted, ceiling_dense=admitted)
     if held_back:
-        return _cut(rules, answered, limited, now, dense=dense)
+        return _cut(rules, answered, limited, now, dense=False)
     return answered
 
 
-def _held_back(
-    rules: PaceRules, state: PaceState, now: float, limited: float | None, *, dense: bool
-) -> bool:
+def _stray(rules: PaceRules, state: PaceState, now: float) -> PaceState:
+    """A 429 counted as stray: one that came while the learned rate in force was under
+    the limit read, once the calls admitted before the last cut had their turns."""
+    limited = rate_now(rules, state, now)
+    under = (
+        rules.rate is None
+        and state.ceiling is not None
+        and not state.ceiling_low
+        and limited is not None
+        and limited <= state.ceiling
+        and now - state.learned_at > rules.max_wait_s
+    )
+    if not under:
+        return state
+    return replace(state, strays=strays_seen(rules, state, now) + 1.0, strays_at=now)
+
+
+def strays_seen(rules: PaceRules, state: PaceState, now: float) -> float:
+    """Stray 429s counted, decayed over `strays_tau_s`."""
+    return state.strays * math.exp(-max(0.0, now - state.strays_at) / rules.strays_tau_s)
+
+
+def _held_back(rules: PaceRules, state: PaceState, now: float, limited: float | None) -> bool:
     """Whether the gateway answered less than `cut_under` of what the fleet sent since
-    the last whole window began, and at least `cut_short_min` calls less; unknown: as
-    `dense` says. If it answered nearly all, its 429s say nothing of a limit under our
-    rate: they are stray ones, or answers to calls sent before the last cut. What was
-    sent is counted when admitted, at most the rate in force."""
+    the last whole window began, and at least `cut_short_min` calls less while stray
+    429s were seen (`cut_short_strict` while none were). If it answered nearly all, its
+    429s say nothing of a limit under our rate: they are stray ones, or answers to
+    calls sent before the last cut. What was sent is counted when admitted, at most the
+    rate in force; nothing known, no."""
     admitted = answered_rate(state, now)
     seconds = state.last_s + max(0.0, now - state.window_at)
     if admitted is None or state.learned is None:
-        return dense
+        return False
     sent = (state.window_rate * state.last_s + state.window_calls) / seconds
     if limited is not None:
         sent = min(sent, limited)
     short = (sent - admitted) * seconds
-    return admitted < rules.cut_under * sent and short >= rules.cut_short_min
+    strays = strays_seen(rules, state, now) >= 1.0
+    least = rules.cut_short_min if strays else rules.cut_short_strict
+    return admitted < rules.cut_under * sent and short >= least
 
 
 def _cut(
@@ -511,6 +553,8 @@ def _cut(
     # not cut again, and the next cut reads a time above the limit, not this one's.
     cut_by = DENSE if dense else PAST_LIMIT
     spent = replace(state, calls_score=0.0, throttled_score=0.0, learned_at=now, cut_by=cut_by)
+    if dense:  # the 429s under the limit read were the limit's (it fell), not stray ones
+        spent = replace(spent, strays=0.0)
     if limited is None:  # the first: only what was being sent is known
         learned = max(rules.min_rate, sent_rate(state, now) * rules.backoff_factor)
         return replace(

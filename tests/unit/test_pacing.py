@@ -208,6 +208,81 @@ def test_a_few_429s_past_the_limit_read_cut_the_rate_but_hold_no_one() -> None:
     assert under.learned_at == 0.0
 
 
+def test_with_no_stray_429_seen_a_call_or_two_short_past_the_limit_read_cuts() -> None:
+    """Past the limit read, a cut needs the gateway to have answered fewer calls than
+    the fleet sent. Three calls short let a rate run 30 % over a limit of 10 calls/s;
+    while no 429 came under the limit read (no stray ones to tell apart), one or two
+    short are the limit's. Once stray ones were seen, three are needed again."""
+    rules = pace_rules(rate=None)
+    # 16 calls sent in the last 1.5 s, 14 answered: two short.
+    past = PaceState(
+        learned=9.0, learned_at=10.0, ceiling=10.0, ceiling_dense=10.0, scored_at=30.0,
+        window_at=29.5, window_rate=11.0, last_s=1.0, window_calls=5, last_answered=9,
+        window_answered=5,
+    )  # fmt: skip
+    assert rate_now(rules, past, 30.0) == pytest.approx(11.0, rel=0.01)
+
+    def three_429s(state: PaceState) -> PaceState:
+        for n in range(3):
+            state, _ = observe(rules, state, 30.0 + n * 0.1, Result.THROTTLED, retry_after_s=1.0)
+        return state
+
+    assert three_429s(past).learned_at == 30.2  # cut
+    assert three_429s(past).cut_by == PAST_LIMIT
+    seen = replace(past, strays=2.0, strays_at=29.0)
+    assert three_429s(seen).learned_at == 10.0  # two short, and stray 429s seen: not cut
+    long_ago = replace(seen, strays_at=-100.0)  # decayed over a minute: forgotten
+    assert three_429s(long_ago).learned_at == 30.2
+
+
+def test_a_429_under_the_read_is_stray_once_the_calls_before_the_cut_went() -> None:
+    rules = pace_rules(rate=None)
+    cut_at = PaceState(learned=8.5, learned_at=10.0, ceiling=10.0, ceiling_dense=10.0)
+    assert rate_now(rules, cut_at, 11.0) < 10.0
+    soon, _ = observe(rules, cut_at, 11.0, Result.THROTTLED, retry_after_s=1.0)
+    assert soon.strays == 0.0  # within max_wait_s of the cut: a call admitted before it
+    later, _ = observe(rules, cut_at, 13.0, Result.THROTTLED, retry_after_s=1.0)
+    assert later.strays == 1.0
+    past = replace(cut_at, learned=9.0, learned_at=0.0, ceiling=8.0, ceiling_dense=8.0)
+    assert rate_now(rules, past, 13.0) > 8.0
+    above, _ = observe(rules, past, 13.0, Result.THROTTLED, retry_after_s=1.0)
+    assert above.strays == 0.0  # past the limit read: the rate's, perhaps
+    floor = replace(cut_at, ceiling_low=True)
+    low, _ = observe(rules, floor, 13.0, Result.THROTTLED, retry_after_s=1.0)
+    assert low.strays == 0.0  # a floor says nothing of where the limit is
+
+
+def test_a_dense_cut_forgets_the_stray_429s_they_were_the_limits() -> None:
+    rules = pace_rules(rate=None, evidence_min=3.0, evidence_share=0.0)
+    state = PaceState(
+        learned=17.0, learned_at=0.0, ceiling=20.0, scored_at=5.0, strays=0.5, strays_at=5.0,
+        window_at=4.5, window_rate=17.0, last_s=1.0, last_answered=10,
+    )  # fmt: skip
+    for n in range(4):
+        state, _ = observe(rules, state, 5.0 + n * 0.01, Result.THROTTLED, retry_after_s=1.0)
+    assert state.cut_by == DENSE
+    assert state.strays == 0.0
+
+
+def test_dense_429s_cut_a_learned_rate_even_when_the_last_second_was_answered() -> None:
+    """Dense 429s hold the fleet; a hold without a cut sent the fleet back at the same
+    rate into the same limit, and the bucket it let refill answered a burst that the
+    next cut read as the limit (a limit of 10 calls/s read as 11 to 14). So they
+    cut, whatever the answers of the last second or so say."""
+    rules = pace_rules(rate=None)
+    state = PaceState(
+        learned=9.0, learned_at=25.0, ceiling=10.0, ceiling_dense=10.0, scored_at=30.0,
+        window_at=29.5, window_rate=9.0, last_s=1.0, window_calls=5, last_answered=9,
+        window_answered=5,
+    )  # fmt: skip
+    assert rate_now(rules, state, 30.0) < 10.0  # under the limit read: no "past" rule
+    for n in range(6):  # 5 decayed, a tenth of 50 calls: dense
+        state, _ = observe(rules, state, 30.0 + n * 0.01, Result.THROTTLED, retry_after_s=1.0)
+    assert state.paused_until > 30.0  # the fleet holds
+    assert state.learned_at == 30.05  # and the rate is cut, though all was answered
+    assert state.cut_by == DENSE
+
+
 PAST_A_READ = PaceState(learned=9.0, learned_at=0.0, ceiling=10.0, ceiling_dense=10.0)
 
 
