@@ -208,18 +208,24 @@ def test_a_few_429s_past_the_limit_read_cut_the_rate_but_hold_no_one() -> None:
     assert under.learned_at == 0.0
 
 
+def read_10_at_30(*, learned_at: float, sent_last_second: float) -> PaceState:
+    """A learned rate of 9 calls/s from `learned_at`, the limit read as 10; at 30 s,
+    the last whole second sent `sent_last_second` calls and the half second since 5,
+    and the gateway answered 9 and 5 of them."""
+    return PaceState(
+        learned=9.0, learned_at=learned_at, ceiling=10.0, ceiling_dense=10.0, scored_at=30.0,
+        window_at=29.5, window_rate=sent_last_second, last_s=1.0, window_calls=5,
+        last_answered=9, window_answered=5,
+    )  # fmt: skip
+
+
 def test_with_no_stray_429_seen_a_call_or_two_short_past_the_limit_read_cuts() -> None:
     """Past the limit read, a cut needs the gateway to have answered fewer calls than
     the fleet sent. Three calls short let a rate run 30 % over a limit of 10 calls/s;
     while no 429 came under the limit read (no stray ones to tell apart), one or two
     short are the limit's. Once stray ones were seen, three are needed again."""
     rules = pace_rules(rate=None)
-    # 16 calls sent in the last 1.5 s, 14 answered: two short.
-    past = PaceState(
-        learned=9.0, learned_at=10.0, ceiling=10.0, ceiling_dense=10.0, scored_at=30.0,
-        window_at=29.5, window_rate=11.0, last_s=1.0, window_calls=5, last_answered=9,
-        window_answered=5,
-    )  # fmt: skip
+    past = read_10_at_30(learned_at=10.0, sent_last_second=11.0)  # 16 sent, 14 answered
     assert rate_now(rules, past, 30.0) == pytest.approx(11.0, rel=0.01)
 
     def three_429s(state: PaceState) -> PaceState:
@@ -270,11 +276,7 @@ def test_dense_429s_cut_a_learned_rate_even_when_the_last_second_was_answered() 
     next cut read as the limit (a limit of 10 calls/s read as 11 to 14). So they
     cut, whatever the answers of the last second or so say."""
     rules = pace_rules(rate=None)
-    state = PaceState(
-        learned=9.0, learned_at=25.0, ceiling=10.0, ceiling_dense=10.0, scored_at=30.0,
-        window_at=29.5, window_rate=9.0, last_s=1.0, window_calls=5, last_answered=9,
-        window_answered=5,
-    )  # fmt: skip
+    state = read_10_at_30(learned_at=25.0, sent_last_second=9.0)  # 14 sent, 14 answered
     assert rate_now(rules, state, 30.0) < 10.0  # under the limit read: no "past" rule
     for n in range(6):  # 5 decayed, a tenth of 50 calls: dense
         state, _ = observe(rules, state, 30.0 + n * 0.01, Result.THROTTLED, retry_after_s=1.0)
