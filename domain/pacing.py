@@ -32,8 +32,9 @@ sent and reports what came of it to `observe`. Times are seconds on one clock
   same rate, and the bucket refilled meanwhile answers a burst the next cut would
   read as the limit). A cut on a few 429s past a
   limit read needs the gateway to have held calls back (`_held_back`):
-  `cut_short_min` calls short at the least while stray 429s came under the limit
-  read (`strays`, decayed over `strays_tau_s`), and only `cut_short_strict`
+  `cut_short_min` calls short at the least while stray 429s came under
+  `strays_under` of the limit read (`strays`, decayed over `strays_tau_s`), and
+  only `cut_short_strict`
   while none did, since then every call short past the read is the limit's
   (three calls short let a rate run 30 % over a limit of 10 calls/s). Grown past
   `unlimited_above`, it is no limit again. (Compounded growth finds the limit
@@ -139,6 +140,9 @@ class PaceRules:
     # none, a call short past it is the limit's, and 3 let a rate run 30 % over it
     cut_short_strict: float = 1.0
     strays_tau_s: float = 60.0  # stray 429s under the limit read: decayed over this
+    # ... counted under this share of the read, since reads run a few per cent high
+    # (10.3 to 10.8 for a limit of 10) and the limit's own 429s are no stray ones
+    strays_under: float = 0.95
     # A cut reads the limit from the answers only when the fleet sent at least this share
     # of the rate in force: its calls spaced by it. Under it they went as the hops asked,
     # in bursts, and a bucket answers bursts less than its rate: the read is a floor.
@@ -504,14 +508,15 @@ def _throttled(rules: PaceRules, state: PaceState, now: float, retry_after_s: fl
 
 def _stray(rules: PaceRules, state: PaceState, now: float) -> PaceState:
     """A 429 counted as stray: one that came while the learned rate in force was under
-    the limit read, once the calls admitted before the last cut had their turns."""
+    `strays_under` of the limit read, once the calls admitted before the last cut had
+    their turns."""
     limited = rate_now(rules, state, now)
     under = (
         rules.rate is None
         and state.ceiling is not None
         and not state.ceiling_low
         and limited is not None
-        and limited <= state.ceiling
+        and limited <= rules.strays_under * state.ceiling
         and now - state.learned_at > rules.max_wait_s
     )
     if not under:

@@ -249,6 +249,10 @@ def test_a_429_under_the_read_is_stray_once_the_calls_before_the_cut_went() -> N
     assert soon.strays == 0.0  # within max_wait_s of the cut: a call admitted before it
     later, _ = observe(rules, cut_at, 13.0, Result.THROTTLED, retry_after_s=1.0)
     assert later.strays == 1.0
+    near = replace(cut_at, learned=9.7)  # within 5 % of the read, which may run high
+    assert 9.5 < rate_now(rules, near, 13.0) <= 10.0
+    close, _ = observe(rules, near, 13.0, Result.THROTTLED, retry_after_s=1.0)
+    assert close.strays == 0.0
     past = replace(cut_at, learned=9.0, learned_at=0.0, ceiling=8.0, ceiling_dense=8.0)
     assert rate_now(rules, past, 13.0) > 8.0
     above, _ = observe(rules, past, 13.0, Result.THROTTLED, retry_after_s=1.0)
