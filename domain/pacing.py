@@ -30,13 +30,12 @@ sent and reports what came of it to `observe`. Times are seconds on one clock
   (past a limit read, an answer above it raises the read first). Dense 429s
   always cut (a hold with no cut would send the fleet back into the limit at the
   same rate, and the bucket refilled meanwhile answers a burst the next cut would
-  read as the limit). A cut on a few 429s past a
-  limit read needs the gateway to have held calls back (`_held_back`):
-  `cut_short_min` calls short at the least while stray 429s came under
-  `strays_under` of the limit read (`strays`, decayed over `strays_tau_s`), and
-  only `cut_short_strict`
-  while none did, since then every call short past the read is the limit's
-  (three calls short let a rate run 30 % over a limit of 10 calls/s). Grown past
+  read as the limit). A cut on a few 429s past a limit read needs the gateway to
+  have held calls back (`_held_back`): `cut_short_min` calls short at the least
+  while stray 429s came under `strays_under` of the limit read (`strays`,
+  decayed over `strays_tau_s`), and only `cut_short_strict` while none did,
+  since then every call short past the read is the limit's (three calls short
+  let a rate run 30 % over a limit of 10 calls/s). Grown past
   `unlimited_above`, it is no limit again. (Compounded growth finds the limit
   again within seconds of a cut, where adding a fixed step would crawl for a
   gateway allowing hundreds of calls a second.)
@@ -190,8 +189,8 @@ class PaceState:
     calls_score: float = 0.0
     throttled_score: float = 0.0
     scored_at: float = 0.0
-    # 429s while a learned rate in force was under the limit read (past its knee's
-    # reach of calls sent before the cut): stray ones, decayed over strays_tau_s.
+    # 429s while a learned rate in force was under `strays_under` of the limit read,
+    # `max_wait_s` or more after the last cut: stray ones, decayed over strays_tau_s.
     strays: float = 0.0
     strays_at: float = 0.0
 
