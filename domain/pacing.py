@@ -33,7 +33,8 @@ sent and reports what came of it to `observe`. Times are seconds on one clock
   read as the limit). A cut on a few 429s past a limit read needs the gateway to
   have held calls back (`_held_back`): `cut_short_min` calls short at the least
   while stray 429s came under `strays_under` of the limit read (`strays`,
-  decayed over `strays_tau_s`), and only `cut_short_strict` while none did,
+  decayed over `strays_tau_s`: two within a minute or so; one is a data point),
+  and only `cut_short_strict` while none did,
   since then every call short past the read is the limit's (three calls short
   let a rate run 30 % over a limit of 10 calls/s). Grown past
   `unlimited_above`, it is no limit again. (Compounded growth finds the limit
@@ -135,8 +136,9 @@ class PaceRules:
     few_keep: float = 0.9  # such a cut's estimate: not under this of the last dense one's
     cut_under: float = 0.95  # no cut while the gateway answers this much of what was sent
     cut_short_min: float = 3.0  # ... or while it answered fewer than this many calls less
-    # ... or fewer than this, while no stray 429 was seen under the limit read: with
-    # none, a call short past it is the limit's, and 3 let a rate run 30 % over it
+    # ... or fewer than this, while under one stray 429 is counted (`strays_seen`: two
+    # within a minute or so make one): with none, a call short past the limit read is
+    # the limit's, and 3 let a rate run 30 % over it
     cut_short_strict: float = 1.0
     strays_tau_s: float = 60.0  # stray 429s under the limit read: decayed over this
     # ... counted under this share of the read, since reads run a few per cent high
@@ -530,8 +532,8 @@ def strays_seen(rules: PaceRules, state: PaceState, now: float) -> float:
 
 def _held_back(rules: PaceRules, state: PaceState, now: float, limited: float | None) -> bool:
     """Whether the gateway answered less than `cut_under` of what the fleet sent since
-    the last whole window began, and at least `cut_short_min` calls less while stray
-    429s were seen (`cut_short_strict` while none were). If it answered nearly all, its
+    the last whole window began, and at least `cut_short_min` calls less while a stray
+    429 or more is counted (`cut_short_strict` while less is). If it answered nearly all, its
     429s say nothing of a limit under our rate: they are stray ones, or answers to
     calls sent before the last cut. What was sent is counted when admitted, at most the
     rate in force; nothing known, no."""

@@ -12,7 +12,7 @@ from dataclasses import replace
 import pytest
 
 from domain.outcomes import Outcome
-from domain.pacing import PaceRules, Result, rate_now
+from domain.pacing import PaceRules, Result, rate_now, strays_seen
 from domain.ports import TransientGatewayError, WorkspaceGone
 from infrastructure.fake_gateway.server import FakeGateway
 from infrastructure.gateway.adapter import HttpGateway
@@ -359,3 +359,37 @@ def test_a_floor_read_by_one_process_paces_the_other_at_its_fast_growth(
     as_a_limit = rate_now(rules, replace(other, ceiling_low=False), now)
     assert as_a_limit is not None
     assert grown > as_a_limit  # 13.8 against 9.9 in the slow band
+
+
+def test_a_stray_429_one_process_got_sets_the_bar_the_other_cuts_by(
+    fake: FakeGateway, stores: list[PgPaceStore], pg_database: str, key: str
+) -> None:
+    """Decision 044 through the shared row: 429s under the limit read, answered over
+    HTTP to one process, are counted as stray there; one is a data point, and two
+    within a minute or so make the other process's view of the row ask three calls
+    short of a cut past the read, not one."""
+    rules = pace_rules(rate=None, max_wait_s=0.5)
+    stores[0].update(
+        lambda state, now: (
+            replace(state, learned=8.5, learned_at=now - 3.0, ceiling=20.0, ceiling_dense=20.0),
+            None,
+        )
+    )
+    other, now = stores[1].read()
+    assert strays_seen(rules, other, now) == 0.0  # none yet: one call short would cut
+    fake.configure(throttle_rate=1.0)  # every read answered 429: a shared tenant's
+    first = clients(fake, stores[:1], rules)[0]
+    with pytest.raises(TransientGatewayError, match="429"):
+        first.status("ws-none")
+    other, now = stores[1].read()
+    assert 0.9 < strays_seen(rules, other, now) < 1.0  # one, decaying: not yet
+    with pytest.raises(TransientGatewayError, match="429"):
+        first.status("ws-none")
+
+    assert fake.state()["faults"]["throttled"] == 2
+    other, now = stores[1].read()
+    assert strays_seen(rules, other, now) >= 1.0
+    found = read_pace(pg_database, key)
+    assert found is not None
+    assert found[0].learned_at < now - 2.0  # one 429 under the read cut nothing
+    first.close()
