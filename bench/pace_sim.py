@@ -3,9 +3,10 @@ sockets, simulated time, so that a change of `domain/pacing.py`'s rules shows it
 effect in seconds.
 
     .venv/bin/python bench/pace_sim.py [--seconds 120] [--seeds 3] [--threads 32]
+                                       [--latency-ms 5]
 
-THREADS hop threads call as fast as the pace admits them (a call takes 5 ms and
-10 ms pass before the thread's next); the gateway is a token bucket of `rate` calls
+THREADS hop threads call as fast as the pace admits them (a call takes 5 ms, or
+`--latency-ms`, and 10 ms pass before the thread's next); the gateway is a token bucket of `rate` calls
 a second and a burst of 5 that answers 429 (`Retry-After` the whole seconds to its
 next token) when it has none, and, in the stray rows, answers a share of calls 429
 at random whatever the rate. A throttled call's thread waits its Retry-After; a
@@ -54,6 +55,7 @@ def simulate(
     stray: float,
     seed: int,
     retry_after: float = 0.0,
+    call_s: float = CALL_S,
 ) -> tuple[int, int]:
     """(calls answered, calls answered 429) in `seconds` of simulated time; `rate`
     None: no limit, only the stray 429s."""
@@ -83,17 +85,17 @@ def simulate(
         if tokens >= 1 and not draw.random() < stray:
             tokens -= 1 if rate is not None else 0
             answered += 1
-            state, _ = observe(rules, state, start + t + CALL_S, Result.ANSWERED)
-            state = count_answered(state, start + t + CALL_S, 1)
-            heapq.heappush(events, (t + CALL_S + THINK_S, "ask", n))
+            state, _ = observe(rules, state, start + t + call_s, Result.ANSWERED)
+            state = count_answered(state, start + t + call_s, 1)
+            heapq.heappush(events, (t + call_s + THINK_S, "ask", n))
         else:
             throttled += 1
             told = max(1, math.ceil((1 - tokens) / rate)) if rate is not None else 1
             told = max(told, retry_after)
             state, _ = observe(
-                rules, state, start + t + CALL_S, Result.THROTTLED, retry_after_s=told
+                rules, state, start + t + call_s, Result.THROTTLED, retry_after_s=told
             )
-            heapq.heappush(events, (t + CALL_S + told, "ask", n))
+            heapq.heappush(events, (t + call_s + told, "ask", n))
     return answered, throttled
 
 
@@ -105,7 +107,11 @@ def main() -> int:
     parser.add_argument(
         "--retry-after", type=float, default=0.0, help="every 429 asks at least this many s"
     )
+    parser.add_argument(
+        "--latency-ms", type=float, default=CALL_S * 1000, help="each call's time to answer"
+    )
     args = parser.parse_args()
+    call_s = args.latency_ms / 1000
     rules = PaceRules(burst=1, probe_every_s=10.0, retry_after_max_s=300.0)
     print("| gateway | stray 429s | x floor | answered 429 |")
     print("|---|---|---|---|")
@@ -115,14 +121,16 @@ def main() -> int:
     ):  # fmt: skip
         answered = throttled = 0
         for seed in range(args.seeds):
-            a, t = simulate(rules, rate, args.seconds, args.threads, stray, seed, args.retry_after)
+            a, t = simulate(
+                rules, rate, args.seconds, args.threads, stray, seed, args.retry_after, call_s
+            )
             answered, throttled = answered + a, throttled + t
         if rate is None:
             if unpaced is None:
                 unpaced = sum(
                     simulate(PaceRules(rate=1e9, burst=1, probe_every_s=10.0,
                                        retry_after_max_s=300.0),
-                             None, args.seconds, args.threads, stray, seed)[0]
+                             None, args.seconds, args.threads, stray, seed, 0.0, call_s)[0]
                     for seed in range(args.seeds)
                 )  # fmt: skip
             floor, gateway = float(unpaced), "no limit"
