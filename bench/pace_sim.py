@@ -6,19 +6,20 @@ effect in seconds.
                                        [--latency-ms 5]
 
 THREADS hop threads call as fast as the pace admits them (a call takes 5 ms, or
-`--latency-ms`, and 10 ms pass before the thread's next); the gateway is a token bucket of `rate` calls
-a second and a burst of 5 that answers 429 (`Retry-After` the whole seconds to its
-next token) when it has none, and, in the stray rows, answers a share of calls 429
-at random whatever the rate. A throttled call's thread waits its Retry-After; a
-held call asks again when the hold ends, and so does a call whose wait a cut or a
-hold outlived (`still_admitted`), as a worker's does. Rules as a worker's with no rate
-configured (`PROVISIONER_GATEWAY_BURST` 1). Printed per gateway: calls answered
-over the seeds against rate x seconds (`x floor`: the time the same calls would
-take at the gateway's rate, over the simulated time) and the share answered 429.
-The "no limit" row has only the stray 429s; its floor is the calls answered with
-a configured rate too high ever to bind (so 1.00: stray 429s cost the fleet
-nothing). An answered call is published to the state at once (a worker
-publishes it with its next write).
+`--latency-ms`, and 10 ms pass before the thread's next); the gateway is a token
+bucket of `rate` calls a second and a burst of 5 that answers 429 (`Retry-After`
+the whole seconds to its next token) when it has none, and, in the stray rows,
+answers a share of calls 429 at random whatever the rate. A throttled call's
+thread waits its Retry-After; a held call asks again when the hold ends, and so
+does a call whose wait a cut or a hold outlived (`still_admitted`), as a
+worker's does. Rules as a worker's with no rate configured
+(`PROVISIONER_GATEWAY_BURST` 1). Printed per gateway: calls answered over the
+seeds against rate x seconds (`x floor`: the time the same calls would take at
+the gateway's rate, over the simulated time) and the share answered 429. The "no
+limit" row has only the stray 429s; its floor is the calls answered with a
+configured rate too high ever to bind (so 1.00: stray 429s cost the fleet
+nothing). An answered call is published to the state at once (a worker publishes
+it with its next write).
 The real rollout (`bench/rollout.py metered`) measures the same on the service.
 """
 
