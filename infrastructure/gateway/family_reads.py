@@ -165,15 +165,28 @@ class SharedFamilyReads:
                     raise TransientGatewayError(
                         f"family: no shared read of the family came back in {self._wait_s:g} s"
                     )
-                self._changed.wait(left)
+                try:
+                    self._changed.wait(left)
+                except BaseException:  # whatever ends the wait, the read is left
+                    self._leave(parent_id, read)
+                    raise
 
     def _leave(self, parent_id: str, read: _Read) -> None:
         """A caller gives up on a read not yet started; a read no one waits for is
-        dropped. Under the lock."""
+        dropped, and one already due is handed on as a read made would be (else no
+        one would ever start it, and every later caller of the parent would wait for
+        it). Under the lock."""
         read.callers -= 1
         parent = self._parents.get(parent_id)
-        if read.callers == 0 and parent is not None and parent.next is read:
+        if read.callers > 0 or parent is None:
+            return
+        if parent.next is read:
             parent.next = None
+        elif parent.running is read and not read.started:
+            parent.running, parent.next = parent.next, None
+            if parent.running is None:
+                del self._parents[parent_id]
+            self._changed.notify_all()
 
     def _perform(self, parent_id: str, read: _Read) -> None:
         """Make the read, publish what it found (or its failure), and hand the parent

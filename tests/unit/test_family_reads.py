@@ -236,6 +236,40 @@ def test_a_caller_waits_at_most_wait_s_then_defers_and_no_read_is_made_for_it(
     assert len(gateway.asked) == 2
 
 
+class InterruptedWait(threading.Condition):
+    """A condition whose next wait, once armed, raises after it wakes: whatever may end a
+    caller's wait other than its timeout."""
+
+    armed = False
+
+    def wait(self, timeout: float | None = None) -> bool:
+        woken = super().wait(timeout)
+        if self.armed:
+            self.armed = False
+            raise RuntimeError("the wait was interrupted")
+        return woken
+
+
+def test_a_caller_whose_wait_ends_otherwise_leaves_the_read_to_the_next_callers(
+    pool: ThreadPoolExecutor,
+) -> None:
+    gateway = GatedGateway()
+    shared = SharedFamilyReads(gateway, wait_s=2.0)
+    condition = shared._changed = InterruptedWait()
+    first = pool.submit(shared.family, P, "A")
+    gateway.started(1)
+    second = pool.submit(shared.family, P, "B")  # waits for the next read, alone
+    queued(shared, 1)
+    condition.armed = True
+    gateway.end(0)  # the next read is due: its only caller's wait raises as it wakes
+    assert first.result() == []
+    with pytest.raises(RuntimeError, match="interrupted"):
+        second.result()
+    gateway.gated = False
+    assert shared.family(P, "C") == []  # read at once: the parent was handed on
+    assert len(gateway.asked) == 2
+
+
 def test_reads_of_different_parents_do_not_wait_for_each_other(pool: ThreadPoolExecutor) -> None:
     gateway = GatedGateway()
     shared = SharedFamilyReads(gateway)
