@@ -20,7 +20,10 @@ and the 429 evidence; every other write of the process publishes them too, so a
 429 that cuts the rate is counted with the calls sent before it). A 429 or an
 unreachable answer is written at once by the process that got it, so a hold, a
 cut or an opened circuit reaches every process within `refresh_s` plus one read
-(about 200 ms); a copy older than `stale_s` is not trusted. With a limit in
+(about 200 ms); a copy older than `stale_s` is not trusted. A copy shows only
+what was committed, its time running on from when its read came back (never
+ahead of the store's), and the counts ride with whichever write of the process
+takes the row's lock first. With a limit in
 force, each call is admitted in one transaction, as the rate requires. An
 answered call changes nothing while the circuit is closed and nothing failed, so
 it writes nothing: it is counted in the process and published with its next
@@ -259,9 +262,10 @@ class Pace:
         # failing; then an answer to it changes nothing and is not written.
         self._admitted = threading.local()
         self._store_down = False
-        # The local copy of a shared state: (state, the store's time, monotonic then).
+        # The local copy of a shared state: (state, the store's time, monotonic when it
+        # came back, monotonic when its read began: what orders copies).
         self.refresh_s, self.stale_s, self._monotonic = refresh_s, stale_s, monotonic
-        self._copy: tuple[PaceState, float, float] | None = None
+        self._copy: tuple[PaceState, float, float, float] | None = None
         self._sent = 0  # calls admitted on the copy, not yet published
         self._answered = 0  # calls answered (not 429), not yet published
         self._lock = threading.Lock()
@@ -314,25 +318,27 @@ class Pace:
 
     def _admit(self, create: bool) -> tuple[Go, PaceState] | Hold:
         """One admission in the store: Go and the state it was made on, or a Hold."""
-        sent, answered = self._take_counts()
+        taken = [0, 0]
 
-        def step(state: PaceState, now: float) -> tuple[PaceState, tuple[Go | Hold, PaceState]]:
-            state = self._published(state, now, sent, answered)
+        def step(
+            state: PaceState, now: float
+        ) -> tuple[PaceState, tuple[Go | Hold, PaceState, float]]:
+            state = self._published(state, now, taken)
             new, decision = admit(self.rules, state, now, create=create)
-            self._admitted.clean = new.open_since is None and new.unreachable == 0
-            self._admitted.probe = isinstance(decision, Go) and decision.probe
-            self._on_event("circuit", 0.0 if new.open_since is None else 1.0)
-            self._keep(new, now)
-            return new, (decision, new)
+            return new, (decision, new, now)
 
         try:
-            decision, state = self.store.update(step)
+            decision, state, now = self.store.update(step)
         except Exception as exc:  # noqa: BLE001 - the database down: hold, never send unpaced
-            self._give_back(sent, answered)
+            self._give_back(taken)
             self._down(exc)
             self._admitted.clean = False
             return Hold(5.0, f"the pace's database is unavailable ({type(exc).__name__})")
         self._up()
+        self._keep(state, now)  # once committed: a copy never shows what was not stored
+        self._admitted.clean = state.open_since is None and state.unreachable == 0
+        self._admitted.probe = isinstance(decision, Go) and decision.probe
+        self._on_event("circuit", 0.0 if state.open_since is None else 1.0)
         return decision if isinstance(decision, Hold) else (decision, state)
 
     def _latest(self) -> tuple[PaceState, float] | None:
@@ -343,8 +349,9 @@ class Pace:
             copy = self._copy
             if copy is None:
                 return None
-            state, at, read = copy
-            return state, at + (self._monotonic() - read)
+            state, at, read, _ = copy
+            age = self._monotonic() - read
+            return None if age > self.stale_s else (state, at + age)
         try:
             return self.store.read()
         except Exception:  # noqa: BLE001 - unknown: the call goes on its admission
@@ -359,10 +366,12 @@ class Pace:
                 return
 
         probe = getattr(self._admitted, "probe", False)
-        sent, answered = self._take_counts()
+        taken = [0, 0]
 
-        def step(state: PaceState, now: float) -> tuple[PaceState, Change | None]:
-            state = self._published(state, now, sent, answered)
+        def step(
+            state: PaceState, now: float
+        ) -> tuple[PaceState, tuple[PaceState, PaceState, float, Change | None]]:
+            state = self._published(state, now, taken)
             new, change = observe(
                 self.rules,
                 state,
@@ -372,39 +381,45 @@ class Pace:
                 error=error,
                 probe=probe,
             )
-            self._keep(new, now)
-            if new.learned_at != state.learned_at and new.learned is not None:
-                held = max(0.0, new.paused_until - now)
-                floor = "at least " if new.ceiling_low else ""
-                read = "" if new.ceiling is None else f"{floor}{shown(new.ceiling)}"
-                limit = f"its limit read as {read}; " if read else ""
-                before = rate_now(self.rules, state, now)
-                was = "none" if before is None else shown(before)
-                sending = f"{limit}{was} in force, {shown(sent_rate(state, now))} sent"
-                why = (
-                    f"after 429s dense enough to be its rate limit; the fleet holds "
-                    f"{held:.0f} s (Retry-After)"
-                    if new.cut_by == DENSE
-                    else "after 429s past the limit it had read; they hold no call but their own"
-                )
-                lifecycle.info(
-                    "gateway pace %s: %s calls/s (%s), %s",
-                    "learned" if state.learned is None else "cut",
-                    shown(new.learned),
-                    sending,
-                    why,
-                )
-            return new, change
+            return new, (state, new, now, change)
 
         try:
-            change = self.store.update(step)
+            state, new, now, change = self.store.update(step)
         except Exception as exc:  # noqa: BLE001 - what the call got stands; the report is lost
-            self._give_back(sent, answered)
+            self._give_back(taken)
             self._down(exc)
             return
         self._up()
+        self._keep(new, now)  # once committed, as what is logged and announced
+        if new.learned_at != state.learned_at and new.learned is not None:
+            self._log_cut(state, new, now)
         if change is not None:
             self._announce(change)
+
+    def _log_cut(self, state: PaceState, new: PaceState, now: float) -> None:
+        """A learned rate set or cut (`state` before it, `new` after), for the operator."""
+        if new.learned is None:
+            return
+        held = max(0.0, new.paused_until - now)
+        floor = "at least " if new.ceiling_low else ""
+        read = "" if new.ceiling is None else f"{floor}{shown(new.ceiling)}"
+        limit = f"its limit read as {read}; " if read else ""
+        before = rate_now(self.rules, state, now)
+        was = "none" if before is None else shown(before)
+        sending = f"{limit}{was} in force, {shown(sent_rate(state, now))} sent"
+        why = (
+            f"after 429s dense enough to be its rate limit; the fleet holds "
+            f"{held:.0f} s (Retry-After)"
+            if new.cut_by == DENSE
+            else "after 429s past the limit it had read; they hold no call but their own"
+        )
+        lifecycle.info(
+            "gateway pace %s: %s calls/s (%s), %s",
+            "learned" if state.learned is None else "cut",
+            shown(new.learned),
+            sending,
+            why,
+        )
 
     # The local copy of a shared state (the module's docstring).
 
@@ -417,38 +432,45 @@ class Pace:
         copy = self._copy
         if copy is None:
             return False
-        state, at, read = copy
+        state, at, read, _ = copy
         age = self._monotonic() - read
         return age <= self.stale_s and free(self.rules, state, at + age)
 
-    def _take_counts(self) -> tuple[int, int]:
-        """The calls sent on the copy and the calls answered (not 429), not yet
-        published, for the write about to be made: every write publishes both, so
-        that a 429 which cuts the rate is counted with the calls sent before it (a
-        first cut read from the refreshes alone missed up to 100 ms of a burst and
-        read a limit of 20 calls/s as 5). A write that fails gives them back."""
+    def _published(
+        self, state: PaceState, now: float, taken: list[int], *, every_answer: bool = True
+    ) -> PaceState:
+        """`state` with the calls sent on the copy and the calls answered (not 429) not
+        yet published, taken under the row's lock by the write about to be made (into
+        `taken`, given back if it fails): every write publishes both, so that a 429
+        which cuts the rate is counted with every call the process sent before it,
+        whichever of its writes takes the lock first (a first cut read from the
+        refreshes alone missed up to 100 ms of a burst and read a limit of 20 calls/s
+        as 5). A refresh with nothing sent publishes answers only when they are read
+        (`answers_read`)."""
         with self._lock:
-            counts = (self._sent, self._answered)
-            self._sent = self._answered = 0
-        return counts
-
-    def _give_back(self, sent: int, answered: int) -> None:
-        with self._lock:
-            self._sent += sent
-            self._answered += answered
-
-    def _published(self, state: PaceState, now: float, sent: int, answered: int) -> PaceState:
+            sent = self._sent
+            answered = self._answered if every_answer or sent or answers_read(self.rules) else 0
+            self._sent, self._answered = 0, self._answered - answered
+        taken[:] = [taken[0] + sent, taken[1] + answered]
         return count_answered(count_calls(self.rules, state, now, sent), now, answered)
 
-    def _keep(self, state: PaceState, now: float, read: float | None = None) -> None:
-        """The local copy, `state` at the store's time `now`, read at monotonic `read`
-        (now, by default); never replaced by an older one (a refresh that began
-        before an admission and ended after it), which would look like news."""
+    def _give_back(self, taken: list[int]) -> None:
+        with self._lock:
+            self._sent += taken[0]
+            self._answered += taken[1]
+
+    def _keep(self, state: PaceState, now: float, began: float | None = None) -> None:
+        """The local copy: `state`, committed, at the store's time `now`. Its time runs on
+        from the monotonic clock as it came back, so it never runs ahead of the
+        store's (a read's wait and round trip are not counted twice). It is never
+        replaced by a copy whose read `began` (monotonic; a write's: as it came back)
+        before it came, which could show the row as it was before it."""
         if getattr(self.store, "shared", False):
-            read = self._monotonic() if read is None else read
+            read = self._monotonic()
+            order = read if began is None else began
             with self._lock:
-                if self._copy is None or read >= self._copy[2]:
-                    self._copy = (state, now, read)
+                if self._copy is None or order >= self._copy[3]:
+                    self._copy = (state, now, read, order)
 
     def _start_refresher(self) -> None:
         if self._refresher is None:
@@ -469,20 +491,18 @@ class Pace:
         # this process's next admission, which may be seconds away while its threads
         # wait for their turns. Otherwise a refresh with nothing sent stays a read.
         with self._lock:
-            sent, self._sent = self._sent, 0
-            answered = self._answered if sent or answers_read(self.rules) else 0
-            self._answered -= answered
-        write = bool(sent or answered)
+            write = bool(self._sent or (self._answered and answers_read(self.rules)))
+        taken = [0, 0]
 
         def publish(state: PaceState, now: float) -> tuple[PaceState, tuple[PaceState, float]]:
-            new = self._published(state, now, sent, answered)
+            new = self._published(state, now, taken, every_answer=False)
             return new, (new, now)
 
         began = self._monotonic()
         try:
             state, now = self.store.update(publish) if write else self.store.read()
         except Exception as exc:  # noqa: BLE001 - no copy: calls take the slow path, held
-            self._give_back(sent, answered)
+            self._give_back(taken)
             self._copy = None
             self._down(exc)
             return
@@ -528,6 +548,6 @@ class Pace:
         self._stop.set()
         if self._refresher is not None:
             self._refresher.join(5)
-            if self._sent:
-                self.refresh()  # what was sent on the copy, published
+            if self._sent or (self._answered and answers_read(self.rules)):
+                self.refresh()  # what was sent on the copy and answered, published
         self.store.close()

@@ -224,6 +224,104 @@ def test_a_copy_older_than_stale_s_is_not_trusted() -> None:
     assert store.updates == before + 1
 
 
+class CommitFails(SharedStore):
+    """A store whose next write runs and is then not committed (the connection lost)."""
+
+    fail_next = False
+
+    def update(self, fn: Any) -> Any:
+        if not self.fail_next:
+            return super().update(fn)
+        self.fail_next = False
+        fn(self.state, self.now)  # what the step decided, rolled back
+        raise ConnectionError("the commit was lost")
+
+
+def test_a_write_not_committed_shows_nowhere_and_gives_its_counts_back() -> None:
+    store = CommitFails()
+    pace, _ = local_pace(store, pace_rules(open_after=1))
+    pace.before()  # the first, through the store: a free copy from now on
+    for _ in range(7):
+        assert pace.before() is None  # on the copy
+    store.fail_next = True
+    pace.after(Result.UNREACHABLE, error="refused")  # would open the circuit: not stored
+    latest = pace._latest()
+    assert latest is not None
+    assert latest[0].open_since is None  # the copy shows only what was stored
+    assert pace.before() is None  # still free here, as in the store
+    pace.refresh()
+    pace.close()
+    assert store.state.window_calls == 1 + 8  # the counts the failed write took, given back
+
+
+class SlowRead(SharedStore):
+    """A store whose answers take `delay_s` of the process's monotonic clock."""
+
+    def __init__(self, clock: Monotonic, delay_s: float) -> None:
+        super().__init__()
+        self.clock, self.delay_s = clock, delay_s
+
+    def read(self) -> tuple[PaceState, float]:
+        self.clock.t += self.delay_s
+        return super().read()
+
+
+def test_a_copy_runs_on_from_when_its_read_came_back_never_ahead() -> None:
+    clock = Monotonic()
+    store = SlowRead(clock, delay_s=0.08)
+    pace = Pace(store, RULES, sleep=lambda s: None, refresh_s=3600.0, monotonic=clock)
+    store.state = PaceState(paused_until=1000.05)  # a hold for 50 ms more, in the store's time
+    pace.refresh()  # 80 ms to come back, the store's time read within it
+    latest = pace._latest()
+    assert latest is not None
+    assert latest[1] == 1000.0  # not 1000.08: the read's time is counted once
+    updates = store.updates
+    pace.before()
+    assert store.updates == updates + 1  # the hold still stands: not admitted on the copy
+    pace.close()
+
+
+def test_close_publishes_the_answers_a_learned_rate_reads() -> None:
+    store = SharedStore()
+    store.state = PaceState(learned=50.0, learned_at=999.0)
+    pace, _ = local_pace(store)
+    for _ in range(3):
+        assert pace.before() is None  # through the store: a learned rate is in force
+        pace.after(Result.ANSWERED)  # counted in the process, nothing written
+    pace.close()
+    assert store.state.window_answered == 3
+
+
+class LockTakenFirst(SharedStore):
+    """The refresher's write finds another thread of its process holding the row: that
+    thread's 429 is written first."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first: Any = None
+        self.seen_by_first = -1
+
+    def update(self, fn: Any) -> Any:
+        first, self.first = self.first, None
+        if first is not None:
+            first()  # the other write, which took the lock first
+            self.seen_by_first = self.state.window_calls
+        return super().update(fn)
+
+
+def test_the_write_that_takes_the_lock_first_publishes_the_calls_sent() -> None:
+    store = LockTakenFirst()
+    pace, _ = local_pace(store)
+    pace.before()  # through the store: a copy from now on
+    for _ in range(40):
+        assert pace.before() is None
+    store.first = lambda: pace.after(Result.THROTTLED, retry_after_s=1.0)
+    pace.refresh()
+    pace.close()
+    assert store.seen_by_first == 41  # the 429 was judged with the 40 sent on the copy
+    assert store.state.window_calls == 41  # and they were published once
+
+
 def test_a_rate_reads_as_a_person_writes_it() -> None:
     from domain.pacing import shown
 
