@@ -95,6 +95,10 @@ from enum import StrEnum
 
 from domain.waits import hold_s
 
+# The least rate that can be configured: one call in 1,000 s. Under it a turn's interval
+# is no longer a number a clock can add (1e-320 calls/s: an interval of infinity).
+MIN_RATE = 0.001
+
 
 @dataclass(frozen=True, slots=True)
 class PaceRules:
@@ -150,8 +154,8 @@ class PaceRules:
     spaced_share: float = 0.8
 
     def __post_init__(self) -> None:
-        if self.rate is not None and self.rate <= 0:
-            raise ValueError("the gateway rate must be > 0 calls/s")
+        if self.rate is not None and not (math.isfinite(self.rate) and self.rate >= MIN_RATE):
+            raise ValueError(f"the gateway rate must be a number of calls/s, at least {MIN_RATE:g}")
         if self.burst < 1:
             raise ValueError("the gateway burst must be at least 1")
         if self.open_after < 1 or self.probe_every_s <= 0 or self.max_wait_s < 0:
@@ -171,7 +175,7 @@ class PaceState:
     learned: float | None = None  # the rate set at the last 429 (no rate configured)
     learned_at: float = 0.0
     ceiling: float | None = None  # the limit as estimated at the last cut (calls/s)
-    ceiling_dense: float | None = None  # ... at the last cut on dense 429s
+    ceiling_dense: float | None = None  # ... at the last cut on dense 429s (or raised since)
     ceiling_low: bool = False  # ... read from calls the rate did not space: a floor
     cut_by: str = ""  # the rule that made the last cut: `DENSE` or `PAST_LIMIT`
     paused_until: float = 0.0  # the shared Retry-After
@@ -191,8 +195,9 @@ class PaceState:
     calls_score: float = 0.0
     throttled_score: float = 0.0
     scored_at: float = 0.0
-    # 429s while a learned rate in force was under `strays_under` of the limit read,
-    # `max_wait_s` or more after the last cut: stray ones, decayed over strays_tau_s.
+    # 429s while a learned rate in force was under `strays_under` of the limit read (a
+    # read, not a floor), more than `max_wait_s` after the last cut: stray ones, decayed
+    # over strays_tau_s.
     strays: float = 0.0
     strays_at: float = 0.0
 
@@ -203,9 +208,9 @@ PAST_LIMIT = "past the limit"  # a few 429s past the limit read: the rate alone 
 
 
 class Result(StrEnum):
-    ANSWERED = "answered"  # any HTTP answer but 429 and 5xx
+    ANSWERED = "answered"  # any HTTP answer but 429, 502, 503 and 504 (a 500 too)
     THROTTLED = "throttled"  # 429
-    UNREACHABLE = "unreachable"  # refused, timed out, dropped, 5xx
+    UNREACHABLE = "unreachable"  # refused, timed out, dropped, 502, 503, 504
 
 
 @dataclass(frozen=True, slots=True)
@@ -343,7 +348,8 @@ def _scored(
     decay = math.exp(-max(0.0, now - state.scored_at) / rules.evidence_tau_s)
     return replace(
         state,
-        scored_at=now,
+        # Never back: a process's `now` may be older than another's write (decayed twice).
+        scored_at=max(now, state.scored_at),
         calls_score=state.calls_score * decay + calls,
         throttled_score=state.throttled_score * decay + throttled,
     )
@@ -406,7 +412,9 @@ def admit(
     """May a call go now, after a short wait, or must it be held back?"""
     longest = patience(rules, create=create)
     longer = state.paused_until - now
-    if longer > rules.retry_after_max_s:  # stored by a process with a longer cap: cut it
+    # Stored by a process with a longer cap: cut it (a second's slack, since a `now`
+    # older than the 429's that set the hold would read a hold at the cap as longer).
+    if longer > rules.retry_after_max_s + 1.0:
         cut = now + rules.retry_after_max_s
         state = replace(state, paused_until=cut, asked_s=max(state.asked_s, longer))
     if state.open_since is not None:
@@ -522,7 +530,9 @@ def _stray(rules: PaceRules, state: PaceState, now: float) -> PaceState:
     )
     if not under:
         return state
-    return replace(state, strays=strays_seen(rules, state, now) + 1.0, strays_at=now)
+    return replace(
+        state, strays=strays_seen(rules, state, now) + 1.0, strays_at=max(now, state.strays_at)
+    )
 
 
 def strays_seen(rules: PaceRules, state: PaceState, now: float) -> float:
@@ -607,7 +617,10 @@ def _given_back(rules: PaceRules, state: PaceState, now: float, learned: float) 
     """The GCRA's next turn after a cut: the turns taken at the old rate given back, so
     that the calls waiting for them ask again (`still_admitted`) and go at the new rate
     from now; but not the burst's credit, which would let `burst` calls go at once
-    into a gateway that is answering 429."""
+    into a gateway that is answering 429. (A turn long past is kept: the burst's
+    credit of an idle fleet is the tolerance `burst` allows. A turn set from now at
+    the cut's rate would be read at the rate grown since, and hold the first call
+    after a long Retry-After for (burst - 1) intervals of the cut's rate.)"""
     return min(state.tat, now + (rules.burst - 1) / learned)
 
 

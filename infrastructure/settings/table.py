@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
+from domain.pacing import MIN_RATE
 from infrastructure.settings.parsing import (
     LOG_FORMATS,
     AllowedHosts,
@@ -229,7 +230,7 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting(
         "PROVISIONER_GATEWAY_RATE",
-        Number(0, 10**6, above=True),
+        Number(MIN_RATE, 10**6),
         None,
         Section.GATEWAY,
         "calls/s for the **whole fleet** (every worker process on this database), a GCRA in "

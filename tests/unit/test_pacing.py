@@ -55,6 +55,25 @@ def test_a_configured_rate_spaces_calls_after_the_burst() -> None:
     assert "paced at 10 calls/s" in decisions[5].why
 
 
+@pytest.mark.parametrize("rate", [0.0, -1.0, 1e-320, math.nan, math.inf])
+def test_a_rate_no_clock_can_space_is_refused(rate: float) -> None:
+    with pytest.raises(ValueError, match="gateway rate"):
+        pace_rules(rate=rate)
+
+
+def test_the_evidence_decays_once_when_a_process_writes_with_an_older_now() -> None:
+    """Each process reads the shared clock in its own transaction: one may write with a
+    `now` a moment older than the last write's. The decay must not count that moment
+    twice (back, then forth)."""
+    rules = pace_rules(rate=None)
+    state = PaceState(calls_score=4.0, throttled_score=4.0, scored_at=1000.0)
+    behind, _ = observe(rules, state, 999.0, Result.THROTTLED)
+    later = count_calls(rules, behind, 1001.0, 1)
+    decayed = math.exp(-1.0 / rules.evidence_tau_s)
+    assert later.throttled_score == pytest.approx(5.0 * decayed)
+    assert later.calls_score == pytest.approx(4.0 * decayed + 1.0)
+
+
 def test_idle_time_refills_the_burst_but_never_banks_more() -> None:
     rules = pace_rules(rate=10.0, burst=2)
     state, _ = admit(rules, PaceState(), 0.0)

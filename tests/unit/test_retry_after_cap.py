@@ -56,6 +56,17 @@ def test_a_longer_hold_on_record_is_cut_to_the_cap_at_the_next_call() -> None:
     assert decision.wait_s == pytest.approx(300.0)
 
 
+def test_a_hold_at_the_cap_read_by_a_process_a_moment_behind_is_not_cut() -> None:
+    """The shared clock is read by each process's transaction: one may see a `now` a
+    little older than the 429's that set a hold of the whole cap."""
+    rules = pace_rules(retry_after_max_s=300.0, **EVERY_429)
+    state, _ = observe(rules, PaceState(), 1000.0, Result.THROTTLED, retry_after_s=300.0)
+    assert (state.paused_until, state.asked_s) == (1300.0, 0.0)
+    behind, _ = admit(rules, state, 999.95)
+    assert behind.paused_until == 1300.0
+    assert behind.asked_s == 0.0  # health never says the gateway asked for more
+
+
 def test_a_later_shorter_429_does_not_shorten_a_hold_in_force() -> None:
     rules = pace_rules(retry_after_max_s=300.0, **EVERY_429)
     state, _ = observe(rules, PaceState(), 0.0, Result.THROTTLED, retry_after_s=HOUR)
