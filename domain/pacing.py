@@ -407,9 +407,31 @@ def waits_told(
 
 
 def admit(
-    rules: PaceRules, state: PaceState, now: float, *, create: bool = False
+    rules: PaceRules, state: PaceState, now: float, *, create: bool = False, again: bool = False
 ) -> tuple[PaceState, Go | Hold]:
-    """May a call go now, after a short wait, or must it be held back?"""
+    """May a call go now, after a short wait, or must it be held back? A call admitted
+    is counted as sent; one asking `again` (its wait outlived by a cut, a hold or an
+    opened circuit: `still_admitted`) was counted at its first admission, so it is not
+    counted twice, and if it is held back now its count is taken back: it is not sent."""
+    state, decision = _admitted(rules, state, now, create=create)
+    if again:
+        return (state if isinstance(decision, Go) else _uncounted(state)), decision
+    return (count_calls(rules, state, now, 1) if isinstance(decision, Go) else state), decision
+
+
+def _uncounted(state: PaceState) -> PaceState:
+    """One call counted as sent that was not, taken back (from the counts as they are
+    now: its own window's, or the next one's)."""
+    return replace(
+        state,
+        window_calls=max(0, state.window_calls - 1),
+        calls_score=max(0.0, state.calls_score - 1.0),
+    )
+
+
+def _admitted(
+    rules: PaceRules, state: PaceState, now: float, *, create: bool
+) -> tuple[PaceState, Go | Hold]:
     longest = patience(rules, create=create)
     longer = state.paused_until - now
     # Stored by a process with a longer cap: cut it (a second's slack, since a `now`
@@ -428,13 +450,13 @@ def admit(
     start = max(now, state.paused_until)
     rate = rate_now(rules, state, now)
     if rate is None:
-        return count_calls(rules, state, now, 1), Go(start - now)
+        return state, Go(start - now)
     interval = 1.0 / rate
     due = max(state.tat, start)
     wait = max(start, due - (rules.burst - 1) * interval) - now
-    if wait > longest:  # not sent: not counted
+    if wait > longest:
         return state, Hold(wait, f"paced at {shown(rate)} calls/s", paced=True)
-    return replace(count_calls(rules, state, now, 1), tat=due + interval), Go(wait)
+    return replace(state, tat=due + interval), Go(wait)
 
 
 def still_admitted(admitted: PaceState, latest: PaceState, now: float) -> bool:

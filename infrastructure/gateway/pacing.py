@@ -284,8 +284,8 @@ class Pace:
             return None
 
         wait = 0.0
-        for _ in range(1 + ASK_AGAIN_MAX):
-            admitted = self._admit(create)
+        for asked in range(1 + ASK_AGAIN_MAX):
+            admitted = self._admit(create, again=asked > 0)
             if isinstance(admitted, Hold):
                 self._on_event("held", 1.0)
                 return admitted
@@ -300,7 +300,8 @@ class Pace:
                 return None
             # A cut, a hold or an opened circuit while it waited: ask again.
             wait = max(wait, latest[0].paused_until - latest[1])
-        # Not sent: the hop waits for the fleet's turn, as for any call held back.
+        # Not sent: the hop waits for the fleet's turn, as for any call held back. (Its
+        # count stands: taking it back is a write for a call that met four changes.)
         self._on_event("held", 1.0)
         return Hold(wait, "the fleet's pace changed while the call waited its turn", paced=True)
 
@@ -316,15 +317,16 @@ class Pace:
         self._sleep(retry_after_s)
         return True
 
-    def _admit(self, create: bool) -> tuple[Go, PaceState] | Hold:
-        """One admission in the store: Go and the state it was made on, or a Hold."""
+    def _admit(self, create: bool, *, again: bool) -> tuple[Go, PaceState] | Hold:
+        """One admission in the store: Go and the state it was made on, or a Hold
+        (`again`: the call's wait was outlived, see `domain.pacing.admit`)."""
         taken = [0, 0]
 
         def step(
             state: PaceState, now: float
         ) -> tuple[PaceState, tuple[Go | Hold, PaceState, float]]:
             state = self._published(state, now, taken)
-            new, decision = admit(self.rules, state, now, create=create)
+            new, decision = admit(self.rules, state, now, create=create, again=again)
             return new, (decision, new, now)
 
         try:

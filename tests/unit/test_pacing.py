@@ -386,6 +386,20 @@ def test_a_cut_spends_the_evidence_so_the_calls_sent_before_it_cannot_cut_again(
     assert state.learned_at == first
 
 
+def test_a_call_asking_again_is_counted_once_and_not_at_all_if_held_back() -> None:
+    rules = pace_rules(rate=None, burst=1, max_wait_s=2.0, **EVERY_429)
+    state, first = admit(rules, PaceState(), 10.0)
+    assert isinstance(first, Go)
+    assert (state.window_calls, state.calls_score) == (1, 1.0)
+    again, go = admit(rules, state, 10.5, again=True)  # its wait outlived: asks again
+    assert isinstance(go, Go)
+    assert (again.window_calls, again.calls_score) == (1, 1.0)
+    paused = replace(state, paused_until=30.0)  # a long hold came while it waited
+    held_state, held = admit(rules, paused, 10.5, again=True)
+    assert isinstance(held, Hold)
+    assert (held_state.window_calls, held_state.calls_score) == (0, 0.0)  # not sent
+
+
 def test_a_call_held_back_is_not_counted_as_sent() -> None:
     rules = pace_rules(rate=1.0, burst=1, max_wait_s=0.5)
     state, go = admit(rules, PaceState(), 10.0)
@@ -825,7 +839,7 @@ def test_a_call_whose_wait_a_cut_outlived_asks_again_and_waits_at_the_new_rate()
     assert slept[0] == pytest.approx(0.5)
     assert len(slept) == 2  # asked again, and waited for a turn at the new rate
     assert slept[1] == pytest.approx(1.0)  # the hold the 429 asked for (1 s by default)
-    assert state.window_calls == 2  # counted at each admission
+    assert state.window_calls == 1  # counted once, though admitted twice
 
 
 def test_a_cut_gives_back_the_turns_but_not_the_bursts_credit() -> None:
