@@ -281,6 +281,21 @@ def test_a_copy_runs_on_from_when_its_read_came_back_never_ahead() -> None:
     pace.close()
 
 
+def test_a_copy_older_than_stale_s_tells_no_thread_to_wait() -> None:
+    """What a process knows of the fleet from a copy older than `stale_s` (its refresher
+    stuck on the database): a told Retry-After is not waited in the thread on it, and
+    the hop defers, as with no copy at all."""
+    store = SharedStore()
+    store.state = PaceState(learned=20.0, learned_at=999.0)  # a limit in force
+    pace, clock = local_pace(store)
+    pace.before()  # a copy, through the store
+    assert pace.told(1.0) is True  # fresh: the thread waits its Retry-After
+    clock.t += 0.6  # no refresh since, for longer than stale_s
+    assert pace._latest() is None
+    assert pace.told(1.0) is False
+    pace.close()
+
+
 def test_close_publishes_the_answers_a_learned_rate_reads() -> None:
     store = SharedStore()
     store.state = PaceState(learned=50.0, learned_at=999.0)
