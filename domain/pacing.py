@@ -62,8 +62,8 @@ sent and reports what came of it to `observe`. Times are seconds on one clock
   few past the limit read only cut the rate, which then spaces the calls), the latest one's
   Retry-After pauses every call of the fleet until then, for at most
   `retry_after_max_s`: one answer may not hold the whole fleet for an hour. A
-  longer hold already stored (a process with a longer cap) is cut to that at
-  the next call. (How long a hold or a wait lasts, and the words for why, are
+  hold already stored more than a second longer (by a process with a longer
+  cap) is cut to that at the next call. (How long a hold or a wait lasts, and the words for why, are
   domain/waits.py's; here is when the fleet holds.)
 - **Free when no limit is in force.** With no rate configured or learned, the
   circuit closed, nothing failing and no hold current (`free`), a call needs
@@ -200,6 +200,9 @@ class PaceState:
     # over strays_tau_s.
     strays: float = 0.0
     strays_at: float = 0.0
+    # Every write of a shared state counts one (the store's writer does, not the rules):
+    # which of two copies of it a process holds is the newer.
+    version: int = 0
 
 
 # The rules a learned rate is cut by (`PaceState.cut_by`, said in the worker's log).
@@ -407,26 +410,28 @@ def waits_told(
 
 
 def admit(
-    rules: PaceRules, state: PaceState, now: float, *, create: bool = False, again: bool = False
+    rules: PaceRules,
+    state: PaceState,
+    now: float,
+    *,
+    create: bool = False,
+    counted_under: float | None = None,
 ) -> tuple[PaceState, Go | Hold]:
     """May a call go now, after a short wait, or must it be held back? A call admitted
-    is counted as sent; one asking `again` (its wait outlived by a cut, a hold or an
-    opened circuit: `still_admitted`) was counted at its first admission, so it is not
-    counted twice, and if it is held back now its count is taken back: it is not sent."""
+    is counted as sent. One asking again (its wait outlived by a cut, a hold or an
+    opened circuit: `still_admitted`) was counted under the cut of `counted_under`
+    (the `learned_at` it was counted with): it is not counted twice among the calls
+    sent, but among the evidence's calls again if a cut came since, which spent that
+    count (its answer will be evidence of the rate the cut set). One held back keeps
+    its count."""
     state, decision = _admitted(rules, state, now, create=create)
-    if again:
-        return (state if isinstance(decision, Go) else _uncounted(state)), decision
-    return (count_calls(rules, state, now, 1) if isinstance(decision, Go) else state), decision
-
-
-def _uncounted(state: PaceState) -> PaceState:
-    """One call counted as sent that was not, taken back (from the counts as they are
-    now: its own window's, or the next one's)."""
-    return replace(
-        state,
-        window_calls=max(0, state.window_calls - 1),
-        calls_score=max(0.0, state.calls_score - 1.0),
-    )
+    if isinstance(decision, Hold):
+        return state, decision
+    if counted_under is None:
+        return count_calls(rules, state, now, 1), decision
+    if counted_under != state.learned_at:
+        return _scored(rules, state, now, calls=1), decision
+    return state, decision
 
 
 def _admitted(

@@ -44,7 +44,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, fields
+from dataclasses import asdict, fields, replace
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
@@ -236,6 +236,11 @@ def _ignore(_kind: str, _value: float) -> None:
     pass
 
 
+def _versioned(stored: PaceState, new: PaceState) -> PaceState:
+    """`new`, to be written over `stored`: one version on when it differs."""
+    return new if new == stored else replace(new, version=stored.version + 1)
+
+
 class Pace:
     """The pace one gateway adapter keeps; thread-safe.
 
@@ -263,7 +268,7 @@ class Pace:
         self._admitted = threading.local()
         self._store_down = False
         # The local copy of a shared state: (state, the store's time, monotonic when it
-        # came back, monotonic when its read began: what orders copies).
+        # came back, monotonic when its read or write began).
         self.refresh_s, self.stale_s, self._monotonic = refresh_s, stale_s, monotonic
         self._copy: tuple[PaceState, float, float, float] | None = None
         self._sent = 0  # calls admitted on the copy, not yet published
@@ -284,12 +289,14 @@ class Pace:
             return None
 
         wait = 0.0
-        for asked in range(1 + ASK_AGAIN_MAX):
-            admitted = self._admit(create, again=asked > 0)
+        counted_under: float | None = None  # the cut the call was counted under, once it is
+        for _ in range(1 + ASK_AGAIN_MAX):
+            admitted = self._admit(create, counted_under)
             if isinstance(admitted, Hold):
                 self._on_event("held", 1.0)
                 return admitted
             decision, state = admitted
+            counted_under = state.learned_at
             wait = decision.wait_s
             if wait <= 0:
                 return None
@@ -300,8 +307,7 @@ class Pace:
                 return None
             # A cut, a hold or an opened circuit while it waited: ask again.
             wait = max(wait, latest[0].paused_until - latest[1])
-        # Not sent: the hop waits for the fleet's turn, as for any call held back. (Its
-        # count stands: taking it back is a write for a call that met four changes.)
+        # Not sent: the hop waits for the fleet's turn, as for any call held back.
         self._on_event("held", 1.0)
         return Hold(wait, "the fleet's pace changed while the call waited its turn", paced=True)
 
@@ -310,25 +316,29 @@ class Pace:
         fleet and within the call's patience (`domain.pacing.waits_told`), wait it
         here and answer True (the caller sends it once more, asking its turn again);
         else False (its hop is deferred)."""
-        latest = self._latest()
+        latest = self._latest(fresh=True)
         if latest is None or not waits_told(self.rules, *latest, retry_after_s, create=create):
             return False
         self._on_event("waited", retry_after_s)
         self._sleep(retry_after_s)
         return True
 
-    def _admit(self, create: bool, *, again: bool) -> tuple[Go, PaceState] | Hold:
+    def _admit(self, create: bool, counted_under: float | None) -> tuple[Go, PaceState] | Hold:
         """One admission in the store: Go and the state it was made on, or a Hold
-        (`again`: the call's wait was outlived, see `domain.pacing.admit`)."""
+        (`counted_under`: a call asking again, see `domain.pacing.admit`)."""
         taken = [0, 0]
 
         def step(
-            state: PaceState, now: float
+            stored: PaceState, now: float
         ) -> tuple[PaceState, tuple[Go | Hold, PaceState, float]]:
-            state = self._published(state, now, taken)
-            new, decision = admit(self.rules, state, now, create=create, again=again)
+            state = self._published(stored, now, taken)
+            new, decision = admit(
+                self.rules, state, now, create=create, counted_under=counted_under
+            )
+            new = _versioned(stored, new)
             return new, (decision, new, now)
 
+        began = self._monotonic()
         try:
             decision, state, now = self.store.update(step)
         except Exception as exc:  # noqa: BLE001 - the database down: hold, never send unpaced
@@ -337,23 +347,26 @@ class Pace:
             self._admitted.clean = False
             return Hold(5.0, f"the pace's database is unavailable ({type(exc).__name__})")
         self._up()
-        self._keep(state, now)  # once committed: a copy never shows what was not stored
+        self._keep(state, now, began)  # once committed: a copy shows only what was stored
         self._admitted.clean = state.open_since is None and state.unreachable == 0
         self._admitted.probe = isinstance(decision, Go) and decision.probe
         self._on_event("circuit", 0.0 if state.open_since is None else 1.0)
         return decision if isinstance(decision, Hold) else (decision, state)
 
-    def _latest(self) -> tuple[PaceState, float] | None:
+    def _latest(self, *, fresh: bool = False) -> tuple[PaceState, float] | None:
         """What this process knows of the shared state now, and the store's time now:
         the local copy (refreshed every `refresh_s`), or the store itself when it is
-        this process's memory; None when neither can be read."""
+        this process's memory; None when neither can be read, or (`fresh`) when the
+        copy is older than `stale_s`. A call that waited its turn checks it against
+        any copy (one that knows of a hold holds it); a wait for a 429 is only begun
+        on a fresh one."""
         if getattr(self.store, "shared", False):
             copy = self._copy
             if copy is None:
                 return None
             state, at, read, _ = copy
             age = self._monotonic() - read
-            return None if age > self.stale_s else (state, at + age)
+            return None if fresh and age > self.stale_s else (state, at + age)
         try:
             return self.store.read()
         except Exception:  # noqa: BLE001 - unknown: the call goes on its admission
@@ -371,9 +384,9 @@ class Pace:
         taken = [0, 0]
 
         def step(
-            state: PaceState, now: float
+            stored: PaceState, now: float
         ) -> tuple[PaceState, tuple[PaceState, PaceState, float, Change | None]]:
-            state = self._published(state, now, taken)
+            state = self._published(stored, now, taken)
             new, change = observe(
                 self.rules,
                 state,
@@ -383,8 +396,10 @@ class Pace:
                 error=error,
                 probe=probe,
             )
+            new = _versioned(stored, new)
             return new, (state, new, now, change)
 
+        began = self._monotonic()
         try:
             state, new, now, change = self.store.update(step)
         except Exception as exc:  # noqa: BLE001 - what the call got stands; the report is lost
@@ -392,7 +407,7 @@ class Pace:
             self._down(exc)
             return
         self._up()
-        self._keep(new, now)  # once committed, as what is logged and announced
+        self._keep(new, now, began)  # once committed, as what is logged and announced
         if new.learned_at != state.learned_at and new.learned is not None:
             self._log_cut(state, new, now)
         if change is not None:
@@ -461,18 +476,28 @@ class Pace:
             self._sent += taken[0]
             self._answered += taken[1]
 
-    def _keep(self, state: PaceState, now: float, began: float | None = None) -> None:
-        """The local copy: `state`, committed, at the store's time `now`. Its time runs on
-        from the monotonic clock as it came back, so it never runs ahead of the
-        store's (a read's wait and round trip are not counted twice). It is never
-        replaced by a copy whose read `began` (monotonic; a write's: as it came back)
-        before it came, which could show the row as it was before it."""
-        if getattr(self.store, "shared", False):
-            read = self._monotonic()
-            order = read if began is None else began
-            with self._lock:
-                if self._copy is None or order >= self._copy[3]:
-                    self._copy = (state, now, read, order)
+    def _keep(self, state: PaceState, now: float, began: float) -> None:
+        """The local copy: `state`, committed, at the store's time `now`, from a read or
+        write that began at monotonic `began`. Its time runs on from the monotonic
+        clock as it came back, so it never runs ahead of the store's (a read's wait
+        and round trip are not counted twice). It replaces the copy held when it is a
+        later version of the row, or was read after that copy came back (a row made
+        again starts its versions again); the same version read later only moves the
+        copy's time on. Never the other way: a read or a write that overlapped a
+        newer write, kept after it, would show the row as it was before."""
+        if not getattr(self.store, "shared", False):
+            return
+        read = self._monotonic()
+        with self._lock:
+            held = self._copy
+            newer = (
+                held is None
+                or state.version > held[0].version
+                or began >= held[2]
+                or (state.version == held[0].version and now - read > held[1] - held[2])
+            )
+            if newer:
+                self._copy = (state, now, read, began)
 
     def _start_refresher(self) -> None:
         if self._refresher is None:
@@ -496,8 +521,8 @@ class Pace:
             write = bool(self._sent or (self._answered and answers_read(self.rules)))
         taken = [0, 0]
 
-        def publish(state: PaceState, now: float) -> tuple[PaceState, tuple[PaceState, float]]:
-            new = self._published(state, now, taken, every_answer=False)
+        def publish(stored: PaceState, now: float) -> tuple[PaceState, tuple[PaceState, float]]:
+            new = _versioned(stored, self._published(stored, now, taken, every_answer=False))
             return new, (new, now)
 
         began = self._monotonic()

@@ -5,10 +5,12 @@ call costs nothing of the shared state while no limit is in force."""
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 from typing import Any
 
 from domain.pacing import (
     Go,
+    Hold,
     PaceRules,
     PaceState,
     Result,
@@ -291,9 +293,68 @@ def test_a_copy_older_than_stale_s_tells_no_thread_to_wait() -> None:
     pace.before()  # a copy, through the store
     assert pace.told(1.0) is True  # fresh: the thread waits its Retry-After
     clock.t += 0.6  # no refresh since, for longer than stale_s
-    assert pace._latest() is None
+    assert pace._latest(fresh=True) is None
     assert pace.told(1.0) is False
     pace.close()
+
+
+class NewerMeanwhile(SharedStore):
+    """A write whose answer comes back late: meanwhile another process writes a hold
+    and this process's refresher reads it (`meanwhile`, once)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.meanwhile: Any = None
+
+    def update(self, fn: Any) -> Any:
+        out = super().update(fn)
+        meanwhile, self.meanwhile = self.meanwhile, None
+        if meanwhile is not None:
+            meanwhile()
+        return out
+
+
+def test_a_write_that_comes_back_after_a_newer_read_never_replaces_its_copy() -> None:
+    store = NewerMeanwhile()
+    pace, clock = local_pace(store)
+    pace.before()  # a free copy from now on
+    clock.t += 0.01
+
+    def another_process_holds_and_this_one_reads_it() -> None:
+        store.state = replace(store.state, paused_until=1030.0, version=store.state.version + 1)
+        clock.t += 0.01
+        pace.refresh()
+        clock.t += 0.01
+
+    store.meanwhile = another_process_holds_and_this_one_reads_it
+    pace.after(Result.THROTTLED, retry_after_s=1.0)  # a stray 429: written, free still
+    latest = pace._latest()
+    assert latest is not None
+    assert latest[0].paused_until == 1030.0  # the newer row the refresh read stays
+    assert pace.before() is not None  # held: not sent into the fleet's hold
+    pace.close()
+
+
+def test_a_call_that_waited_its_turn_checks_even_a_stale_copy_for_a_hold() -> None:
+    """A stale copy is no ground to wait a 429 in the thread, but one that knows of a
+    hold begun since the call was admitted still holds it."""
+    store = SharedStore()
+    store.state = PaceState(learned=2.0, learned_at=999.0)  # a turn every 0.5 s
+    clock = Monotonic()
+
+    def sleep(seconds: float) -> None:
+        if not slept:  # while the first call waits: a hold comes, then no refresh
+            store.state = replace(store.state, paused_until=1030.0)
+            pace.refresh()
+        slept.append(seconds)
+        clock.t += 0.6
+
+    slept: list[float] = []
+    pace = Pace(store, pace_rules(burst=1), sleep=sleep, refresh_s=3600.0, monotonic=clock)
+    assert pace.before() is None  # the first goes at once
+    held = pace.before()  # waits its turn; the copy is 0.6 s old when it wakes
+    pace.close()
+    assert isinstance(held, Hold)
 
 
 def test_close_publishes_the_answers_a_learned_rate_reads() -> None:

@@ -386,18 +386,20 @@ def test_a_cut_spends_the_evidence_so_the_calls_sent_before_it_cannot_cut_again(
     assert state.learned_at == first
 
 
-def test_a_call_asking_again_is_counted_once_and_not_at_all_if_held_back() -> None:
+def test_a_call_asking_again_is_sent_once_and_evidence_again_only_after_a_cut() -> None:
     rules = pace_rules(rate=None, burst=1, max_wait_s=2.0, **EVERY_429)
     state, first = admit(rules, PaceState(), 10.0)
     assert isinstance(first, Go)
     assert (state.window_calls, state.calls_score) == (1, 1.0)
-    again, go = admit(rules, state, 10.5, again=True)  # its wait outlived: asks again
+    held = replace(state, paused_until=10.4)  # a short hold came while it waited
+    again, go = admit(rules, held, 10.5, counted_under=state.learned_at)
     assert isinstance(go, Go)
-    assert (again.window_calls, again.calls_score) == (1, 1.0)
-    paused = replace(state, paused_until=30.0)  # a long hold came while it waited
-    held_state, held = admit(rules, paused, 10.5, again=True)
-    assert isinstance(held, Hold)
-    assert (held_state.window_calls, held_state.calls_score) == (0, 0.0)  # not sent
+    assert (again.window_calls, again.calls_score) == (1, pytest.approx(1.0, rel=0.1))
+    cut = replace(state, learned=5.0, learned_at=10.2, calls_score=0.0)  # a cut spent it
+    after, go = admit(rules, cut, 10.5, counted_under=state.learned_at)
+    assert isinstance(go, Go)
+    assert after.window_calls == 1  # sent once
+    assert after.calls_score == 1.0  # but its answer is evidence of the new rate
 
 
 def test_a_call_held_back_is_not_counted_as_sent() -> None:
