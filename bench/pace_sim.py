@@ -65,14 +65,15 @@ def simulate(
     tokens, tokens_at, burst = 5.0, 0.0, 5.0
     events = [(draw.random() * 0.05, "ask", n) for n in range(threads)]
     admitted: dict[int, PaceState] = {}  # the state each waiting call was admitted on
-    counted: dict[int, float] = {}  # a call asking again: the cut it was counted under
+    again: set[int] = set()  # the calls asking again (counted at their first admission)
     answered = throttled = 0
     while events:
         t, kind, n = heapq.heappop(events)
         if t > seconds:
             continue
         if kind == "ask":
-            state, decision = admit(rules, state, start + t, counted_under=counted.pop(n, None))
+            state, decision = admit(rules, state, start + t, again=n in again)
+            again.discard(n)
             if isinstance(decision, Hold):
                 heapq.heappush(events, (t + max(decision.wait_s, 0.01), "ask", n))
             else:
@@ -81,7 +82,7 @@ def simulate(
             continue
         admitted_on = admitted.pop(n)
         if not still_admitted(admitted_on, state, start + t):
-            counted[n] = admitted_on.learned_at
+            again.add(n)
             heapq.heappush(events, (t, "ask", n))  # a cut or a hold since: ask again
             continue
         if rate is not None:

@@ -415,22 +415,18 @@ def admit(
     now: float,
     *,
     create: bool = False,
-    counted_under: float | None = None,
+    again: bool = False,
 ) -> tuple[PaceState, Go | Hold]:
     """May a call go now, after a short wait, or must it be held back? A call admitted
     is counted as sent. One asking again (its wait outlived by a cut, a hold or an
-    opened circuit: `still_admitted`) was counted under the cut of `counted_under`
-    (the `learned_at` it was counted with): it is not counted twice among the calls
-    sent, but among the evidence's calls again if a cut came since, which spent that
-    count (its answer will be evidence of the rate the cut set). One held back keeps
-    its count."""
+    opened circuit: `still_admitted`) was counted at its first admission and is not
+    counted again, even after a cut that spent the evidence it was counted in: the
+    calls a cut finds waiting are the ones its 429s came for, and counting them among
+    the calls after it hid the next 429s (5.0 % of calls 429 at 10 calls/s against
+    4.5 %, medians of five rollouts each). One held back keeps its count."""
     state, decision = _admitted(rules, state, now, create=create)
-    if isinstance(decision, Hold):
-        return state, decision
-    if counted_under is None:
-        return count_calls(rules, state, now, 1), decision
-    if counted_under != state.learned_at:
-        return _scored(rules, state, now, calls=1), decision
+    if isinstance(decision, Go) and not again:
+        state = count_calls(rules, state, now, 1)
     return state, decision
 
 

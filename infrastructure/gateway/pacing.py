@@ -22,8 +22,9 @@ unreachable answer is written at once by the process that got it, so a hold, a
 cut or an opened circuit reaches every process within `refresh_s` plus one read
 (about 200 ms); a copy older than `stale_s` is not trusted. A copy shows only
 what was committed, its time running on from when its read came back (never
-ahead of the store's), and the counts ride with whichever write of the process
-takes the row's lock first. With a limit in
+ahead of the store's); every write counts one version of the row, and a copy
+gives way only to a later version or to a read begun after it came back. The
+counts ride with whichever write of the process takes the row's lock first. With a limit in
 force, each call is admitted in one transaction, as the rate requires. An
 answered call changes nothing while the circuit is closed and nothing failed, so
 it writes nothing: it is counted in the process and published with its next
@@ -289,14 +290,12 @@ class Pace:
             return None
 
         wait = 0.0
-        counted_under: float | None = None  # the cut the call was counted under, once it is
-        for _ in range(1 + ASK_AGAIN_MAX):
-            admitted = self._admit(create, counted_under)
+        for asked in range(1 + ASK_AGAIN_MAX):
+            admitted = self._admit(create, again=asked > 0)
             if isinstance(admitted, Hold):
                 self._on_event("held", 1.0)
                 return admitted
             decision, state = admitted
-            counted_under = state.learned_at
             wait = decision.wait_s
             if wait <= 0:
                 return None
@@ -323,18 +322,16 @@ class Pace:
         self._sleep(retry_after_s)
         return True
 
-    def _admit(self, create: bool, counted_under: float | None) -> tuple[Go, PaceState] | Hold:
+    def _admit(self, create: bool, *, again: bool) -> tuple[Go, PaceState] | Hold:
         """One admission in the store: Go and the state it was made on, or a Hold
-        (`counted_under`: a call asking again, see `domain.pacing.admit`)."""
+        (`again`: a call asking again, see `domain.pacing.admit`)."""
         taken = [0, 0]
 
         def step(
             stored: PaceState, now: float
         ) -> tuple[PaceState, tuple[Go | Hold, PaceState, float]]:
             state = self._published(stored, now, taken)
-            new, decision = admit(
-                self.rules, state, now, create=create, counted_under=counted_under
-            )
+            new, decision = admit(self.rules, state, now, create=create, again=again)
             new = _versioned(stored, new)
             return new, (decision, new, now)
 

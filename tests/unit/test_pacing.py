@@ -386,20 +386,23 @@ def test_a_cut_spends_the_evidence_so_the_calls_sent_before_it_cannot_cut_again(
     assert state.learned_at == first
 
 
-def test_a_call_asking_again_is_sent_once_and_evidence_again_only_after_a_cut() -> None:
+def test_a_call_asking_again_is_counted_once_even_after_a_cut() -> None:
     rules = pace_rules(rate=None, burst=1, max_wait_s=2.0, **EVERY_429)
     state, first = admit(rules, PaceState(), 10.0)
     assert isinstance(first, Go)
     assert (state.window_calls, state.calls_score) == (1, 1.0)
     held = replace(state, paused_until=10.4)  # a short hold came while it waited
-    again, go = admit(rules, held, 10.5, counted_under=state.learned_at)
+    again, go = admit(rules, held, 10.5, again=True)
     assert isinstance(go, Go)
-    assert (again.window_calls, again.calls_score) == (1, pytest.approx(1.0, rel=0.1))
+    assert (again.window_calls, again.calls_score) == (1, 1.0)
     cut = replace(state, learned=5.0, learned_at=10.2, calls_score=0.0)  # a cut spent it
-    after, go = admit(rules, cut, 10.5, counted_under=state.learned_at)
+    after, go = admit(rules, cut, 10.5, again=True)
     assert isinstance(go, Go)
-    assert after.window_calls == 1  # sent once
-    assert after.calls_score == 1.0  # but its answer is evidence of the new rate
+    assert (after.window_calls, after.calls_score) == (1, 0.0)  # not among the cut's calls
+    paused = replace(state, paused_until=30.0)  # a long hold: held back, its count kept
+    held_back, hold = admit(rules, paused, 10.5, again=True)
+    assert isinstance(hold, Hold)
+    assert (held_back.window_calls, held_back.calls_score) == (1, 1.0)
 
 
 def test_a_call_held_back_is_not_counted_as_sent() -> None:
