@@ -242,6 +242,16 @@ def _versioned(stored: PaceState, new: PaceState) -> PaceState:
     return new if new == stored else replace(new, version=stored.version + 1)
 
 
+def _with_time(fn: Update[T]) -> Update[tuple[PaceState, float, T]]:
+    """`fn` as a store's update, answering also the state written and the store's time."""
+
+    def update(stored: PaceState, now: float) -> tuple[PaceState, tuple[PaceState, float, T]]:
+        new, out = fn(stored, now)
+        return new, (new, now, out)
+
+    return update
+
+
 class Pace:
     """The pace one gateway adapter keeps; thread-safe.
 
@@ -325,26 +335,15 @@ class Pace:
     def _admit(self, create: bool, *, again: bool) -> tuple[Go, PaceState] | Hold:
         """One admission in the store: Go and the state it was made on, or a Hold
         (`again`: a call asking again, see `domain.pacing.admit`)."""
-        taken = [0, 0]
 
-        def step(
-            stored: PaceState, now: float
-        ) -> tuple[PaceState, tuple[Go | Hold, PaceState, float]]:
-            state = self._published(stored, now, taken)
-            new, decision = admit(self.rules, state, now, create=create, again=again)
-            new = _versioned(stored, new)
-            return new, (decision, new, now)
+        def step(state: PaceState, now: float) -> tuple[PaceState, Go | Hold]:
+            return admit(self.rules, state, now, create=create, again=again)
 
-        began = self._monotonic()
         try:
-            decision, state, now = self.store.update(step)
+            _, state, _, decision = self._write(step)
         except Exception as exc:  # noqa: BLE001 - the database down: hold, never send unpaced
-            self._give_back(taken)
-            self._down(exc)
             self._admitted.clean = False
             return Hold(5.0, f"the pace's database is unavailable ({type(exc).__name__})")
-        self._up()
-        self._keep(state, now, began)  # once committed: a copy shows only what was stored
         self._admitted.clean = state.open_since is None and state.unreachable == 0
         self._admitted.probe = isinstance(decision, Go) and decision.probe
         self._on_event("circuit", 0.0 if state.open_since is None else 1.0)
@@ -378,13 +377,9 @@ class Pace:
                 return
 
         probe = getattr(self._admitted, "probe", False)
-        taken = [0, 0]
 
-        def step(
-            stored: PaceState, now: float
-        ) -> tuple[PaceState, tuple[PaceState, PaceState, float, Change | None]]:
-            state = self._published(stored, now, taken)
-            new, change = observe(
+        def step(state: PaceState, now: float) -> tuple[PaceState, Change | None]:
+            return observe(
                 self.rules,
                 state,
                 now,
@@ -393,26 +388,19 @@ class Pace:
                 error=error,
                 probe=probe,
             )
-            new = _versioned(stored, new)
-            return new, (state, new, now, change)
 
-        began = self._monotonic()
         try:
-            state, new, now, change = self.store.update(step)
-        except Exception as exc:  # noqa: BLE001 - what the call got stands; the report is lost
-            self._give_back(taken)
-            self._down(exc)
+            state, new, now, change = self._write(step)
+        except Exception:  # noqa: BLE001 - what the call got stands; the report is lost
             return
-        self._up()
-        self._keep(new, now, began)  # once committed, as what is logged and announced
-        if new.learned_at != state.learned_at and new.learned is not None:
+        if new.learned_at != state.learned_at:
             self._log_cut(state, new, now)
         if change is not None:
             self._announce(change)
 
     def _log_cut(self, state: PaceState, new: PaceState, now: float) -> None:
         """A learned rate set or cut (`state` before it, `new` after), for the operator."""
-        if new.learned is None:
+        if new.learned is None:  # a cut always sets one
             return
         held = max(0.0, new.paused_until - now)
         floor = "at least " if new.ceiling_low else ""
@@ -449,6 +437,35 @@ class Pace:
         state, at, read, _ = copy
         age = self._monotonic() - read
         return age <= self.stale_s and free(self.rules, state, at + age)
+
+    def _write(
+        self,
+        step: Callable[[PaceState, float], tuple[PaceState, T]],
+        *,
+        every_answer: bool = True,
+    ) -> tuple[PaceState, PaceState, float, T]:
+        """One write of the shared state: the counts not yet published (`_published`),
+        then `step`; one version on when it changed anything; the copy kept once it
+        committed (a copy shows only what was stored). (The state `step` was given,
+        the state written, the store's time, what `step` answered.) A write that
+        fails gives the counts back, is logged once an outage, and is raised."""
+        taken = [0, 0]
+
+        def versioned(stored: PaceState, now: float) -> tuple[PaceState, tuple[PaceState, T]]:
+            state = self._published(stored, now, taken, every_answer=every_answer)
+            new, out = step(state, now)
+            return _versioned(stored, new), (state, out)
+
+        began = self._monotonic()
+        try:
+            new, now, (state, out) = self.store.update(_with_time(versioned))
+        except Exception as exc:
+            self._give_back(taken)
+            self._down(exc)
+            raise
+        self._up()
+        self._keep(new, now, began)
+        return state, new, now, out
 
     def _published(
         self, state: PaceState, now: float, taken: list[int], *, every_answer: bool = True
@@ -516,17 +533,16 @@ class Pace:
         # wait for their turns. Otherwise a refresh with nothing sent stays a read.
         with self._lock:
             write = bool(self._sent or (self._answered and answers_read(self.rules)))
-        taken = [0, 0]
-
-        def publish(stored: PaceState, now: float) -> tuple[PaceState, tuple[PaceState, float]]:
-            new = _versioned(stored, self._published(stored, now, taken, every_answer=False))
-            return new, (new, now)
-
+        if write:
+            try:
+                self._write(lambda state, _now: (state, None), every_answer=False)
+            except Exception:  # noqa: BLE001 - no copy: calls take the slow path, held
+                self._copy = None
+            return
         began = self._monotonic()
         try:
-            state, now = self.store.update(publish) if write else self.store.read()
+            state, now = self.store.read()
         except Exception as exc:  # noqa: BLE001 - no copy: calls take the slow path, held
-            self._give_back(taken)
             self._copy = None
             self._down(exc)
             return

@@ -127,6 +127,10 @@ def test_a_429_pauses_every_process_until_its_retry_after(
     assert found is not None
     assert found[0].paused_until > found[1]
     assert found[0].learned is not None  # no rate configured: one is learned
+    assert found[0].version >= 2  # every write of the row counted one
+    latest = second._pace._latest()  # type: ignore[union-attr]
+    assert latest is not None
+    assert latest[0].version == found[0].version  # the other process's copy: the newest
     first.close()
     second.close()
 
