@@ -63,8 +63,8 @@ sent and reports what came of it to `observe`. Times are seconds on one clock
   Retry-After pauses every call of the fleet until then, for at most
   `retry_after_max_s`: one answer may not hold the whole fleet for an hour. A
   hold already stored more than a second longer (by a process with a longer
-  cap) is cut to that at the next call. (How long a hold or a wait lasts, and the words for why, are
-  domain/waits.py's; here is when the fleet holds.)
+  cap) is cut to that at the next call. (How long a hold or a wait lasts, and
+  the words for why, are domain/waits.py's; here is when the fleet holds.)
 - **Free when no limit is in force.** With no rate configured or learned, the
   circuit closed, nothing failing and no hold current (`free`), a call needs
   nothing from the shared state: a process admits it from its own copy of the
