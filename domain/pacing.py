@@ -13,8 +13,9 @@ sent and reports what came of it to `observe`. Times are seconds on one clock
   most once per `cut_every_s`, however many calls were throttled together) and grows
   by `growth_searching_per_s` a second, compounded, while no limit is known. Each
   later cut estimates the limit (`ceiling`): the calls the gateway answered (not
-  429) a second over the last second or two (`answered_rate`), never under
-  `backoff_factor` of what the fleet was sending, and, when only a few 429s past
+  429) a second over the last second or two (`answered_rate`; both counted over
+  the time no shared hold held, `_unheld`: a hold in the window sends nothing),
+  never under `backoff_factor` of what the fleet was sending, and, when only a few 429s past
   the last estimate made the cut, never under `few_keep` of what the last cut on
   dense 429s read (stray 429s take their share from the answered, and would
   otherwise ratchet it down cut by cut); the rate is set to `below_ceiling`
@@ -179,6 +180,7 @@ class PaceState:
     ceiling_low: bool = False  # ... read from calls the rate did not space: a floor
     cut_by: str = ""  # the rule that made the last cut: `DENSE` or `PAST_LIMIT`
     paused_until: float = 0.0  # the shared Retry-After
+    held_from: float = 0.0  # ... since when it holds (0: not known)
     asked_s: float = 0.0  # what the 429 that set it asked (or a hold cut), if over the cap
     unreachable: int = 0  # unreachable answers in a row
     unreachable_since: float | None = None
@@ -333,14 +335,30 @@ def _rolled(state: PaceState, now: float) -> PaceState:
     )
 
 
+def _held_within(state: PaceState, start: float, end: float) -> float:
+    """Seconds of the time from `start` to `end` the fleet's last shared hold held."""
+    if state.held_from <= 0.0:  # not known (a hold written by an older version)
+        return 0.0
+    return max(0.0, min(end, state.paused_until) - max(start, state.held_from))
+
+
+def _unheld(state: PaceState, now: float) -> float:
+    """The seconds since the last whole window began (a second or two while calls
+    flow) that no shared hold held: the time the fleet could send in. A rate read over
+    a window a hold took half of would read half the limit. But at least a second of
+    the window: a gateway's bucket refilled during the hold answers a burst at its end,
+    which over a fraction of a second reads as several times its rate."""
+    seconds = state.last_s + max(0.0, now - state.window_at)
+    return max(seconds - _held_within(state, now - seconds, now), min(seconds, 1.0))
+
+
 def answered_rate(state: PaceState, now: float) -> float | None:
-    """Calls/s the gateway answered (not 429) since the last whole window began (a
-    second or two while calls flow); None: too short a time, nothing counted for
-    long, or no answer published (a process of an older version)."""
-    current = now - state.window_at
-    seconds = state.last_s + max(0.0, current)
+    """Calls/s the gateway answered (not 429) since the last whole window began, over
+    the time no shared hold held (`_unheld`); None: too short a time, nothing counted
+    for long, or no answer published (a process of an older version)."""
+    seconds = _unheld(state, now)
     answered = state.last_answered + state.window_answered
-    if seconds < 0.5 or current >= 10.0 or answered == 0:
+    if seconds < 0.5 or now - state.window_at >= 10.0 or answered == 0:
         return None
     return answered / seconds
 
@@ -517,16 +535,12 @@ def _throttled(rules: PaceRules, state: PaceState, now: float, retry_after_s: fl
     dense = _dense(rules, answered)
     if not dense and not _past_limit(rules, answered, now):
         return answered  # a stray 429: its own call waits, not the fleet
-    if dense:  # the latest Retry-After holds the fleet
-        until = now + hold_s(max(retry_after_s, 1.0), rules.retry_after_max_s)  # none: 1 s
-        if until > state.paused_until:
-            asked = retry_after_s if retry_after_s > rules.retry_after_max_s else 0.0
-            answered = replace(answered, paused_until=until, asked_s=asked)
     if rules.rate is not None or now - state.learned_at < rules.cut_every_s:
-        return answered
+        return _hold(rules, answered, now, retry_after_s) if dense else answered
     limited = rate_now(rules, state, now)
     if dense:  # a hold with no cut sends the fleet back into the limit at the same rate
-        return _cut(rules, answered, limited, now, dense=True)
+        cut = _cut(rules, answered, limited, now, dense=True)  # read before the new hold
+        return _hold(rules, cut, now, retry_after_s)
     admitted = answered_rate(answered, now)
     read = answered.ceiling
     held_back = _held_back(rules, answered, now, limited)
@@ -536,6 +550,17 @@ def _throttled(rules: PaceRules, state: PaceState, now: float, retry_after_s: fl
     if held_back:
         return _cut(rules, answered, limited, now, dense=False)
     return answered
+
+
+def _hold(rules: PaceRules, state: PaceState, now: float, retry_after_s: float) -> PaceState:
+    """Dense 429s: the latest Retry-After holds the fleet (none given: 1 s), unless a
+    longer hold is in force; a hold that follows one in force holds since it began."""
+    until = now + hold_s(max(retry_after_s, 1.0), rules.retry_after_max_s)
+    if until <= state.paused_until:
+        return state
+    asked = retry_after_s if retry_after_s > rules.retry_after_max_s else 0.0
+    began = state.held_from if state.paused_until > now else now
+    return replace(state, paused_until=until, asked_s=asked, held_from=began)
 
 
 def _stray(rules: PaceRules, state: PaceState, now: float) -> PaceState:
@@ -571,9 +596,9 @@ def _held_back(rules: PaceRules, state: PaceState, now: float, limited: float | 
     calls sent before the last cut. What was sent is counted when admitted, at most the
     rate in force; nothing known, no."""
     admitted = answered_rate(state, now)
-    seconds = state.last_s + max(0.0, now - state.window_at)
     if admitted is None or state.learned is None:
         return False
+    seconds = _unheld(state, now)
     sent = (state.window_rate * state.last_s + state.window_calls) / seconds
     if limited is not None:
         sent = min(sent, limited)

@@ -177,6 +177,44 @@ def test_answers_to_calls_the_rate_did_not_space_read_only_a_floor_of_the_limit(
     assert rate_now(rules, again, 25.0) == pytest.approx(0.85 * 20.0)
 
 
+def test_a_cut_reads_the_limit_over_the_time_no_shared_hold_held() -> None:
+    """A hold inside the window a cut reads sent nothing for its length. Read over the
+    whole window, a rollout with answers 200 ms late read 7 to 8 calls/s for a gateway
+    allowing 20 (a hold took 1 s of the 1.6), and its rate crawled back up for 20 s.
+    The answers are read over the time not held; but over a second at the least,
+    since the gateway's bucket, refilled during the hold, answers a burst at its end."""
+    rules = pace_rules(rate=None)
+    # The last whole window ran from 1.0 to 2.5 s, the current one since; a hold held
+    # from 1.2 to 2.0 s, so 1.2 s of the 2 were not held. 24 calls answered.
+    state = PaceState(
+        learned=27.0, learned_at=0.0, scored_at=3.0, calls_score=40.0, throttled_score=12.0,
+        paused_until=2.0, held_from=1.2,
+        window_at=2.5, window_rate=8.0, window_calls=4, last_s=1.5, last_answered=14,
+    )  # fmt: skip
+    state = count_answered(state, 2.9, 10)
+    cut, _ = observe(rules, state, 3.0, Result.THROTTLED, retry_after_s=1.0)
+    assert cut.learned_at == 3.0
+    assert cut.ceiling == pytest.approx(24 / 1.2)
+    assert rate_now(rules, cut, 3.0) == pytest.approx(0.85 * 24 / 1.2)
+    assert cut.paused_until == 4.0  # and the fleet holds again, from now
+    unheld = replace(state, paused_until=0.0, held_from=0.0)
+    cut, _ = observe(rules, unheld, 3.0, Result.THROTTLED, retry_after_s=1.0)
+    assert cut.ceiling == pytest.approx(24 / 2.0)
+    held_most = replace(state, paused_until=2.8, held_from=0.5)  # 1.8 s of the 2
+    cut, _ = observe(rules, held_most, 3.0, Result.THROTTLED, retry_after_s=1.0)
+    assert cut.ceiling == pytest.approx(24 / 1.0)
+
+
+def test_a_hold_knows_since_when_it_holds_and_a_longer_one_keeps_it() -> None:
+    rules = pace_rules(rate=None, **EVERY_429)
+    state, _ = observe(rules, PaceState(), 10.0, Result.THROTTLED, retry_after_s=1.0)
+    assert (state.held_from, state.paused_until) == (10.0, 11.0)
+    longer, _ = observe(rules, state, 10.5, Result.THROTTLED, retry_after_s=2.0)
+    assert (longer.held_from, longer.paused_until) == (10.0, 12.5)
+    later, _ = observe(rules, longer, 13.0, Result.THROTTLED, retry_after_s=1.0)
+    assert (later.held_from, later.paused_until) == (13.0, 14.0)
+
+
 def test_a_cut_without_answers_counted_reads_the_share_answered_429() -> None:
     rules = pace_rules(rate=None, **EVERY_429)
     state = PaceState(learned=20.0, learned_at=0.0, scored_at=10.0)
