@@ -363,7 +363,7 @@ def metered(args: argparse.Namespace) -> dict[str, Any]:
         with logs_dir(args.logs) as (logs, keep):
             paces = {
                 "configured": {
-                    "PROVISIONER_GATEWAY_RATE": f"{args.rate_limit:g}",
+                    "PROVISIONER_GATEWAY_RATE": f"{args.configured_rate or args.rate_limit:g}",
                     "PROVISIONER_GATEWAY_BURST": "1",
                 },
                 "learned": {},
@@ -387,6 +387,7 @@ def metered(args: argparse.Namespace) -> dict[str, Any]:
         "brands": args.brands,
         "rate_limit": args.rate_limit,
         "burst": args.burst,
+        "configured_rate": args.configured_rate or args.rate_limit,
         "latency_ms": args.latency_ms,
         "workers": args.workers,
         "concurrency": args.concurrency,
@@ -795,6 +796,11 @@ def main() -> int:
             one.add_argument("--burst", type=int, default=5, help="the fake's bucket")
             one.add_argument(
                 "--latency-ms", type=float, default=0.0, help="the fake's time to answer a call"
+            )
+            one.add_argument(
+                "--configured-rate",
+                type=float,
+                help="PROVISIONER_GATEWAY_RATE of the configured run (default: the fake's rate)",
             )
             one.add_argument(
                 "--only",

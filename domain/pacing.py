@@ -7,7 +7,10 @@ sent and reports what came of it to `observe`. Times are seconds on one clock
 
 - **A rate.** A configured rate (calls/s) and burst are a GCRA: the
   "theoretical arrival time" `tat` of the next call moves on by 1/rate per
-  call, and a call may go `burst - 1` intervals ahead of it.
+  call, and a call may go `burst - 1` intervals ahead of it. It is a ceiling:
+  429s dense enough to be a rate limit at it (a limiter with no burst refuses
+  a call a few ms early; other clients may share the quota) cut a rate under
+  it by the learned rate's rules below, which grows back to it (`rate_now`).
 - **No rate configured: learned.** Unlimited until the gateway throttles (429).
   Then the rate is set to `backoff_factor` of what the fleet was sending (at
   most once per `cut_every_s`, however many calls were throttled together) and grows
@@ -243,9 +246,17 @@ class Change:
 
 
 def rate_now(rules: PaceRules, state: PaceState, now: float) -> float | None:
-    """Calls/s allowed now; None: no limit."""
-    if rules.rate is not None:
-        return rules.rate
+    """Calls/s allowed now; None: no limit. A configured rate is a ceiling: dense 429s
+    at it (a limiter stricter than its word, or a quota shared with other clients) cut
+    a rate under it as they cut a learned one, and that rate grows back to it."""
+    learned = _learned_now(rules, state, now)
+    if rules.rate is None:
+        return learned
+    return rules.rate if learned is None else min(rules.rate, learned)
+
+
+def _learned_now(rules: PaceRules, state: PaceState, now: float) -> float | None:
+    """The rate the last cut set, grown since; None: no cut, or grown past any limit."""
     if state.learned is None:
         return None
     elapsed = max(0.0, now - state.learned_at)
@@ -299,14 +310,6 @@ def count_calls(rules: PaceRules, state: PaceState, now: float, calls: int) -> P
         return state
     state = _rolled(state, now)
     return _scored(rules, replace(state, window_calls=state.window_calls + calls), now, calls=calls)
-
-
-def answers_read(rules: PaceRules) -> bool:
-    """Whether anything reads the calls answered: a learned rate's cut, so only with
-    no rate configured. Then they are published within a refresh of coming: a cut
-    reads them over a second or two, and answers held back for seconds would land in
-    a later second in one batch and read the limit high."""
-    return rules.rate is None
 
 
 def count_answered(state: PaceState, now: float, answered: int) -> PaceState:
@@ -386,7 +389,7 @@ def _past_limit(rules: PaceRules, state: PaceState, now: float) -> bool:
     """A learned rate in force above the limit its last cut read, and 429s (decayed)
     at least `evidence_above_min` and `evidence_above_share` of the calls: more than
     a stray share, which grows with the rate."""
-    if rules.rate is not None or state.ceiling is None:
+    if state.ceiling is None:
         return False
     rate = rate_now(rules, state, now)
     if rate is None or rate <= state.ceiling:
@@ -535,7 +538,7 @@ def _throttled(rules: PaceRules, state: PaceState, now: float, retry_after_s: fl
     dense = _dense(rules, answered)
     if not dense and not _past_limit(rules, answered, now):
         return answered  # a stray 429: its own call waits, not the fleet
-    if rules.rate is not None or now - state.learned_at < rules.cut_every_s:
+    if now - state.learned_at < rules.cut_every_s:
         return _hold(rules, answered, now, retry_after_s) if dense else answered
     limited = rate_now(rules, state, now)
     if dense:  # a hold with no cut sends the fleet back into the limit at the same rate
@@ -569,8 +572,7 @@ def _stray(rules: PaceRules, state: PaceState, now: float) -> PaceState:
     their turns."""
     limited = rate_now(rules, state, now)
     under = (
-        rules.rate is None
-        and state.ceiling is not None
+        state.ceiling is not None
         and not state.ceiling_low
         and limited is not None
         and limited <= rules.strays_under * state.ceiling

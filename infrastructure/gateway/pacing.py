@@ -61,7 +61,6 @@ from domain.pacing import (
     PaceState,
     Result,
     admit,
-    answers_read,
     count_answered,
     count_calls,
     free,
@@ -417,7 +416,7 @@ class Pace:
         )
         lifecycle.info(
             "gateway pace %s: %s calls/s (%s), %s",
-            "learned" if state.learned is None else "cut",
+            "learned" if before is None else "cut",
             shown(new.learned),
             sending,
             why,
@@ -439,10 +438,7 @@ class Pace:
         return age <= self.stale_s and free(self.rules, state, at + age)
 
     def _write(
-        self,
-        step: Callable[[PaceState, float], tuple[PaceState, T]],
-        *,
-        every_answer: bool = True,
+        self, step: Callable[[PaceState, float], tuple[PaceState, T]]
     ) -> tuple[PaceState, PaceState, float, T]:
         """One write of the shared state: the counts not yet published (`_published`),
         then `step`; one version on when it changed anything; the copy kept once it
@@ -452,7 +448,7 @@ class Pace:
         taken = [0, 0]
 
         def versioned(stored: PaceState, now: float) -> tuple[PaceState, tuple[PaceState, T]]:
-            state = self._published(stored, now, taken, every_answer=every_answer)
+            state = self._published(stored, now, taken)
             new, out = step(state, now)
             return _versioned(stored, new), (state, out)
 
@@ -467,21 +463,20 @@ class Pace:
         self._keep(new, now, began)
         return state, new, now, out
 
-    def _published(
-        self, state: PaceState, now: float, taken: list[int], *, every_answer: bool = True
-    ) -> PaceState:
+    def _published(self, state: PaceState, now: float, taken: list[int]) -> PaceState:
         """`state` with the calls sent on the copy and the calls answered (not 429) not
         yet published, taken under the row's lock by the write about to be made (into
         `taken`, given back if it fails): every write publishes both, so that a 429
         which cuts the rate is counted with every call the process sent before it,
         whichever of its writes takes the lock first (a first cut read from the
         refreshes alone missed up to 100 ms of a burst and read a limit of 20 calls/s
-        as 5). A refresh with nothing sent publishes answers only when they are read
-        (`answers_read`)."""
+        as 5). A refresh publishes them too, within `refresh_s` of coming: a cut reads
+        answers over a second or two, and answers held back for seconds would land in a
+        later second in one batch and read the limit high."""
         with self._lock:
             sent = self._sent
-            answered = self._answered if every_answer or sent or answers_read(self.rules) else 0
-            self._sent, self._answered = 0, self._answered - answered
+            answered = self._answered
+            self._sent, self._answered = 0, 0
         taken[:] = [taken[0] + sent, taken[1] + answered]
         return count_answered(count_calls(self.rules, state, now, sent), now, answered)
 
@@ -528,14 +523,14 @@ class Pace:
 
     def refresh(self) -> None:
         """Read the shared state again, publishing the calls sent on the copy since."""
-        # Answers ride along when they are read (`answers_read`), rather than wait for
-        # this process's next admission, which may be seconds away while its threads
-        # wait for their turns. Otherwise a refresh with nothing sent stays a read.
+        # Answers ride along, rather than wait for this process's next admission,
+        # which may be seconds away while its threads wait for their turns. Otherwise
+        # a refresh with nothing sent or answered stays a read.
         with self._lock:
-            write = bool(self._sent or (self._answered and answers_read(self.rules)))
+            write = bool(self._sent or self._answered)
         if write:
             try:
-                self._write(lambda state, _now: (state, None), every_answer=False)
+                self._write(lambda state, _now: (state, None))
             except Exception:  # noqa: BLE001 - no copy: calls take the slow path, held
                 self._copy = None
             return
@@ -588,6 +583,6 @@ class Pace:
         self._stop.set()
         if self._refresher is not None:
             self._refresher.join(5)
-            if self._sent or (self._answered and answers_read(self.rules)):
+            if self._sent or self._answered:
                 self.refresh()  # what was sent on the copy and answered, published
         self.store.close()

@@ -234,7 +234,9 @@ SETTINGS: tuple[Setting, ...] = (
         None,
         Section.GATEWAY,
         "calls/s for the **whole fleet** (every worker process on this database), a GCRA in "
-        "one PostgreSQL row. Set it a little under the gateway's documented limit. Unset: "
+        "one PostgreSQL row. Set it a little under the gateway's documented limit; it is a "
+        "ceiling: 429s dense enough to be a rate limit at it cut the rate under it, and it "
+        "grows back (a limiter with no burst, or a quota other clients share). Unset: "
         "no limit until 429s dense enough to be a rate limit; then 70 % of what the fleet "
         "was sending, growing 10 % a second (compounded); each later cut estimates the "
         "limit and goes under it, growing slowly near it "

@@ -423,6 +423,17 @@ def test_an_open_circuit_or_a_retry_after_is_degraded_and_a_closed_one_ok() -> N
     assert report(results)["status"] == "degraded"
 
 
+def test_a_configured_rate_cut_by_429s_says_so() -> None:
+    rules = pace_rules(rate=20.0, probe_every_s=10.0)
+    cut = PaceState(learned=11.9, learned_at=1_000.0, ceiling=14.0)
+    (result,) = Health([("cut", circuit_check(lambda: (cut, 1_000.0), rules))]).run()
+    assert result.detail == (
+        "circuit closed; pace 11.9 calls/s (cut by 429s under the configured 20)"
+    )
+    (result,) = Health([("back", circuit_check(lambda: (cut, 2_000.0), rules))]).run()
+    assert result.detail == "circuit closed; pace 20 calls/s (configured)"
+
+
 def test_a_metrics_port_another_process_holds_names_the_port_and_the_variable() -> None:
     import socket
 

@@ -55,6 +55,44 @@ def test_a_configured_rate_spaces_calls_after_the_burst() -> None:
     assert "paced at 10 calls/s" in decisions[5].why
 
 
+def test_a_configured_rate_is_a_ceiling_that_dense_429s_cut_under() -> None:
+    """A limiter stricter than its word (no burst: a call a few ms early is refused),
+    or a quota shared with other clients, answers dense 429s at the configured rate.
+    Held alone, the fleet came back at the same rate into the same 429s: 36 % of the
+    calls, and a rollout 6.1 times the floor at a strict 20 calls/s configured as 20.
+    Dense 429s cut the rate under it as they cut a learned one, and the rate grows
+    back to it, never past it."""
+    rules = pace_rules(rate=20.0)
+    assert rate_now(rules, PaceState(), 10.0) == 20.0
+    state = PaceState(
+        scored_at=10.0, calls_score=100.0, throttled_score=9.0,
+        window_at=9.0, window_rate=20.0, window_calls=10, last_s=1.0, last_answered=13,
+    )  # fmt: skip
+    state = count_answered(state, 9.9, 6)
+    cut, _ = observe(rules, state, 10.0, Result.THROTTLED, retry_after_s=1.0)
+    assert cut.paused_until == 11.0  # the fleet holds
+    assert cut.learned_at == 10.0
+    assert cut.cut_by == DENSE
+    # 19 answered in 2 s, but never under 70 % of the 20 sent a second
+    assert cut.ceiling == pytest.approx(14.0)
+    assert rate_now(rules, cut, 10.0) == pytest.approx(0.85 * 14.0)
+    assert rate_now(rules, cut, 100.0) == 20.0
+    assert rate_now(rules, cut, 1e6) == 20.0
+    # A few 429s past the limit read cut again, under the configured rate.
+    later = replace(
+        cut, scored_at=60.0, calls_score=100.0, throttled_score=4.0,
+        window_at=59.5, window_rate=20.0, window_calls=10, last_s=1.0, last_answered=12,
+        window_answered=6,
+    )  # fmt: skip
+    again, _ = observe(rules, later, 60.0, Result.THROTTLED, retry_after_s=1.0)
+    assert again.learned_at == 60.0
+    assert again.cut_by == PAST_LIMIT
+    assert again.paused_until == cut.paused_until  # no hold: only the rate is cut
+    limited = rate_now(rules, again, 60.0)
+    assert limited is not None
+    assert limited < 20.0
+
+
 @pytest.mark.parametrize("rate", [0.0, -1.0, 1e-320, math.nan, math.inf])
 def test_a_rate_no_clock_can_space_is_refused(rate: float) -> None:
     with pytest.raises(ValueError, match="gateway rate"):

@@ -212,7 +212,12 @@ def circuit_check(
         if state.paused_until > now:
             raise Degraded(_hold(state, now, rules.retry_after_max_s))
         rate = rate_now(rules, state, now)
-        how = "configured" if rules.rate is not None else "learned from 429s"
+        if rules.rate is None:
+            how = "learned from 429s"
+        elif rate is not None and rate < rules.rate:
+            how = f"cut by 429s under the configured {shown(rules.rate)}"
+        else:
+            how = "configured"
         pace = "no limit" if rate is None else f"{shown(rate)} calls/s ({how})"
         return f"circuit closed; pace {pace}"
 
