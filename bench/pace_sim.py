@@ -3,7 +3,8 @@ sockets, simulated time, so that a change of `domain/pacing.py`'s rules shows it
 effect in seconds.
 
     .venv/bin/python bench/pace_sim.py [--seconds 120] [--seeds 3] [--threads 32]
-                                       [--latency-ms 5]
+                                       [--latency-ms 5] [--stray 0.03]
+                                       [--configured 0.95] [--blip-at 20]
 
 THREADS hop threads call as fast as the pace admits them (a call takes 5 ms, or
 `--latency-ms`, and 10 ms pass before the thread's next); the gateway is a token
@@ -19,7 +20,11 @@ the gateway's rate, over the simulated time) and the share answered 429. The "no
 limit" row has only the stray 429s; its floor is the calls answered with a
 configured rate too high ever to bind (so 1.00: stray 429s cost the fleet
 nothing). An answered call is published to the state at once (a worker publishes
-it with its next write).
+it with its next write). `--configured X` configures the rate as X times the
+gateway's (`PROVISIONER_GATEWAY_RATE`; the "no limit" row is then left out), and
+`--blip-at S` has the gateway answer every call 429 for 2 s from S (a quota
+another client shared for a moment): with both, what a configured rate keeps of
+its rate after a cut, under the stray rows' share (`--stray`).
 The real rollout (`bench/rollout.py metered`) measures the same on the service.
 """
 
@@ -30,6 +35,7 @@ import heapq
 import math
 import random
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -57,6 +63,7 @@ def simulate(
     seed: int,
     retry_after: float = 0.0,
     call_s: float = CALL_S,
+    blip_at: float | None = None,
 ) -> tuple[int, int]:
     """(calls answered, calls answered 429) in `seconds` of simulated time; `rate`
     None: no limit, only the stray 429s."""
@@ -87,7 +94,8 @@ def simulate(
             continue
         if rate is not None:
             tokens, tokens_at = min(burst, tokens + (t - tokens_at) * rate), t
-        if tokens >= 1 and not draw.random() < stray:
+        blip = blip_at is not None and blip_at <= t < blip_at + 2.0
+        if tokens >= 1 and not blip and not draw.random() < stray:
             tokens -= 1 if rate is not None else 0
             answered += 1
             state, _ = observe(rules, state, start + t + call_s, Result.ANSWERED)
@@ -115,6 +123,9 @@ def main() -> int:
     parser.add_argument(
         "--latency-ms", type=float, default=CALL_S * 1000, help="each call's time to answer"
     )
+    parser.add_argument("--stray", type=float, default=0.03, help="the stray rows' share")
+    parser.add_argument("--configured", type=float, help="the rate configured, times the gateway's")
+    parser.add_argument("--blip-at", type=float, help="every call 429 for 2 s from then")
     args = parser.parse_args()
     call_s = args.latency_ms / 1000
     rules = PaceRules(burst=1, probe_every_s=10.0, retry_after_max_s=300.0)
@@ -122,13 +133,19 @@ def main() -> int:
     print("|---|---|---|---|")
     unpaced = None  # no limit: the floor is what the threads send with no pace at all
     for rate, stray in (
-        (10.0, 0.0), (20.0, 0.0), (50.0, 0.0), (20.0, 0.03), (50.0, 0.03), (None, 0.03)
+        (10.0, 0.0), (20.0, 0.0), (50.0, 0.0), (20.0, args.stray), (50.0, args.stray),
+        (None, args.stray),
     ):  # fmt: skip
+        if rate is None and args.configured is not None:
+            continue
+        if rate is not None and args.configured is not None:
+            rules = replace(rules, rate=rate * args.configured)
         answered = throttled = 0
         for seed in range(args.seeds):
             a, t = simulate(
-                rules, rate, args.seconds, args.threads, stray, seed, args.retry_after, call_s
-            )
+                rules, rate, args.seconds, args.threads, stray, seed, args.retry_after, call_s,
+                args.blip_at,
+            )  # fmt: skip
             answered, throttled = answered + a, throttled + t
         if rate is None:
             if unpaced is None:

@@ -27,11 +27,12 @@ sent and reports what came of it to `observe`. Times are seconds on one clock
   `stale_above` of it (past that the estimate is stale: `growth_per_s` again), so
   that it spends its time just under the limit rather than overshooting it every
   few seconds. The answers read the limit only while the rate spaced the calls
-  (the fleet sent at least `spaced_share` of it); under it the hops' bursts met
-  the gateway's bucket, which answers bursts less than its rate, so the read is a
-  floor of the limit (`ceiling_low`): the rate grows by `growth_per_s` from it
-  with no slow band, and 429s past it cut whenever the gateway holds calls back
-  (past a limit read, an answer above it raises the read first). Dense 429s
+  (the fleet sent at least `spaced_share` of it in the time not held); under it
+  the hops' bursts met the gateway's bucket, which answers bursts less than its
+  rate, so the read is a floor of the limit (`ceiling_low`): the rate grows by
+  `growth_per_s` from it with no slow band, and 429s past it cut whenever the
+  gateway holds calls back (past a limit read, an answer above it raises the
+  read first). Dense 429s
   always cut (a hold with no cut would send the fleet back into the limit at the
   same rate, and the bucket refilled meanwhile answers a burst the next cut would
   read as the limit). A cut on a few 429s past a limit read needs the gateway to
@@ -49,14 +50,14 @@ sent and reports what came of it to `observe`. Times are seconds on one clock
   its thread waits it and the call is made again, once (`waits_told`; a create by
   the hop, on record);
   otherwise, or a second time, its hop is deferred until then (domain/hop.py). The fleet-wide
-  hold and a learned rate's cut follow only from 429s dense enough to be a rate
+  hold and a cut of the rate follow only from 429s dense enough to be a rate
   signal (`rate_signal`): at least `evidence_min` of them, and at least
   `evidence_share` of the calls (of `evidence_calls_min` at the least, or
   `evidence_calls_learned` once a rate was learned: a share of a few calls is
   noise), both counted with an exponential decay of
   `evidence_tau_s` (about the last few seconds). A shared tenant's stray 429s
   (a few per cent of calls, at random) stay below it and cost their own retry.
-  Past the limit a cut read (a learned rate in force above it), a share of
+  Past the limit a cut read (the rate it set grown above it), a share of
   `evidence_above_share` suffices (`evidence_above_min` 429s at the least):
   there they follow our rate, and waiting for 10 % would cost that share; a
   stray share stays under it however fast the fleet sends. A cut
@@ -176,7 +177,7 @@ class PaceRules:
 @dataclass(frozen=True, slots=True)
 class PaceState:
     tat: float = 0.0  # GCRA: when the next call is due at the rate
-    learned: float | None = None  # the rate set at the last 429 (no rate configured)
+    learned: float | None = None  # the rate the last cut set (under a configured one, if any)
     learned_at: float = 0.0
     ceiling: float | None = None  # the limit as estimated at the last cut (calls/s)
     ceiling_dense: float | None = None  # ... at the last cut on dense 429s (or raised since)
@@ -200,7 +201,7 @@ class PaceState:
     calls_score: float = 0.0
     throttled_score: float = 0.0
     scored_at: float = 0.0
-    # 429s while a learned rate in force was under `strays_under` of the limit read (a
+    # 429s while the rate a cut set was under `strays_under` of the limit read (a
     # read, not a floor), more than `max_wait_s` after the last cut: stray ones, decayed
     # over strays_tau_s.
     strays: float = 0.0
@@ -210,7 +211,7 @@ class PaceState:
     version: int = 0
 
 
-# The rules a learned rate is cut by (`PaceState.cut_by`, said in the worker's log).
+# The rules a rate is cut by (`PaceState.cut_by`, said in the worker's log).
 DENSE = "dense"  # 429s dense enough to be the rate limit: the fleet holds too
 PAST_LIMIT = "past the limit"  # a few 429s past the limit read: the rate alone is cut
 
@@ -381,12 +382,12 @@ def _scored(
 
 def rate_signal(rules: PaceRules, state: PaceState, now: float) -> bool:
     """Whether the 429s counted are dense enough to be the gateway's rate limit; or,
-    a learned rate grown past the limit it read, a few are: they follow our rate."""
+    a rate a cut set grown past the limit it read, a few are: they follow our rate."""
     return _dense(rules, state) or _past_limit(rules, state, now)
 
 
 def _past_limit(rules: PaceRules, state: PaceState, now: float) -> bool:
-    """A learned rate in force above the limit its last cut read, and 429s (decayed)
+    """The rate a cut set, grown above the limit the cut read, and 429s (decayed)
     at least `evidence_above_min` and `evidence_above_share` of the calls: more than
     a stray share, which grows with the rate."""
     if state.ceiling is None:
@@ -529,8 +530,8 @@ def observe(
 
 
 def _throttled(rules: PaceRules, state: PaceState, now: float, retry_after_s: float) -> PaceState:
-    """A 429: evidence. Dense, the fleet holds and a learned rate is cut. Past the
-    limit read, a learned rate is cut when the gateway held calls back, or the limit
+    """A 429: evidence. Dense, the fleet holds and the rate is cut. Past the limit
+    read, the rate a cut set is cut again when the gateway held calls back, or the limit
     read again higher when more was answered than read (a floor read: only while the
     gateway holds no calls back, since past a floor the answers say as much of the
     bursts as of the limit)."""
@@ -567,8 +568,8 @@ def _hold(rules: PaceRules, state: PaceState, now: float, retry_after_s: float) 
 
 
 def _stray(rules: PaceRules, state: PaceState, now: float) -> PaceState:
-    """A 429 counted as stray: one that came while the learned rate in force was under
-    `strays_under` of the limit read, once the calls admitted before the last cut had
+    """A 429 counted as stray: one that came while the rate a cut set (grown since) was
+    under `strays_under` of the limit read, once the calls admitted before the last cut had
     their turns."""
     limited = rate_now(rules, state, now)
     under = (
@@ -613,8 +614,8 @@ def _held_back(rules: PaceRules, state: PaceState, now: float, limited: float | 
 def _cut(
     rules: PaceRules, state: PaceState, limited: float | None, now: float, *, dense: bool
 ) -> PaceState:
-    """A learned rate's cut, from `limited`, the rate in force (None: none), on dense
-    429s or (`dense` False) on a few past the limit read."""
+    """A cut, from `limited`, the rate in force (None: none), on dense 429s or
+    (`dense` False) on a few past the limit read."""
     # The evidence is spent by a cut: what the calls sent before it still meet must
     # not cut again, and the next cut reads a time above the limit, not this one's.
     cut_by = DENSE if dense else PAST_LIMIT
@@ -641,7 +642,12 @@ def _cut(
         share = min(1.0, state.throttled_score / max(state.calls_score, 1.0))
         admitted = sending * (1.0 - share)
     ceiling = max(rules.min_rate, admitted, sending * rules.backoff_factor)
-    low = sent > 0 and sent < rules.spaced_share * limited
+    # A floor if the fleet sent under `spaced_share` of the rate in force in the time
+    # it could send: a shared hold in the window sent nothing, and its time would make
+    # a fleet that sent at the rate look idle.
+    window = state.last_s + max(0.0, now - state.window_at)
+    sending_unheld = sent * window / max(_unheld(state, now), 1e-9)
+    low = sent > 0 and sending_unheld < rules.spaced_share * limited
     read_dense = state.ceiling_dense
     if dense or read_dense is None:
         read_dense = ceiling

@@ -28,8 +28,8 @@ counts ride with whichever write of the process takes the row's lock first. With
 force, each call is admitted in one transaction, as the rate requires. An
 answered call changes nothing while the circuit is closed and nothing failed, so
 it writes nothing: it is counted in the process and published with its next
-write, or the next refresh with no rate configured (what a learned rate's cut
-reads as the gateway's limit, in the second it came).
+write or refresh (what a cut reads as the gateway's limit, in the second it
+came).
 A call that slept its turn asks again if a cut, a new hold or an opened
 circuit came meanwhile (`domain.pacing.still_admitted`), read on the local copy
 (one process: on the state itself).
