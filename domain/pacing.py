@@ -645,8 +645,8 @@ def _cut(
     # A floor if the fleet sent under `spaced_share` of the rate in force in the time
     # it could send: a shared hold in the window sent nothing, and its time would make
     # a fleet that sent at the rate look idle.
-    window = state.last_s + max(0.0, now - state.window_at)
-    sending_unheld = sent * window / max(_unheld(state, now), 1e-9)
+    window, unheld = state.last_s + max(0.0, now - state.window_at), _unheld(state, now)
+    sending_unheld = sent * window / unheld if unheld > 0 else sent  # no time: as sent
     low = sent > 0 and sending_unheld < rules.spaced_share * limited
     read_dense = state.ceiling_dense
     if dense or read_dense is None:

@@ -284,6 +284,14 @@ def test_a_fleet_that_sent_at_the_rate_when_not_held_reads_a_limit_not_a_floor()
         retry_after_s=1.0,
     )  # fmt: skip
     assert idle.ceiling_low is True
+    # A window of no time yet (nothing recent, rolled this instant): judged on what
+    # was sent, 25 calls against 20 in force, not as an idle fleet.
+    at_once = PaceState(
+        window_at=10.0, window_calls=25, scored_at=10.0, calls_score=100.0, throttled_score=9.0
+    )
+    cut, _ = observe(pace_rules(rate=20.0), at_once, 10.0, Result.THROTTLED, retry_after_s=1.0)
+    assert cut.cut_by == DENSE
+    assert cut.ceiling_low is False
 
 
 def test_a_hold_knows_since_when_it_holds_and_a_longer_one_keeps_it() -> None:
