@@ -32,16 +32,15 @@ sent and reports what came of it to `observe`. Times are seconds on one clock
   rate, so the read is a floor of the limit (`ceiling_low`): the rate grows by
   `growth_per_s` from it with no slow band, and 429s past it cut whenever the
   gateway holds calls back (past a limit read, an answer above it raises the
-  read first). Dense 429s
-  always cut (a hold with no cut would send the fleet back into the limit at the
-  same rate, and the bucket refilled meanwhile answers a burst the next cut would
-  read as the limit). A cut on a few 429s past a limit read needs the gateway to
-  have held calls back (`_held_back`): `cut_short_min` calls short at the least
-  while stray 429s came under `strays_under` of the limit read (`strays`,
-  decayed over `strays_tau_s`: two within a minute or so; one is a data point),
-  and only `cut_short_strict` while none did,
-  since then every call short past the read is the limit's (three calls short
-  let a rate run 30 % over a limit of 10 calls/s). Grown past
+  read first). Dense 429s always cut (a hold with no cut would send the fleet
+  back into the limit at the same rate, and the bucket refilled meanwhile
+  answers a burst the next cut would read as the limit). A cut on a few 429s
+  past a limit read needs the gateway to have held calls back (`_held_back`):
+  `cut_short_min` calls short at the least while stray 429s came under
+  `strays_under` of the limit read (`strays`, decayed over `strays_tau_s`: two
+  within a minute or so; one is a data point), and only `cut_short_strict` while
+  none did, since then every call short past the read is the limit's (three
+  calls short let a rate run 30 % over a limit of 10 calls/s). Grown past
   `unlimited_above`, it is no limit again. (Compounded growth finds the limit
   again within seconds of a cut, where adding a fixed step would crawl for a
   gateway allowing hundreds of calls a second.)
@@ -352,8 +351,13 @@ def _unheld(state: PaceState, now: float) -> float:
     a window a hold took half of would read half the limit. But at least a second of
     the window: a gateway's bucket refilled during the hold answers a burst at its end,
     which over a fraction of a second reads as several times its rate."""
-    seconds = state.last_s + max(0.0, now - state.window_at)
+    seconds = _window_s(state, now)
     return max(seconds - _held_within(state, now - seconds, now), min(seconds, 1.0))
+
+
+def _window_s(state: PaceState, now: float) -> float:
+    """The seconds since the last whole window began."""
+    return state.last_s + max(0.0, now - state.window_at)
 
 
 def answered_rate(state: PaceState, now: float) -> float | None:
@@ -645,8 +649,8 @@ def _cut(
     # A floor if the fleet sent under `spaced_share` of the rate in force in the time
     # it could send: a shared hold in the window sent nothing, and its time would make
     # a fleet that sent at the rate look idle.
-    window, unheld = state.last_s + max(0.0, now - state.window_at), _unheld(state, now)
-    sending_unheld = sent * window / unheld if unheld > 0 else sent  # no time: as sent
+    unheld = _unheld(state, now)
+    sending_unheld = sent * _window_s(state, now) / unheld if unheld > 0 else sent
     low = sent > 0 and sending_unheld < rules.spaced_share * limited
     read_dense = state.ceiling_dense
     if dense or read_dense is None:
