@@ -12,7 +12,7 @@ from dataclasses import replace
 import pytest
 
 from domain.outcomes import Outcome
-from domain.pacing import PaceRules, Result, rate_now, strays_seen
+from domain.pacing import DENSE, PaceRules, Result, rate_now, strays_seen
 from domain.ports import TransientGatewayError, WorkspaceGone
 from infrastructure.fake_gateway.server import FakeGateway
 from infrastructure.gateway.adapter import HttpGateway
@@ -99,6 +99,34 @@ def test_a_configured_rate_holds_across_processes_and_the_gateway_throttles_noth
     # The fleet's rate, not each client's (a call admitted before the end may wait
     # up to max_wait_s for its turn, then go).
     assert 30 <= answered <= 20 * (2.0 + 0.5) + 1
+    for gateway in gateways:
+        gateway.close()
+
+
+def test_dense_429s_at_a_configured_rate_cut_it_for_both_processes(
+    fake: FakeGateway, stores: list[PgPaceStore], pg_database: str, key: str
+) -> None:
+    """Decision 046 through the shared row: a gateway that allows half the configured
+    rate (a quota other clients share) answers dense 429s to one process and the
+    other; the rate in force for both is cut under the configured one, by what the
+    gateway answered, and the fleet holds for the Retry-After."""
+    fake.configure(rate_limit=10.0, burst=1)
+    rules = pace_rules(rate=20.0, burst=1, max_wait_s=0.5)
+    gateways = clients(fake, stores, rules)
+
+    hammer(gateways, threads_each=8, seconds=2.0)
+
+    assert fake.state()["throttled"] >= 5
+    found = read_pace(pg_database, key)
+    assert found is not None
+    state, _ = found
+    assert state.cut_by == DENSE
+    assert state.ceiling is not None
+    assert state.ceiling < 20.0
+    other, at = stores[1].read()
+    in_force = rate_now(rules, other, at)
+    assert in_force is not None
+    assert in_force < 20.0
     for gateway in gateways:
         gateway.close()
 
