@@ -64,12 +64,14 @@ def simulate(
     retry_after: float = 0.0,
     call_s: float = CALL_S,
     blip_at: float | None = None,
+    burst: float = 5.0,
+    jitter_s: float = 0.0,
 ) -> tuple[int, int]:
     """(calls answered, calls answered 429) in `seconds` of simulated time; `rate`
     None: no limit, only the stray 429s."""
     draw = random.Random(seed)
     state, start = PaceState(), 1000.0
-    tokens, tokens_at, burst = 5.0, 0.0, 5.0
+    tokens, tokens_at = burst, 0.0
     events = [(draw.random() * 0.05, "ask", n) for n in range(threads)]
     admitted: dict[int, PaceState] = {}  # the state each waiting call was admitted on
     again: set[int] = set()  # the calls asking again (counted at their first admission)
@@ -87,10 +89,12 @@ def simulate(
                 admitted[n] = state
                 heapq.heappush(events, (t + decision.wait_s, "send", n))
             continue
-        admitted_on = admitted.pop(n)
-        if not still_admitted(admitted_on, state, start + t):
-            again.add(n)
-            heapq.heappush(events, (t, "ask", n))  # a cut or a hold since: ask again
+        if kind == "send":
+            if not still_admitted(admitted.pop(n), state, start + t):
+                again.add(n)
+                heapq.heappush(events, (t, "ask", n))  # a cut or a hold since: ask again
+            else:  # on its way: it reaches the gateway up to `jitter_s` later
+                heapq.heappush(events, (t + draw.random() * jitter_s, "arrive", n))
             continue
         if rate is not None:
             tokens, tokens_at = min(burst, tokens + (t - tokens_at) * rate), t
@@ -126,6 +130,10 @@ def main() -> int:
     parser.add_argument("--stray", type=float, default=0.03, help="the stray rows' share")
     parser.add_argument("--configured", type=float, help="the rate configured, times the gateway's")
     parser.add_argument("--blip-at", type=float, help="every call 429 for 2 s from then")
+    parser.add_argument("--burst", type=float, default=5.0, help="the gateway's bucket (1: strict)")
+    parser.add_argument(
+        "--jitter-ms", type=float, default=0.0, help="each call reaches the gateway up to this late"
+    )
     args = parser.parse_args()
     call_s = args.latency_ms / 1000
     rules = PaceRules(burst=1, probe_every_s=10.0, retry_after_max_s=300.0)
@@ -144,7 +152,7 @@ def main() -> int:
         for seed in range(args.seeds):
             a, t = simulate(
                 rules, rate, args.seconds, args.threads, stray, seed, args.retry_after, call_s,
-                args.blip_at,
+                args.blip_at, args.burst, args.jitter_ms / 1000,
             )  # fmt: skip
             answered, throttled = answered + a, throttled + t
         if rate is None:
@@ -152,7 +160,8 @@ def main() -> int:
                 unpaced = sum(
                     simulate(PaceRules(rate=1e9, burst=1, probe_every_s=10.0,
                                        retry_after_max_s=300.0),
-                             None, args.seconds, args.threads, stray, seed, 0.0, call_s)[0]
+                             None, args.seconds, args.threads, stray, seed, 0.0, call_s,
+                             None, args.burst, args.jitter_ms / 1000)[0]
                     for seed in range(args.seeds)
                 )  # fmt: skip
             floor, gateway = float(unpaced), "no limit"

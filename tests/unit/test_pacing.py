@@ -256,6 +256,58 @@ def test_a_cut_reads_the_limit_over_the_time_no_shared_hold_held() -> None:
     assert cut.ceiling == pytest.approx(24 / 2.0)
 
 
+def test_a_window_answered_with_hardly_a_429_is_clean() -> None:
+    """A whole window whose 429s are at most 5 % of its calls is clean: the calls/s
+    it answered are kept, with when it ended; a window with more is not."""
+    state = PaceState(window_at=0.0)
+    state = count_answered(state, 0.5, 19)
+    state, _ = observe(pace_rules(rate=None), state, 0.6, Result.THROTTLED, retry_after_s=1.0)
+    assert state.window_throttled == 1
+    rolled = count_calls(pace_rules(rate=None), state, 1.25, 1)
+    assert (rolled.clean_rate, rolled.clean_at) == (pytest.approx(19 / 1.25), 1.25)
+    assert rolled.window_throttled == 0
+    state, _ = observe(pace_rules(rate=None), state, 0.7, Result.THROTTLED, retry_after_s=1.0)
+    rolled = count_calls(pace_rules(rate=None), state, 1.25, 1)  # 2 of 21: not clean
+    assert (rolled.clean_rate, rolled.clean_at) == (0.0, 0.0)
+
+
+def cut_after(
+    clean_rate: float, clean_at: float, answered: int, *, learned_at: float = 0.0
+) -> PaceState:
+    """Dense 429s at 30 s: the fleet sent 20 calls/s over the last 2 s, and the gateway
+    answered `answered` of them; its last clean window read `clean_rate` at `clean_at`."""
+    state = PaceState(
+        learned=20.0, learned_at=learned_at, ceiling=22.0, ceiling_dense=22.0,
+        scored_at=30.0, calls_score=100.0, throttled_score=30.0,
+        window_at=29.0, window_rate=20.0, window_calls=20, last_s=1.0,
+        last_answered=answered - answered // 2, window_answered=answered // 2,
+        clean_rate=clean_rate, clean_at=clean_at,
+    )  # fmt: skip
+    cut, _ = observe(pace_rules(rate=None), state, 30.0, Result.THROTTLED, retry_after_s=1.0)
+    assert cut.learned_at == 30.0
+    return cut
+
+
+def test_a_cut_reads_a_limiter_with_no_burst_from_its_last_clean_window() -> None:
+    """A limiter with no burst refuses every call that comes a little early, so past
+    its limit it answers far less than it allows: 28 calls in 2 s for 20 calls/s,
+    where the last clean window answered 18.5 a second. The cut reads that window, a
+    limit and not a floor; learned, such limiters cost 1.28 to 1.59 times the floor."""
+    cut = cut_after(18.5, 27.0, 28)
+    assert cut.ceiling == pytest.approx(18.5)
+    assert not cut.ceiling_low
+    assert rate_now(pace_rules(rate=None), cut, 30.0) == pytest.approx(0.85 * 18.5)
+    # No clean window: the answers, 14 a second.
+    assert cut_after(0.0, 0.0, 28).ceiling == pytest.approx(14.0)
+    # A bucket's answers past its limit read within a tenth of its last clean window,
+    # which read its burst draining: the answers stand.
+    assert cut_after(18.5, 27.0, 34).ceiling == pytest.approx(17.0)
+    # A clean window before the last cut says nothing of this one (a limit that fell
+    # is read from the answers at the next cut), nor one older than 10 s.
+    assert cut_after(18.5, 24.0, 28, learned_at=25.0).ceiling == pytest.approx(14.0)
+    assert cut_after(18.5, 19.5, 28).ceiling == pytest.approx(14.0)
+
+
 def test_a_fleet_that_sent_at_the_rate_when_not_held_reads_a_limit_not_a_floor() -> None:
     """A read is a floor when the fleet sent under 80 % of the rate in force: its hops'
     bursts, not the rate, met the gateway. What it sent is judged over the time it
