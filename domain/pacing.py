@@ -36,9 +36,11 @@ sent and reports what came of it to `observe`. Times are seconds on one clock
   early, and past its limit answers far less than it allows (15 a second for 20):
   a cut whose answers read under `clean_trust` of the last window since the last
   cut that the gateway answered with hardly a 429 (`CLEAN_SHARE`, `clean_rate`)
-  reads the limit from that window instead. Dense 429s always cut (a hold with no cut would send the fleet
-  back into the limit at the same rate, and the bucket refilled meanwhile
-  answers a burst the next cut would read as the limit). A cut on a few 429s
+  reads the limit from that window instead; with none, answers under
+  `backoff_factor` of what was sent read only a floor. Dense 429s always cut (a
+  hold with no cut would send the fleet back into the limit at the same rate,
+  and the bucket refilled meanwhile answers a burst the next cut would read as
+  the limit). A cut on a few 429s
   past a limit read needs the gateway to have held calls back (`_held_back`):
   `cut_short_min` calls short at the least while stray 429s came under
   `strays_under` of the limit read (`strays`, decayed over `strays_tau_s`: two
@@ -350,14 +352,22 @@ def _rolled(state: PaceState, now: float) -> PaceState:
         return state
     recent = elapsed < 10.0  # an older window says nothing of now
     answered, throttled = state.window_answered, state.window_throttled
-    clean = recent and answered >= 2 and throttled <= CLEAN_SHARE * (answered + throttled)
+    # Not a window a shared hold held in, or ended less than a second before: the
+    # gateway's bucket, refilled during the hold, answers a burst over its rate.
+    after_hold = 0.0 < state.paused_until > state.window_at - 1.0
+    clean = (
+        recent
+        and not after_hold
+        and answered >= 2
+        and throttled <= CLEAN_SHARE * (answered + throttled)
+    )
     return replace(
         state,
         window_at=now,
         window_calls=0,
         window_answered=0,
         window_throttled=0,
-        clean_rate=answered / elapsed if clean else state.clean_rate,
+        clean_rate=min(answered, state.window_calls) / elapsed if clean else state.clean_rate,
         clean_at=now if clean else state.clean_at,
         window_rate=state.window_calls / elapsed if recent else 0.0,
         last_s=elapsed if recent else 0.0,
@@ -694,6 +704,11 @@ def _cut(
         # from the answered would ratchet the estimate down cut by cut; so not under
         # `few_keep` of what dense 429s last read.
         ceiling = max(ceiling, read_dense * rules.few_keep)
+    if admitted < ceiling == max(rules.min_rate, sending * rules.backoff_factor):
+        # Answers under the least a cut reads, and nothing better: a limiter with no
+        # burst, whose answers past its limit say little of it, or a limit that fell.
+        # Either way the limit is known only to be at least that: a floor.
+        low = True
     # A cut never raises the rate (a gateway's burst can make it answer more than the
     # rate in force for a moment).
     learned = min(limited, max(rules.min_rate, ceiling * rules.below_ceiling))

@@ -74,28 +74,31 @@ def test_a_configured_rate_is_a_ceiling_that_dense_429s_cut_under() -> None:
     assert cut.paused_until == 11.0  # the fleet holds
     assert cut.learned_at == 10.0
     assert cut.cut_by == DENSE
-    # 19 answered in 2 s, but never under 70 % of the 20 sent a second
+    # 19 answered in 2 s, but never under 70 % of the 20 sent a second; answers under
+    # that say only that the limit is at least that much: a floor (decision 047)
     assert cut.ceiling == pytest.approx(14.0)
+    assert cut.ceiling_low
     assert rate_now(rules, cut, 10.0) == pytest.approx(0.85 * 14.0)
     assert rate_now(rules, cut, 100.0) == 20.0
     assert rate_now(rules, cut, 1e6) == 20.0
-    # A 429 soon after the cut, with the rate under 95 % of the limit read, is a
-    # stray one under a configured rate as under a learned one.
-    stray, _ = observe(rules, replace(cut, paused_until=0.0), 12.1, Result.THROTTLED)
+    # A 429 soon after a cut that read the limit (not a floor), with the rate under
+    # 95 % of it, is a stray one under a configured rate as under a learned one.
+    read = replace(cut, paused_until=0.0, ceiling_low=False)
+    stray, _ = observe(rules, read, 12.1, Result.THROTTLED)
     assert stray.strays == 1.0
     assert stray.learned_at == cut.learned_at
     # A few 429s past the limit read cut again, under the configured rate; grown back
     # to it as well, since a limiter with no burst throws them at its own limit (a
     # cut forgotten there, tried: 1.55 times the floor against 1.39 at a strict 20).
     later = replace(
-        cut, scored_at=60.0, calls_score=100.0, throttled_score=4.0,
+        read, scored_at=60.0, calls_score=100.0, throttled_score=4.0,
         window_at=59.5, window_rate=20.0, window_calls=10, last_s=1.0, last_answered=12,
         window_answered=6,
     )  # fmt: skip
     again, _ = observe(rules, later, 60.0, Result.THROTTLED, retry_after_s=1.0)
     assert again.learned_at == 60.0
     assert again.cut_by == PAST_LIMIT
-    assert again.paused_until == cut.paused_until  # no hold: only the rate is cut
+    assert again.paused_until == read.paused_until  # no hold: only the rate is cut
     limited = rate_now(rules, again, 60.0)
     assert limited is not None
     assert limited < 20.0
@@ -259,15 +262,26 @@ def test_a_cut_reads_the_limit_over_the_time_no_shared_hold_held() -> None:
 def test_a_window_answered_with_hardly_a_429_is_clean() -> None:
     """A whole window whose 429s are at most 5 % of its calls is clean: the calls/s
     it answered are kept, with when it ended; a window with more is not."""
-    state = PaceState(window_at=0.0)
-    state = count_answered(state, 0.5, 19)
-    state, _ = observe(pace_rules(rate=None), state, 0.6, Result.THROTTLED, retry_after_s=1.0)
+    rules = pace_rules(rate=None)
+    state = count_calls(rules, PaceState(window_at=10.0), 10.4, 20)
+    state = count_answered(state, 10.5, 19)
+    state, _ = observe(rules, state, 10.6, Result.THROTTLED, retry_after_s=1.0)
     assert state.window_throttled == 1
-    rolled = count_calls(pace_rules(rate=None), state, 1.25, 1)
-    assert (rolled.clean_rate, rolled.clean_at) == (pytest.approx(19 / 1.25), 1.25)
+    rolled = count_calls(rules, state, 11.25, 1)
+    assert (rolled.clean_rate, rolled.clean_at) == (pytest.approx(19 / 1.25), 11.25)
     assert rolled.window_throttled == 0
-    state, _ = observe(pace_rules(rate=None), state, 0.7, Result.THROTTLED, retry_after_s=1.0)
-    rolled = count_calls(pace_rules(rate=None), state, 1.25, 1)  # 2 of 21: not clean
+    # Never more than was sent (answers published late land in the next window)...
+    rolled = count_calls(rules, count_answered(state, 10.9, 5), 11.25, 1)
+    assert rolled.clean_rate == pytest.approx(20 / 1.25)
+    # ... and not a window a hold held in, or that began within a second of one's end:
+    # the bucket refilled during it answers a burst over its rate.
+    for held_until in (10.5, 9.5):
+        held = count_calls(rules, replace(state, paused_until=held_until), 11.25, 1)
+        assert held.clean_at == 0.0, held_until
+    rolled = count_calls(rules, replace(state, paused_until=8.5), 11.25, 1)
+    assert rolled.clean_at == 11.25
+    state, _ = observe(rules, state, 10.7, Result.THROTTLED, retry_after_s=1.0)
+    rolled = count_calls(rules, state, 11.25, 1)  # 2 of 21: not clean
     assert (rolled.clean_rate, rolled.clean_at) == (0.0, 0.0)
 
 
