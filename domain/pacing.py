@@ -683,7 +683,8 @@ def _cut(
     if admitted is None:
         share = min(1.0, state.throttled_score / max(state.calls_score, 1.0))
         admitted = sending * (1.0 - share)
-    ceiling = max(rules.min_rate, admitted, sending * rules.backoff_factor)
+    least = max(rules.min_rate, sending * rules.backoff_factor)
+    ceiling = max(admitted, least)
     # A floor if the fleet sent under `spaced_share` of the rate in force in the time
     # it could send: a shared hold in the window sent nothing, and its time would make
     # a fleet that sent at the rate look idle.
@@ -704,7 +705,7 @@ def _cut(
         # from the answered would ratchet the estimate down cut by cut; so not under
         # `few_keep` of what dense 429s last read.
         ceiling = max(ceiling, read_dense * rules.few_keep)
-    if admitted < ceiling == max(rules.min_rate, sending * rules.backoff_factor):
+    if admitted < least and ceiling == least:
         # Answers under the least a cut reads, and nothing better: a limiter with no
         # burst, whose answers past its limit say little of it, or a limit that fell.
         # Either way the limit is known only to be at least that: a floor.

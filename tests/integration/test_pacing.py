@@ -425,3 +425,37 @@ def test_a_stray_429_one_process_got_sets_the_bar_the_other_cuts_by(
     assert found is not None
     assert found[0].learned_at < now - 2.0  # one 429 under the read cut nothing
     first.close()
+
+
+def test_a_clean_window_of_both_processes_calls_is_kept_in_the_row_429s_end_it(
+    fake: FakeGateway, stores: list[PgPaceStore]
+) -> None:
+    """Decision 047 through the shared row: the calls both processes had answered over
+    HTTP make a clean window, its rate at most the rate in force, which a cut may read
+    when the answers read far under it; 429s at half the calls make none."""
+    rules = pace_rules(rate=None)
+    stores[0].update(
+        lambda state, now: (
+            replace(state, learned=20.0, learned_at=now - 1.0, ceiling=22.0, ceiling_dense=22.0),
+            None,
+        )
+    )
+    gateways = clients(fake, stores, rules)
+    answered, _ = hammer(gateways, threads_each=2, seconds=2.5)
+    assert answered > 20
+    state, now = stores[1].read()
+    assert state.learned_at < state.clean_at <= now
+    in_force = rate_now(rules, state, now)
+    assert in_force is not None
+    assert 5.0 < state.clean_rate <= 1.1 * in_force
+
+    fake.configure(throttle_rate=0.5)  # half the calls 429, at random
+    _, began = stores[1].read()
+    hammer(gateways, threads_each=2, seconds=2.5)
+    assert fake.state()["faults"]["throttled"] > 5
+    after, _ = stores[1].read()
+    # The window rolled at the first call since may hold only the calls before; none
+    # of the 429s' windows is clean.
+    assert after.clean_at < began + 1.0
+    for gateway in gateways:
+        gateway.close()
