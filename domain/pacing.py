@@ -14,7 +14,8 @@ sent and reports what came of it to `observe`. Times are seconds on one clock
 - **No rate configured: learned.** Unlimited until the gateway throttles (429).
   Then the rate is set to `backoff_factor` of what the fleet was sending (at
   most once per `cut_every_s`, however many calls were throttled together) and grows
-  by `growth_searching_per_s` a second, compounded, while no limit is known. Each
+  by `growth_searching_per_s` a second, compounded, while no limit is known (never
+  while a shared hold holds: nothing sent then says the limit is higher). Each
   later cut estimates the limit (`ceiling`): the calls the gateway answered (not
   429) a second over the last second or two (`answered_rate`; both counted over
   the time no shared hold held, `_unheld`: a hold in the window sends nothing),
@@ -30,7 +31,9 @@ sent and reports what came of it to `observe`. Times are seconds on one clock
   (the fleet sent at least `spaced_share` of it in the time not held); under it
   the hops' bursts met the gateway's bucket, which answers bursts less than its
   rate, so the read is a floor of the limit (`ceiling_low`): the rate grows by
-  `growth_per_s` from it with no slow band, and 429s past it cut whenever the
+  `growth_per_s` from it with no slow band, goes no lower than `backoff_factor` of
+  what the last cut set (a window of hops a hold deferred, back together, read a
+  tenth of the limit), and 429s past it cut whenever the
   gateway holds calls back (past a limit read, an answer above it raises the
   read first). A limiter with no burst refuses every call that comes a little
   early, and past its limit answers far less than it allows (15 a second for 20):
@@ -280,10 +283,15 @@ def rate_now(rules: PaceRules, state: PaceState, now: float) -> float | None:
 
 
 def _learned_now(rules: PaceRules, state: PaceState, now: float) -> float | None:
-    """The rate the last cut set, grown since; None: no cut, or grown past any limit."""
+    """The rate the last cut set, grown since; None: no cut, or grown past any limit.
+    It does not grow while a shared hold holds the fleet: nothing sent then says the
+    limit is higher, and a rate grown through a hold met the limit far past it when
+    the hold ended, in 429s dense enough for a cut that read a window of the hops the
+    hold had deferred (4.6 calls/s for a limit of 20)."""
     if state.learned is None:
         return None
-    elapsed = max(0.0, now - state.learned_at)
+    held = _held_within(state, state.learned_at, now)
+    elapsed = max(0.0, now - state.learned_at - held)
     # In logarithms, so that it never overflows, however long ago the cut was.
     start, fast = math.log(state.learned), math.log1p(rules.growth_searching_per_s)
     if state.ceiling is None:
@@ -712,7 +720,16 @@ def _cut(
         low = True
     # A cut never raises the rate (a gateway's burst can make it answer more than the
     # rate in force for a moment).
-    learned = min(limited, max(rules.min_rate, ceiling * rules.below_ceiling))
+    learned = max(rules.min_rate, ceiling * rules.below_ceiling)
+    if low:
+        # A floor says only that the limit is at least that: the rate goes no lower than
+        # `backoff_factor` of what the last cut set (of the rate in force, if none: a
+        # configured one), as the first cut cuts what was sent. Not of the rate grown
+        # since, which is no evidence of the limit. The hops the last hold deferred
+        # come back together, and a window of them read a tenth of the limit, from
+        # which a floor's growth took a minute.
+        learned = max(learned, rules.backoff_factor * (state.learned or limited))
+    learned = min(limited, learned)
     return replace(
         spent,
         learned=learned,

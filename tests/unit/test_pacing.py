@@ -78,12 +78,14 @@ def test_a_configured_rate_is_a_ceiling_that_dense_429s_cut_under() -> None:
     # that say only that the limit is at least that much: a floor (decision 047)
     assert cut.ceiling == pytest.approx(14.0)
     assert cut.ceiling_low
-    assert rate_now(rules, cut, 10.0) == pytest.approx(0.85 * 14.0)
+    # A floor says no more than that: the rate in force is cut by 30 % at the most
+    # (85 % of the floor read would be 11.9).
+    assert rate_now(rules, cut, 10.0) == pytest.approx(0.7 * 20.0)
     assert rate_now(rules, cut, 100.0) == 20.0
     assert rate_now(rules, cut, 1e6) == 20.0
     # A 429 soon after a cut that read the limit (not a floor), with the rate under
     # 95 % of it, is a stray one under a configured rate as under a learned one.
-    read = replace(cut, paused_until=0.0, ceiling_low=False)
+    read = replace(cut, paused_until=0.0, ceiling_low=False, learned=0.85 * 14.0)
     stray, _ = observe(rules, read, 12.1, Result.THROTTLED)
     assert stray.strays == 1.0
     assert stray.learned_at == cut.learned_at
@@ -159,7 +161,8 @@ def test_without_a_rate_the_first_429_learns_one_and_success_grows_it() -> None:
     again, _ = observe(rules, state, 102.2, Result.THROTTLED, retry_after_s=1.0)
     assert again.learned == state.learned
     grown = rate_now(rules, state, 112.0)
-    assert grown == pytest.approx(learned * 1.10**10)  # no limit known yet: searching
+    # No limit known yet: searching, from when the hold of 1 s ended.
+    assert grown == pytest.approx(learned * 1.10**9)
     assert rate_now(rules, state, 102.0 + 10_000) is None  # grown past any limit: no limit
 
 
@@ -179,9 +182,11 @@ def test_a_later_cut_reads_the_limit_as_what_the_gateway_answered() -> None:
     assert cut.ceiling == pytest.approx(24 / 1.5)  # 16 calls/s answered
     assert not cut.ceiling_low  # 22 sent of 25.9 allowed: spaced by the rate
     assert rate_now(rules, cut, 10.0) == pytest.approx(0.85 * cut.ceiling)
+    assert cut.paused_until == 11.0  # it grows once the fleet's hold is over
+    assert rate_now(rules, cut, 11.0) == pytest.approx(0.85 * cut.ceiling)
     to_knee = math.log(0.9 / 0.85) / math.log1p(rules.growth_per_s)
-    assert rate_now(rules, cut, 10.0 + to_knee) == pytest.approx(0.9 * cut.ceiling)
-    assert rate_now(rules, cut, 20.0 + to_knee) == pytest.approx(
+    assert rate_now(rules, cut, 11.0 + to_knee) == pytest.approx(0.9 * cut.ceiling)
+    assert rate_now(rules, cut, 21.0 + to_knee) == pytest.approx(
         0.9 * cut.ceiling * (1 + rules.growth_near_limit_per_s) ** 10
     )
 
@@ -204,9 +209,10 @@ def test_answers_to_calls_the_rate_did_not_space_read_only_a_floor_of_the_limit(
     cut, _ = observe(rules, state, 10.0, Result.THROTTLED, retry_after_s=1.0)
     assert cut.ceiling == pytest.approx(14.0)
     assert cut.ceiling_low
-    start = 0.85 * 14.0
+    start = 0.85 * 14.0  # not under 70 % of the 10 the last cut set (decision 048)
     assert rate_now(rules, cut, 10.0) == pytest.approx(start)
-    grown = rate_now(rules, cut, 20.0)  # 5 % a second all along: no slow band at the knee
+    # 5 % a second all along once the hold is over: no slow band at the knee
+    grown = rate_now(rules, cut, 21.0)
     assert grown == pytest.approx(start * (1 + rules.growth_per_s) ** 10)
     # Past the floor read, the fleet sending what it allows (its calls spaced), 429s
     # past it cut again (not raise it, though more was answered), and read the limit.
@@ -244,7 +250,10 @@ def test_a_cut_reads_the_limit_over_the_time_no_shared_hold_held() -> None:
     cut, _ = observe(rules, state, 3.0, Result.THROTTLED, retry_after_s=1.0)
     assert cut.learned_at == 3.0
     assert cut.ceiling == pytest.approx(24 / 1.2)
-    assert rate_now(rules, cut, 3.0) == pytest.approx(0.85 * 24 / 1.2)
+    # The fleet sent far under the rate in force: a floor, and the rate goes no lower
+    # than 70 % of the 27 the last cut set (decision 048).
+    assert cut.ceiling_low
+    assert rate_now(rules, cut, 3.0) == pytest.approx(max(0.85 * 24 / 1.2, 0.7 * 27.0))
     assert cut.paused_until == 4.0  # and the fleet holds again, from now
     unheld = replace(state, paused_until=0.0, held_from=0.0)
     cut, _ = observe(rules, unheld, 3.0, Result.THROTTLED, retry_after_s=1.0)
@@ -979,7 +988,49 @@ def test_a_burst_of_429s_cannot_cut_a_learned_rate_to_its_floor() -> None:
     state = replace(state, calls_score=100.0, throttled_score=99.0)  # nearly every call 429
     cut, _ = observe(rules, state, 10.0, Result.THROTTLED, retry_after_s=0.0)
     assert cut.ceiling == pytest.approx(limited * rules.backoff_factor)  # as a first cut would
-    assert rate_now(rules, cut, 10.0) == pytest.approx(cut.ceiling * rules.below_ceiling)
+    # Answers under that are a floor (decision 047), and a floor never takes the rate
+    # under `backoff_factor` of what the last cut set (decision 048).
+    assert cut.ceiling_low
+    floor = rules.backoff_factor * 20.0  # of the rate the last cut set
+    assert rate_now(rules, cut, 10.0) == pytest.approx(
+        max(cut.ceiling * rules.below_ceiling, floor)
+    )
+
+
+def test_a_rate_does_not_grow_while_the_fleet_is_held() -> None:
+    """Nothing sent during a shared hold says the limit is higher: a rate grown
+    through it met the limit far past it when the hold ended (31 calls/s for a limit
+    of 20, a second after a cut to 23). And a long Retry-After (a minute, for a quota
+    by the minute) would grow a searching rate past any limit."""
+    rules = pace_rules(rate=None, **EVERY_429)
+    state = PaceState(learned=10.0, learned_at=0.0, scored_at=5.0, calls_score=50.0)
+    cut, _ = observe(rules, state, 5.0, Result.THROTTLED, retry_after_s=60.0)
+    assert cut.learned_at == 5.0
+    assert cut.paused_until == 65.0
+    set_to = rate_now(rules, cut, 5.0)
+    assert rate_now(rules, cut, 65.0) == set_to  # the hold over: as the cut set it
+    assert rate_now(rules, cut, 66.0) > set_to  # then it grows
+
+
+def test_a_floor_never_takes_the_rate_under_most_of_what_the_last_cut_set() -> None:
+    """The hops a hold deferred come back together: dense 429s, in a window that sent
+    and answered two calls a second. Read alone, that floor cut a rate of 25 calls/s to
+    1.7, and a floor's growth took a minute back to a limit of 20."""
+    rules = pace_rules(rate=None, **EVERY_429)
+    state = PaceState(
+        learned=17.5, learned_at=0.0, ceiling=None, scored_at=4.0, calls_score=30.0,
+        throttled_score=10.0, window_at=3.5, window_rate=2.0, window_calls=1, last_s=1.0,
+        last_answered=2,
+    )  # fmt: skip
+    state = count_answered(state, 3.9, 1)
+    limited = rate_now(rules, state, 4.0)
+    assert limited is not None
+    cut, _ = observe(rules, state, 4.0, Result.THROTTLED, retry_after_s=1.0)
+    assert cut.learned_at == 4.0
+    assert cut.ceiling_low
+    assert cut.ceiling is not None
+    assert cut.ceiling == pytest.approx(2.0)  # 3 answered in 1.5 s
+    assert rate_now(rules, cut, 4.0) == pytest.approx(rules.backoff_factor * 17.5)
 
 
 def test_past_its_estimate_of_the_limit_a_rate_grows_fast_again() -> None:
@@ -1047,10 +1098,12 @@ def test_a_call_whose_wait_a_cut_outlived_asks_again_and_waits_at_the_new_rate()
             store.update(lambda s, now: observe(rules, s, now, Result.THROTTLED))
 
     pace = Pace(store, rules, sleep=sleep)
+    before = rate_now(rules, *store.read())
+    assert before is not None
     assert pace.before() is None
     state, _ = store.read()
     assert state.learned is not None
-    assert state.learned < 4.0  # cut while the call waited its turn
+    assert state.learned < before  # cut while the call waited its turn
     assert slept[0] == pytest.approx(0.5)
     assert len(slept) == 2  # asked again, and waited for a turn at the new rate
     assert slept[1] == pytest.approx(1.0)  # the hold the 429 asked for (1 s by default)
