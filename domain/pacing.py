@@ -728,7 +728,8 @@ def _cut(
         # since, which is no evidence of the limit. The hops the last hold deferred
         # come back together, and a window of them read a tenth of the limit, from
         # which a floor's growth took a minute.
-        learned = max(learned, rules.backoff_factor * (state.learned or limited))
+        last = state.learned if state.learned is not None else limited
+        learned = max(learned, rules.backoff_factor * last)
     learned = min(limited, learned)
     return replace(
         spent,
