@@ -137,7 +137,8 @@ def test_a_429_pauses_every_process_until_its_retry_after(
     """429s a rate signal (here every one is): the hold reaches a process that was
     admitting its calls on its own copy of the state within its refresh (~200 ms)."""
     fake.configure(rate_limit=0.2, burst=1)  # a token every 5 s: Retry-After 5
-    first, second = clients(fake, stores, pace_rules(max_wait_s=2.0, **EVERY_429))
+    rules = pace_rules(max_wait_s=2.0, **EVERY_429)
+    first, second = clients(fake, stores, rules)
     with pytest.raises(WorkspaceGone):
         second.status("ws-none")  # the one token; it goes on on its copy: no limit yet
     with pytest.raises(TransientGatewayError, match="429") as throttled:
@@ -155,6 +156,12 @@ def test_a_429_pauses_every_process_until_its_retry_after(
     assert found is not None
     assert found[0].paused_until > found[1]
     assert found[0].learned is not None  # no rate configured: one is learned
+    # The rate learned does not grow while the hold holds (decision 048): the row
+    # keeps since when it holds, and the rate comes out of it as the cut set it.
+    state = found[0]
+    assert state.held_from <= found[1] < state.paused_until
+    assert rate_now(rules, state, state.paused_until) == pytest.approx(state.learned)
+    assert rate_now(rules, state, state.paused_until + 1.0) > state.learned
     assert found[0].version >= 2  # every write of the row counted one
     latest = second._pace._latest()  # type: ignore[union-attr]
     assert latest is not None
