@@ -206,6 +206,7 @@ class PaceState:
     cut_by: str = ""  # the rule that made the last cut: `DENSE` or `PAST_LIMIT`
     paused_until: float = 0.0  # the shared Retry-After
     held_from: float = 0.0  # ... since when it holds (0: not known)
+    held_s: float = 0.0  # seconds the holds before it held since the last cut
     asked_s: float = 0.0  # what the 429 that set it asked (or a hold cut), if over the cap
     unreachable: int = 0  # unreachable answers in a row
     unreachable_since: float | None = None
@@ -290,7 +291,7 @@ def _learned_now(rules: PaceRules, state: PaceState, now: float) -> float | None
     hold had deferred (4.6 calls/s for a limit of 20)."""
     if state.learned is None:
         return None
-    held = _held_within(state, state.learned_at, now)
+    held = state.held_s + _held_within(state, state.learned_at, now)
     elapsed = max(0.0, now - state.learned_at - held)
     # In logarithms, so that it never overflows, however long ago the cut was.
     start, fast = math.log(state.learned), math.log1p(rules.growth_searching_per_s)
@@ -608,13 +609,17 @@ def _throttled(rules: PaceRules, state: PaceState, now: float, retry_after_s: fl
 
 def _hold(rules: PaceRules, state: PaceState, now: float, retry_after_s: float) -> PaceState:
     """Dense 429s: the latest Retry-After holds the fleet (none given: 1 s), unless a
-    longer hold is in force; a hold that follows one in force holds since it began."""
+    longer hold is in force; a hold that follows one in force holds since it began.
+    One that begins after the last ended keeps the time that one held since the last
+    cut (`held_s`), which the rate did not grow in either."""
     until = now + hold_s(max(retry_after_s, 1.0), rules.retry_after_max_s)
     if until <= state.paused_until:
         return state
     asked = retry_after_s if retry_after_s > rules.retry_after_max_s else 0.0
-    began = state.held_from if state.paused_until > now else now
-    return replace(state, paused_until=until, asked_s=asked, held_from=began)
+    if state.paused_until > now:
+        return replace(state, paused_until=until, asked_s=asked)
+    held = state.held_s + _held_within(state, state.learned_at, state.paused_until)
+    return replace(state, paused_until=until, asked_s=asked, held_from=now, held_s=held)
 
 
 def _stray(rules: PaceRules, state: PaceState, now: float) -> PaceState:
@@ -669,7 +674,9 @@ def _cut(
     # The evidence is spent by a cut: what the calls sent before it still meet must
     # not cut again, and the next cut reads a time above the limit, not this one's.
     cut_by = DENSE if dense else PAST_LIMIT
-    spent = replace(state, calls_score=0.0, throttled_score=0.0, learned_at=now, cut_by=cut_by)
+    spent = replace(
+        state, calls_score=0.0, throttled_score=0.0, learned_at=now, cut_by=cut_by, held_s=0.0
+    )
     if dense:  # the 429s under the limit read were the limit's (it fell), not stray ones
         spent = replace(spent, strays=0.0)
     if limited is None:  # the first: only what was being sent is known

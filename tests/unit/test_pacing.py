@@ -1012,6 +1012,27 @@ def test_a_rate_does_not_grow_while_the_fleet_is_held() -> None:
     assert rate_now(rules, cut, 66.0) > set_to  # then it grows
 
 
+def test_no_hold_since_the_cut_counts_as_growth() -> None:
+    """Dense 429s within `cut_every_s` of a cut hold the fleet again without a cut. A
+    hold that begins after the last one ended must not make that one's time count as
+    growth again: a second of growth at once, met as 429s when the hold ends."""
+    rules = pace_rules(rate=None, **EVERY_429)
+    state = PaceState(learned=10.0, learned_at=0.0, scored_at=5.0, calls_score=50.0)
+    cut, _ = observe(rules, state, 5.0, Result.THROTTLED, retry_after_s=1.0)
+    assert (cut.learned_at, cut.paused_until) == (5.0, 6.0)
+    again, _ = observe(rules, cut, 7.0, Result.THROTTLED, retry_after_s=1.0)
+    assert again.learned_at == 5.0  # within cut_every_s: held again, not cut
+    assert (again.held_from, again.paused_until) == (7.0, 8.0)
+    # Two holds of a second each: grown as for 3 s, not 4 (or 5) since the cut.
+    never_held = replace(cut, paused_until=0.0, held_from=0.0)
+    assert rate_now(rules, again, 10.0) == pytest.approx(rate_now(rules, never_held, 8.0))
+    assert rate_now(rules, again, 10.0) < rate_now(rules, never_held, 9.0)
+    # A cut starts the count again: the holds before it are before its rate.
+    later, _ = observe(rules, replace(again, calls_score=50.0, scored_at=20.0), 20.0,
+                       Result.THROTTLED, retry_after_s=1.0)  # fmt: skip
+    assert (later.learned_at, later.held_s) == (20.0, 0.0)
+
+
 def test_a_floor_never_takes_the_rate_under_most_of_what_the_last_cut_set() -> None:
     """The hops a hold deferred come back together: dense 429s, in a window that sent
     and answered two calls a second. Read alone, that floor cut a rate of 25 calls/s to
