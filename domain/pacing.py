@@ -1,103 +1,74 @@
 """The fleet's pace of calls to the gateway, as pure functions of plain values.
 
 Every worker process of a deployment shares one `PaceState` (a row in
-PostgreSQL, or memory in a lone process); each call asks `admit` before it is
-sent and reports what came of it to `observe`. Times are seconds on one clock
-(the database's, when shared).
+PostgreSQL, or memory in a lone process). Each call asks `admit` before it is
+sent and reports its answer to `observe`. Times are seconds on one clock (the
+database's, when shared). While no limit is in force (`free`: no rate
+configured or learned, the circuit closed, nothing failing, no hold current),
+a process admits its calls on its own copy of the state, refreshed every
+~100 ms (infrastructure/gateway/pacing.py). This docstring states the rules;
+docs/operations.md ("Pacing the gateway") says what an operator sets and
+sees, and decisions 007 and 039 to 048 (docs/decisions/) say why each rule
+is as it is.
 
-- **A rate.** A configured rate (calls/s) and burst are a GCRA: the
-  "theoretical arrival time" `tat` of the next call moves on by 1/rate per
-  call, and a call may go `burst - 1` intervals ahead of it. It is a ceiling:
-  429s dense enough to be a rate limit at it (a limiter with no burst refuses
-  a call a few ms early; other clients may share the quota) cut a rate under
-  it by the learned rate's rules below, which grows back to it (`rate_now`).
-- **No rate configured: learned.** Unlimited until the gateway throttles (429).
-  Then the rate is set to `backoff_factor` of what the fleet was sending (at
-  most once per `cut_every_s`, however many calls were throttled together) and grows
-  by `growth_searching_per_s` a second, compounded, while no limit is known (never
-  while a shared hold holds: nothing sent then says the limit is higher). Each
-  later cut estimates the limit (`ceiling`): the calls the gateway answered (not
-  429) a second over the last second or two (`answered_rate`; both counted over
-  the time no shared hold held, `_unheld`: a hold in the window sends nothing),
-  never under `backoff_factor` of what the fleet was sending, and, when only a few 429s past
-  the last estimate made the cut, never under `few_keep` of what the last cut on
-  dense 429s read (stray 429s take their share from the answered, and would
-  otherwise ratchet it down cut by cut); the rate is set to `below_ceiling`
-  of that and grows by
-  `growth_per_s` up to `knee` of it, then by `growth_near_limit_per_s` up to
-  `stale_above` of it (past that the estimate is stale: `growth_per_s` again), so
-  that it spends its time just under the limit rather than overshooting it every
-  few seconds. The answers read the limit only while the rate spaced the calls
-  (the fleet sent at least `spaced_share` of it in the time not held); under it
-  the hops' bursts met the gateway's bucket, which answers bursts less than its
-  rate, so the read is a floor of the limit (`ceiling_low`): the rate grows by
-  `growth_per_s` from it with no slow band, goes no lower than `backoff_factor` of
-  what the last cut set (a window of hops a hold deferred, back together, read a
-  tenth of the limit), and 429s past it cut whenever the
-  gateway holds calls back (past a limit read, an answer above it raises the
-  read first). A limiter with no burst refuses every call that comes a little
-  early, and past its limit answers far less than it allows (15 a second for 20):
-  a cut whose answers read under `clean_trust` of the last window since the last
-  cut that the gateway answered with hardly a 429 (`CLEAN_SHARE`, `clean_rate`)
-  reads the limit from that window instead; with none, answers under
-  `backoff_factor` of what was sent read only a floor. Dense 429s always cut (a
-  hold with no cut would send the fleet back into the limit at the same rate,
-  and the bucket refilled meanwhile answers a burst the next cut would read as
-  the limit). A cut on a few 429s
-  past a limit read needs the gateway to have held calls back (`_held_back`):
-  `cut_short_min` calls short at the least while stray 429s came under
-  `strays_under` of the limit read (`strays`, decayed over `strays_tau_s`: two
-  within a minute or so; one is a data point), and only `cut_short_strict` while
-  none did, since then every call short past the read is the limit's (three
-  calls short let a rate run 30 % over a limit of 10 calls/s). Grown past
-  `unlimited_above`, it is no limit again. (Compounded growth finds the limit
-  again within seconds of a cut, where adding a fixed step would crawl for a
-  gateway allowing hundreds of calls a second.)
-- **Evidence, not one data point.** A 429's Retry-After always holds the call
-  that got it: while the pace limits the fleet, and within the call's patience,
-  its thread waits it and the call is made again, once (`waits_told`; a create by
-  the hop, on record);
-  otherwise, or a second time, its hop is deferred until then (domain/hop.py). The fleet-wide
-  hold and a cut of the rate follow only from 429s dense enough to be a rate
-  signal (`rate_signal`): at least `evidence_min` of them, and at least
-  `evidence_share` of the calls (of `evidence_calls_min` at the least, or
-  `evidence_calls_learned` once a rate was learned: a share of a few calls is
-  noise), both counted with an exponential decay of
-  `evidence_tau_s` (about the last few seconds). A shared tenant's stray 429s
-  (a few per cent of calls, at random) stay below it and cost their own retry.
-  Past the limit a cut read (the rate it set grown above it), a share of
-  `evidence_above_share` suffices (`evidence_above_min` 429s at the least):
-  there they follow our rate, and waiting for 10 % would cost that share; a
-  stray share stays under it however fast the fleet sends. A cut
-  spends the evidence (both counts start again), so the calls sent before it
-  cannot cut again, and the next cut reads a time above the limit.
-- **A shared Retry-After.** Once 429s are dense enough to be a rate signal (a
-  few past the limit read only cut the rate, which then spaces the calls), the latest one's
-  Retry-After pauses every call of the fleet until then, for at most
-  `retry_after_max_s`: one answer may not hold the whole fleet for an hour. A
-  hold already stored more than a second longer (by a process with a longer
-  cap) is cut to that at the next call. (How long a hold or a wait lasts, and
-  the words for why, are domain/waits.py's; here is when the fleet holds.)
-- **Free when no limit is in force.** With no rate configured or learned, the
-  circuit closed, nothing failing and no hold current (`free`), a call needs
-  nothing from the shared state: a process admits it from its own copy of the
-  state, refreshed every ~100 ms, and publishes how many it sent with the next
-  refresh (infrastructure/gateway/pacing.py).
+What `admit` asks, in order:
+
 - **A circuit.** `open_after` unreachable answers in a row (refused, timeout,
-  dropped, 502, 503, 504) open it: calls are held without being sent, and one
-  probe goes out every `probe_every_s`. Any answer closes it. "In a row" as
-  the processes see it: an answer resets the count when the call that got it
-  was admitted while calls were failing.
+  dropped, 502, 503, 504) open it. Calls are then held unsent, one probe goes
+  every `probe_every_s`, and any answer closes it.
+- **A shared hold.** While one holds (below), no call goes.
+- **A rate.** A GCRA: `tat`, the next call's turn, moves on by 1/rate a call,
+  and a call may go `burst - 1` intervals ahead of it. The rate is the
+  configured one, or the learned one (`rate_now`), which is cut under a
+  configured one by the same rules and grows back to it (decision 046).
+- **Patience.** A call waits in its thread at most `max_wait_s`
+  (`create_wait_s` for a create: its hop has listed the family). A longer
+  wait is a `Hold`, and its hop is deferred (domain/hop.py). A call whose wait
+  a cut, a new hold or an opened circuit outlived asks again rather than go
+  (`still_admitted`).
 
-A call waits in its thread at most `max_wait_s` (a create, `create_wait_s`: its
-hop has listed the family already, and a deferral would list it again): its
-`patience`, for its turn, a shared hold or a Retry-After it was told (each
-wait apart: a call told once waits its turn again after it). A longer wait is a
-`Hold`: the hop is deferred until then (domain/hop.py) and holds no thread or
-slot. A call whose wait outlived the state it was admitted
-on (`still_admitted`: a cut since, a shared hold begun or the circuit opened)
-asks again rather than go: a cut gives back the turns taken at the old rate,
-so the calls queued for them go at the new one, and a hold holds them too.
+What a 429 does (`observe`, then `_throttled`):
+
+- **Its own call waits.** Within its patience, and while the pace limits the
+  fleet, the call's thread waits the Retry-After and the call goes once more
+  (`waits_told`); otherwise its hop is deferred until then.
+- **The fleet acts only on evidence** (`rate_signal`). Dense 429s
+  (`_dense`): at least `evidence_min`, and `evidence_share` of the calls, of
+  `evidence_calls_min` at the least (`evidence_calls_learned` once a rate was
+  learned), both decayed over `evidence_tau_s`. Or, the rate grown past the
+  limit the last cut read, a few (`_past_limit`: `evidence_above_min` and
+  `evidence_above_share`). Stray 429s stay under both. A cut spends the
+  evidence, and comes at most once every `cut_every_s`.
+- **Dense 429s hold and cut.** The latest Retry-After holds every call of the
+  fleet, for at most `retry_after_max_s` (`_hold`), and the rate is cut
+  (within `cut_every_s` of the last cut, only held).
+- **A few past the limit read cut only when the gateway held calls back**
+  (`_held_back`: it answered under `cut_under` of what was sent, and at least
+  `cut_short_min` calls less; `cut_short_strict` while under one stray 429
+  is counted: `strays`, those that came while the rate was under
+  `strays_under` of the read, decayed over `strays_tau_s`). If it answered
+  more than the read, the read is raised instead (a floor's, only while
+  nothing was held back).
+
+What a cut sets (`_cut`):
+
+- **The first**, no limit known: `backoff_factor` of what the fleet was
+  sending, grown by `growth_searching_per_s` a second, compounded.
+- **A later one** reads the limit (`ceiling`): the calls answered a second
+  over the last window, in the time no hold held (`answered_rate`,
+  `_unheld`), and at least `backoff_factor` of what was sent. A clean window
+  since the last cut reads it instead when the answers read under
+  `clean_trust` of it (a limiter with no burst). A cut on a few 429s reads no
+  less than `few_keep` of the last dense one's read. The rate is set to
+  `below_ceiling` of the read and grows by `growth_per_s` to `knee` of it,
+  by `growth_near_limit_per_s` to `stale_above` of it, then by `growth_per_s`.
+- **A floor.** A read made while the fleet sent under `spaced_share` of the
+  rate (its calls went in bursts), or answers under `backoff_factor` of what
+  was sent with no clean window, is only a floor (`ceiling_low`): the rate
+  grows by `growth_per_s` from it, and the cut sets no less than
+  `backoff_factor` of what the last cut set.
+- A learned rate never grows while a shared hold holds, and grown past
+  `unlimited_above` it is no limit.
 """
 
 from __future__ import annotations
