@@ -2,6 +2,7 @@
 outage longer than the settle budget, on the service's own processes.
 
     .venv/bin/python bench/rollout.py metered [--brands 300] [--rate-limit 20] [--burst 5]
+                                              [--window 0]
                                               [--only configured|learned] [--repeat N]
                                               [--latency-ms 0]
                                               [--json]
@@ -21,7 +22,9 @@ the clock starts when that command is started. A brand is ready when
 `updated_at`); the view is polled.
 
 `metered`: the fake admits `--rate-limit` calls/s with a bucket of `--burst`
-(429 with a whole-second Retry-After beyond it) and a workspace is ready at
+(429 with a whole-second Retry-After beyond it; with `--window S`, a quota of
+rate x S calls in each S-second window, a call past it told to wait until the
+window ends) and a workspace is ready at
 its second status poll (`--settle-polls 1`); `--latency-ms` delays each answer
 (the floor holds while the threads could send faster than the rate: 32 threads
 at 200 ms each send 160 calls/s). Two runs, each on its own
@@ -356,7 +359,12 @@ def logs_dir(given: str | None) -> Iterator[tuple[Path, Callable[[bool], None]]]
 
 def metered(args: argparse.Namespace) -> dict[str, Any]:
     rows, parents = make_brands(args.brands, args.brands_per_parent)
-    knobs = {"rate_limit": args.rate_limit, "burst": args.burst, "settle_polls": 1}
+    knobs = {
+        "rate_limit": args.rate_limit,
+        "burst": args.burst,
+        "rate_window": args.window,
+        "settle_polls": 1,
+    }
     fake, gateway_url = start_fake(parents, latency_ms=args.latency_ms, knobs=knobs)
     runs: dict[str, dict[str, Any]] = {}
     try:
@@ -387,6 +395,7 @@ def metered(args: argparse.Namespace) -> dict[str, Any]:
         "brands": args.brands,
         "rate_limit": args.rate_limit,
         "burst": args.burst,
+        "window_s": args.window,
         "configured_rate": args.configured_rate or args.rate_limit,
         "latency_ms": args.latency_ms,
         "workers": args.workers,
@@ -794,6 +803,13 @@ def main() -> int:
         elif name == "metered":
             one.add_argument("--rate-limit", type=float, default=20.0, help="the fake's calls/s")
             one.add_argument("--burst", type=int, default=5, help="the fake's bucket")
+            one.add_argument(
+                "--window",
+                type=float,
+                default=0.0,
+                help="seconds: the fake's limit a quota of rate x window calls a window "
+                "(a gateway's '600 a minute'), not a bucket",
+            )
             one.add_argument(
                 "--latency-ms", type=float, default=0.0, help="the fake's time to answer a call"
             )

@@ -61,6 +61,9 @@ Behaviour worth knowing:
   over every gateway call, checked first (after an outage): a call beyond it is
   answered 429 with ``Retry-After`` (whole seconds, at least 1), does nothing
   and is counted in ``throttled``. Setting either knob, or a reset, refills it.
+  With ``rate_window`` = S > 0 the limit is a quota instead: ``rate_limit`` x S
+  calls in each S-second window, a call past it told to wait until the window
+  ends, as a gateway that allows "600 requests a minute" counts.
 * An outage answers every gateway call 503 (with ``Retry-After``) and does
   nothing (mode "503"), or closes the listening socket so that connections are
   refused, then binds the same port again when it ends (mode "refuse"; the admin

@@ -43,6 +43,7 @@ class FakeConfig:
     status_case: str = "lower"
     rate_limit: float = 0.0  # calls/s admitted over all gateway calls; 0 = no limit
     burst: int = 1  # calls admitted at once before the rate applies (the bucket's size)
+    rate_window: float = 0.0  # > 0: a quota of rate_limit x rate_window calls a window
 
     def __post_init__(self) -> None:
         self.update(asdict(self))
@@ -70,6 +71,10 @@ KNOB_HELP: dict[str, str] = {
     "seed": "seeds the random faults; given, ids follow from it alone (the same every start)",
     "rate_limit": "calls/s over all gateway calls, beyond which they are answered 429; 0 = off",
     "burst": "calls admitted at once before --rate-limit applies (at least 1)",
+    "rate_window": (
+        "seconds: the limit is a quota of rate_limit x rate_window calls in each window"
+        " (429 with Retry-After until it ends), not a token bucket; 0 = a token bucket"
+    ),
 }
 
 

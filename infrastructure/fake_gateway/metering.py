@@ -1,5 +1,6 @@
-"""The fake gateway's metering and faults: the rate limit (`TokenBucket`), outages,
-and the faults drawn for a call, for `FakeState` (infrastructure/fake_gateway/state.py)."""
+"""The fake gateway's metering and faults: the rate limit (`TokenBucket`, or a quota a
+window: `FixedWindow`), outages, and the faults drawn for a call, for `FakeState`
+(infrastructure/fake_gateway/state.py)."""
 
 from __future__ import annotations
 
@@ -48,6 +49,49 @@ class TokenBucket:
         return (1 - self.tokens) / self.rate
 
 
+class FixedWindow:
+    """The rate limit as a quota a window: at most ``rate`` x ``window`` calls (one at
+    the least) in each ``window`` seconds, counted from a start, as a gateway that
+    allows "600 requests a minute" counts them. A call past the quota is told to
+    wait until the window ends (up to the whole window). `refill` starts a window.
+    Pure: time is ``now()``.
+    """
+
+    def __init__(
+        self, rate: float, window: float, now: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.now = now
+        self.rate = rate
+        self.window = window
+        self.refill()
+
+    @property
+    def quota(self) -> int:
+        return max(1, math.floor(self.rate * self.window + 1e-9))
+
+    def refill(self) -> None:
+        self.start, self.ends_at, self.used = self.now(), self.now() + self.window, 0
+
+    def take(self) -> float:
+        """Count a call in the window: 0.0 if within the quota, else the seconds until
+        the window ends."""
+        if self.rate <= 0:
+            return 0.0
+        now = self.now()
+        if now >= self.ends_at:  # a new window, on the same grid
+            passed = math.floor((now - self.start) / self.window)
+            self.ends_at, self.used = self.start + (passed + 1) * self.window, 0
+        if self.used < self.quota:
+            self.used += 1
+            return 0.0
+        return self.ends_at - now
+
+
+def limiter(rate: float, burst: int, window: float) -> TokenBucket | FixedWindow:
+    """The fake's rate limit: a token bucket, or with a ``window`` a quota a window."""
+    return FixedWindow(rate, window) if window > 0 else TokenBucket(rate, burst)
+
+
 def refuses(outage: JsonObject | None) -> bool:
     """Whether an outage (as the state shows it) refuses connections now."""
     return outage is not None and outage["mode"] == "refuse" and outage["ends_in_s"] > 0
@@ -73,7 +117,7 @@ class Metering:
     config: FakeConfig
     rng: random.Random
     faults: dict[str, int]
-    bucket: TokenBucket
+    bucket: TokenBucket | FixedWindow
     throttled: int
     outage: ScriptedOutage | None
     outage_calls: int

@@ -18,7 +18,7 @@ from datetime import UTC, datetime
 from typing import Literal
 
 from infrastructure.fake_gateway.config import FakeConfig, JsonObject
-from infrastructure.fake_gateway.metering import Metering, TokenBucket
+from infrastructure.fake_gateway.metering import Metering, limiter
 from infrastructure.fake_gateway.replies import (
     BadRequestError,
     NotFoundError,
@@ -173,7 +173,7 @@ class FakeState(Metering):
         self.calls: dict[str, int] = dict.fromkeys(OPERATIONS, 0)
         self.faults: dict[str, int] = {}
         self.scripts: dict[str, str] = {}
-        self.bucket = TokenBucket(config.rate_limit, config.burst)
+        self.bucket = limiter(config.rate_limit, config.burst, config.rate_window)
         self.throttled = 0  # calls answered 429 by the bucket (throttle_rate counts in faults)
         self.outage = None  # the current or last one
         self.outage_calls = 0
@@ -276,7 +276,11 @@ class FakeState(Metering):
                 "calls": dict(self.calls),
                 "calls_total": sum(self.calls.values()),
                 "faults": dict(self.faults),
-                "rate_limit": {"rate": self.config.rate_limit, "burst": self.config.burst},
+                "rate_limit": {
+                    "rate": self.config.rate_limit,
+                    "burst": self.config.burst,
+                    "window": self.config.rate_window,
+                },
                 "throttled": self.throttled,
                 "outage": self._show_outage(),
                 "outage_calls": self.outage_calls,
@@ -306,8 +310,9 @@ class FakeState(Metering):
             self.config.update(knobs)
             if "seed" in knobs:
                 self.rng.seed(self.config.seed)
-            if "rate_limit" in knobs or "burst" in knobs:
-                self.bucket.refill(self.config.rate_limit, self.config.burst)
+            if {"rate_limit", "burst", "rate_window"} & set(knobs):
+                cfg = self.config
+                self.bucket = limiter(cfg.rate_limit, cfg.burst, cfg.rate_window)
             return self.config.to_dict()
 
     def script(self, title: str, fate: str) -> dict[str, str]:

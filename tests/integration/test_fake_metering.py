@@ -76,11 +76,26 @@ def test_throttled_calls_are_counted_and_admin_calls_never_throttled(fake: FakeG
         assert {http.get("/_fake/state").status_code for _ in range(5)} == {200}
         state = http.get("/_fake/state").json()
     assert state["throttled"] == 4
-    assert state["rate_limit"] == {"rate": 1, "burst": 1}
+    assert state["rate_limit"] == {"rate": 1, "burst": 1, "window": 0}
     assert state["faults"] == {}  # the random throttle_rate is counted there, not this
     assert state["calls"]["status"] == 4
     assert state["calls"]["family"] == 1
     assert state["calls_total"] == 5 == sum(state["calls"].values())
+
+
+def test_a_quota_a_window_tells_each_call_past_it_to_wait_for_the_window_end(
+    fake: FakeGateway,
+) -> None:
+    fake.configure(rate_limit=2, rate_window=3)  # 6 calls in each 3 s
+    with http_client(fake.url, headers=AUTH) as http:
+        assert codes(http, 6) == [200] * 6
+        refused = http.get(STATUS)
+        assert refused.status_code == 429
+        assert refused.headers["Retry-After"] == "3"
+        time.sleep(1.2)
+        assert http.get(STATUS).headers["Retry-After"] == "2"  # the same window's end
+    assert fake.state()["rate_limit"] == {"rate": 2, "burst": 1, "window": 3}
+    assert fake.state()["throttled"] == 2
 
 
 def test_a_throttled_create_creates_nothing(fake: FakeGateway) -> None:

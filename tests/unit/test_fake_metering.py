@@ -6,13 +6,13 @@ from __future__ import annotations
 import pytest
 
 from infrastructure.fake_gateway.config import FakeConfig, InvalidKnobError
-from infrastructure.fake_gateway.metering import TokenBucket, retry_after
+from infrastructure.fake_gateway.metering import FixedWindow, TokenBucket, retry_after
 from infrastructure.fake_gateway.replies import BadRequestError, Request
 from infrastructure.fake_gateway.state import FakeState
 from tests.support import ManualClock
 
 
-def takes(bucket: TokenBucket, calls: int) -> list[float]:
+def takes(bucket: TokenBucket | FixedWindow, calls: int) -> list[float]:
     return [round(bucket.take(), 6) for _ in range(calls)]
 
 
@@ -46,6 +46,40 @@ def test_refill_makes_the_bucket_full_with_the_new_rate_and_burst() -> None:
     assert takes(bucket, 3) == [0.0, 0.0, 0.1]
     bucket.refill()
     assert takes(bucket, 3) == [0.0, 0.0, 0.1]
+
+
+def test_a_window_admits_its_quota_then_tells_the_wait_to_its_end() -> None:
+    """A quota of "600 a minute" at the small scale: 2 calls/s over 3 s windows, 6 a
+    window; a call past them waits until the window ends, however early it came."""
+    clock = ManualClock(seconds=100.0)
+    window = FixedWindow(2.0, 3.0, clock)
+    assert takes(window, 7) == [0.0] * 6 + [3.0]
+    clock.advance(2.5)
+    assert takes(window, 1) == [0.5]  # refused calls count nothing
+    clock.advance(0.5)  # the next window
+    assert takes(window, 7) == [0.0] * 6 + [3.0]
+    clock.advance(7.0)  # two windows on, on the same grid: this one ends in 2 s
+    assert takes(window, 7) == [0.0] * 6 + [2.0]
+    window.refill()  # a reset starts a window from now
+    assert takes(window, 7) == [0.0] * 6 + [3.0]
+
+
+def test_a_window_quota_is_one_call_at_the_least() -> None:
+    window = FixedWindow(0.1, 2.0, ManualClock(seconds=0.0))
+    assert takes(window, 2) == [0.0, 2.0]
+
+
+def test_the_rate_window_knob_makes_the_limit_a_quota_a_window() -> None:
+    state = FakeState(FakeConfig(rate_limit=2.0), ["p"])
+    assert isinstance(state.bucket, TokenBucket)
+    state.configure({"rate_window": 3.0})
+    assert isinstance(state.bucket, FixedWindow)
+    assert state.snapshot()["rate_limit"] == {"rate": 2.0, "burst": 1, "window": 3.0}
+    assert [call(state) for _ in range(7)] == [200] * 6 + [429]
+    state.configure({"rate_window": 0})
+    assert isinstance(state.bucket, TokenBucket)
+    with pytest.raises(InvalidKnobError, match="rate_window"):
+        state.configure({"rate_window": -1})
 
 
 @pytest.mark.parametrize(
