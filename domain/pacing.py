@@ -2,11 +2,13 @@
 
 Every worker process of a deployment shares one `PaceState` (a row in
 PostgreSQL, or memory in a lone process). Each call asks `admit` before it is
-sent and reports its answer to `observe`. Times are seconds on one clock (the
-database's, when shared). While no limit is in force (`free`: no rate
-configured or learned, the circuit closed, nothing failing, no hold current),
-a process admits its calls on its own copy of the state, refreshed every
-~100 ms (infrastructure/gateway/pacing.py). This docstring states the rules;
+sent and reports a 429 or an unreachable answer to `observe`; other answers are
+counted and published with the process's next write (`count_answered`), which
+a cut reads. Times are seconds on one clock (the database's, when shared).
+While no limit is in force (`free`: no rate configured or learned, the circuit
+closed, nothing failing, no hold current), a process admits its calls on its
+own copy of the state, refreshed every ~100 ms
+(infrastructure/gateway/pacing.py). This docstring states the rules;
 docs/operations.md ("Pacing the gateway") says what an operator sets and
 sees, and decisions 007 and 039 to 048 (docs/decisions/) say why each rule
 is as it is.
@@ -15,8 +17,9 @@ What `admit` asks, in order:
 
 - **A circuit.** `open_after` unreachable answers in a row (refused, timeout,
   dropped, 502, 503, 504) open it. Calls are then held unsent, one probe goes
-  every `probe_every_s`, and any answer closes it.
-- **A shared hold.** While one holds (below), no call goes.
+  every `probe_every_s` whatever the rate or a hold (again that long after one
+  unanswered), and any answer closes it.
+- **A shared hold.** While one holds (below), no other call goes.
 - **A rate.** A GCRA: `tat`, the next call's turn, moves on by 1/rate a call,
   and a call may go `burst - 1` intervals ahead of it. The rate is the
   configured one, or the learned one (`rate_now`), which is cut under a
@@ -25,13 +28,14 @@ What `admit` asks, in order:
   (`create_wait_s` for a create: its hop has listed the family). A longer
   wait is a `Hold`, and its hop is deferred (domain/hop.py). A call whose wait
   a cut, a new hold or an opened circuit outlived asks again rather than go
-  (`still_admitted`).
+  (`still_admitted`), and is not counted again as sent.
 
 What a 429 does (`observe`, then `_throttled`):
 
-- **Its own call waits.** Within its patience, and while the pace limits the
-  fleet, the call's thread waits the Retry-After and the call goes once more
-  (`waits_told`); otherwise its hop is deferred until then.
+- **Its own call waits.** With a Retry-After within its patience, and while
+  the pace limits the fleet, the call's thread waits it and the call asks its
+  turn again, once (`waits_told`; a create once a round); otherwise its hop is
+  deferred until then (domain/waits.py).
 - **The fleet acts only on evidence** (`rate_signal`). Dense 429s
   (`_dense`): at least `evidence_min`, and `evidence_share` of the calls, of
   `evidence_calls_min` at the least (`evidence_calls_learned` once a rate was
@@ -39,29 +43,36 @@ What a 429 does (`observe`, then `_throttled`):
   limit the last cut read, a few (`_past_limit`: `evidence_above_min` and
   `evidence_above_share`). Stray 429s stay under both. A cut spends the
   evidence, and comes at most once every `cut_every_s`.
-- **Dense 429s hold and cut.** The latest Retry-After holds every call of the
-  fleet, for at most `retry_after_max_s` (`_hold`), and the rate is cut
-  (within `cut_every_s` of the last cut, only held).
-- **A few past the limit read cut only when the gateway held calls back**
-  (`_held_back`: it answered under `cut_under` of what was sent, and at least
-  `cut_short_min` calls less; `cut_short_strict` while under one stray 429
-  is counted: `strays`, those that came while the rate was under
-  `strays_under` of the read, decayed over `strays_tau_s`). If it answered
-  more than the read, the read is raised instead (a floor's, only while
-  nothing was held back).
+- **Dense 429s hold and cut.** The 429's Retry-After (1 s if none, at most
+  `retry_after_max_s`) holds every call of the fleet unless a longer hold is
+  in force (`_hold`), and the rate is cut (within `cut_every_s` of the last
+  cut, only held).
+- **A few past the limit read hold no call, and cut only when the gateway
+  held calls back** (`_held_back`: it answered under `cut_under` of what was
+  sent, and at least `cut_short_min` calls less; `cut_short_strict` while
+  under one stray 429 is counted: `strays`, those that came while the rate
+  was under `strays_under` of a read that is no floor, decayed over
+  `strays_tau_s`). If it answered more than the read, the read is raised
+  instead (a floor's, only while nothing was held back).
 
 What a cut sets (`_cut`):
 
-- **The first**, no limit known: `backoff_factor` of what the fleet was
-  sending, grown by `growth_searching_per_s` a second, compounded.
+- **The first**, no rate in force (none configured, none learned or grown
+  past `unlimited_above`): `backoff_factor` of what the fleet was sending,
+  grown by `growth_searching_per_s` a second, compounded. It reads no limit,
+  so only dense 429s cut again.
 - **A later one** reads the limit (`ceiling`): the calls answered a second
   over the last window, in the time no hold held (`answered_rate`,
-  `_unheld`), and at least `backoff_factor` of what was sent. A clean window
-  since the last cut reads it instead when the answers read under
-  `clean_trust` of it (a limiter with no burst). A cut on a few 429s reads no
-  less than `few_keep` of the last dense one's read. The rate is set to
-  `below_ceiling` of the read and grows by `growth_per_s` to `knee` of it,
-  by `growth_near_limit_per_s` to `stale_above` of it, then by `growth_per_s`.
+  `_unheld`), and at least `backoff_factor` of what was sent (at most the rate
+  in force). A clean window (`_rolled`: 429s at most `CLEAN_SHARE`, no hold)
+  since the last cut, within `clean_within_s`, reads it instead when the read
+  is under `clean_trust` of it (a limiter with no burst). A cut on a few 429s
+  reads no less than `few_keep` of the last dense one's read. The rate is set
+  to `below_ceiling` of the read, never above the rate in force, and grows by
+  `growth_per_s` to `knee` of it, by `growth_near_limit_per_s` to
+  `stale_above` of it, then by `growth_per_s`. The turns taken at the old rate
+  are given back, and the burst's credit (`_given_back`): calls go at the new
+  rate from now.
 - **A floor.** A read made while the fleet sent under `spaced_share` of the
   rate (its calls went in bursts), or answers under `backoff_factor` of what
   was sent with no clean window, is only a floor (`ceiling_low`): the rate
