@@ -1,6 +1,7 @@
 """Against a conventional peer: the same 1,000 provisions by a Celery design, beside ours.
 
     .venv/bin/python bench/peer.py [--brands 1000] [--latency-ms 0 100] [--settle-polls 1]
+                                   [--settle-s 0]
                                    [--workers 2] [--concurrency 16] [--peer-poll-s 1.0]
                                    [--repeat 1] [--only peer|ours] [--json]
 
@@ -22,7 +23,9 @@ worker` at CONCURRENCY, brands requested from 8 threads, the clock to the last
 Both on a fresh database and RabbitMQ virtual host each (dropped afterwards), against
 the project's fake gateway (`provisioner fake-gateway`: FakeGateway) with LATENCY ms
 per call and a workspace ready at its (SETTLE_POLLS + 1)-th status poll (1, as
-bench/rollout.py metered has it; 0 as bench/pipeline.py has it), brands spread over
+bench/rollout.py metered has it; 0 as bench/pipeline.py has it) and, with
+`--settle-s S`, no sooner than S seconds after its create (a real gateway's
+workspace settles in time, whoever polls it), brands spread over
 parents of 100. Per latency, ours then the peer's (alternating with --repeat), then
 the ratios: at 0 ms ours / peer's provisions per second (target >= 1.0), at 100 ms
 our seconds / the peer's (target <= 1.0).
@@ -95,9 +98,7 @@ def peer_measure(
     with psycopg.connect(url, autocommit=True) as conn:
         peer_rows.create_table(conn)
     parents = [f"org-{n}" for n in range(max(1, args.brands // args.brands_per_parent))]
-    fake, gateway_url = start_fake(
-        parents, latency_ms=latency_ms, knobs={"settle_polls": args.settle_polls}
-    )
+    fake, gateway_url = start_fake(parents, latency_ms=latency_ms, knobs=settle_knobs(args))
     env = {
         **os.environ,
         "PYTHONPATH": f"{BENCH}{os.pathsep}{ROOT}",
@@ -178,6 +179,7 @@ def peer_measure(
         "failed": failed,
         "latency_ms": latency_ms,
         "settle_polls": args.settle_polls,
+        "settle_s": args.settle_s,
         "seconds": round(elapsed, 2),
         "provisions_per_s": round(ready / elapsed, 1) if elapsed > 0 else 0.0,
         "gateway_calls_per_brand": round(calls / max(args.brands, 1), 2),
@@ -224,6 +226,12 @@ def cpu_used(before: dict[str, Any], after: dict[str, Any]) -> dict[str, float]:
 # --------------------------------------------------------------------------- ours
 
 
+def settle_knobs(args: argparse.Namespace) -> dict[str, float]:
+    """When the fake's workspaces are ready: after SETTLE_POLLS not-ready polls and
+    SETTLE_S seconds since the create (both, when both are given)."""
+    return {"settle_polls": args.settle_polls, "settle_s": args.settle_s}
+
+
 def ours_run(args: argparse.Namespace, latency_ms: float) -> dict[str, Any]:
     """bench/pipeline.py's run, its fake started with the peer's knobs."""
     import pipeline  # noqa: PLC0415 - imports the service, which the peer's side never needs
@@ -231,9 +239,7 @@ def ours_run(args: argparse.Namespace, latency_ms: float) -> dict[str, Any]:
     calls: list[int] = []
 
     def start_fake_alike(parents: Any, *, latency_ms: float = 0.0, **_: Any) -> Any:
-        fake, url = common.start_fake(
-            parents, latency_ms=latency_ms, knobs={"settle_polls": args.settle_polls}
-        )
+        fake, url = common.start_fake(parents, latency_ms=latency_ms, knobs=settle_knobs(args))
         stop = fake.terminate
 
         def count_then_stop() -> None:  # the run stops its fake: read its calls first
@@ -248,7 +254,7 @@ def ours_run(args: argparse.Namespace, latency_ms: float) -> dict[str, Any]:
     result: dict[str, Any] = pipeline.run(common.pipeline_args(args, latency_ms))
     if calls:
         result["gateway_calls_per_brand"] = round(calls[0] / max(args.brands, 1), 2)
-    return {"side": "ours", "settle_polls": args.settle_polls, **result}
+    return {"side": "ours", **settle_knobs(args), **result}
 
 
 # --------------------------------------------------------------------------- main
@@ -292,6 +298,13 @@ def main() -> int:
     add_pipeline_args(parser)  # the layout and size of both sides
     parser.add_argument("--latency-ms", type=float, nargs="+", default=[0.0, 100.0])
     parser.add_argument("--settle-polls", type=int, default=1, help="not-ready polls first")
+    parser.add_argument(
+        "--settle-s",
+        type=float,
+        default=0.0,
+        help="seconds from the create before ready, as a real gateway settles (with"
+        " --settle-polls 0: by time alone)",
+    )
     parser.add_argument("--peer-poll-s", type=float, default=1.0, help="the peer's first re-poll")
     parser.add_argument("--repeat", type=int, default=1, help="runs of each side, alternating")
     parser.add_argument("--only", choices=("ours", "peer"), help="run one side only")
@@ -317,12 +330,14 @@ def main() -> int:
         check=False,
     ).stdout.strip()  # fmt: skip
     report = {"commit": commit, "settle_polls": args.settle_polls, "runs": runs, "ratios": ratios}
+    report["settle_s"] = args.settle_s
     report["peer_poll_s"] = args.peer_poll_s  # the peer's first re-poll, doubling after
     if args.json:
         print(json.dumps(report))
     else:
         print(f"commit {commit}, {args.brands} brands, {args.workers} x {args.concurrency}, "
-              f"workspace ready at status poll {args.settle_polls + 1}")  # fmt: skip
+              f"workspace ready at status poll {args.settle_polls + 1}, "
+              f"{args.settle_s:g} s after its create at the earliest")  # fmt: skip
         for r in runs:
             print(line(r))
         for x in ratios:
