@@ -2,7 +2,7 @@
 outage longer than the settle budget, on the service's own processes.
 
     .venv/bin/python bench/rollout.py metered [--brands 300] [--rate-limit 20] [--burst 5]
-                                              [--window 0]
+                                              [--window 0] [--settle-s 0]
                                               [--only configured|learned] [--repeat N]
                                               [--latency-ms 0]
                                               [--json]
@@ -25,7 +25,8 @@ the clock starts when that command is started. A brand is ready when
 (429 with a whole-second Retry-After beyond it; with `--window S`, a quota of
 rate x S calls in each S-second window, a call past it told to wait until the
 window ends) and a workspace is ready at
-its second status poll (`--settle-polls 1`); `--latency-ms` delays each answer
+its second status poll (`--settle-polls 1`; with `--settle-s S`, S seconds after
+its create, however often it is polled); `--latency-ms` delays each answer
 (the floor holds while the threads could send faster than the rate: 32 threads
 at 200 ms each send 160 calls/s). Two runs, each on its own
 database (the fleet's pace is a row in it), the fake reset in between: the
@@ -363,7 +364,9 @@ def metered(args: argparse.Namespace) -> dict[str, Any]:
         "rate_limit": args.rate_limit,
         "burst": args.burst,
         "rate_window": args.window,
-        "settle_polls": 1,
+        # Ready at the 2nd poll, or (--settle-s) that long after the create, by time alone.
+        "settle_polls": 0 if args.settle_s else 1,
+        "settle_s": args.settle_s,
     }
     fake, gateway_url = start_fake(parents, latency_ms=args.latency_ms, knobs=knobs)
     runs: dict[str, dict[str, Any]] = {}
@@ -396,6 +399,7 @@ def metered(args: argparse.Namespace) -> dict[str, Any]:
         "rate_limit": args.rate_limit,
         "burst": args.burst,
         "window_s": args.window,
+        "settle_s": args.settle_s,
         "configured_rate": args.configured_rate or args.rate_limit,
         "latency_ms": args.latency_ms,
         "workers": args.workers,
@@ -803,6 +807,13 @@ def main() -> int:
         elif name == "metered":
             one.add_argument("--rate-limit", type=float, default=20.0, help="the fake's calls/s")
             one.add_argument("--burst", type=int, default=5, help="the fake's bucket")
+            one.add_argument(
+                "--settle-s",
+                type=float,
+                default=0.0,
+                help="a workspace ready this long after its create, however often polled"
+                " (default: at its 2nd poll)",
+            )
             one.add_argument(
                 "--window",
                 type=float,
