@@ -70,7 +70,8 @@ class FixedWindow:
         return max(1, math.floor(self.rate * self.window + 1e-9))
 
     def refill(self) -> None:
-        self.start, self.ends_at, self.used = self.now(), self.now() + self.window, 0
+        self.start = self.now()
+        self.ends_at, self.used = self.start + self.window, 0
 
     def take(self) -> float:
         """Count a call in the window: 0.0 if within the quota, else the seconds until

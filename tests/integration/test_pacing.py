@@ -7,12 +7,12 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import replace
+from dataclasses import fields, replace
 
 import pytest
 
 from domain.outcomes import Outcome
-from domain.pacing import DENSE, PaceRules, Result, rate_now, strays_seen
+from domain.pacing import DENSE, PaceRules, PaceState, Result, rate_now, strays_seen
 from domain.ports import TransientGatewayError, WorkspaceGone
 from infrastructure.fake_gateway.server import FakeGateway
 from infrastructure.gateway.adapter import HttpGateway
@@ -39,6 +39,27 @@ def stores(pg_database: str, key: str) -> Iterator[list[PgPaceStore]]:
     yield made
     for store in made:
         store.close()
+
+
+def test_every_field_of_the_pace_comes_back_from_the_row_as_written(
+    stores: list[PgPaceStore],
+) -> None:
+    """What one process writes (`held_s` too: the holds since a cut) is what another
+    reads: no field is lost or changed on its way through PostgreSQL's jsonb."""
+    written = PaceState(
+        **{
+            f.name: (
+                f"{f.name}-value" if f.type == "str"
+                else 7 + n if f.type == "int"
+                else True if f.type == "bool"
+                else 1.25 + n
+            )
+            for n, f in enumerate(fields(PaceState))
+        }
+    )  # fmt: skip
+    assert written.held_s != PaceState().held_s
+    stores[0].update(lambda _state, _now: (written, None))
+    assert stores[1].read()[0] == written
 
 
 def clients(fake: FakeGateway, stores: list[PgPaceStore], rules: PaceRules) -> list[HttpGateway]:
