@@ -65,7 +65,8 @@ class ProvisioningAttempt(Aggregate):
         # hop asks again later; it does not use up the settle budget.
         deferred: bool
         # It spent a hop of the settle budget: a workspace still settling (not a
-        # deferral, nor the wait for an unconfirmed create within its grace).
+        # deferral, the wait for an unconfirmed create within its grace, nor the
+        # first wait after a create, before the workspace was asked).
         spent: bool
         # A deferral for the fleet's own turn (its rate, a shared Retry-After): the
         # gateway was not asked, so it is no deferral "in a row" for the backoff.

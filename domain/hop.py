@@ -11,6 +11,8 @@ order of a hop, top to bottom:
    empty what the attempt owes (`ReleaseOwed`);
 2. the gate: a terminal attempt, a stale, duplicate or future hop stands down;
 3. a candidate: poll it (`Poll`), and its status decides (`status_answered`);
+   one this round's create has just made is not polled: the hop waits the first
+   settle wait, spending no budget (decision 049);
 4. an unconfirmed create: read the title slot, then what our lost creates made
    (`CreditLostCreates`); accept it, wait for it, or go on as if it never happened;
 5. adopt (`FindAdoptable`, `TakeCandidate`) or create (`RequestCreate`), and what
@@ -62,6 +64,10 @@ from domain.steps import (
 )
 
 # What the runner is asked to perform, and what it notes of each.
+
+
+# Why the create's own hop ends in a wait, on record as the hop's last status.
+CREATED_WAIT = "created; first poll after the first settle wait"
 
 
 @dataclass(frozen=True, slots=True)
@@ -235,9 +241,7 @@ def _next(v: HopView, seen: Seen) -> Effect | Ending:
     if seen.fault is not None:
         return acquire_faulted(seen.fault)
     if v.candidate_id is not None:
-        if seen.status is None:
-            return Poll(v.candidate_id)
-        return status_answered(seen.status, v.provenance, v.candidate_id)
+        return candidate(v.candidate_id, v.provenance, seen.status, seen.created)
     if seen.slot_busy is None:
         return ReadSlot()
     waiting = slot_gate(seen.slot_busy, v.title)
@@ -250,6 +254,22 @@ def _next(v: HopView, seen: Seen) -> Effect | Ending:
         if recovered is not None:  # else that create did not happen: adopt or create afresh
             return recovered
     return acquire(v, seen)
+
+
+def candidate(
+    workspace_id: str,
+    provenance: Provenance | None,
+    status: str | GatewayFault | None,
+    created: str | GatewayFault | None,
+) -> Poll | Wait | Promote | Defer | DropExisting | DropCandidate | Fail:
+    """Poll the candidate and let its status decide; one this round's create has
+    just made (`created`) is not asked yet: no gateway has it ready at once, so the
+    hop waits the first settle wait, spending no budget (decision 049)."""
+    if status is not None:
+        return status_answered(status, provenance, workspace_id)
+    if created == workspace_id:
+        return Wait(CREATED_WAIT, spends=False)
+    return Poll(workspace_id)
 
 
 def recover(v: HopView, made: Made) -> TakeCandidate | Wait | Fail | None:

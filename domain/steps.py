@@ -43,8 +43,9 @@ class Stand:
 @dataclass(frozen=True, slots=True)
 class Wait:
     status: str
-    # False: not a workspace settling (an unconfirmed create's grace, bounded by it):
-    # the wait does not spend the settle budget.
+    # False: no "not yet" was answered (an unconfirmed create's grace, bounded by it;
+    # the first wait after a create, before its workspace is asked): the wait does
+    # not spend the settle budget.
     spends: bool = True
 
 

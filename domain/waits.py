@@ -108,8 +108,10 @@ def believed_retry_after(seconds: float) -> float:
 
 @dataclass(frozen=True, slots=True)
 class Backoff:
-    """Delay before hop n+1 is base * 2**n; at most `max_requeues` hops after the first.
-    No defaults: PROVISIONER_BACKOFF_BASE_S and PROVISIONER_MAX_REQUEUES give them."""
+    """The settle budget: after the n-th "not yet" (n from 0) the next hop waits
+    base * 2**n; at most `max_requeues` such waits. A wait that spends none (the
+    first after a create) waits base. No defaults: PROVISIONER_BACKOFF_BASE_S and
+    PROVISIONER_MAX_REQUEUES give them."""
 
     base_s: float
     max_requeues: int
@@ -143,7 +145,8 @@ def schedule_or_exhaust(
     """Not yet: the next hop after the backoff, or failed when the settle budget is
     spent. `settled`: the settle waits used so far (deferred hops are not counted).
     A wait that does not spend the budget (`spends=False`: an unconfirmed create's
-    grace) comes after the first step of the backoff, whatever is left of it."""
+    grace, or the first wait after a create) comes after the first step of the
+    backoff, whatever is left of it."""
     if not spends:
         delay = backoff.delay_after(0)
         return Schedule(hop + 1, now + timedelta(seconds=delay), delay, status, spends=False)

@@ -327,15 +327,17 @@ SETTINGS: tuple[Setting, ...] = (
         Number(0, 86400, above=True),
         5.0,
         Section.HOPS,
-        "delay before hop n+1 is base × 2^n",
+        'the wait after the n-th "not yet" (n from 0) is base × 2^n; the wait between a '
+        "create and its first poll is base",
     ),
     Setting(
         "PROVISIONER_MAX_REQUEUES",
         Number(0, 30, integer=True),
         5,
         Section.HOPS,
-        "hops after the first before an attempt fails `exhausted`: the **settle budget**, "
-        'spent only by hops where the gateway answered "not yet"',
+        'how many "not yet" answers an attempt waits out before it fails `exhausted` at '
+        'the next: the **settle budget**, spent only by hops where the gateway answered "not '
+        'yet" (not by the wait between a create and its first poll)',
     ),
     Setting(
         "PROVISIONER_ATTEMPT_DEADLINE_S",

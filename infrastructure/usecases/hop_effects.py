@@ -214,7 +214,7 @@ class HopEffects:
     def _record_created(self) -> Fail | None:
         """Put what this run created on record: as the candidate, else as a surplus.
 
-        Saved with the attempt's next save (after the first poll on the fresh path).
+        Saved with the attempt's next save (with the first wait on the fresh path).
         A surplus (the attempt moved on meanwhile) is owed a release, which the next
         step performs. Returns a Fail when the attempt must fail instead.
         """

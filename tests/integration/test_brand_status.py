@@ -41,10 +41,16 @@ def row_of(app: ProvisionerApplication, url: str, brand_id: str) -> dict[str, An
 
 
 def bound(service: ProvisioningService, brand_id: str, title: str) -> str:
+    """The brand bound: hop 0 creates its workspace and waits (never ready the instant
+    its create returns), hop 1 polls it and promotes it."""
     attempt_id = service.request_provisioning(brand_id, title, PARENT)
-    assert service.run_hop(attempt_id, 0).outcome is Outcome.PROMOTED
+    created = service.run_hop(attempt_id, 0)
+    assert (created.outcome, created.next_hop) == (Outcome.SCHEDULED, 1)
+    promoted = service.run_hop(attempt_id, 1)
+    assert promoted.outcome is Outcome.PROMOTED
     workspace_id = service.brand(brand_id).workspace_id
     assert workspace_id is not None
+    assert workspace_id == promoted.workspace_id == created.workspace_id
     return workspace_id
 
 

@@ -13,6 +13,7 @@ from uuid import UUID
 import pytest
 from click.testing import CliRunner, Result
 
+from domain.outcomes import Outcome
 from infrastructure.fake_gateway.server import FakeGateway
 from infrastructure.gateway.adapter import HttpGateway
 from infrastructure.service import ProvisioningService
@@ -47,7 +48,10 @@ def story(tmp_path: Path, fake: FakeGateway, http_gateway: HttpGateway) -> dict[
     now = EngineSettings(decommission_delay_s=0.0)  # emptied at once
     service = ProvisioningService(app, http_gateway, clock=clock, settings=now)
     first = service.request_provisioning("b-read", "Read Co", PARENT)
-    promoted = service.run_hop(first, 0)
+    created = service.run_hop(first, 0)  # created; first polled by the next hop
+    assert (created.outcome, created.next_hop) == (Outcome.SCHEDULED, 1)
+    promoted = service.run_hop(first, 1)
+    assert promoted.outcome is Outcome.PROMOTED
     service.deactivate("b-read")
     service.decommission("b-read")
     second = service.request_provisioning("b-read", "Read Co", PARENT)

@@ -4,6 +4,7 @@ gateway over real HTTP, and the event store on SQLite and PostgreSQL."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from itertools import pairwise
 from typing import Any
 from uuid import UUID, uuid4
 
@@ -11,12 +12,14 @@ import pytest
 from pytest_mock import MockerFixture
 
 from domain.errors import AttemptInProgress, InvalidRequest
+from domain.hop import CREATED_WAIT
 from domain.outcomes import HopOutcome, Outcome, StandDown
 from domain.policies import AttemptState, FailureReason, Provenance
 from domain.ports import RequestRejected, TransientGatewayError, Unauthorized
 from domain.releases import DecommissionKind
 from infrastructure.fake_gateway.server import FakeGateway
 from infrastructure.service import ProvisioningService
+from infrastructure.settings.engine import EngineSettings
 from tests.conftest import PARENT, TOKEN
 from tests.support import Intercepting, ManualClock, creates, drive, event_names, upstream
 
@@ -26,17 +29,48 @@ def parent_untouched(fake: FakeGateway) -> bool:
     return bool(parent["projects"]) and parent["status"] == "active"
 
 
+def created_then_promoted(service: ProvisioningService, attempt_id: UUID) -> HopOutcome:
+    """Hop 0 creates the workspace and, without polling it (never ready the instant its
+    create returns), waits the backoff's first step, spending none of the settle
+    budget; hop 1 polls it (ready at the fake's first poll) and promotes it."""
+    created = service.run_hop(attempt_id, 0)
+    assert (created.outcome, created.next_hop, created.detail) == (
+        Outcome.SCHEDULED,
+        1,
+        CREATED_WAIT,
+    ), created
+    assert service.attempt(attempt_id).settle_hops == 0
+    promoted = service.run_hop(attempt_id, 1)
+    assert (promoted.outcome, promoted.workspace_id) == (Outcome.PROMOTED, created.workspace_id)
+    return promoted
+
+
 # The happy path and settling.
 
 
-def test_first_hop_creates_records_candidate_and_promotes_when_ready(
+def test_first_hop_creates_and_records_the_candidate_the_next_promotes_it_when_ready(
     service: ProvisioningService, fake: FakeGateway, brand_id: str, title: str
 ) -> None:
     attempt_id = service.request_provisioning(brand_id, title, PARENT)
 
-    outcome = service.run_hop(attempt_id, 0)
+    created = service.run_hop(attempt_id, 0)
+
+    # Never ready the instant its create returns: recorded and claimed, not polled; the
+    # next hop comes after the backoff's first step, spending none of the settle budget.
+    assert (created.outcome, created.next_hop, created.delay_s) == (Outcome.SCHEDULED, 1, 5.0)
+    assert created.detail == CREATED_WAIT
+    assert fake.state()["calls"].get("status", 0) == 0
+    waiting = service.attempt(attempt_id)
+    assert (waiting.state, waiting.candidate_id) == (AttemptState.PENDING, created.workspace_id)
+    assert waiting.settle_hops == 0
+    assert service.brand(brand_id).workspace_id is None
+    assert created.workspace_id is not None
+    assert service.claim(created.workspace_id).brand_id == brand_id  # type: ignore[union-attr]
+
+    outcome = service.run_hop(attempt_id, 1)
 
     assert outcome.outcome is Outcome.PROMOTED
+    assert fake.state()["calls"]["status"] == 1
     attempt = service.attempt(attempt_id)
     assert attempt.provenance is Provenance.CREATED
     assert attempt.state is AttemptState.PROMOTED
@@ -47,6 +81,7 @@ def test_first_hop_creates_records_candidate_and_promotes_when_ready(
         "Started",
         "CreateRequested",
         "CandidateAccepted",
+        "HopScheduled",
         "Promoted",
     ]
     assert service.claim(workspace["id"]).brand_id == brand_id  # type: ignore[union-attr]
@@ -61,24 +96,38 @@ def test_settling_schedules_the_next_hop_with_the_backoff_delay(
 
     outcomes = drive(service, attempt_id, clock.advance)
 
-    assert [o.outcome for o in outcomes] == [Outcome.SCHEDULED] * 3 + [Outcome.PROMOTED]
-    assert [o.delay_s for o in outcomes[:3]] == [5.0, 10.0, 20.0]
+    # Hop 0 creates and waits the backoff's first step without polling (spending none of
+    # the settle budget); hops 1-3 poll "not ready" three times, each spending one
+    # settle wait on the backoff; hop 4 finds it ready.
+    assert [o.outcome for o in outcomes] == [Outcome.SCHEDULED] * 4 + [Outcome.PROMOTED]
+    assert [o.delay_s for o in outcomes[:4]] == [5.0, 5.0, 10.0, 20.0]
     scheduled = [
         e for e in service.app.events.get(attempt_id) if type(e).__name__ == "HopScheduled"
     ]
-    assert [e.hop for e in scheduled] == [1, 2, 3]  # type: ignore[attr-defined]
+    assert [e.hop for e in scheduled] == [1, 2, 3, 4]  # type: ignore[attr-defined]
+    assert [(e.last_status, e.spent) for e in scheduled] == [  # type: ignore[attr-defined]
+        (CREATED_WAIT, False),
+        ("not ready", True),
+        ("not ready", True),
+        ("not ready", True),
+    ]
+    assert service.attempt(attempt_id).settle_hops == 3
     first = scheduled[0]
-    assert first.last_status == "not ready"  # type: ignore[attr-defined]
     assert 4.0 <= (first.not_before - first.timestamp).total_seconds() <= 6.0  # type: ignore[attr-defined]
+    # Each hop ran at its not_before (the clock advanced by each delay, give or take the
+    # real time a hop takes): the waits after the three "not ready" are 5, 10 and 20 s.
+    gaps = [(b.not_before - a.not_before).total_seconds() for a, b in pairwise(scheduled)]  # type: ignore[attr-defined]
+    assert [round(gap) for gap in gaps] == [5, 10, 20]
 
 
 def test_resumed_hop_polls_the_recorded_candidate_without_creating(
     service: ProvisioningService, fake: FakeGateway, brand_id: str, title: str
 ) -> None:
-    fake.configure(settle_polls=1)
     attempt_id = service.request_provisioning(brand_id, title, PARENT)
-    first = service.run_hop(attempt_id, 0)
+    first = service.run_hop(attempt_id, 0)  # creates, and waits for its first poll
     assert first.outcome is Outcome.SCHEDULED
+    assert first.workspace_id is not None
+    assert fake.state()["calls"].get("status", 0) == 0
 
     second = service.run_hop(attempt_id, 1)
 
@@ -86,6 +135,7 @@ def test_resumed_hop_polls_the_recorded_candidate_without_creating(
     assert second.workspace_id == first.workspace_id
     assert creates(fake, title) == 1
     assert fake.state()["calls"]["create"] == 1
+    assert fake.state()["calls"]["status"] == 1
 
 
 def test_budget_exhausted_fails_and_records_the_release_of_a_created_candidate(
@@ -129,7 +179,11 @@ def drive_from(
 
 
 def test_creation_failed_shells_are_released_and_created_again_until_out_of_hops(
-    service: ProvisioningService, fake: FakeGateway, brand_id: str, title: str
+    service: ProvisioningService,
+    fake: FakeGateway,
+    settings: EngineSettings,
+    brand_id: str,
+    title: str,
 ) -> None:
     fake.configure(terminal_rate=1.0)
     attempt_id = service.request_provisioning(brand_id, title, PARENT)
@@ -143,7 +197,17 @@ def test_creation_failed_shells_are_released_and_created_again_until_out_of_hops
     assert outcome.outcome is Outcome.FAILED
     attempt = service.attempt(attempt_id)
     assert attempt.failure_reason is FailureReason.EXHAUSTED
-    assert len(attempt.created_ids) == hop + 1  # one create per hop: each was safe
+    # Each shell is created by one hop and first polled by the next, which drops it
+    # (a create again is safe) and spends a settle wait: one create every other hop,
+    # until the settle budget is spent.
+    requested = [
+        e.hop  # type: ignore[attr-defined]
+        for e in service.app.events.get(attempt_id)
+        if type(e).__name__ == "CreateRequested"
+    ]
+    assert requested == list(range(0, hop, 2))
+    assert len(attempt.created_ids) == (hop + 1) // 2 == settings.backoff.max_requeues + 1
+    assert attempt.settle_hops == settings.backoff.max_requeues
     assert set(attempt.released_ids) == set(attempt.created_ids)
     assert not attempt.release_owed
     assert service.release(attempt_id) == ()
@@ -203,11 +267,15 @@ def test_create_retried_on_a_later_hop_succeeds_once_the_gateway_recovers(
     waiting = service.run_hop(attempt_id, 1)  # within the grace period: no second create
     clock.advance(61)
 
-    outcome = service.run_hop(attempt_id, 2)
+    created = service.run_hop(attempt_id, 2)  # past the grace: creates again
+    clock.advance(created.delay_s or 0)
+    outcome = service.run_hop(attempt_id, 3)  # polls what it created
 
     assert waiting.outcome is Outcome.SCHEDULED
     assert "unconfirmed" in waiting.detail
+    assert (created.outcome, created.detail) == (Outcome.SCHEDULED, CREATED_WAIT)
     assert outcome.outcome is Outcome.PROMOTED
+    assert outcome.workspace_id == created.workspace_id
     assert creates(fake, title) == 2
     assert len(upstream(fake, title)) == 1
 
@@ -235,16 +303,23 @@ def test_a_lapsed_unconfirmed_create_never_takes_the_workspace_another_attempt_i
     intercept.create_answer = create_while_x_recovers
     service.gateway = intercept
     y_brand = f"y-{uuid4().hex[:8]}"
-    y = service.run_hop(service.request_provisioning(y_brand, title, PARENT), 0)
+    y_attempt = service.request_provisioning(y_brand, title, PARENT)
+    y_created = service.run_hop(y_attempt, 0)
 
-    assert y.outcome is Outcome.PROMOTED  # not gateway_bug: its workspace was not taken
+    # Not gateway_bug: its workspace was not taken; it waits for its first poll.
+    assert (y_created.outcome, y_created.detail) == (Outcome.SCHEDULED, CREATED_WAIT)
     assert x_hop[0].outcome is Outcome.SCHEDULED  # X waits for the slot instead
     assert service.attempt(x).candidate_id is None
+    y = service.run_hop(y_attempt, 1)
+    assert (y.outcome, y.workspace_id) == (Outcome.PROMOTED, y_created.workspace_id)
     clock.advance(60)
     assert x_hop[0].next_hop is not None
     later = service.run_hop(x, x_hop[0].next_hop)  # the slot is free: X creates its own
-    assert later.outcome is Outcome.PROMOTED
-    assert later.workspace_id != y.workspace_id
+    assert (later.outcome, later.detail) == (Outcome.SCHEDULED, CREATED_WAIT)
+    assert later.workspace_id not in (None, y.workspace_id)
+    assert later.next_hop is not None
+    done = service.run_hop(x, later.next_hop)
+    assert (done.outcome, done.workspace_id) == (Outcome.PROMOTED, later.workspace_id)
     assert service.brand(y_brand).workspace_id == y.workspace_id
 
 
@@ -297,7 +372,7 @@ def test_an_orphan_of_a_create_unresolved_while_another_held_the_slot_is_found_l
     # While X's create was in flight Y waited, never taking X's workspace, and ran out.
     assert y_hops[-1].outcome is Outcome.FAILED
     assert {o.detail for o in y_hops[:-1]} == {f"another create titled {title!r} in flight"}
-    assert x.outcome is Outcome.SCHEDULED  # its own create, settling
+    assert (x.outcome, x.detail) == (Outcome.SCHEDULED, CREATED_WAIT)  # its own create
     assert x.workspace_id not in (None, orphan)
     # Once the slot is free, Y's release (the relay's, or the reconciler's) finds its orphan.
     service.release(y)
@@ -405,9 +480,13 @@ def test_a_throttled_create_is_tried_again_at_the_next_hop_without_waiting_the_g
     intercept.create_answer = None
     clock.advance(5)  # well within the 60 s grace of an unconfirmed create
 
-    outcome = service.run_hop(attempt_id, 1)
+    created = service.run_hop(attempt_id, 1)
 
-    assert outcome.outcome is Outcome.PROMOTED
+    assert (created.outcome, created.detail) == (Outcome.SCHEDULED, CREATED_WAIT)
+    assert creates(fake, title) == 1
+    clock.advance(created.delay_s or 0)
+    outcome = service.run_hop(attempt_id, 2)  # polls what hop 1 created
+    assert (outcome.outcome, outcome.workspace_id) == (Outcome.PROMOTED, created.workspace_id)
     assert creates(fake, title) == 1
 
 
@@ -432,9 +511,8 @@ def test_a_lone_zombie_is_not_adopted_a_fresh_workspace_is_created(
 ) -> None:
     zombie = fake.seed_workspace(title, PARENT, status="not ready")
 
-    outcome = service.run_hop(service.request_provisioning(brand_id, title, PARENT), 0)
+    outcome = created_then_promoted(service, service.request_provisioning(brand_id, title, PARENT))
 
-    assert outcome.outcome is Outcome.PROMOTED
     assert outcome.workspace_id != zombie["id"]
     assert creates(fake, title) == 1
 
@@ -442,8 +520,7 @@ def test_a_lone_zombie_is_not_adopted_a_fresh_workspace_is_created(
 def test_same_title_workspace_claimed_by_another_brand_is_ignored(
     service: ProvisioningService, fake: FakeGateway, brand_id: str, title: str
 ) -> None:
-    other = service.run_hop(service.request_provisioning(brand_id + "-other", title, PARENT), 0)
-    assert other.outcome is Outcome.PROMOTED
+    created_then_promoted(service, service.request_provisioning(brand_id + "-other", title, PARENT))
     lone = fake.seed_workspace(title, PARENT, status="created")
 
     outcome = service.run_hop(service.request_provisioning(brand_id, title, PARENT), 0)
@@ -483,9 +560,10 @@ def test_the_parent_is_never_adopted_even_with_the_same_title(
 ) -> None:
     parent_title = next(w["title"] for w in fake.state()["workspaces"] if w["id"] == PARENT)
 
-    outcome = service.run_hop(service.request_provisioning(brand_id, parent_title, PARENT), 0)
+    attempt_id = service.request_provisioning(brand_id, parent_title, PARENT)
 
-    assert outcome.outcome is Outcome.PROMOTED
+    outcome = created_then_promoted(service, attempt_id)
+
     assert outcome.workspace_id != PARENT
     assert creates(fake, parent_title) == 1
     assert parent_untouched(fake)
@@ -642,13 +720,13 @@ def test_a_redelivered_hop_of_a_promoted_attempt_changes_nothing_and_releases_no
     service: ProvisioningService, fake: FakeGateway, brand_id: str, title: str
 ) -> None:
     attempt_id = service.request_provisioning(brand_id, title, PARENT)
-    done = service.run_hop(attempt_id, 0)
+    done = created_then_promoted(service, attempt_id)
     version = service.attempt(attempt_id).version
 
-    again = service.run_hop(attempt_id, 0)
+    again = [service.run_hop(attempt_id, hop) for hop in (1, 0)]  # the promoting hop, the first
 
-    assert again.stand_down is StandDown.REDELIVERY_OF_PROMOTED
-    assert again.released == ()
+    assert {o.stand_down for o in again} == {StandDown.REDELIVERY_OF_PROMOTED}
+    assert {o.released for o in again} == {()}
     assert service.attempt(attempt_id).version == version
     assert service.brand(brand_id).workspace_id == done.workspace_id
     assert fake.state()["calls"].get("delete_project", 0) == 0
@@ -660,7 +738,7 @@ def test_a_redelivered_hop_of_a_promoted_attempt_changes_nothing_and_releases_no
 def test_an_existing_ready_pointer_is_promoted_without_a_create(
     service: ProvisioningService, fake: FakeGateway, brand_id: str, title: str
 ) -> None:
-    bound = service.run_hop(service.request_provisioning(brand_id, title, PARENT), 0)
+    bound = created_then_promoted(service, service.request_provisioning(brand_id, title, PARENT))
 
     attempt_id = service.request_provisioning(brand_id, title, PARENT)
     outcome = service.run_hop(attempt_id, 0)
@@ -675,7 +753,7 @@ def test_an_existing_ready_pointer_is_promoted_without_a_create(
 def test_an_existing_pointer_gone_terminal_is_unbound_and_the_next_hop_creates_fresh(
     service: ProvisioningService, fake: FakeGateway, clock: ManualClock, brand_id: str, title: str
 ) -> None:
-    bound = service.run_hop(service.request_provisioning(brand_id, title, PARENT), 0)
+    bound = created_then_promoted(service, service.request_provisioning(brand_id, title, PARENT))
     assert bound.workspace_id is not None
     intercept = Intercepting(service.gateway)
     intercept.status_answer[bound.workspace_id] = lambda: "Creation Failed"
@@ -688,9 +766,12 @@ def test_an_existing_pointer_gone_terminal_is_unbound_and_the_next_hop_creates_f
     assert service.brand(brand_id).workspace_id is None
     assert service.claim(bound.workspace_id).brand_id is None  # type: ignore[union-attr]
     clock.advance(first.delay_s or 0)
-    second = service.run_hop(attempt_id, 1)
-    assert second.outcome is Outcome.PROMOTED
+    second = service.run_hop(attempt_id, 1)  # creates afresh, and waits for its first poll
+    assert (second.outcome, second.detail) == (Outcome.SCHEDULED, CREATED_WAIT)
     assert second.workspace_id not in (None, bound.workspace_id)
+    clock.advance(second.delay_s or 0)
+    third = service.run_hop(attempt_id, 2)
+    assert (third.outcome, third.workspace_id) == (Outcome.PROMOTED, second.workspace_id)
     assert service.attempt(attempt_id).provenance is Provenance.CREATED
     assert creates(fake, title) == 2
 
@@ -703,14 +784,16 @@ def test_429_and_5xx_on_status_are_deferred_without_spending_the_settle_budget(
 ) -> None:
     fake.configure(settle_polls=1)
     attempt_id = service.request_provisioning(brand_id, title, PARENT)
-    assert service.run_hop(attempt_id, 0).outcome is Outcome.SCHEDULED
+    assert service.run_hop(attempt_id, 0).outcome is Outcome.SCHEDULED  # created: no poll yet
+    settling = service.run_hop(attempt_id, 1)  # its first poll: not ready, spends one
+    assert (settling.outcome, settling.detail) == (Outcome.SCHEDULED, "not ready")
 
     fake.configure(throttle_rate=1.0)
-    throttled = service.run_hop(attempt_id, 1)
+    throttled = service.run_hop(attempt_id, 2)
     fake.configure(throttle_rate=0.0, server_error_rate=1.0)
-    erroring = service.run_hop(attempt_id, 2)
+    erroring = service.run_hop(attempt_id, 3)
     fake.configure(server_error_rate=0.0)
-    recovered = service.run_hop(attempt_id, 3)
+    recovered = service.run_hop(attempt_id, 4)
 
     assert [throttled.outcome, erroring.outcome, recovered.outcome] == [
         Outcome.DEFERRED,
@@ -787,7 +870,7 @@ def test_bad_requests_get_a_clear_error_and_record_nothing(
 def test_deactivate_empties_unbinds_and_releases_the_claim(
     service: ProvisioningService, fake: FakeGateway, brand_id: str, title: str
 ) -> None:
-    bound = service.run_hop(service.request_provisioning(brand_id, title, PARENT), 0)
+    bound = created_then_promoted(service, service.request_provisioning(brand_id, title, PARENT))
     assert bound.workspace_id is not None
     fake.add_project(bound.workspace_id)
     fake.add_project(bound.workspace_id)
@@ -809,7 +892,7 @@ def test_deactivate_empties_unbinds_and_releases_the_claim(
 def test_reactivation_adopts_the_emptied_shell(
     service: ProvisioningService, fake: FakeGateway, brand_id: str, title: str
 ) -> None:
-    bound = service.run_hop(service.request_provisioning(brand_id, title, PARENT), 0)
+    bound = created_then_promoted(service, service.request_provisioning(brand_id, title, PARENT))
     service.deactivate(brand_id)
     service.decommission(brand_id)
 
@@ -826,13 +909,14 @@ def test_reactivation_adopts_the_emptied_shell(
 # Transaction budget.
 
 
-def test_a_created_attempt_ready_at_first_poll_costs_three_transactions(
+def test_a_created_attempt_ready_at_its_first_poll_costs_four_transactions(
     service: ProvisioningService, fake: FakeGateway, brand_id: str, title: str
 ) -> None:
     before = service.app.saves
-    service.run_hop(service.request_provisioning(brand_id, title, PARENT), 0)
-    # request; CreateRequested (+ slot); CandidateAccepted + claim + Promoted + bound
-    assert service.app.saves - before == 3
+    created_then_promoted(service, service.request_provisioning(brand_id, title, PARENT))
+    # request; CreateRequested (+ slot); CandidateAccepted + claim + slot freed + the
+    # wait for the first poll (HopScheduled); at hop 1's poll, Promoted + bound
+    assert service.app.saves - before == 4
 
 
 def test_a_hop_reads_the_attempt_its_slot_and_its_brand_in_one_query(
@@ -844,7 +928,7 @@ def test_a_hop_reads_the_attempt_its_slot_and_its_brand_in_one_query(
     mocker: MockerFixture,
 ) -> None:
     attempt_id = service.request_provisioning(brand_id, title, PARENT)
-    fake.configure(settle_polls=1)  # hop 0 creates and settles, hop 1 promotes
+    # Hop 0 creates and waits for its first poll; hop 1 polls it (ready) and promotes.
     loads = mocker.spy(service, "load")
 
     # This service took the request, so it knows the attempt's brand, parent and title.

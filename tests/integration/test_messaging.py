@@ -133,7 +133,10 @@ def test_poison_messages_are_dead_lettered_with_their_reason_and_the_worker_carr
     rabbit_url: str, fake: FakeGateway, tmp_path: Path, brand_id: str
 ) -> None:
     env = environment(sqlite_url(tmp_path), rabbit_url, fake)
-    with build(Settings.from_env(env)) as runtime, components(runtime) as running:
+    with (
+        build(Settings.from_env(env)) as runtime,
+        components(runtime, relay=True) as running,
+    ):
         assert running.worker is not None
         for routing_key, body, _ in POISON:
             publish_raw(rabbit_url, body, routing_key)
@@ -141,13 +144,9 @@ def test_poison_messages_are_dead_lettered_with_their_reason_and_the_worker_carr
         wait_for(lambda: running.worker.stats.dead_lettered >= len(POISON), "dead letters")  # type: ignore[union-attr]
         dead = take(rabbit_url, DEAD_QUEUE, len(POISON) + 1, timeout=1.0)
 
-        # ... and the worker still does real work.
+        # ... and the worker still does real work: hop 0 creates, the relay publishes
+        # hop 1 after its backoff, and hop 1 polls the workspace ready.
         attempt_id = runtime.service.request_provisioning(brand_id, title_of(brand_id), PARENT)
-        publisher = Broker(rabbit_url, runtime.topology, scheduler=None)
-        try:
-            publisher.publish(messages.hop(attempt_id, 0))
-        finally:
-            publisher.close()
         promoted(runtime, attempt_id)
         assert alive(running)
         stats = running.worker.stats
@@ -160,7 +159,7 @@ def test_poison_messages_are_dead_lettered_with_their_reason_and_the_worker_carr
         assert json.loads(letter.headers["x-dead-errors"]), body
         assert letter.headers["x-dead-source"] == routing_key
     assert stats.dead_lettered == len(POISON)
-    assert stats.by_type == {"hop": 1}
+    assert stats.by_type == {"hop": 2}
     # Nothing left behind, nothing dropped without a dead letter.
     assert queue_depth(rabbit_url, HOPS_QUEUE)[0] == 0
     assert queue_depth(rabbit_url, COMMANDS_QUEUE)[0] == 0
@@ -175,6 +174,8 @@ def test_poison_messages_are_dead_lettered_with_their_reason_and_the_worker_carr
 def test_a_hop_delivered_twice_has_one_effect(
     pg_env: dict[str, str], rabbit_url: str, fake: FakeGateway, brand_id: str
 ) -> None:
+    """Hop 0 (it creates) and hop 1 (it polls the workspace ready and promotes), each
+    delivered twice at once: one create, one next hop scheduled, one promotion."""
     fake.configure(latency_ms=50)  # the two deliveries overlap on the pool
     title = title_of(brand_id)
     with build(Settings.from_env(pg_env)) as runtime:
@@ -183,18 +184,28 @@ def test_a_hop_delivered_twice_has_one_effect(
         try:
             publisher.publish(messages.hop(attempt_id, 0))
             publisher.publish(messages.hop(attempt_id, 0))
+            with components(runtime) as running:
+                assert running.worker is not None
+                wait_for(lambda: running.worker.stats.handled == 2, "both deliveries of hop 0")  # type: ignore[union-attr]
+                created = runtime.service.attempt(attempt_id)
+                after_hop_0 = event_names(runtime.app, attempt_id)
+                # No relay runs: hop 1 is published here, twice, as hop 0 was.
+                publisher.publish(messages.hop(attempt_id, 1))
+                publisher.publish(messages.hop(attempt_id, 1))
+                wait_for(lambda: running.worker.stats.handled == 4, "both deliveries of hop 1")  # type: ignore[union-attr]
+                assert state_of(runtime, attempt_id) is AttemptState.PROMOTED
+                names = event_names(runtime.app, attempt_id)
+                brand = runtime.service.brand(brand_id)
         finally:
             publisher.close()
-        with components(runtime) as running:
-            assert running.worker is not None
-            wait_for(lambda: running.worker.stats.handled == 2, "both deliveries handled")  # type: ignore[union-attr]
-            assert state_of(runtime, attempt_id) is AttemptState.PROMOTED
-            names = event_names(runtime.app, attempt_id)
-            brand = runtime.service.brand(brand_id)
 
     assert creates(fake, title) == 1
     [workspace] = upstream(fake, title)
+    assert (created.state, created.expected_hop) == (AttemptState.PENDING, 1)
+    assert created.candidate_id == workspace["id"]
+    assert after_hop_0.count("CreateRequested") == after_hop_0.count("HopScheduled") == 1
     assert names.count("CreateRequested") == names.count("Promoted") == 1
+    assert names.count("HopScheduled") == 1
     assert brand.workspace_id == workspace["id"]
     assert running.worker.stats.dead_lettered == running.worker.stats.retried == 0
     assert queue_depth(rabbit_url, HOPS_QUEUE) == (0, 0)
@@ -277,7 +288,7 @@ def test_sigterm_finishes_the_hop_in_flight_acks_it_and_exits_cleanly(
     env = cli_env(pg_database, rabbit_url, fake)
     init = cli(env, "db", "init")
     assert init.returncode == 0, init.stderr
-    fake.configure(latency_ms=500)  # a hop makes three calls: 1.5 s in flight
+    fake.configure(latency_ms=500)  # hop 0 makes two calls (family, create): 1 s in flight
     title = title_of(brand_id)
     with build(Settings.from_env(environment(pg_database, rabbit_url, fake))) as runtime:
         attempt_id = runtime.service.request_provisioning(brand_id, title, PARENT)
@@ -296,9 +307,13 @@ def test_sigterm_finishes_the_hop_in_flight_acks_it_and_exits_cleanly(
 
         assert code == 0, output
         assert "Traceback" not in output, output
-        assert state_of(runtime, attempt_id) is AttemptState.PROMOTED
-        assert event_names(runtime.app, attempt_id)[-1] == "Promoted"
+        # Finished: the create on record as the candidate, hop 1 scheduled to poll it.
+        attempt = runtime.service.attempt(attempt_id)
+        assert event_names(runtime.app, attempt_id)[-1] == "HopScheduled"
+    assert (attempt.state, attempt.expected_hop) == (AttemptState.PENDING, 1)
     assert creates(fake, title) == 1
+    [workspace] = upstream(fake, title)
+    assert attempt.candidate_id == workspace["id"]
     # Acked: the worker's connection is gone, so an unacked message would be ready again.
     assert queue_depth(rabbit_url, HOPS_QUEUE) == (0, 0)
     listed = list_queues(rabbit_url)
@@ -381,8 +396,11 @@ def test_a_relay_that_dies_before_recording_its_position_republishes_harmlessly(
             with components(runtime) as running:
                 assert running.worker is not None
                 wait_for(lambda: running.worker.stats.handled == 2, "both copies handled")  # type: ignore[union-attr]
+                assert restarted.pump() == 1  # HopScheduled: hop 1, once
+                assert restarted.stats.work_published == 2
+                wait_for(lambda: running.worker.stats.handled == 3, "hop 1 handled")  # type: ignore[union-attr]
             assert restarted.pump() == 1  # Promoted: workspace.ready, no more work
-            assert restarted.stats.work_published == 1
+            assert restarted.stats.work_published == 2
         finally:
             publisher.close()
             close_recorder(positions)
@@ -403,7 +421,7 @@ def test_a_relay_that_dies_before_recording_its_position_republishes_harmlessly(
 def test_worker_and_relay_resume_after_the_broker_closes_every_connection(
     pg_env: dict[str, str], rabbit_url: str, fake: FakeGateway, brand_id: str
 ) -> None:
-    fake.configure(latency_ms=20, settle_polls=1)  # each attempt: hop 0, a delayed hop 1
+    fake.configure(latency_ms=20)  # each attempt: hop 0 creates, a delayed hop 1 promotes
     brands = [f"{brand_id}-{n:02d}" for n in range(24)]
     settings = Settings.from_env({**pg_env, "PROVISIONER_CONCURRENCY": "8"})
     with build(settings) as runtime, components(runtime, relay=True, concurrency=8) as running:
@@ -629,7 +647,7 @@ def test_workspace_ready_is_published_on_the_events_exchange(
             finally:
                 publisher.close()
             repeated = wait_for(ready_events, "the re-published event")
-            take(rabbit_url, HOPS_QUEUE, 1, timeout=1.0)  # the re-published hop 0
+            take(rabbit_url, HOPS_QUEUE, 2, timeout=1.0)  # the re-published hops 0 and 1
 
     [message] = received
     payload = json.loads(message.body)
@@ -733,11 +751,15 @@ def test_memory_broker_delayed_hops_complete(
         promoted(runtime, attempt_id)
         elapsed = time.monotonic() - started
         names = event_names(runtime.app, attempt_id)
+        settle_hops = runtime.service.attempt(attempt_id).settle_hops
 
-    assert names.count("HopScheduled") == 2
+    # Hop 0 creates and waits the first step without spending the settle budget; hops 1
+    # and 2 poll "not ready" (spending it: 0.05 s, then 0.1 s); hop 3 promotes.
+    assert names.count("HopScheduled") == 3
+    assert settle_hops == 2
     assert names[-1] == "Promoted"
     assert creates(fake, title) == 1
-    assert elapsed >= 0.05 + 0.1  # both backoff delays were kept
+    assert elapsed >= 0.05 + 0.05 + 0.1  # every backoff delay was kept
 
 
 def test_memory_broker_commands_and_dead_letters(

@@ -32,9 +32,10 @@ def projects(fake: FakeGateway, workspace_id: str) -> list[Any]:
 def test_a_release_never_empties_a_workspace_a_later_attempt_took_on(
     service: ProvisioningService, fake: FakeGateway, brand_id: str, title: str
 ) -> None:
-    fake.configure(settle_polls=1)
     first = service.request_provisioning(brand_id, title, PARENT)
-    workspace = service.run_hop(first, 0).workspace_id
+    created = service.run_hop(first, 0)  # creates, not polled: still pending
+    workspace = created.workspace_id
+    assert created.outcome is Outcome.SCHEDULED
     assert workspace is not None
     service.deactivate(brand_id)  # first now owes the release of `workspace`
     second = service.request_provisioning(brand_id, title, PARENT)
@@ -55,13 +56,14 @@ def test_a_failing_delivery_never_empties_what_a_concurrent_delivery_promoted(
 ) -> None:
     fake.configure(settle_polls=100)
     attempt_id = service.request_provisioning(brand_id, title, PARENT)
-    hop = 0
-    while (outcome := service.run_hop(attempt_id, hop)).next_hop is not None and hop < 4:
+    hop = 0  # hop 0 creates (spends nothing), hops 1-5 spend the budget of 5 settle waits
+    while (outcome := service.run_hop(attempt_id, hop)).next_hop is not None and hop < 5:
         clock.advance(outcome.delay_s or 0)
         hop = outcome.next_hop
     hop = outcome.next_hop or hop
     workspace = outcome.workspace_id
     assert workspace is not None
+    assert service.attempt(attempt_id).settle_hops == 5  # the next "not ready" fails it
     wrapper = intercept(service)
     statuses = iter(["not ready", "created"])
 
@@ -155,11 +157,17 @@ def test_same_title_brands_never_create_at_once_nor_take_each_others_workspace(
     assert x_first.outcome is Outcome.SCHEDULED
     assert fake.state()["creates"] == {}  # nothing reached the gateway
     clock.advance(61)  # X's unconfirmed create is now abandoned
-    y_next = service.run_hop(y, 1)
+    y_created = service.run_hop(y, 1)  # Y creates; hop 2 polls it
+    assert y_created.outcome is Outcome.SCHEDULED
+    clock.advance(y_created.delay_s or 0)
+    y_next = service.run_hop(y, 2)
     assert y_next.outcome is Outcome.PROMOTED
+    assert y_next.workspace_id == y_created.workspace_id
     x_next = service.run_hop(x, 1)
     # X does not take Y's workspace for its own: it creates its own afterwards.
+    assert x_next.workspace_id is not None
     assert x_next.workspace_id != y_next.workspace_id
+    assert fake.state()["creates"] == {title: 2}  # Y's, then X's own
     assert service.attempt(y).provenance is Provenance.CREATED
 
 

@@ -317,14 +317,15 @@ def test_attempts_and_pointer_answer_from_the_command_line(
     url, app, service, _ = own_sqlite_store(tmp_path, http_gateway)
     before = datetime.now(UTC)
     first = service.request_provisioning("b-cli", "Cli Co", PARENT)
-    done = service.run_hop(first, 0)
+    service.run_hop(first, 0)  # creates; hop 1 polls it
+    done = service.run_hop(first, 1)
     bound_at = datetime.now(UTC)
     time.sleep(0.01)
     service.deactivate("b-cli")
     service.decommission("b-cli")
     fake.configure(settle_polls=5)
     waiting = service.request_provisioning("b-wait", "Wait Co", PARENT)
-    service.run_hop(waiting, 0)
+    service.run_hop(waiting, 0)  # creates; hop 1 due in 5 s
     runner = CliRunner(env={"PROVISIONER_DATABASE_URL": url, "COLUMNS": "200"})
     with SqlViewStore(url) as views:
         views.setup()
@@ -351,6 +352,7 @@ def test_attempts_and_pointer_answer_from_the_command_line(
     table = runner.invoke(main, ["attempts"])
 
     assert {row["attempt_id"] for row in everything} == {str(first), str(waiting)}
+    assert done.workspace_id is not None
     assert [row["state"] for row in mine] == ["promoted"]
     assert mine[0]["candidate_id"] == done.workspace_id
     assert [row["attempt_id"] for row in pending] == [str(waiting)]
@@ -418,7 +420,8 @@ def test_the_audit_trail_tells_failed_cancelled_superseded_and_promoted_attempts
     promoted = service.request_provisioning("b-story", "Story D", PARENT)
     fake.configure(settle_polls=0)
     service.run_hop(superseded, 1)
-    service.run_hop(promoted, 0)
+    service.run_hop(promoted, 0)  # creates; hop 1 polls it ready
+    service.run_hop(promoted, 1)
     runner = CliRunner(env={"PROVISIONER_DATABASE_URL": url})
     with SqlViewStore(url) as views:
         views.setup()

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -21,9 +20,10 @@ from infrastructure.store.eventstore import open_event_store
 from infrastructure.views.queries import list_attempts
 from infrastructure.views.store import VERSIONS, SqlViewStore
 from tests.conftest import PARENT
+from tests.integration.messaging_support import wait_for
 from tests.readmodels import FATES, catch_up_all, seed_histories
 from tests.support import RecordingBroker
-from worker.reconciler import Reconciler
+from worker.reconciler import Reconciler, SweepReport
 from worker.runtime import build
 
 
@@ -78,28 +78,41 @@ def test_a_lost_hop_is_republished_and_the_attempt_completes(
             "PROVISIONER_GATEWAY_URL": fake.url,
             "PROVISIONER_PARENT_IDS": ",".join(fake.parents),
             "PROVISIONER_GATEWAY_TOKEN": "x",
+            "PROVISIONER_BACKOFF_BASE_S": "0.05",  # hop 1 is due 0.05 s after hop 0
         }
     )
     stop = threading.Event()
     with build(settings) as runtime:
-        # No relay runs: the first hop's message is never published, as if lost.
+        # No relay runs: no hop's message is ever published, as if each were lost.
         attempt_id = runtime.service.request_provisioning("b-lost", "Lost Hop Co", PARENT)
         reconciler, broker = runtime.reconciler(overdue_s=0.0)
-        with SqlViewStore(url) as store:
-            report = reconciler.sweep(caught_up(runtime.app, store), broker)
-        broker.close()
-        runtime.start(runtime.worker(2).run, "worker", stop)
+
+        reports: list[SweepReport] = []
+
+        def sweep() -> int:
+            with SqlViewStore(url) as store:
+                reports.append(reconciler.sweep(caught_up(runtime.app, store), broker))
+            return reports[-1].hops
+
+        def attempt_reaches(hop: int) -> bool:
+            attempt = runtime.service.attempt(attempt_id)
+            return attempt.state is not AttemptState.PENDING or attempt.expected_hop >= hop
+
         try:
-            deadline = time.monotonic() + 20
-            while time.monotonic() < deadline:
-                if runtime.service.attempt(attempt_id).state is AttemptState.PROMOTED:
-                    break
-                time.sleep(0.05)
+            assert sweep() == 1  # hop 0
+            runtime.start(runtime.worker(2).run, "worker", stop)
+            try:
+                wait_for(lambda: attempt_reaches(1), "hop 0 to run", timeout=20)
+                # Hop 0 created the workspace and scheduled hop 1 to poll it: lost too.
+                wait_for(sweep, "hop 1 to be overdue and re-published", interval=0.05)
+                wait_for(lambda: attempt_reaches(2), "hop 1 to run", timeout=20)
+            finally:
+                stop.set()
+                for thread in runtime.threads:
+                    thread.join(30)
         finally:
-            stop.set()
-            for thread in runtime.threads:
-                thread.join(30)
-        assert report.hops == 1
+            broker.close()
+        assert [r.hops for r in reports if r.hops] == [1, 1]  # hop 0, then hop 1: once each
         assert runtime.service.attempt(attempt_id).state is AttemptState.PROMOTED
 
 

@@ -36,8 +36,11 @@ def progress(stderr: str) -> list[str]:
 def test_a_pending_brand_is_not_started_again_and_wait_follows_it(
     pg_database: str, rabbit_url: str, fake: FakeGateway, tmp_path: Path
 ) -> None:
-    # Hops 30 s apart: a workspace that never settles keeps its attempt pending.
-    env = environment(pg_database, rabbit_url, fake, PROVISIONER_BACKOFF_BASE_S="30")
+    # A created workspace is first polled 1 s after its create: a fresh brand is ready
+    # well within `--wait`'s 8 s. One that never settles keeps its attempt pending: a
+    # budget of 10 doubling waits would fail it only after 1 + 1023 s.
+    env = environment(pg_database, rabbit_url, fake,
+                      PROVISIONER_BACKOFF_BASE_S="1", PROVISIONER_MAX_REQUEUES="10")  # fmt: skip
     stuck, *fresh = brands(3)
     fake.script(title_of(stuck), "zombie")
     with provisioner_run(env) as (_, running):

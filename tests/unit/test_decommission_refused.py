@@ -15,6 +15,7 @@ import pytest
 
 from domain.brand import Brand
 from domain.errors import CommandRefused
+from domain.outcomes import Outcome
 from domain.ports import RequestRejected, TransientGatewayError
 from domain.releases import DecommissionKind
 from domain.stored import MAX_MESSAGE_CHARS
@@ -162,9 +163,14 @@ def settings(settings: EngineSettings) -> EngineSettings:
 
 
 def provisioned(service: ProvisioningService, gateway: MemoryGateway, brand_id: str) -> str:
-    """Provision the brand (bound at once), give its workspace two projects."""
+    """Provision the brand (created by hop 0, polled and bound by hop 1: ready at its
+    first poll), give its workspace two projects."""
     attempt_id = service.request_provisioning(brand_id, f"Title {brand_id}", PARENT)
-    bound = service.run_hop(attempt_id, 0).workspace_id
+    created = service.run_hop(attempt_id, 0)
+    assert created.outcome is Outcome.SCHEDULED
+    polled = service.run_hop(attempt_id, 1)
+    assert (polled.outcome, polled.workspace_id) == (Outcome.PROMOTED, created.workspace_id)
+    bound = polled.workspace_id
     assert bound is not None
     gateway.workspaces[bound].projects = [f"{bound}-p1", f"{bound}-p2"]
     return bound

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from domain.attempt import ProvisioningAttempt
+from domain.hop import CREATED_WAIT
 from domain.outcomes import Outcome
 from domain.policies import AttemptState, FailureReason
 from domain.ports import AmbiguousCreate, TransientGatewayError
@@ -61,15 +62,17 @@ def test_an_outage_longer_than_the_settle_budget_does_not_fail_the_attempt(
     assert {o.outcome for o in outcomes} == {Outcome.DEFERRED}
     assert attempt.state is AttemptState.PENDING
     assert (attempt.deferrals, attempt.deferred_in_row, attempt.settle_hops) == (20, 20, 0)
-    # The gateway is back: the whole settle budget is still there.
+    # The gateway is back: the whole settle budget is still there. Hop 20 creates and
+    # waits for the first poll (spending none), two "not ready" spend two of the three.
     results = []
-    for hop in range(20, 25):
+    for hop in range(20, 26):
         results.append(service.run_hop(attempt_id, hop))
         clock.advance(results[-1].delay_s or 0)
         if results[-1].outcome is Outcome.PROMOTED:
             break
-    assert [r.outcome for r in results] == [Outcome.SCHEDULED, Outcome.SCHEDULED, Outcome.PROMOTED]
-    assert service.attempt(attempt_id).deferred_in_row == 0
+    assert [r.outcome for r in results] == [Outcome.SCHEDULED] * 3 + [Outcome.PROMOTED]
+    attempt = service.attempt(attempt_id)
+    assert (attempt.deferred_in_row, attempt.settle_hops) == (0, 2)
 
 
 def test_a_deferral_waits_out_the_retry_after_and_a_capped_jittered_backoff(
@@ -171,11 +174,16 @@ def test_the_audit_folds_deferrals_in_a_row_into_one_entry(
 
     rows = [(e["type"], e["deferred"]) for e in story["events"]]
     assert rows == [("Started", 0), ("HopScheduled", 7), ("CreateRequested", 0),
-                    ("CandidateAccepted", 0), ("HopScheduled", 0), ("Promoted", 0)]  # fmt: skip
+                    ("CandidateAccepted", 0), ("HopScheduled", 0), ("HopScheduled", 0),
+                    ("Promoted", 0)]  # fmt: skip
     folded = story["events"][1]
     assert folded["reason"].startswith("deferred ×7: gateway unavailable: family: HTTP 503 since ")
     assert folded["hop"] == 7
     assert folded["until"] > folded["at"]
+    # The waits after the create are not deferrals, and not folded: the first poll's
+    # (which spends no settle budget), then the one "not ready" (which spends one).
+    waits = [e["reason"] for e in story["events"][4:6]]
+    assert waits == [CREATED_WAIT, "not ready"]
     assert (story["settle_hops"], story["max_hop"], story["deferrals"]) == (1, 3, 7)
 
 
@@ -400,12 +408,21 @@ def test_a_stray_429_after_the_fleets_turns_waits_its_retry_after_not_a_backoff(
                                   paced=True)  # fmt: skip
     throttled = TransientGatewayError("family: throttled (HTTP 429)", retry_after_s=1.0)
     gateway.fail["family"] = [paced] * 5 + [throttled, throttled, throttled]
-    delays = deferrals(service, clock, attempt_id)
+    delays = []
+    for hop in range(8):
+        outcome = service.run_hop(attempt_id, hop)
+        assert outcome.outcome is Outcome.DEFERRED, outcome
+        delays.append(outcome.delay_s)
+        clock.advance(outcome.delay_s or 0)
     # 2 s and a quarter x 0.5 five times; the 429 twice as told (1 s), then the
     # backoff's third step (8 s at 0.75).
     assert delays == [2.25] * 5 + [1.0, 1.0, 6.0]
     attempt = service.attempt(attempt_id)
     assert (attempt.deferrals, attempt.unanswered_in_row) == (8, 3)
+    # The family answers at last: the hop creates, and its wait for the first poll
+    # ends the run of deferrals.
+    assert service.run_hop(attempt_id, 8).outcome is Outcome.SCHEDULED
+    assert service.attempt(attempt_id).unanswered_in_row == 0
 
 
 def test_deferrals_written_before_paced_existed_load_as_the_gateways(

@@ -25,7 +25,7 @@ from domain.outcomes import HopOutcome, Outcome
 from domain.releases import Decommissioned, DecommissionKind
 from infrastructure.broker import messages
 from infrastructure.usecases.commands import Deactivation
-from tests.support import new_service
+from tests.support import drive, new_service
 from worker.handlers import DECOMMISSION_SAID, HANDLERS, give_up, handle
 from worker.retry_policy import DeadLetter
 
@@ -172,13 +172,16 @@ def test_a_hop_naming_a_record_that_is_not_an_attempt_is_dead_lettered_unchanged
     gateway = MemoryGateway("org-p")
     service = new_service(gateway)
     attempt_id = service.request_provisioning("b1", "Acme", "org-p")
-    workspace = service.run_hop(attempt_id, 0).workspace_id
+    ran = drive(service, attempt_id)  # hop 0 creates, hop 1 polls it and promotes
+    assert [o.outcome for o in ran] == [Outcome.SCHEDULED, Outcome.PROMOTED]
+    workspace = ran[-1].workspace_id
     assert workspace is not None
     claim = service.claim(workspace)
     assert claim is not None
     ids = {"brand": brand_aggregate_id("b1"), "claim": claim.id,
            "slot": service.slot("org-p", "Acme").id}  # fmt: skip
     before = service.app.recorder.max_notification_id()
+    asked = dict(gateway.calls)
 
     with pytest.raises(DeadLetter) as caught:
         handle(service, messages.hop(ids[what], 0))
@@ -186,7 +189,8 @@ def test_a_hop_naming_a_record_that_is_not_an_attempt_is_dead_lettered_unchanged
     assert caught.value.reason == "UnknownAttempt"
     assert "is not a provisioning attempt" in caught.value.errors["error"]
     assert service.app.recorder.max_notification_id() == before
-    assert gateway.calls["status"] == 1  # only the first hop's poll
+    assert dict(gateway.calls) == asked  # the gateway asked nothing more
+    assert gateway.calls["status"] == 1  # only hop 1's poll
 
 
 @pytest.mark.parametrize(

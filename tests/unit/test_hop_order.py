@@ -72,10 +72,19 @@ def decide_limit() -> int:
     return MAX_EFFECTS
 
 
-def test_a_fresh_attempt_reads_the_slot_looks_for_one_to_adopt_creates_then_polls() -> None:
+def test_a_fresh_attempt_reads_the_slot_looks_for_one_to_adopt_creates_then_waits() -> None:
+    """What it created is never ready the instant its create returns: the hop does not
+    poll it but waits, without spending the settle budget; the next hop polls it."""
     asked = walk(FRESH, {decide.RequestCreate: "ws-1", decide.Poll: "ready"})
     assert asked == ["ReleaseOwed", "ReadSlot", "FindAdoptable", "RequestCreate",
-                     "RecordCreated", "Poll", "Promote"]  # fmt: skip
+                     "RecordCreated", "Wait"]  # fmt: skip
+    created = replace(FRESH, candidate_id="ws-1", provenance=Provenance.CREATED)
+    just_made = replace(BEGUN, eligible=(), family_answered=True, creating=True, created="ws-1")
+    step = decide.decide(created, just_made)
+    assert isinstance(step, Wait), step
+    assert not step.spends
+    next_hop = replace(created, hop=1, expected_hop=1)
+    assert walk(next_hop, {decide.Poll: "ready"}) == ["ReleaseOwed", "Poll", "Promote"]
 
 
 def test_one_adoptable_workspace_is_taken_and_polled_and_nothing_is_created() -> None:

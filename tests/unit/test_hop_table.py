@@ -492,12 +492,40 @@ table(
     ),
 )
 
+# A candidate: (workspace_id, provenance, status, created). Polled, unless this
+# round's create has just made it; once polled, its status decides (above).
+CANDIDATE: list[Row] = [
+    (
+        "polled: what its status says",
+        lambda w, p, a, c: a is not None,
+        lambda w, p, a, c: decide.status_answered(a, p, w),
+    ),
+    (
+        "just made by this round's create: not asked yet",
+        lambda w, p, a, c: c == w,
+        lambda w, p, a, c: Wait(decide.CREATED_WAIT, spends=False),
+    ),
+    ("otherwise: poll it", lambda *a: True, lambda w, p, a, c: decide.Poll(w)),
+]
+table(
+    "candidate",
+    CANDIDATE,
+    decide.candidate,
+    itertools.product(
+        ["ws-1"],
+        [*Provenance, None],
+        [None, "created", "not ready", "failed", FAILURES[0]],
+        [None, "ws-1", "ws-2", FAILURES[0]],
+    ),
+)
+
 # Not yet: (hop, settled, max_hop, backoff, now, status, spends). The hop number
 # counts deferrals too; only `settled` (the answered "not yet"s) spends the budget.
 BACKOFFS = [Backoff(5.0, 5), Backoff(0.0, 0), Backoff(1.5, 3)]
 ENDINGS: list[Row] = [
     (
-        "a wait that spends no budget (an unconfirmed create's grace): the first backoff step",
+        "a wait that spends no budget (an unconfirmed create's grace, a create's first"
+        " wait): the first backoff step",
         lambda h, d, m, b, n, s, sp: not sp,
         lambda h, d, m, b, n, s, sp: Schedule(
             h + 1, n + timedelta(seconds=b.base_s), b.base_s, s, spends=False

@@ -22,7 +22,7 @@ from infrastructure.service import hop_line
 from infrastructure.settings.model import Settings, log_format, log_secrets
 from infrastructure.settings.parsing import SettingsError
 from tests.memory_gateway import MemoryGateway
-from tests.support import FakeMessage, RecordingBroker, new_service, pace_rules, settler
+from tests.support import FakeMessage, RecordingBroker, drive, new_service, pace_rules, settler
 from worker import logs
 
 TOKEN = "tok-LOGSECRET-93ab1"
@@ -234,7 +234,10 @@ def test_each_lifecycle_edge_shows_once_at_the_default_level(
     try:
         gateway = MemoryGateway("org-p")
         service = new_service(gateway)
-        service.run_hop(service.request_provisioning("b1", "Acme", "org-p"), 0)
+        attempt_id = service.request_provisioning("b1", "Acme", "org-p")
+        # Created, a wait for its first poll (a routine line), then promoted.
+        ran = [o.outcome for o in drive(service, attempt_id)]
+        assert ran == [Outcome.SCHEDULED, Outcome.PROMOTED]
         pace = Pace(MemoryPaceStore(), pace_rules(open_after=1, probe_every_s=0.001),
                     sleep=lambda s: None)  # fmt: skip
         pace.before()

@@ -24,7 +24,7 @@ from infrastructure.store.eventstore import open_event_store
 from infrastructure.usecases import releases
 from infrastructure.usecases.upstream_audit import audit_parent, fix
 from tests.memory_gateway import MemoryGateway
-from tests.support import ManualClock
+from tests.support import ManualClock, drive
 
 PARENT, OTHER_PARENT, TITLE = "org-parent", "org-other", "Acme"
 PARENTS = (PARENT, OTHER_PARENT)
@@ -118,14 +118,16 @@ def settings(settings: EngineSettings) -> EngineSettings:
 
 def promoted_after_a_lost_create(service: ProvisioningService, clock: ManualClock) -> UUID:
     """The brand's first create times out having made nothing; the next one, after its
-    grace, succeeds and the brand is promoted: a healthy outcome."""
+    grace, succeeds, is polled by the hop after it and the brand is promoted: a
+    healthy outcome."""
     gateway = service.gateway
     assert isinstance(gateway, MemoryGateway)
     gateway.creates = ["none", "ok"]
     attempt_id = service.request_provisioning("b1", TITLE, PARENT)
     assert service.run_hop(attempt_id, 0).outcome is Outcome.SCHEDULED
     clock.advance(61)
-    assert service.run_hop(attempt_id, 1).outcome is Outcome.PROMOTED
+    assert service.run_hop(attempt_id, 1).outcome is Outcome.SCHEDULED  # created again
+    assert service.run_hop(attempt_id, 2).outcome is Outcome.PROMOTED
     return attempt_id
 
 
@@ -167,11 +169,13 @@ def test_a_hop_never_takes_a_hand_made_workspace_for_its_lost_create(
 
     waiting = service.run_hop(attempt_id, 1)  # within the grace: not credited, waits
     clock.advance(61)
-    done = service.run_hop(attempt_id, 2)  # after it: creates afresh, never adopts it
+    created = service.run_hop(attempt_id, 2)  # after it: creates afresh, never adopts it
+    done = service.run_hop(attempt_id, 3)  # polls what it created
 
     assert waiting.outcome is Outcome.SCHEDULED
-    assert done.outcome is Outcome.PROMOTED
-    assert done.workspace_id not in (hand_made, None)
+    assert created.outcome is Outcome.SCHEDULED
+    assert created.workspace_id not in (hand_made, None)
+    assert (done.outcome, done.workspace_id) == (Outcome.PROMOTED, created.workspace_id)
     assert len(gateway.workspaces[hand_made].projects) == 2
     assert hand_made not in service.attempt(attempt_id).created_ids
 
@@ -239,7 +243,9 @@ def test_release_and_decommission_under_a_parent_no_longer_allowed_delete_nothin
     store = open_event_store("memory://")
     before = ProvisioningService(store, gateway, clock, EngineSettings(backoff=Backoff(5.0, 3)))
     attempt_id = before.request_provisioning("b1", TITLE, OTHER_PARENT)
-    bound = before.run_hop(attempt_id, 0).workspace_id
+    *_, promoted = drive(before, attempt_id)
+    assert promoted.outcome is Outcome.PROMOTED
+    bound = promoted.workspace_id
     assert bound is not None
     gateway.workspaces[bound].projects = ["p1", "p2", "p3", "p4"]
     after = ProvisioningService(store, gateway, clock, EngineSettings(

@@ -17,7 +17,7 @@ from infrastructure.service import ProvisioningService
 from infrastructure.usecases.retry import ContentionError, retry_on_conflict
 from infrastructure.usecases.unit import HopUnit
 from tests.memory_gateway import PARENT, MemoryGateway
-from tests.support import ManualClock
+from tests.support import ManualClock, drive
 
 TITLE = "Acme"
 
@@ -26,20 +26,32 @@ def names(service: ProvisioningService, attempt_id: UUID) -> list[str]:
     return [type(e).__name__ for e in service.attempt_history(attempt_id)]
 
 
-def test_a_create_ready_at_once_is_promoted_in_one_hop(
+def test_a_created_workspace_is_first_polled_in_the_next_hop_and_promoted(
     service: ProvisioningService, gateway: MemoryGateway
 ) -> None:
+    """Never ready the instant its create returns: the create's hop waits the backoff's
+    first step without polling it or spending the settle budget; the next hop polls."""
     attempt_id = service.request_provisioning("b1", TITLE, PARENT)
 
-    outcome = service.run_hop(attempt_id, 0)
+    created = service.run_hop(attempt_id, 0)
+
+    assert created.outcome is Outcome.SCHEDULED
+    assert (created.next_hop, created.delay_s) == (1, 5.0)
+    assert gateway.calls["status"] == 0
+    assert service.attempt(attempt_id).settle_hops == 0
+
+    outcome = service.run_hop(attempt_id, 1)
 
     assert outcome.outcome is Outcome.PROMOTED
+    assert gateway.calls["status"] == 1
     [made] = gateway.children(PARENT, TITLE)
     assert service.brand("b1").workspace_id == made.id == outcome.workspace_id
+    assert created.workspace_id == made.id
     assert names(service, attempt_id) == [
         "Started",
         "CreateRequested",
         "CandidateAccepted",
+        "HopScheduled",
         "Promoted",
     ]
     claim = service.claim(made.id)
@@ -53,31 +65,42 @@ def test_a_settling_workspace_is_polled_on_the_backoff_then_promoted(
     gateway.new_statuses = ["not ready", "not ready", "created"]
     attempt_id = service.request_provisioning("b1", TITLE, PARENT)
 
-    first = service.run_hop(attempt_id, 0)
+    created = service.run_hop(attempt_id, 0)  # not polled: waits the first step
     clock.advance(5)
-    second = service.run_hop(attempt_id, 1)
+    first = service.run_hop(attempt_id, 1)
+    clock.advance(5)
+    second = service.run_hop(attempt_id, 2)
     clock.advance(10)
-    third = service.run_hop(attempt_id, 2)
+    third = service.run_hop(attempt_id, 3)
 
-    assert [first.outcome, second.outcome, third.outcome] == [
+    assert [created.outcome, first.outcome, second.outcome, third.outcome] == [
+        Outcome.SCHEDULED,
         Outcome.SCHEDULED,
         Outcome.SCHEDULED,
         Outcome.PROMOTED,
     ]
-    assert (first.next_hop, first.delay_s, second.delay_s) == (1, 5.0, 10.0)
+    assert (created.next_hop, created.delay_s) == (1, 5.0)
+    assert (first.next_hop, first.delay_s, second.delay_s) == (2, 5.0, 10.0)
+    assert service.attempt(attempt_id).settle_hops == 2  # the two "not ready" answers
+    assert gateway.calls["status"] == 3
     assert gateway.calls["create_child"] == 1
 
 
 def test_out_of_hops_fails_exhausted_and_releases_what_it_created(
     service: ProvisioningService, gateway: MemoryGateway
 ) -> None:
+    """A budget of 3 settle waits: the create's hop waits without spending it, then
+    each of the 4 polls answers "not ready"; the 4th finds the budget spent."""
     gateway.new_statuses = ["not ready"]
     attempt_id = service.request_provisioning("b1", TITLE, PARENT)
-    outcomes = [service.run_hop(attempt_id, hop) for hop in range(4)]
+    outcomes = [service.run_hop(attempt_id, hop) for hop in range(5)]
 
-    assert [o.outcome for o in outcomes] == [Outcome.SCHEDULED] * 3 + [Outcome.FAILED]
+    assert [o.outcome for o in outcomes] == [Outcome.SCHEDULED] * 4 + [Outcome.FAILED]
+    assert gateway.calls["status"] == 4
     attempt = service.attempt(attempt_id)
     assert attempt.failure_reason is FailureReason.EXHAUSTED
+    assert attempt.settle_hops == 3
+    assert outcomes[-1].detail.startswith("exhausted: not confirmed after 4 answered hops")
     assert outcomes[-1].released == (attempt.candidate_id,)
 
 
@@ -135,11 +158,15 @@ def test_a_create_that_did_not_happen_is_not_repeated_within_the_grace(
     clock.advance(5)
     second = service.run_hop(attempt_id, 1)
     clock.advance(60)
-    third = service.run_hop(attempt_id, 2)
+    third = service.run_hop(attempt_id, 2)  # past the grace: creates again
+    clock.advance(5)
+    fourth = service.run_hop(attempt_id, 3)
 
     assert first.detail == second.detail == "create unconfirmed; not in the family yet"
-    assert [first.outcome, second.outcome] == [Outcome.SCHEDULED] * 2
-    assert third.outcome is Outcome.PROMOTED
+    assert [first.outcome, second.outcome, third.outcome] == [Outcome.SCHEDULED] * 3
+    assert third.workspace_id is not None
+    assert fourth.outcome is Outcome.PROMOTED
+    assert fourth.workspace_id == third.workspace_id
     assert gateway.calls["create_child"] == 2
 
 
@@ -183,7 +210,7 @@ def test_a_create_whose_429_was_waited_out_is_made_again_on_record_once_a_hop(
     gateway.creates = [waited]
     made_again = service.request_provisioning("b1", TITLE, PARENT)
 
-    assert service.run_hop(made_again, 0).outcome is Outcome.PROMOTED  # ready at once
+    assert service.run_hop(made_again, 0).outcome is Outcome.SCHEDULED  # polled next hop
     assert names(service, made_again)[1:5] == [
         "CreateRequested", "CreateRefused", "CreateRequested", "CandidateAccepted",
     ]  # fmt: skip
@@ -245,9 +272,11 @@ def test_a_status_unsafe_to_create_again_fails_naming_it_and_creates_no_more(
     gateway.new_statuses = [status]
     attempt_id = service.request_provisioning("b1", TITLE, PARENT)
 
-    outcome = service.run_hop(attempt_id, 0)
+    assert service.run_hop(attempt_id, 0).outcome is Outcome.SCHEDULED  # created, not polled
     clock.advance(5)
-    later = service.run_hop(attempt_id, 1)
+    outcome = service.run_hop(attempt_id, 1)
+    clock.advance(5)
+    later = service.run_hop(attempt_id, 2)
 
     assert outcome.outcome is Outcome.FAILED
     attempt = service.attempt(attempt_id)
@@ -265,18 +294,25 @@ def test_creation_failed_drops_the_candidate_releases_it_and_creates_again(
     gateway.new_statuses = [status]
     attempt_id = service.request_provisioning("b1", TITLE, PARENT)
 
-    first = service.run_hop(attempt_id, 0)
+    created = service.run_hop(attempt_id, 0)
     [shell] = [w.id for w in gateway.children(PARENT, TITLE)]
     gateway.new_statuses = ["created"]
     clock.advance(5)
-    second = service.run_hop(attempt_id, 1)
+    first = service.run_hop(attempt_id, 1)  # polls it: creation failed
+    clock.advance(5)
+    again = service.run_hop(attempt_id, 2)  # releases the shell, creates again
+    clock.advance(5)
+    second = service.run_hop(attempt_id, 3)
 
+    assert created.workspace_id == shell
     assert first.outcome is Outcome.SCHEDULED
     assert first.workspace_id is None  # dropped
+    assert again.outcome is Outcome.SCHEDULED
+    assert again.released == (shell,)
     assert second.outcome is Outcome.PROMOTED
     assert gateway.calls["create_child"] == 2
-    assert second.released == (shell,)
-    assert second.workspace_id != shell
+    assert second.workspace_id not in (None, shell)
+    assert second.workspace_id == again.workspace_id
     attempt = service.attempt(attempt_id)
     assert attempt.released_ids == (shell,)
     assert attempt.owed_releases == ()
@@ -289,13 +325,13 @@ def test_creation_failed_drops_the_candidate_releases_it_and_creates_again(
 def test_the_bound_workspace_that_failed_is_kept_and_the_attempt_fails(
     service: ProvisioningService, gateway: MemoryGateway, clock: ManualClock
 ) -> None:
-    service.run_hop(service.request_provisioning("b1", TITLE, PARENT), 0)
+    drive(service, service.request_provisioning("b1", TITLE, PARENT))
     bound = service.brand("b1").workspace_id
     assert bound is not None
     gateway.workspaces[bound].statuses = ["error"]
 
     attempt_id = service.request_provisioning("b1", TITLE, PARENT)
-    outcome = service.run_hop(attempt_id, 0)
+    outcome = service.run_hop(attempt_id, 0)  # not created: polled at once
 
     assert outcome.outcome is Outcome.FAILED
     assert "'error'" in outcome.detail
@@ -306,7 +342,7 @@ def test_the_bound_workspace_that_failed_is_kept_and_the_attempt_fails(
 def test_the_gate_answers_duplicates_future_hops_and_ended_attempts(
     service: ProvisioningService, gateway: MemoryGateway
 ) -> None:
-    gateway.new_statuses = ["not ready", "created"]
+    gateway.new_statuses = ["created"]  # hop 0 creates and waits; hop 1 polls it ready
     attempt_id = service.request_provisioning("b1", TITLE, PARENT)
     service.run_hop(attempt_id, 0)
 
@@ -412,12 +448,14 @@ def test_a_lost_create_whose_workspace_appears_after_a_later_create_is_released(
     attempt_id = service.request_provisioning("b1", TITLE, PARENT)
     first = service.run_hop(attempt_id, 0)
     clock.advance(61)  # past the grace: the retry creates again
-    second = service.run_hop(attempt_id, 1)
+    created = service.run_hop(attempt_id, 1)
+    clock.advance(5)
+    second = service.run_hop(attempt_id, 2)
     late = gateway.add(PARENT, TITLE, "created")  # empty, as a create of ours leaves it
 
     released = service.release(attempt_id)  # what the reconciler sends during the hour
 
-    assert first.outcome is Outcome.SCHEDULED
+    assert first.outcome is created.outcome is Outcome.SCHEDULED
     assert second.outcome is Outcome.PROMOTED
     assert second.workspace_id is not None
     assert released == (late,)
@@ -442,7 +480,9 @@ def test_a_lost_create_whose_shell_appears_late_in_a_terminal_status_goes_on_rec
     attempt_id = service.request_provisioning("b1", TITLE, PARENT)
     service.run_hop(attempt_id, 0)
     clock.advance(61)
-    second = service.run_hop(attempt_id, 1)
+    service.run_hop(attempt_id, 1)  # creates again, polled next hop
+    clock.advance(5)
+    second = service.run_hop(attempt_id, 2)
     shell = gateway.add(PARENT, TITLE, status)
     late = gateway.add(PARENT, TITLE, "created")
 
@@ -492,7 +532,9 @@ def test_a_create_confirmed_or_refused_is_not_a_lost_create(
     attempt_id = service.request_provisioning("b1", TITLE, PARENT)
     service.run_hop(attempt_id, 0)
     clock.advance(5)
-    promoted = service.run_hop(attempt_id, 1)
+    service.run_hop(attempt_id, 1)  # creates, polled next hop
+    clock.advance(5)
+    promoted = service.run_hop(attempt_id, 2)
     gateway.add(PARENT, TITLE, "created")  # someone else's, later
 
     assert promoted.outcome is Outcome.PROMOTED
@@ -506,7 +548,8 @@ def test_an_exhausted_shell_that_gets_projects_later_is_emptied_again_unless_hel
 ) -> None:
     gateway.new_statuses = ["not ready"]
     attempt_id = service.request_provisioning("b1", TITLE, PARENT)
-    outcomes = [service.run_hop(attempt_id, hop) for hop in range(4)]
+    outcomes = drive(service, attempt_id)
+    assert service.attempt(attempt_id).failure_reason is FailureReason.EXHAUSTED
     [shell] = outcomes[-1].released
     calls_before = gateway.calls["list_projects"]
     assert service.release(attempt_id) == ()  # still empty: nothing to do
@@ -541,20 +584,24 @@ def test_an_adopted_candidate_whose_creation_failed_is_dropped_and_its_claim_ret
     )
     attempt_id = service.request_provisioning("b1", TITLE, PARENT)
 
-    first = service.run_hop(attempt_id, 0)
+    first = service.run_hop(attempt_id, 0)  # adopted, not created: polled at once
     gateway.workspaces[adopted].statuses = ["creation_failed"]  # as the family shows it now
     clock.advance(5)
-    second = service.run_hop(attempt_id, 1)
+    created = service.run_hop(attempt_id, 1)
+    clock.advance(5)
+    second = service.run_hop(attempt_id, 2)
 
     assert first.outcome is Outcome.SCHEDULED
+    assert first.workspace_id is None  # dropped in the hop that adopted it
+    assert created.outcome is Outcome.SCHEDULED
     assert second.outcome is Outcome.PROMOTED
-    assert second.workspace_id != adopted
+    assert second.workspace_id not in (None, adopted)
     claim = service.claim(adopted)
     assert claim is not None
     assert claim.brand_id is None  # given back at the drop
     attempt = service.attempt(attempt_id)
     assert adopted not in attempt.created_ids  # never ours to release
-    assert second.released == ()
+    assert created.released == second.released == ()
 
 
 def test_a_lost_create_whose_shell_failed_at_once_is_recorded_and_created_again(
@@ -570,10 +617,14 @@ def test_a_lost_create_whose_shell_failed_at_once_is_recorded_and_created_again(
     [shell] = gateway.children(PARENT, TITLE)
     gateway.new_statuses = ["created"]
     clock.advance(30)
-    second = service.run_hop(attempt_id, first.next_hop or 1)
+    created = service.run_hop(attempt_id, first.next_hop or 1)
+    clock.advance(5)
+    second = service.run_hop(attempt_id, created.next_hop or 2)
 
     attempt = service.attempt(attempt_id)
     assert first.outcome is Outcome.SCHEDULED
+    assert first.workspace_id is None  # the lost create's shell, found and dropped
+    assert created.outcome is Outcome.SCHEDULED
     assert second.outcome is Outcome.PROMOTED
     assert attempt.created_ids[0] == shell.id
     assert attempt.candidate_id != shell.id
@@ -688,9 +739,11 @@ def test_a_failure_that_loses_its_save_to_a_cancel_says_what_it_observed(
     gateway.new_statuses = ["failed"]
     attempt_id = service.request_provisioning("b1", TITLE, PARENT)
     gateway.hooks["status"] = [lambda: service.deactivate("b1")]
+    assert service.run_hop(attempt_id, 0).outcome is Outcome.SCHEDULED  # created, not polled
+    assert len(gateway.hooks["status"]) == 1
 
     with caplog.at_level(logging.INFO, logger="provisioner.engine"):
-        outcome = service.run_hop(attempt_id, 0)
+        outcome = service.run_hop(attempt_id, 1)
 
     assert outcome.outcome is Outcome.STOOD_DOWN
     lines = [r.getMessage() for r in caplog.records if "stood down after a race" in r.getMessage()]

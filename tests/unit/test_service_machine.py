@@ -536,13 +536,16 @@ def test_a_create_answering_an_id_it_made_before_fails_as_a_gateway_bug() -> Non
     service = new_service(gateway, clock, settings_)
     gateway.new_statuses = ["creation_failed"]
     attempt_id = service.request_provisioning("b1", "Acme", PARENT)
-    dropped = service.run_hop(attempt_id, 0)
+    created = service.run_hop(attempt_id, 0)  # polled in the next hop
+    clock.advance(5)
+    dropped = service.run_hop(attempt_id, 1)
     [shell] = gateway.made
     gateway.create_child = lambda parent, title: shell  # type: ignore[method-assign]
     clock.advance(5)
 
-    again = service.run_hop(attempt_id, 1)
+    again = service.run_hop(attempt_id, 2)
 
+    assert created.workspace_id == shell
     assert dropped.detail == "candidate reported 'creation_failed'; creating again"
     assert again.outcome.value == "failed"
     assert again.detail == f"gateway_bug: create answered {shell}, which existed before"

@@ -17,6 +17,7 @@ from infrastructure.service import ProvisioningService
 from infrastructure.settings.engine import EngineSettings
 from infrastructure.usecases import releases
 from tests.memory_gateway import MemoryGateway, Workspace
+from tests.support import drive
 
 PARENT = "parent-1"
 OTHER_PARENT = "parent-2"  # also ours to act under, never a child to take
@@ -50,9 +51,11 @@ def test_a_configured_parent_listed_in_a_family_is_never_adopted(
     gateway.workspaces[OTHER_PARENT] = Workspace(OTHER_PARENT, PARENT, TITLE)
     attempt_id = service.request_provisioning("b1", TITLE, PARENT)
 
-    outcome = service.run_hop(attempt_id, 0)
+    created, outcome = drive(service, attempt_id)  # created, then polled by hop 1
 
+    assert created.outcome is Outcome.SCHEDULED
     assert outcome.outcome is Outcome.PROMOTED
+    assert outcome.workspace_id == created.workspace_id
     assert outcome.workspace_id not in (PARENT, OTHER_PARENT)
     assert gateway.calls["create_child"] == 1
     assert service.claim(OTHER_PARENT) is None
@@ -94,7 +97,9 @@ def test_a_decommission_empties_only_a_workspace_whose_claim_the_brand_holds(
     service: ProvisioningService, gateway: MemoryGateway
 ) -> None:
     attempt_id = service.request_provisioning("b1", TITLE, PARENT)
-    bound = service.run_hop(attempt_id, 0).workspace_id
+    *_, promoted = drive(service, attempt_id)
+    assert promoted.outcome is Outcome.PROMOTED
+    bound = promoted.workspace_id
     assert bound is not None
     gateway.workspaces[bound].projects = ["p1", "p2"]
     claim = service.claim(bound)
