@@ -10,7 +10,8 @@
     Fail(reason, message)         fail the attempt (then release what it owes)
     Refused(detail, then)         record the create as refused, then `then`
     Accept(workspace_id, provenance)   make it the attempt's candidate, then poll
-    Record(workspace_id)          record what the create made, then poll
+    Record(workspace_id)          record what the create made, then wait to poll it
+                                  at the next hop (decision 049)
     Promote()                     bind the candidate to the brand; promote
     DropExisting(raw, then)       unbind the brand's terminal workspace; then `then`
     DropCandidate(raw, then)      the candidate's creation failed: drop it; then `then`
