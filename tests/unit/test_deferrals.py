@@ -187,6 +187,25 @@ def test_the_audit_folds_deferrals_in_a_row_into_one_entry(
     assert (story["settle_hops"], story["max_hop"], story["deferrals"]) == (1, 3, 7)
 
 
+def _deferred_delays(
+    service: ProvisioningService,
+    clock: ManualClock,
+    attempt_id: Any,
+    hops: range,
+    before: Callable[[], None] = lambda: None,
+) -> list[float | None]:
+    """Run `hops`, each deferred (after `before`), the clock advanced by each delay:
+    the delays."""
+    delays = []
+    for hop in hops:
+        before()
+        outcome = service.run_hop(attempt_id, hop)
+        assert outcome.outcome is Outcome.DEFERRED, outcome
+        delays.append(outcome.delay_s)
+        clock.advance(outcome.delay_s or 0)
+    return delays
+
+
 def _deferred_through(service: ProvisioningService, clock: ManualClock, attempt_id: Any,
                       first: Any) -> tuple[int, Any]:  # fmt: skip
     """Run the hops after `first` while they are deferred; the next hop and the outcome
@@ -366,12 +385,7 @@ def test_a_retry_after_is_waited_as_given_twice_in_a_row_then_backs_off(
     unless it is told so again and again."""
     attempt_id = service.request_provisioning("b1", TITLE, PARENT)
     down(gateway, "family", 4, retry_after_s=1.0)
-    delays = []
-    for hop in range(4):
-        outcome = service.run_hop(attempt_id, hop)
-        assert outcome.outcome is Outcome.DEFERRED, outcome
-        delays.append(outcome.delay_s)
-        clock.advance(outcome.delay_s or 0)
+    delays = _deferred_delays(service, clock, attempt_id, range(4))
     # 1 s as told twice (no spread within its first second); then the doubling
     # backoff from its third step (8 s at 0.75), as for a gateway that does not answer.
     assert delays == [1.0, 1.0, 6.0, 12.0]
@@ -385,13 +399,11 @@ def test_a_create_throttled_again_and_again_is_not_asked_every_second(
     up), never a sub-second loop."""
     attempt_id = service.request_provisioning("b1", TITLE, PARENT)
     throttled = TransientGatewayError("create: throttled (HTTP 429)", retry_after_s=0.3)
-    delays = []
-    for hop in range(4):
+
+    def throttle() -> None:
         gateway.creates = [throttled]
-        outcome = service.run_hop(attempt_id, hop)
-        assert outcome.outcome is Outcome.DEFERRED, outcome
-        delays.append(outcome.delay_s)
-        clock.advance(outcome.delay_s or 0)
+
+    delays = _deferred_delays(service, clock, attempt_id, range(4), throttle)
     # 0.3 s told, but at least 1 s (half the 2 s first step); then 1.5.
     assert delays == [1.0, 1.0, 1.5, 1.5]
 
@@ -408,12 +420,7 @@ def test_a_stray_429_after_the_fleets_turns_waits_its_retry_after_not_a_backoff(
                                   paced=True)  # fmt: skip
     throttled = TransientGatewayError("family: throttled (HTTP 429)", retry_after_s=1.0)
     gateway.fail["family"] = [paced] * 5 + [throttled, throttled, throttled]
-    delays = []
-    for hop in range(8):
-        outcome = service.run_hop(attempt_id, hop)
-        assert outcome.outcome is Outcome.DEFERRED, outcome
-        delays.append(outcome.delay_s)
-        clock.advance(outcome.delay_s or 0)
+    delays = _deferred_delays(service, clock, attempt_id, range(8))
     # 2 s and a quarter x 0.5 five times; the 429 twice as told (1 s), then the
     # backoff's third step (8 s at 0.75).
     assert delays == [2.25] * 5 + [1.0, 1.0, 6.0]
