@@ -338,7 +338,13 @@ def test_a_long_running_process_waits_for_the_database_and_says_when_connected(
             env=clean_env(PROVISIONER_DATABASE_URL=url), stdout=out, stderr=subprocess.STDOUT,
         )  # fmt: skip
     try:
-        time.sleep(2)  # the database is down meanwhile: the process must wait, not exit
+        # The database is down meanwhile: the process must say it retries and wait, not
+        # exit. (Waited for by its log, not a fixed time: on a loaded machine the
+        # interpreter's start alone can take seconds.)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and "retrying with backoff" not in log.read_text():
+            assert proc.poll() is None, log.read_text()
+            time.sleep(0.1)
         assert proc.poll() is None, log.read_text()
         host, pg_port = psycopg.conninfo.conninfo_to_dict(pg_database)["host"], 5432
         with forwarder(port, (str(host), pg_port)):
