@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 
+from domain.hop import CREATED_WAIT
 from domain.policies import AttemptState, FailureReason, StatusClass, classify_status
 from domain.waits import Backoff
 
@@ -210,6 +211,11 @@ def _pending(facts: AttemptFacts, now: datetime, backoff: Backoff, fleet: Fleet 
     elif overdue:
         advice = (
             "its next hop is overdue: is a worker running? `provisioner reconcile` re-publishes it"
+        )
+    elif facts.last_status == CREATED_WAIT:
+        advice = (
+            "created: the workspace is given time to settle before its first poll, "
+            "the settle budget untouched"
         )
     elif classify_status(facts.last_status) is StatusClass.CREATION_FAILED:
         advice = "the gateway reported the workspace's creation failed: a new one is created"

@@ -119,6 +119,9 @@ def attempt_story(service: ProvisioningService, attempt_id: UUID) -> dict[str, A
                 or _other_attempt(event),
                 "message": fields.get("message") or fields.get("status") or fields.get("evidence"),
                 "deferred": 0,
+                # A wait that spent the settle budget (a "not yet"), or not (the first
+                # after a create, a busy slot, a create not yet seen): None, no wait.
+                "spent": fields.get("spent"),
             }
         )
     failure = attempt.failure_reason

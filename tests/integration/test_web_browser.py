@@ -177,9 +177,12 @@ def test_a_person_follows_links_from_brand_to_attempt_to_workspace(
     assert browser.find_element(By.ID, "attempt-state").text == "failed"
     assert strip.is_displayed()
     assert strip.size["width"] > 300  # drawn, not collapsed
-    # The zombie's create waits once without asking (decision 049), then five "not
-    # ready" answers spend the settle budget: six hops scheduled.
-    assert len(browser.find_elements(By.CSS_SELECTOR, ".strip circle.mark-hop")) == 1 + 5
+    # The zombie's create waits once without asking (decision 049), drawn hollow: that
+    # wait spends no settle budget; then five "not ready" answers spend it.
+    assert len(browser.find_elements(By.CSS_SELECTOR, ".strip circle.mark-wait")) == 1
+    assert len(browser.find_elements(By.CSS_SELECTOR, ".strip circle.mark-hop")) == 5
+    hollow = browser.find_element(By.CSS_SELECTOR, ".strip circle.mark-wait")
+    assert hollow.value_of_css_property("fill") == "rgb(255, 255, 255)"  # the stylesheet's
     assert "over" in browser.find_element(By.CSS_SELECTOR, ".strip figcaption").text
 
     follow(browser, browser.find_element(By.CSS_SELECTOR, "p a.workspace-link"))

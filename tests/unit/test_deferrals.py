@@ -184,6 +184,8 @@ def test_the_audit_folds_deferrals_in_a_row_into_one_entry(
     # (which spends no settle budget), then the one "not ready" (which spends one).
     waits = [e["reason"] for e in story["events"][4:6]]
     assert waits == [CREATED_WAIT, "not ready"]
+    assert [e["spent"] for e in story["events"][4:6]] == [False, True]  # the strip draws this
+    assert story["events"][0]["spent"] is None  # no wait
     assert (story["settle_hops"], story["max_hop"], story["deferrals"]) == (1, 3, 7)
 
 

@@ -7,6 +7,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from domain.hop import CREATED_WAIT
 from domain.policies import AttemptState, FailureReason
 from domain.progress import AttemptFacts, BrandStanding, Fleet, clock, exhausted_at, progress
 from domain.waits import Backoff
@@ -55,6 +56,9 @@ def failed(reason: FailureReason | None, **more: object) -> AttemptFacts:
          "its parent org-parent is not one of PROVISIONER_PARENT_IDS"),
         (replace(PENDING, parent_allowed=False), "foreign_parent", "PROVISIONER_PARENT_IDS"),
         (replace(PENDING, parent_allowed=True), None, "waiting for the workspace"),
+        # Just created (decision 049): its first poll waits, and the advice says why.
+        (replace(PENDING, hop=1, settle_hops=0, last_status=CREATED_WAIT), None,
+         "created: the workspace is given time to settle before its first poll"),
     ],
 )  # fmt: skip
 def test_each_reason_comes_with_its_advice(

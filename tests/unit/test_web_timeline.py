@@ -69,3 +69,17 @@ def test_an_attempts_age_is_in_its_largest_unit() -> None:
     assert [_age(T0 - timedelta(seconds=s), T0) for s in (42, 420, 7200, 864000)] == [
         "42s", "7m", "2h", "10d"]  # fmt: skip
     assert _age(None, T0) == ""
+
+
+def test_a_wait_that_spends_no_settle_budget_is_drawn_apart_from_a_not_yet() -> None:
+    created = "created; first poll after the first settle wait"
+    events = [event(0, "Started"), event(1, "CreateRequested", hop=0),
+              event(2, "HopScheduled", hop=1, spent=False, reason=created),
+              event(7, "HopScheduled", hop=2, spent=True, reason="not ready"),
+              event(12, "HopScheduled", hop=3)]  # fmt: skip  # older stories: no `spent`
+
+    marks = hop_strip(events)["marks"]
+
+    assert [m.kind for m in marks] == ["start", "create", "wait", "hop", "hop"]
+    assert marks[2].label == f"HopScheduled (hop 1): {created}, no budget spent"
+    assert marks[3].label == "HopScheduled (hop 2)"

@@ -114,7 +114,12 @@ def hop_strip(
                 }
             )
             continue
-        marks.append(Mark(x(at), KINDS.get(event["type"], "hop"), f"{event['type']}{hop}"))
+        kind, label = KINDS.get(event["type"], "hop"), f"{event['type']}{hop}"
+        if kind == "hop" and event.get("spent") is False:
+            # A wait the settle budget does not pay for: the first after a create, a
+            # busy slot, a create not yet seen; drawn hollow beside the "not yet"s.
+            kind, label = "wait", f"{label}: {event.get('reason') or 'a wait'}, no budget spent"
+        marks.append(Mark(x(at), kind, label))
     if next_hop_at is not None:
         marks.append(Mark(x(next_hop_at), "next", "next hop due"))
     marks.sort(key=lambda m: m.kind in ENDS)  # drawn last: on top of what came at once
