@@ -64,8 +64,12 @@ def test_status_history_and_attempt_tell_a_brands_story(
     accepted = next(e for e in one["events"] if e["type"] == "CandidateAccepted")
     assert accepted["provenance"] == "created"
     assert set(accepted) == {
-        "at", "type", "hop", "workspace_id", "provenance", "reason", "message", "deferred"
+        "at", "type", "hop", "workspace_id", "provenance", "reason", "message", "deferred",
+        "spent",
     }  # fmt: skip
+    assert accepted["spent"] is None  # no wait; a scheduled hop says whether it spent budget
+    # Its one wait followed its create: no settle budget spent (decision 049).
+    assert [e["spent"] for e in one["events"] if e["type"] == "HopScheduled"] == [False]
     assert [item["type"] for item in story if item["kind"] == "brand"] == [
         "Registered", "WorkspaceBound"
     ]  # fmt: skip

@@ -220,10 +220,11 @@ def test_an_attempt_page_shows_its_hops_on_a_strip_and_links_back(web: TestClien
     assert '<a class="brand-link" href="/brands/demo-09">demo-09</a>' in page.text
     assert "failed (exhausted): not confirmed after 6 answered hops" in page.text
     # Every create fails: 6 creates, each followed by a wait that spends no settle budget
-    # (the next hop polls it), and 5 polls answering "creation_failed" that each spend a
-    # settle wait; the 6th such poll finds the budget spent.
+    # (the next hop polls it; drawn hollow), and 5 polls answering "creation_failed" that
+    # each spend a settle wait; the 6th such poll finds the budget spent.
     assert page.text.count('<circle class="mark mark-create"') == 6
-    assert page.text.count('<circle class="mark mark-hop"') == 6 + 5
+    assert page.text.count('<circle class="mark mark-wait"') == 6
+    assert page.text.count('<circle class="mark mark-hop"') == 5
     assert page.text.count('<circle class="mark mark-failed"') == 1
     assert '<circle class="mark mark-next"' not in page.text  # it ended: no next hop
     assert re.search(r'href="/workspaces/ws-[0-9a-f-]+"', page.text)  # what its creates made
