@@ -228,8 +228,12 @@ def test_an_attempt_page_shows_its_hops_on_a_strip_and_links_back(web: TestClien
     assert page.text.count('<circle class="mark mark-failed"') == 1
     assert '<circle class="mark mark-next"' not in page.text  # it ended: no next hop
     assert re.search(r'href="/workspaces/ws-[0-9a-f-]+"', page.text)  # what its creates made
+    assert "a hollow mark is a wait that spent no settle budget" in page.text
     assert '<rect class="mark-deferred"' in deferred
     assert '<circle class="mark mark-next"' in deferred
+    # Deferred before any create: no wait that spent nothing, and no word of one.
+    assert '<circle class="mark mark-wait"' not in deferred
+    assert "a hollow mark" not in deferred
     assert 'id="why-deferral"' in deferred
 
 

@@ -183,7 +183,9 @@ def test_a_person_follows_links_from_brand_to_attempt_to_workspace(
     assert len(browser.find_elements(By.CSS_SELECTOR, ".strip circle.mark-hop")) == 5
     hollow = browser.find_element(By.CSS_SELECTOR, ".strip circle.mark-wait")
     assert hollow.value_of_css_property("fill") == "rgb(255, 255, 255)"  # the stylesheet's
-    assert "over" in browser.find_element(By.CSS_SELECTOR, ".strip figcaption").text
+    caption = browser.find_element(By.CSS_SELECTOR, ".strip figcaption").text
+    assert "over" in caption
+    assert caption.endswith("a hollow mark is a wait that spent no settle budget")
 
     follow(browser, browser.find_element(By.CSS_SELECTOR, "p a.workspace-link"))
     assert browser.title.startswith("Workspace ws-")

@@ -78,8 +78,11 @@ def test_a_wait_that_spends_no_settle_budget_is_drawn_apart_from_a_not_yet() -> 
               event(7, "HopScheduled", hop=2, spent=True, reason="not ready"),
               event(12, "HopScheduled", hop=3)]  # fmt: skip  # older stories: no `spent`
 
-    marks = hop_strip(events)["marks"]
+    strip = hop_strip(events)
+    marks = strip["marks"]
 
+    assert strip["hollow"]  # the caption's cue
+    assert not hop_strip(events[:2])["hollow"]
     assert [m.kind for m in marks] == ["start", "create", "wait", "hop", "hop"]
     assert marks[2].label == f"HopScheduled (hop 1): {created}, no budget spent"
     assert marks[3].label == "HopScheduled (hop 2)"

@@ -89,7 +89,7 @@ def hop_strip(
     one is due): each event at its time, a run of deferrals as a span; `span` is
     the axis's length as text."""
     if not events:
-        return {"marks": [], "spans": [], "span": "", "width": STRIP_WIDTH}
+        return {"marks": [], "spans": [], "span": "", "width": STRIP_WIDTH, "hollow": False}
     start = _at(events[0]["at"])
     times = [_at(e.get("until") or e["at"]) for e in events]
     end = max([*times, *([next_hop_at] if next_hop_at else [])])
@@ -123,4 +123,11 @@ def hop_strip(
     if next_hop_at is not None:
         marks.append(Mark(x(next_hop_at), "next", "next hop due"))
     marks.sort(key=lambda m: m.kind in ENDS)  # drawn last: on top of what came at once
-    return {"marks": marks, "spans": spans, "span": duration(total), "width": STRIP_WIDTH}
+    hollow = any(m.kind == "wait" for m in marks)  # the caption says what such a mark is
+    return {
+        "marks": marks,
+        "spans": spans,
+        "span": duration(total),
+        "width": STRIP_WIDTH,
+        "hollow": hollow,
+    }
