@@ -149,6 +149,7 @@ def _fold_deferral(events: list[dict[str, Any]], event: Any) -> None:
             "provenance": None,
             "message": None,
             "deferred": 0,
+            "spent": False,  # a deferral never spends the settle budget
         }
         events.append(last)
     last["deferred"] += 1

@@ -180,6 +180,8 @@ def test_the_audit_folds_deferrals_in_a_row_into_one_entry(
     assert folded["reason"].startswith("deferred ×7: gateway unavailable: family: HTTP 503 since ")
     assert folded["hop"] == 7
     assert folded["until"] > folded["at"]
+    assert set(folded) == set(story["events"][0]) | {"until"}  # one shape, `spent` False
+    assert folded["spent"] is False
     # The waits after the create are not deferrals, and not folded: the first poll's
     # (which spends no settle budget), then the one "not ready" (which spends one).
     waits = [e["reason"] for e in story["events"][4:6]]
